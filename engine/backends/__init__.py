@@ -1,0 +1,49 @@
+"""One place that maps a `ModelSpec.backend` name to the module that loads it.
+
+Each module exposes `load(spec: ModelSpec, device: str) -> backend`. Imports are lazy so
+that the synthetic world never pays for torch, and a missing optional package only fails
+the backend that needs it.
+"""
+from __future__ import annotations
+
+import importlib
+
+from ..errors import ModelLoadError
+from .base import ModelSpec
+
+# backend name -> (module, protocol kind)
+BACKENDS: dict[str, tuple[str, str]] = {
+    "diffusers": ("engine.backends.diffusers_generator", "generator"),
+    "open_clip": ("engine.backends.clip_embedder", "embedder"),
+    "hf_clip": ("engine.backends.clip_embedder", "embedder"),
+    "hf_chat": ("engine.backends.chat_llm", "llm"),
+    "openai": ("engine.backends.chat_llm", "llm"),
+    "blip_vqa": ("engine.backends.vqa", "vqa"),
+    "vlm": ("engine.backends.vqa", "vqa"),
+    "clip_vqa": ("engine.backends.vqa", "vqa"),
+    "synthetic_generator": ("engine.backends.synthetic", "generator"),
+    "synthetic_embedder": ("engine.backends.synthetic", "embedder"),
+    "synthetic_llm": ("engine.backends.synthetic", "llm"),
+    "synthetic_vqa": ("engine.backends.synthetic", "vqa"),
+}
+
+
+def load_backend(spec: ModelSpec, device: str = "cpu", **context):
+    """Load the backend a spec names. Raises ModelLoadError naming the model on any failure.
+
+    `context` passes already-loaded helpers a backend may need (the CLIP zero-shot VQA needs
+    an embedder)."""
+    if spec.backend not in BACKENDS:
+        raise ModelLoadError(f"unknown backend '{spec.backend}' for model '{spec.model}'; "
+                             f"known backends: {', '.join(sorted(BACKENDS))}")
+    module_name, _kind = BACKENDS[spec.backend]
+    try:
+        module = importlib.import_module(module_name)
+        return module.load(spec, device, **context)
+    except ModelLoadError:
+        raise
+    except MemoryError as exc:  # host RAM
+        raise ModelLoadError(f"not enough memory to load '{spec.model}': {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - every loader failure becomes one clear message
+        raise ModelLoadError(f"could not load {spec.backend} model '{spec.model}': "
+                             f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,108 @@
+"""The four protocols every backend implements, and the small records they exchange.
+
+Backends are plain objects; the model manager owns their lifetime. Each has an `id` that
+goes into cache keys (model id + revision, or a synthetic world's table hash), so that two
+different models never share a cached artefact.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Everything besides prompt and seed that determines an image."""
+
+    steps: int
+    guidance: float
+    width: int
+    height: int
+    negative_prompt: str = ""
+    scheduler: str = "default"
+
+    def replace(self, **changes) -> "GenerationSettings":
+        from dataclasses import replace
+
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+@dataclass
+class GeneratedImage:
+    """One image from a generator call. `nsfw` is the safety checker's verdict: the image is
+    kept as generated (never blacked out) and flagged so metrics can exclude it."""
+
+    image: Image.Image
+    seed: int
+    nsfw: bool = False
+
+
+@runtime_checkable
+class ImageGenerator(Protocol):
+    id: str               # model id (+ revision); part of every image key
+    family: str           # "sd1", "sd2", "sdxl", "sdxl-turbo", "sd-turbo", "sd3", "flux", "synthetic"
+    batch_size: int       # images per call that fit the device
+
+    def defaults(self) -> GenerationSettings:
+        """The family's sensible steps, guidance and size."""
+
+    def generate(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings) -> list[GeneratedImage]:
+        """One batched call: one image per seed, image i depends only on (prompt, seeds[i], settings)."""
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    id: str
+
+    def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
+        """(n, d) float32, rows L2-normalised."""
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, d) float32, rows L2-normalised, in the same space as the images."""
+
+
+@runtime_checkable
+class TextGenerator(Protocol):
+    id: str
+
+    def chat(self, messages: Sequence[dict], *, temperature: float = 1.0, max_tokens: int = 1024,
+             seed: int = 0) -> str:
+        """The assistant's reply to an OpenAI-style message list."""
+
+
+@runtime_checkable
+class VQA(Protocol):
+    id: str
+
+    def answer(self, images: Sequence[Image.Image], question: str,
+               choices: Sequence[str] | None = None) -> list[str]:
+        """One short answer per image. With `choices`, the answer is one of them (lower-case)."""
+
+    def caption(self, images: Sequence[Image.Image]) -> list[str]:
+        """One short caption per image."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Names one model: which backend module loads it, the hub id or local path, options."""
+
+    backend: str                       # e.g. "diffusers", "open_clip", "hf_clip", "hf_chat", "openai", "blip_vqa", "vlm", "clip_vqa", "synthetic"
+    model: str                         # hub id, local path, or synthetic table name
+    options: dict = field(default_factory=dict)
+
+    def __hash__(self) -> int:  # options is a dict: hash its canonical JSON
+        return hash((self.backend, self.model, json.dumps(self.options, sort_keys=True, default=str)))
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}:{self.model}"
+
+
+def l2_normalise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)

@@ -1,0 +1,380 @@
+"""ImageGenerator over diffusers text-to-image pipelines (backend "diffusers").
+
+`spec.model` is a hub id or a local directory holding a `model_index.json`. The family is read
+from the pipeline class named in `model_index.json` and refined from the loaded components and
+the id (a "turbo" id, SD 2.x cross-attention width, FLUX guidance embedding):
+
+| family     | pipeline                     | size        | steps | guidance | batch (GPU) |
+|------------|------------------------------|-------------|-------|----------|-------------|
+| sd1        | StableDiffusionPipeline      | 512         | 30    | 7.5      | 4           |
+| sd2        | StableDiffusionPipeline      | 768 (v-models), 512 (base) | 30 | 7.5 | 4     |
+| sd-turbo   | StableDiffusionPipeline      | 512         | 1     | 0.0      | 4           |
+| sdxl       | StableDiffusionXLPipeline    | 1024        | 30    | 5.0      | 2           |
+| sdxl-turbo | StableDiffusionXLPipeline    | 512         | 1     | 0.0      | 4           |
+| sd3        | StableDiffusion3Pipeline     | 1024        | 28    | 7.0      | 2           |
+| flux       | FluxPipeline (schnell)       | 1024        | 4     | 0.0      | 2           |
+| flux       | FluxPipeline (dev, guidance-distilled) | 1024 | 28 | 3.5     | 2           |
+
+For sd1/sd2 the size is the UNet's native one (sample_size x VAE scale factor), which tells
+SD 2.x 768 models from their 512 "base" versions and fits fine-tunes at other resolutions.
+
+Options (`spec.options`):
+  dtype                "fp16" | "bf16" | "fp32" | "auto" (default: fp16 on GPU, bf16 for sd3/flux, fp32 on CPU)
+  revision             hub branch, tag or commit (default "main"); variant: weights variant, e.g. "fp16"
+  batch_size           images per pipeline call (default from the table; on CPU 8 for tiny
+                       models, under 50M denoiser parameters, else 1)
+  scheduler            default scheduler name: an alias (ddim, pndm, lms, euler, euler_a, heun,
+                       dpm++_2m, dpm++_2m_karras, unipc) or a diffusers scheduler class name
+  steps, guidance, width, height, size   override the family defaults
+  negative_prompt      default negative prompt (used only when guidance > 1; never for flux)
+  max_sequence_length  T5 prompt length for sd3/flux (default 256 for schnell/sd3, 512 for dev)
+  enable_cpu_offload   True: move each component to the GPU only while it runs (low VRAM);
+                       "auto" (default): only when the weights exceed 85% of free GPU memory
+  safety_checker       True (default): if the repository ships a safety checker, flag NSFW
+                       images (GeneratedImage.nsfw) without altering them; False: skip the check
+  generator_device     where per-image noise is drawn (default "cpu", see below)
+  family               force a family from the table when detection is wrong
+  token, cache_dir     passed to the hub download
+
+Seeds: every image has its own torch.Generator, so image i depends only on (prompt, seeds[i],
+settings) and can be regenerated alone. Noise is drawn on the CPU by default, which makes a
+seed mean the same starting noise on every machine (a CUDA generator gives different noise
+than a CPU one for the same seed); `generator_device="cuda"` changes that and the model id.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .. import device as devices
+from ..errors import InputError, ModelLoadError, OutOfMemoryError
+from .base import GeneratedImage, GenerationSettings, ModelSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FamilyDefaults:
+    size: int
+    steps: int
+    guidance: float
+    gpu_batch_size: int
+    negative_prompt_ok: bool = True
+
+
+FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
+    "sd1": FamilyDefaults(512, 30, 7.5, 4),
+    "sd2": FamilyDefaults(512, 30, 7.5, 4),
+    "sd-turbo": FamilyDefaults(512, 1, 0.0, 4),
+    "sdxl": FamilyDefaults(1024, 30, 5.0, 2),
+    "sdxl-turbo": FamilyDefaults(512, 1, 0.0, 4),
+    "sd3": FamilyDefaults(1024, 28, 7.0, 2),
+    "flux": FamilyDefaults(1024, 4, 0.0, 2, negative_prompt_ok=False),   # FLUX.1-schnell
+    "flux-dev": FamilyDefaults(1024, 28, 3.5, 2, negative_prompt_ok=False),
+}
+
+SCHEDULER_ALIASES: dict[str, tuple[str, dict]] = {
+    "ddim": ("DDIMScheduler", {}),
+    "pndm": ("PNDMScheduler", {}),
+    "lms": ("LMSDiscreteScheduler", {}),
+    "euler": ("EulerDiscreteScheduler", {}),
+    "euler_a": ("EulerAncestralDiscreteScheduler", {}),
+    "heun": ("HeunDiscreteScheduler", {}),
+    "dpm++_2m": ("DPMSolverMultistepScheduler", {}),
+    "dpm++_2m_karras": ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}),
+    "unipc": ("UniPCMultistepScheduler", {}),
+}
+
+# Denoisers below this size are test/benchmark models; on CPU they batch well.
+_TINY_DENOISER_PARAMS = 50_000_000
+
+
+def family_from_class_name(class_name: str, model: str) -> str:
+    """Returns the coarse family for a `model_index.json` `_class_name` and a model id; sd1 vs sd2
+    and the flux variant are refined after loading. Raises ModelLoadError for other pipelines."""
+    lowered = model.lower()
+    turbo = "turbo" in lowered
+    if class_name.startswith("StableDiffusion3"):
+        return "sd3"
+    if class_name.startswith("Flux"):
+        return "flux"
+    if class_name.startswith("StableDiffusionXL"):
+        return "sdxl-turbo" if turbo else "sdxl"
+    if class_name.startswith("StableDiffusion"):
+        return "sd-turbo" if turbo else "sd1"
+    raise ModelLoadError(
+        f"'{model}' is a {class_name}, which GapLens does not support as a text-to-image generator; "
+        f"supported: Stable Diffusion 1.x/2.x, SDXL, SD-Turbo, SDXL-Turbo, SD3, FLUX.1 "
+        f"(set option family=... if the pipeline is compatible with one of them)")
+
+
+def _load_safety_checker(folder: str, model_index: dict, device: str, dtype):
+    """Returns (checker, feature_extractor) when the repository ships both, else (None, None)."""
+    entries = [model_index.get("safety_checker"), model_index.get("feature_extractor")]
+    if not all(isinstance(e, (list, tuple)) and e and e[0] is not None for e in entries):
+        return None, None
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from transformers import AutoImageProcessor
+
+    # Its "a black image will be returned instead" warning is wrong here: we only read its verdict.
+    logging.getLogger(StableDiffusionSafetyChecker.__module__).setLevel(logging.ERROR)
+    checker = StableDiffusionSafetyChecker.from_pretrained(folder, subfolder="safety_checker", dtype=dtype)
+    feature_extractor = AutoImageProcessor.from_pretrained(folder, subfolder="feature_extractor")
+    return checker.to(device).eval(), feature_extractor
+
+
+class DiffusersGenerator:
+    """A loaded diffusers pipeline behind the ImageGenerator protocol.
+
+    Attributes: `id` (model@commit, or model@local-<hash> for a directory), `family`,
+    `batch_size`, `pipe` (the diffusers pipeline, for callers that need more)."""
+
+    def __init__(self, pipe, *, model_id: str, family: str, batch_size: int, device: str,
+                 defaults: GenerationSettings, generator_device: str = "cpu",
+                 max_sequence_length: int | None = None, safety_checker=None, feature_extractor=None):
+        self.pipe = pipe
+        self.id = model_id
+        self.family = "flux" if family == "flux-dev" else family
+        self.batch_size = batch_size
+        self.device = device
+        self._family_key = family
+        self._defaults = defaults
+        self._generator_device = generator_device
+        self._max_sequence_length = max_sequence_length
+        self._safety_checker = safety_checker
+        self._feature_extractor = feature_extractor
+        self._default_scheduler = pipe.scheduler
+        self._schedulers: dict[str, object] = {}
+
+    def defaults(self) -> GenerationSettings:
+        """Returns the family's steps, guidance, size and scheduler (after option overrides)."""
+        return self._defaults
+
+    @property
+    def has_safety_checker(self) -> bool:
+        return self._safety_checker is not None
+
+    def generate(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings) -> list[GeneratedImage]:
+        """Runs one batched pipeline call. Returns one GeneratedImage per seed, in order.
+
+        Raises InputError for an unusable size or scheduler and OutOfMemoryError when the
+        device runs out of memory."""
+        import torch
+
+        seeds = [int(s) for s in seeds]
+        if not seeds:
+            return []
+        self._check_size(settings)
+        self.pipe.scheduler = self._scheduler(settings.scheduler)
+        kwargs = dict(
+            prompt=prompt, num_images_per_prompt=len(seeds), num_inference_steps=int(settings.steps),
+            guidance_scale=float(settings.guidance), height=int(settings.height), width=int(settings.width),
+            generator=[torch.Generator(self._generator_device).manual_seed(s) for s in seeds],
+            output_type="pil")
+        if settings.negative_prompt and settings.guidance > 1 and FAMILY_DEFAULTS[self._family_key].negative_prompt_ok:
+            kwargs["negative_prompt"] = settings.negative_prompt
+        if self._max_sequence_length and self.family in ("sd3", "flux"):
+            kwargs["max_sequence_length"] = self._max_sequence_length
+        try:
+            images = self.pipe(**kwargs).images
+            flags = self._flag_nsfw(images)
+        except Exception as exc:
+            if devices.is_oom(exc):
+                devices.free_memory(self.device)
+                raise OutOfMemoryError(
+                    f"{self.device} ran out of memory generating {len(seeds)} image(s) of "
+                    f"{settings.width}x{settings.height} with {self.id}. Use a smaller batch size "
+                    f"(now {self.batch_size}; option batch_size), a smaller image size, or "
+                    f"enable_cpu_offload.") from exc
+            raise
+        return [GeneratedImage(image=img, seed=seed, nsfw=flag) for img, seed, flag in zip(images, seeds, flags)]
+
+    def _check_size(self, settings: GenerationSettings) -> None:
+        # SD/SDXL pipelines check multiples of 8 whatever the VAE; SD3/FLUX patchify latents 2x2.
+        multiple = max(8, int(getattr(self.pipe, "vae_scale_factor", 8)))
+        if self.family in ("sd3", "flux"):
+            multiple *= 2
+        for name in ("width", "height"):
+            value = int(getattr(settings, name))
+            if value <= 0 or value % multiple:
+                raise InputError(f"{name} {value} is not usable with {self.family} models: "
+                                 f"use a positive multiple of {multiple}")
+
+    def _scheduler(self, name: str):
+        """Returns the scheduler instance for a settings name ("default" keeps the pipeline's own)."""
+        if not name or name == "default":
+            return self._default_scheduler
+        if name not in self._schedulers:
+            import diffusers
+
+            class_name, extra = SCHEDULER_ALIASES.get(name.lower(), (name, {}))
+            compatible = {cls.__name__ for cls in self._default_scheduler.compatibles}
+            scheduler_class = getattr(diffusers, class_name, None)
+            if scheduler_class is None or class_name not in compatible:
+                raise InputError(f"scheduler '{name}' does not work with {self.id}; compatible: "
+                                 f"{', '.join(sorted(compatible))} (aliases: {', '.join(SCHEDULER_ALIASES)})")
+            self._schedulers[name] = scheduler_class.from_config(self._default_scheduler.config, **extra)
+        return self._schedulers[name]
+
+    def _flag_nsfw(self, images) -> list[bool]:
+        """Returns the safety checker's verdict per image; the images themselves are never changed."""
+        if self._safety_checker is None:
+            return [False] * len(images)
+        import torch
+
+        checker_device = next(self._safety_checker.parameters()).device
+        checker_dtype = next(self._safety_checker.parameters()).dtype
+        clip_input = self._feature_extractor(images=images, return_tensors="pt").pixel_values
+        # The checker blacks out what it flags, in place: hand it a throwaway copy.
+        scratch = np.stack([np.asarray(img, dtype=np.float32) / 255.0 for img in images])
+        with torch.inference_mode():
+            _, flags = self._safety_checker(images=scratch, clip_input=clip_input.to(checker_device, checker_dtype))
+        flags = [bool(f) for f in flags]
+        if any(flags):
+            logger.info("%s: safety checker flagged %d of %d image(s) (kept, marked nsfw)", self.id, sum(flags), len(flags))
+        return flags
+
+
+def _resolve_folder(model: str, options: dict) -> tuple[str, str | None]:
+    """Returns (local folder holding model_index.json, hub commit or None), downloading hub models."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "model_index.json").is_file():
+            raise ModelLoadError(f"'{model}' is a directory without model_index.json; "
+                                 f"save the pipeline with save_pretrained() or give a hub id")
+        return str(path), None
+    if devices.looks_like_local_path(model) and not path.exists():
+        raise ModelLoadError(f"no such model directory: '{model}'")
+    if path.suffix in (".safetensors", ".ckpt"):
+        raise ModelLoadError(f"'{model}' is a single-file checkpoint; convert it to a diffusers folder "
+                             f"(diffusers' from_single_file + save_pretrained) and load that folder")
+    from diffusers import DiffusionPipeline
+
+    folder = DiffusionPipeline.download(
+        model, revision=options.get("revision"), variant=options.get("variant"),
+        token=options.get("token"), cache_dir=options.get("cache_dir"))
+    return str(folder), devices.hub_commit_from_path(folder)
+
+
+def _refine_family(family: str, pipe, model: str) -> str:
+    """Tells sd1 from sd2 (UNet cross-attention width 1024) and FLUX dev from schnell (guidance embedding)."""
+    if family == "sd1" and getattr(pipe.unet.config, "cross_attention_dim", 768) == 1024:
+        return "sd2"
+    if family == "flux":
+        lowered = model.lower()
+        if "schnell" not in lowered and ("dev" in lowered or getattr(pipe.transformer.config, "guidance_embeds", False)):
+            return "flux-dev"
+    return family
+
+
+def _module_bytes(pipe) -> int:
+    """Returns the bytes of all weights in the pipeline's torch modules."""
+    import torch
+
+    modules = [c for c in pipe.components.values() if isinstance(c, torch.nn.Module)]
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
+def _wants_cpu_offload(option, pipe, device: str, model: str) -> bool:
+    """Returns whether to use model CPU offload: as the option says, or with "auto" (the default)
+    when the weights would take more than 85% of the GPU's free memory."""
+    if not str(device).startswith("cuda"):
+        return False  # accelerate's model offload is for CUDA; MPS shares host memory anyway
+    if option != "auto":
+        return bool(option)
+    info = devices.memory_info(device)
+    needed = _module_bytes(pipe)
+    if info and needed > 0.85 * info["free"]:
+        logger.warning("%s needs %s of weights but %s has %s free: enabling model CPU offload", model,
+                       devices.format_bytes(needed), device, devices.format_bytes(info["free"]))
+        return True
+    return False
+
+
+def _default_batch_size(family: str, pipe, device: str) -> int:
+    if devices.is_accelerator(device):
+        return FAMILY_DEFAULTS[family].gpu_batch_size
+    denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    n_params = sum(p.numel() for p in denoiser.parameters()) if denoiser is not None else 0
+    return 8 if n_params < _TINY_DENOISER_PARAMS else 1
+
+
+def _default_settings(family: str, pipe, options: dict) -> GenerationSettings:
+    table = FAMILY_DEFAULTS[family]
+    size = table.size
+    if family in ("sd1", "sd2"):
+        size = int(pipe.unet.config.sample_size) * int(pipe.vae_scale_factor)
+    size = int(options.get("size", size))
+    return GenerationSettings(
+        steps=int(options.get("steps", table.steps)),
+        guidance=float(options.get("guidance", table.guidance)),
+        width=int(options.get("width", size)),
+        height=int(options.get("height", size)),
+        negative_prompt=str(options.get("negative_prompt", "")),
+        scheduler=str(options.get("scheduler", "default")))
+
+
+def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
+    """Loads a diffusers text-to-image pipeline onto `device`. Returns a DiffusersGenerator.
+
+    Raises ModelLoadError (naming the model) when the id or path cannot be resolved or the
+    pipeline is not a supported family."""
+    import torch
+    from diffusers import AutoPipelineForText2Image, DiffusionPipeline
+
+    options = dict(spec.options)
+    folder, commit = _resolve_folder(spec.model, options)
+    model_index = DiffusionPipeline.load_config(folder)
+    family = options.get("family") or family_from_class_name(model_index.get("_class_name", "?"), spec.model)
+    if family not in FAMILY_DEFAULTS:
+        raise ModelLoadError(f"unknown family '{family}' for '{spec.model}'; known: {', '.join(FAMILY_DEFAULTS)}")
+    dtype = devices.default_dtype(device, prefer_bf16=family.startswith(("sd3", "flux")), override=options.get("dtype"))
+
+    load_kwargs = {"dtype": dtype}
+    if family in ("sd1", "sd2", "sd-turbo"):
+        # Never black out images during generation; flagging happens separately below.
+        load_kwargs.update(safety_checker=None, requires_safety_checker=False)
+    pipe = AutoPipelineForText2Image.from_pretrained(folder, **load_kwargs)
+    if not options.get("family"):
+        family = _refine_family(family, pipe, spec.model)
+    offload = _wants_cpu_offload(options.get("enable_cpu_offload", "auto"), pipe, device, spec.model)
+    try:
+        if offload:
+            pipe.enable_model_cpu_offload(device=device)
+        else:
+            pipe.to(device)
+    except Exception as exc:
+        if devices.is_oom(exc):
+            devices.free_memory(device)
+            raise ModelLoadError(f"not enough {device} memory to load '{spec.model}' "
+                                 f"({devices.format_bytes(_module_bytes(pipe))} of weights in {dtype}); "
+                                 f"try option enable_cpu_offload=True") from exc
+        raise
+    pipe.set_progress_bar_config(disable=True)
+
+    checker = feature_extractor = None
+    if options.get("safety_checker", True):
+        checker_device = "cpu" if offload else device
+        checker_dtype = dtype if checker_device == device else torch.float32
+        checker, feature_extractor = _load_safety_checker(folder, model_index, checker_device, checker_dtype)
+
+    generator_device = str(options.get("generator_device", "cpu"))
+    model_id = devices.model_identity(spec.model, revision=options.get("revision"), commit=commit)
+    if generator_device != "cpu":
+        model_id += f"+noise-{generator_device.split(':')[0]}"
+    max_sequence_length = options.get("max_sequence_length")
+    if max_sequence_length is None and family in ("sd3", "flux", "flux-dev"):
+        max_sequence_length = 512 if family == "flux-dev" else 256
+
+    generator = DiffusersGenerator(
+        pipe, model_id=model_id, family=family, device=device,
+        batch_size=int(options.get("batch_size") or _default_batch_size(family, pipe, device)),
+        defaults=_default_settings(family, pipe, options), generator_device=generator_device,
+        max_sequence_length=max_sequence_length, safety_checker=checker, feature_extractor=feature_extractor)
+    generator._scheduler(generator.defaults().scheduler)  # an unknown default scheduler fails at load time
+    logger.info("loaded %s as %s on %s (%s, batch %d)", generator.id, family, device, dtype, generator.batch_size)
+    return generator

@@ -1,0 +1,46 @@
+"""The synthetic world: an offline generator, embedder, LLM and VQA built on one editable
+bias table (assets/synthetic_world.json) with planted, known biases. numpy and PIL only.
+
+`load(spec, device)` is the backend factory's entry point; `spec.backend` picks the
+component, `spec.model` names the table (a JSON path, or "default"), `spec.options` may
+carry {"table": dict} instead of a file and, for the VQA, {"error_rate": float}.
+"""
+from __future__ import annotations
+
+from ...errors import ModelLoadError
+from ..base import GenerationSettings, ModelSpec
+from .embedder import SyntheticEmbedder
+from .generator import SyntheticGenerator
+from .llm import SyntheticLLM
+from .scene import draw_scene, read_scene
+from .vqa import SyntheticVQA
+from .world import World, load_world
+
+__all__ = ["load", "load_world", "World", "SyntheticGenerator", "SyntheticEmbedder", "SyntheticLLM",
+           "SyntheticVQA", "parse_prompt", "render_attributes", "read_scene", "draw_scene"]
+
+
+def load(spec: ModelSpec, device: str = "cpu", **context):
+    """The synthetic component `spec.backend` names, on the table `spec.model` names."""
+    world = load_world(spec.options.get("table") or spec.model)
+    if spec.backend == "synthetic_generator":
+        return SyntheticGenerator(world)
+    if spec.backend == "synthetic_embedder":
+        return SyntheticEmbedder(world)
+    if spec.backend == "synthetic_llm":
+        return SyntheticLLM(world)
+    if spec.backend == "synthetic_vqa":
+        return SyntheticVQA(world, error_rate=float(spec.options.get("error_rate", 0.0)))
+    raise ModelLoadError(f"unknown synthetic backend '{spec.backend}'; expected synthetic_generator, "
+                         "synthetic_embedder, synthetic_llm or synthetic_vqa")
+
+
+def parse_prompt(text: str, world: World | None = None) -> tuple[str, dict[str, str]]:
+    """(subject, {axis: value}) as the synthetic renderer reads `text` (shipped table by default)."""
+    return (world or load_world()).parse_prompt(text)
+
+
+def render_attributes(prompt: str, seed: int, settings: GenerationSettings | None = None,
+                      world: World | None = None) -> dict:
+    """The ground-truth attributes of the synthetic image (prompt, seed) (shipped table by default)."""
+    return SyntheticGenerator(world or load_world()).render_attributes(prompt, seed, settings)

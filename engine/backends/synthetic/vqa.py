@@ -1,0 +1,193 @@
+"""The synthetic VQA: answers attribute questions by reading the image's pixels.
+
+A question is mapped to what it asks about (an axis by its keywords, the occupation, the
+style, "is there a person", or a yes/no check of one value); the answer is read from the
+image (scene.read_scene), then phrased free-form or matched to the given choices through
+the world's lexicon. `error_rate` simulates a fallible VQA model: with that probability an
+answer is replaced by another value (or another choice), deterministically per (image,
+question).
+"""
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+
+from .phrasing import describe
+from .scene import check_drawable, image_digest, read_scene
+from .world import World, seed_int
+
+STYLE_ANSWER = "a flat cartoon illustration"
+NO_PERSON = "no person"
+OTHER = "other"
+SCENE_CACHE_SIZE = 4096
+
+_PRESENCE = re.compile(r"\b(is|are)\s+there\b|\bdoes\s+(the|this)\s+(image|picture|photo)\s+(contain|show|have)\b")
+_PERSON_WORDS = re.compile(r"\b(person|people|human|humans|someone|anyone|man|woman|men|women|anybody|somebody)\b")
+_OCCUPATION = re.compile(r"\b(occupation|job|profession|career|works?\s+as)\b")
+_STYLE = re.compile(r"\bstyle\b")
+_ETHNICITY = re.compile(r"\b(ethnic\w*|race|racial)\b")
+_YES_NO_START = re.compile(r"^\s*(\[vqa\]\s*)?(is|are|does|do|was|were|can|has|have)\b")
+
+
+@dataclass(frozen=True)
+class Query:
+    """What a question asks: kind is 'axis', 'occupation', 'presence', 'yesno', 'style' or
+    'caption'; for 'axis' and 'yesno' also the axis (and the value checked)."""
+
+    kind: str
+    axis: str | None = None
+    value: str | None = None
+    ethnicity: bool = False
+
+
+class SyntheticVQA:
+    def __init__(self, world: World, error_rate: float = 0.0):
+        if not 0.0 <= float(error_rate) <= 1.0:
+            raise ValueError(f"error_rate must be between 0 and 1, not {error_rate}")
+        check_drawable(world)
+        self.world = world
+        self.error_rate = float(error_rate)
+        self.id = f"synthetic-vqa:{world.hash}" + (f":error={self.error_rate:g}" if self.error_rate else "")
+        # the engine asks several questions of each image: read its pixels once
+        self._scenes: OrderedDict[str, dict] = OrderedDict()
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def answer(self, images: Sequence[Image.Image], question: str,
+               choices: Sequence[str] | None = None) -> list[str]:
+        """One short answer per image; with `choices`, one of them (lower-case) or 'other'."""
+        choices = [c.strip().lower() for c in choices] if choices else None
+        query = self.interpret(question, choices)
+        answers = []
+        for image in images:
+            digest, scene = self._read(image)
+            truth = self._truth(scene, query)
+            rng = np.random.default_rng(seed_int("vqa-error", digest, question))
+            wrong = self.error_rate > 0 and rng.random() < self.error_rate
+            if choices:
+                answers.append(self._choose(truth, query, choices, rng if wrong else None))
+            else:
+                if wrong:
+                    truth = self._flip(truth, query, scene, rng)
+                answers.append(self._phrase(truth, query, scene))
+        return answers
+
+    def caption(self, images: Sequence[Image.Image]) -> list[str]:
+        """One caption per image, e.g. 'a young slim light-skinned female doctor in formal
+        attire working indoors who is happy'."""
+        return [describe(self.world, self._read(image)[1]) for image in images]
+
+    def _read(self, image: Image.Image) -> tuple[str, dict]:
+        """(pixel digest, read scene) of an image, from a small cache."""
+        digest = image_digest(image)
+        scene = self._scenes.get(digest)
+        if scene is None:
+            scene = self._scenes[digest] = read_scene(self.world, image)
+            if len(self._scenes) > SCENE_CACHE_SIZE:
+                self._scenes.popitem(last=False)
+        return digest, scene
+
+    # -- understanding the question -----------------------------------------------------------------
+    def interpret(self, question: str, choices: Sequence[str] | None = None) -> Query:
+        """What the question asks about (see Query)."""
+        q = (question or "").lower()
+        choice_axes = [m[0] for m in (self.world.lookup(c) for c in choices or []) if m]
+        choice_subjects = [s for s in (self._subject_of(c) for c in choices or []) if s]
+        yes_no_choices = bool(choices) and set(choices) <= {"yes", "no"}
+        if _PRESENCE.search(q) and _PERSON_WORDS.search(q):
+            return Query("presence")
+        if (not choices or yes_no_choices) and _YES_NO_START.search(q) and " or " not in q:
+            named = self.world.parse(re.sub(r"\b(person|image|picture|photo)\b", " ", q)).values
+            if named:
+                axis, value = next(iter(named.items()))
+                return Query("yesno", axis, value)
+        if _OCCUPATION.search(q) or (choice_subjects and len(choice_subjects) >= len(choice_axes)):
+            return Query("occupation")
+        if _STYLE.search(q):
+            return Query("style")
+        ethnicity = bool(_ETHNICITY.search(q))
+        if choice_axes:
+            most = max(set(choice_axes), key=lambda a: (choice_axes.count(a), -choice_axes.index(a)))
+            return Query("axis", most, ethnicity=ethnicity)
+        asked = self.world.axes_in_text(q)
+        if asked:
+            return Query("axis", asked[0], ethnicity=ethnicity)
+        return Query("caption")
+
+    def _subject_of(self, text: str) -> str | None:
+        subject = self.world.parse(text).subject
+        return None if subject in ("person", self.world.default_subject) else subject
+
+    # -- answering ------------------------------------------------------------------------------------
+    def _truth(self, scene: dict, query: Query) -> str | None:
+        """The canonical answer: an axis value, a subject name, 'yes'/'no', or None when the
+        image has no such attribute (a person axis asked of an object)."""
+        if query.kind == "presence":
+            return "yes" if scene["kind"] == "person" else "no"
+        if query.kind == "occupation":
+            return scene["subject"]
+        if query.kind == "yesno":
+            return "yes" if scene.get(query.axis) == query.value else "no"
+        if query.kind == "axis":
+            return scene.get(query.axis)
+        return None
+
+    def _flip(self, truth: str | None, query: Query, scene: dict, rng: np.random.Generator) -> str | None:
+        """Another possible answer than `truth`, drawn uniformly."""
+        if query.kind in ("presence", "yesno"):
+            return {"yes": "no", "no": "yes"}[truth]
+        if query.kind == "occupation":
+            others = [s for s in self.world.subjects_of(scene["kind"]) if s != truth]
+        elif query.kind == "axis" and truth is not None:
+            others = [v for v in self.world.axes[query.axis].values if v != truth]
+        else:
+            return truth
+        return others[int(rng.integers(len(others)))] if others else truth
+
+    def _choose(self, truth: str | None, query: Query, choices: list[str],
+                wrong: np.random.Generator | None) -> str:
+        """The first choice that means `truth`, else 'other'; with `wrong`, another choice."""
+        correct = OTHER
+        for choice in choices:
+            if self._choice_means(choice, query) == truth and truth is not None:
+                correct = choice
+                break
+        if wrong is not None:
+            others = [c for c in choices if c != correct]
+            if others:
+                return others[int(wrong.integers(len(others)))]
+        return correct
+
+    def _choice_means(self, choice: str, query: Query) -> str | None:
+        if query.kind in ("presence", "yesno"):
+            return choice if choice in ("yes", "no") else None
+        if query.kind == "occupation":
+            return self.world.parse(choice).subject
+        found = self.world.lookup(choice)
+        return found[1] if found and found[0] == query.axis else None
+
+    def _phrase(self, truth: str | None, query: Query, scene: dict) -> str:
+        """A short free-form answer, e.g. 'a woman', 'old', 'dark skin', 'a formal suit'."""
+        if query.kind in ("presence", "yesno"):
+            return truth
+        if query.kind == "style":
+            return STYLE_ANSWER
+        if query.kind == "caption":
+            return describe(self.world, scene)
+        if query.kind == "occupation":
+            if scene["kind"] != "person":
+                return NO_PERSON
+            subject = self.world.subjects[truth]
+            return "unknown" if truth in ("person", self.world.default_subject) else subject.phrase
+        axis = self.world.axes[query.axis]
+        if truth is None:
+            if query.axis == "color" and "outfit_colour" in scene:
+                return scene["outfit_colour"]
+            return NO_PERSON if scene["kind"] != "person" else "unknown"
+        if query.ethnicity and truth in (axis.extra.get("ethnicity_answers") or {}):
+            return axis.extra["ethnicity_answers"][truth]
+        return axis.answers[truth]

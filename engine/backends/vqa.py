@@ -1,0 +1,412 @@
+"""Visual question answering and captioning behind the VQA protocol: backends "blip_vqa", "vlm"
+and "clip_vqa".
+
+"blip_vqa": `spec.model` is a BlipForQuestionAnswering hub id or directory (e.g.
+  Salesforce/blip-vqa-base), loaded with its BlipProcessor. Captions come from the
+  BlipForConditionalGeneration named by option `caption_model` (e.g.
+  Salesforce/blip-image-captioning-base), else from answering CAPTION_QUESTION.
+"vlm": any image-text-to-text model (AutoModelForImageTextToText + AutoProcessor: LLaVA, Qwen2-VL,
+  Idefics, PaliGemma, ...). The question goes into the processor's chat template together with
+  the image; decoding is greedy. Option `prefix` is put before every question (e.g. "[vqa] " for
+  MiniGPT-v2-style models). A processor without a chat template gets `prompt_template`
+  (default "Question: {question} Answer:", the BLIP-2 convention).
+"clip_vqa": zero-shot answers over the given choices with a CLIP-like embedder (passed to load
+  as `embedder=`, or loaded from spec.model with option `embedder_backend`, default "open_clip",
+  and the remaining options). Each choice is scored by its mean text embedding over a few
+  templates ("a photo of {choice}."; person templates when the question is about a person) and
+  the best one wins. Deterministic and cheap. Without choices it falls back to the caption
+  vocabulary: the answer is the best-matching entry of `vocabulary`. Captions are
+  "a photo of <best entry>".
+
+For every backend, with `choices` the free answer is mapped to a choice by `match_choice`
+(exact, whole-word, synonym, age number; else "other"), and returned lower-case.
+
+Common options: batch_size, max_new_tokens, dtype, revision, token, cache_dir, synonyms
+(extra {choice: [words]} for match_choice), caption_prompt (vlm).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+
+from .. import device as devices
+from ..errors import ModelLoadError
+from .base import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+CAPTION_QUESTION = "what is in the image?"
+VLM_CAPTION_PROMPT = "Describe the image in one short sentence."
+VLM_PROMPT_TEMPLATE = "Question: {question} Answer:"
+
+# Words a free answer may use for a choice. Only the choices actually offered are consulted,
+# so "boy" means "male" for a gender question and "young" for an age question.
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    "male": ("man", "men", "boy", "boys", "gentleman", "guy", "masculine", "he", "his", "him"),
+    "female": ("woman", "women", "girl", "girls", "lady", "ladies", "feminine", "she", "her"),
+    "man": ("male", "boy", "gentleman", "guy"),
+    "woman": ("female", "girl", "lady"),
+    "young": ("child", "children", "kid", "kids", "teen", "teenager", "teenage", "youth", "baby", "toddler",
+              "boy", "girl", "infant"),
+    "middle": ("middle aged", "adult", "mature"),
+    "middle aged": ("middle", "adult", "mature"),
+    "old": ("elderly", "senior", "aged", "older", "grandmother", "grandfather", "grandma", "grandpa"),
+    "yes": ("yeah", "yep", "true", "correct"),
+    "no": ("nope", "false", "none", "not"),
+    "rich": ("wealthy", "affluent", "upper class", "luxurious"),
+    "poor": ("impoverished", "low income", "lower class", "homeless", "poverty"),
+    "middle class": ("middle", "average"),
+}
+
+# Age buckets for answers given as numbers ("30", "in her 40s") to young/middle/old questions.
+_AGE_BUCKETS = (("young", 0, 30), ("middle", 30, 60), ("middle aged", 30, 60), ("old", 60, 200))
+
+CLIP_TEMPLATES = ("a photo of {}.", "an image of {}.", "{}")
+CLIP_PERSON_TEMPLATES = ("a photo of a {} person.", "a {} person.", "a photo of {}.")
+_PERSON_QUESTION = re.compile(r"\b(person|people|man|woman|someone|subject|their|his|her)\b", re.IGNORECASE)
+
+DEFAULT_VOCABULARY = (
+    "a person", "a man", "a woman", "a child", "an elderly person", "a group of people", "an animal",
+    "a dog", "a cat", "a bird", "a landscape", "a city street", "a building", "a room", "food", "a car",
+    "a plant", "an object", "a drawing", "text",
+)
+
+
+def _normalise(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]|_", " ", str(text).lower()).split())
+
+
+def _find_word(haystack: str, needle: str) -> int:
+    """Returns the position of `needle` as whole words in `haystack`, or -1."""
+    if not needle:
+        return -1
+    match = re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", haystack)
+    return match.start() if match else -1
+
+
+def _singular(text: str) -> str:
+    return " ".join(w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in text.split())
+
+
+def match_choice(answer: str, choices: Sequence[str], synonyms: dict | None = None) -> str:
+    """Returns the choice (lower-case) a free-form answer names, or "other".
+
+    In order: exact match; an age in years for young/middle/old choices (<30, 30-59, 60+); a
+    choice appearing as whole words in the answer (the earliest, then the longest), also after
+    dropping plural "s"; the answer appearing inside exactly one choice; a synonym of a choice
+    (SYNONYMS plus `synonyms`)."""
+    text = _normalise(answer)
+    options = [(str(c).lower().strip(), _normalise(c)) for c in choices]
+    if not text:
+        return "other"
+    for choice, norm in options:
+        if text == norm:
+            return choice
+    age = re.search(r"\b(\d{1,3})", text)
+    if age:  # before word matching: in "20 years old", "old" is not the age group
+        years = int(age.group(1))
+        for choice, norm in options:
+            if any(norm == bucket and low <= years < high for bucket, low, high in _AGE_BUCKETS):
+                return choice
+    for haystack, transform in ((text, lambda s: s), (_singular(text), _singular)):
+        hits = [(pos, -len(norm), i) for i, (_, norm) in enumerate(options)
+                if (pos := _find_word(haystack, transform(norm))) >= 0]
+        if hits:
+            return options[min(hits)[2]][0]
+    inside = [choice for choice, norm in options if _find_word(norm, text) >= 0]
+    if len(inside) == 1:
+        return inside[0]
+    extra = {_normalise(k): tuple(_normalise(v) for v in vs) for k, vs in (synonyms or {}).items()}
+    hits = []
+    for i, (_, norm) in enumerate(options):
+        for word in SYNONYMS.get(norm, ()) + extra.get(norm, ()):
+            pos = _find_word(text, word)
+            if pos < 0:
+                pos = _find_word(_singular(text), _singular(word))
+            if pos >= 0:
+                hits.append((pos, -len(word), i))
+    if hits:
+        return options[min(hits)[2]][0]
+    return "other"
+
+
+def _rgb(images: Sequence[Image.Image]) -> list[Image.Image]:
+    return [img if img.mode == "RGB" else img.convert("RGB") for img in images]
+
+
+def _batches(items: Sequence, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _short(text: str) -> str:
+    """Returns the first line of a generated answer, without surrounding whitespace or a final period."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0].rstrip(".").strip() if lines else ""
+
+
+def _finish(answers: list[str], choices: Sequence[str] | None, synonyms: dict | None) -> list[str]:
+    if choices:
+        return [match_choice(a, choices, synonyms) for a in answers]
+    return answers
+
+
+def _strip_prompt(output, input_ids):
+    """Returns only the generated tokens: decoder-only models echo the prompt, encoder-decoders do not."""
+    n = input_ids.shape[1]
+    if output.shape[1] > n and (output[:, :n].cpu() == input_ids.cpu()).all():
+        return output[:, n:]
+    return output
+
+
+def _generate(model, processor, images: Sequence[Image.Image], inputs_for, *, batch_size: int, device: str,
+              **generate_kwargs) -> list[str]:
+    """Runs `model.generate` over the images in batches; `inputs_for(batch)` builds the processor
+    inputs. Returns the first line of each decoded reply."""
+    import torch
+
+    dtype = next(model.parameters()).dtype
+    replies = []
+    for batch in _batches(_rgb(images), batch_size):
+        inputs = _to(inputs_for(batch), device, dtype)
+        with torch.inference_mode():
+            output = model.generate(**inputs, **generate_kwargs)
+        if "input_ids" in inputs:
+            output = _strip_prompt(output, inputs["input_ids"])
+        replies += [_short(t) for t in processor.batch_decode(output, skip_special_tokens=True)]
+    return replies
+
+
+class BlipVQA:
+    """BLIP question answering (and optional BLIP captioning) behind the VQA protocol."""
+
+    def __init__(self, model, processor, *, model_id: str, device: str, batch_size: int = 16,
+                 max_new_tokens: int = 10, captioner=None, caption_processor=None, synonyms: dict | None = None):
+        self.model = model
+        self.processor = processor
+        self.id = model_id
+        self.device = device
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+        self.captioner = captioner
+        self.caption_processor = caption_processor
+        self.synonyms = synonyms
+
+    def answer(self, images: Sequence[Image.Image], question: str,
+               choices: Sequence[str] | None = None) -> list[str]:
+        """Returns one short answer per image; with `choices`, one of them (lower-case) or "other"."""
+        answers = _generate(
+            self.model, self.processor, images,
+            lambda batch: self.processor(images=batch, text=[question] * len(batch), return_tensors="pt", padding=True),
+            batch_size=self.batch_size, device=self.device, max_new_tokens=self.max_new_tokens)
+        return _finish(answers, choices, self.synonyms)
+
+    def caption(self, images: Sequence[Image.Image]) -> list[str]:
+        """Returns one short caption per image (the captioner's, else the answer to CAPTION_QUESTION)."""
+        if self.captioner is None:
+            return self.answer(images, CAPTION_QUESTION)
+        return _generate(self.captioner, self.caption_processor, images,
+                         lambda batch: self.caption_processor(images=batch, return_tensors="pt"),
+                         batch_size=self.batch_size, device=self.device, max_new_tokens=30)
+
+
+class VLMVQA:
+    """An image-text-to-text model (greedy, short answers) behind the VQA protocol."""
+
+    def __init__(self, model, processor, *, model_id: str, device: str, batch_size: int = 8,
+                 max_new_tokens: int = 20, prefix: str = "", prompt_template: str = VLM_PROMPT_TEMPLATE,
+                 caption_prompt: str = VLM_CAPTION_PROMPT, synonyms: dict | None = None):
+        self.model = model
+        self.processor = processor
+        self.id = model_id
+        self.device = device
+        self.batch_size = batch_size
+        self.max_new_tokens = max_new_tokens
+        self.prefix = prefix
+        self.prompt_template = prompt_template
+        self.caption_prompt = caption_prompt
+        self.synonyms = synonyms
+        self._has_template = bool(getattr(processor, "chat_template", None))
+
+    def _inputs(self, batch: list[Image.Image], text: str):
+        if self._has_template:
+            conversations = [[{"role": "user", "content": [{"type": "image", "image": img},
+                                                           {"type": "text", "text": text}]}] for img in batch]
+            return self.processor.apply_chat_template(
+                conversations, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt",
+                processor_kwargs={"padding": True})
+        prompt = self.prompt_template.format(question=text)
+        return self.processor(images=batch, text=[prompt] * len(batch), return_tensors="pt", padding=True)
+
+    def ask(self, images: Sequence[Image.Image], text: str) -> list[str]:
+        """Returns the model's greedy reply to `text` (sent as is) for each image."""
+        return _generate(self.model, self.processor, images, lambda batch: self._inputs(batch, text),
+                         batch_size=self.batch_size, device=self.device,
+                         max_new_tokens=self.max_new_tokens, do_sample=False)
+
+    def answer(self, images: Sequence[Image.Image], question: str,
+               choices: Sequence[str] | None = None) -> list[str]:
+        """Returns one short answer per image; with `choices`, one of them (lower-case) or "other"."""
+        return _finish(self.ask(images, self.prefix + question), choices, self.synonyms)
+
+    def caption(self, images: Sequence[Image.Image]) -> list[str]:
+        """Returns one short caption per image (the reply to `caption_prompt`, without the VQA prefix)."""
+        return self.ask(images, self.caption_prompt)
+
+
+class ClipVQA:
+    """Zero-shot multiple-choice answering with a CLIP-like embedder, behind the VQA protocol."""
+
+    def __init__(self, embedder, *, templates: Sequence[str] = CLIP_TEMPLATES,
+                 person_templates: Sequence[str] = CLIP_PERSON_TEMPLATES,
+                 vocabulary: Sequence[str] = DEFAULT_VOCABULARY):
+        self.embedder = embedder
+        self.templates = tuple(templates)
+        self.person_templates = tuple(person_templates)
+        self.vocabulary = tuple(vocabulary)
+        custom = (self.templates, self.person_templates, self.vocabulary) != (
+            CLIP_TEMPLATES, CLIP_PERSON_TEMPLATES, DEFAULT_VOCABULARY)
+        suffix = "+" + hashlib.sha1(json.dumps([self.templates, self.person_templates, self.vocabulary])
+                                    .encode()).hexdigest()[:8] if custom else ""
+        self.id = f"clip_vqa:{embedder.id}{suffix}"
+        self._text_cache: dict[tuple, np.ndarray] = {}
+
+    def _choice_embeddings(self, choices: Sequence[str], templates: tuple[str, ...]) -> np.ndarray:
+        """Returns (n_choices, d): each choice's template-averaged, re-normalised text embedding."""
+        rows = []
+        for choice in choices:
+            key = (choice, templates)
+            if key not in self._text_cache:
+                emb = self.embedder.embed_texts([t.format(choice) for t in templates]).mean(axis=0)
+                self._text_cache[key] = emb / max(float(np.linalg.norm(emb)), 1e-12)
+            rows.append(self._text_cache[key])
+        return np.stack(rows).astype(np.float32)
+
+    def scores(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> np.ndarray:
+        """Returns (n_images, n_choices) cosine similarities between images and choices."""
+        templates = self.person_templates if _PERSON_QUESTION.search(question) else self.templates
+        return self.embedder.embed_images(images) @ self._choice_embeddings(choices, templates).T
+
+    def answer(self, images: Sequence[Image.Image], question: str,
+               choices: Sequence[str] | None = None) -> list[str]:
+        """Returns the best-scoring choice (lower-case) per image. Without choices, the best entry
+        of the caption vocabulary (documented fallback: CLIP cannot answer open questions)."""
+        if not images:
+            return []
+        options = [str(c) for c in choices] if choices else list(self.vocabulary)
+        best = self.scores(images, question, options).argmax(axis=1)
+        return [options[i].lower() for i in best]
+
+    def caption(self, images: Sequence[Image.Image]) -> list[str]:
+        """Returns "a photo of <best vocabulary entry>" per image."""
+        if not images:
+            return []
+        best = self.scores(images, "", self.vocabulary).argmax(axis=1)
+        return [f"a photo of {self.vocabulary[i]}" for i in best]
+
+
+def _to(inputs, device: str, dtype):
+    """Moves a processor output to `device`, casting floating tensors (pixels) to the model dtype."""
+    return {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) if hasattr(v, "to") else v
+            for k, v in inputs.items()}
+
+
+def _hub_kwargs(options: dict) -> dict:
+    return {k: options[k] for k in ("revision", "token", "cache_dir") if options.get(k)}
+
+
+def _check_path(model: str) -> None:
+    if devices.looks_like_local_path(model) and not Path(model).expanduser().exists():
+        raise ModelLoadError(f"no such model directory: '{model}'")
+
+
+def _identity(model, name: str, options: dict) -> str:
+    commit = getattr(model.config, "_commit_hash", None)
+    return devices.model_identity(name, revision=options.get("revision"), commit=commit)
+
+
+def _load_blip(spec: ModelSpec, device: str) -> BlipVQA:
+    from transformers import AutoProcessor, BlipForConditionalGeneration, BlipForQuestionAnswering
+
+    options = spec.options
+    _check_path(spec.model)
+    hub = _hub_kwargs(options)
+    dtype = devices.default_dtype(device, override=options.get("dtype"))
+    model = BlipForQuestionAnswering.from_pretrained(spec.model, dtype=dtype, **hub).to(device).eval()
+    processor = AutoProcessor.from_pretrained(spec.model, **hub)
+    model_id = f"blip_vqa:{_identity(model, spec.model, options)}"
+    captioner = caption_processor = None
+    if options.get("caption_model"):
+        name = str(options["caption_model"])
+        _check_path(name)
+        captioner = BlipForConditionalGeneration.from_pretrained(name, dtype=dtype).to(device).eval()
+        caption_processor = AutoProcessor.from_pretrained(name)
+        model_id += f"|caption:{_identity(captioner, name, {})}"
+    return BlipVQA(model, processor, model_id=model_id, device=device,
+                   batch_size=int(options.get("batch_size", 16)), max_new_tokens=int(options.get("max_new_tokens", 10)),
+                   captioner=captioner, caption_processor=caption_processor, synonyms=options.get("synonyms"))
+
+
+def _load_vlm(spec: ModelSpec, device: str) -> VLMVQA:
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    options = spec.options
+    _check_path(spec.model)
+    hub = _hub_kwargs(options)
+    trust = bool(options.get("trust_remote_code", False))
+    dtype = devices.default_dtype(device, prefer_bf16=True, override=options.get("dtype"))
+    if options.get("device_map"):
+        model = AutoModelForImageTextToText.from_pretrained(spec.model, dtype=dtype, device_map=options["device_map"],
+                                                            trust_remote_code=trust, **hub)
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(spec.model, dtype=dtype, trust_remote_code=trust,
+                                                            **hub).to(device)
+    model.eval()
+    processor = AutoProcessor.from_pretrained(spec.model, trust_remote_code=trust, **hub)
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is not None and not model.config.is_encoder_decoder:
+        tokenizer.padding_side = "left"  # batched generation continues right after each prompt
+    prefix = str(options.get("prefix", ""))
+    model_id = f"vlm:{_identity(model, spec.model, options)}" + (f"+prefix:{prefix.strip()}" if prefix else "")
+    return VLMVQA(model, processor, model_id=model_id, device=str(model.device), prefix=prefix,
+                  batch_size=int(options.get("batch_size", 8)), max_new_tokens=int(options.get("max_new_tokens", 20)),
+                  prompt_template=str(options.get("prompt_template", VLM_PROMPT_TEMPLATE)),
+                  caption_prompt=str(options.get("caption_prompt", VLM_CAPTION_PROMPT)),
+                  synonyms=options.get("synonyms"))
+
+
+_CLIP_VQA_OPTIONS = ("embedder_backend", "templates", "person_templates", "vocabulary")
+
+
+def _load_clip_vqa(spec: ModelSpec, device: str, embedder=None) -> ClipVQA:
+    options = spec.options
+    if embedder is None:
+        if not spec.model:
+            raise ModelLoadError("clip_vqa needs an embedder: pass embedder= to load_backend or name a CLIP model")
+        from . import load_backend
+
+        backend = str(options.get("embedder_backend", "open_clip"))
+        rest = {k: v for k, v in options.items() if k not in _CLIP_VQA_OPTIONS}
+        embedder = load_backend(ModelSpec(backend, spec.model, rest), device)
+    return ClipVQA(embedder, templates=options.get("templates", CLIP_TEMPLATES),
+                   person_templates=options.get("person_templates", CLIP_PERSON_TEMPLATES),
+                   vocabulary=options.get("vocabulary", DEFAULT_VOCABULARY))
+
+
+def load(spec: ModelSpec, device: str, **context):
+    """Loads a VQA backend ("blip_vqa", "vlm" or "clip_vqa") onto `device`. For "clip_vqa",
+    `context["embedder"]` may pass an already-loaded Embedder. Returns BlipVQA, VLMVQA or ClipVQA."""
+    if spec.backend == "blip_vqa":
+        return _load_blip(spec, device)
+    if spec.backend == "vlm":
+        return _load_vlm(spec, device)
+    if spec.backend == "clip_vqa":
+        return _load_clip_vqa(spec, device, context.get("embedder"))
+    raise ModelLoadError(f"vqa cannot load backend '{spec.backend}' ('{spec.model}')")

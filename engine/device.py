@@ -1,0 +1,194 @@
+"""Device, dtype, memory and model-identity helpers shared by the torch backends.
+
+torch is imported inside the functions: the synthetic world and the metrics import the
+engine without ever paying for torch.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import re
+from pathlib import Path
+
+_DTYPE_NAMES = {
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp32": "float32", "float32": "float32", "float": "float32",
+}
+
+
+def pick_device(preferred: str | None = None) -> str:
+    """Returns a torch device string: `preferred` if given and usable, else "cuda", "mps" or "cpu"
+    in that order of preference. `preferred` may be None, "auto", "cpu", "mps", "cuda" or "cuda:N".
+
+    Raises ValueError when an explicitly requested accelerator is not available."""
+    import torch
+
+    if preferred in (None, "", "auto"):
+        if torch.cuda.is_available():
+            return "cuda"
+        if torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    kind = preferred.split(":")[0]
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device '{preferred}' requested but CUDA is not available")
+        index = int(preferred.split(":")[1]) if ":" in preferred else 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device '{preferred}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+        return preferred
+    if kind == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError("device 'mps' requested but MPS is not available")
+        return "mps"
+    if kind == "cpu":
+        return "cpu"
+    raise ValueError(f"unknown device '{preferred}'; use auto, cpu, mps, cuda or cuda:N")
+
+
+def is_accelerator(device: str) -> bool:
+    """True for GPU-like devices (cuda, mps), where half precision is the norm."""
+    return str(device).split(":")[0] in ("cuda", "mps")
+
+
+def parse_dtype(name):
+    """Returns the torch dtype named by "fp16"/"float16"/"half", "bf16"/"bfloat16" or
+    "fp32"/"float32" (a torch.dtype passes through). Raises ValueError otherwise."""
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    key = _DTYPE_NAMES.get(str(name).lower().removeprefix("torch."))
+    if key is None:
+        raise ValueError(f"unknown dtype '{name}'; use fp16, bf16 or fp32")
+    return getattr(torch, key)
+
+
+def default_dtype(device: str, *, prefer_bf16: bool = False, override=None):
+    """Returns the dtype to run a model in: `override` if given ("auto" counts as not given);
+    float32 on CPU; on GPU bfloat16 when `prefer_bf16` and the device supports it, else float16."""
+    import torch
+
+    if override not in (None, "", "auto"):
+        return parse_dtype(override)
+    if not is_accelerator(device):
+        return torch.float32
+    if prefer_bf16 and _supports_bf16(device):
+        return torch.bfloat16
+    return torch.float16
+
+
+def _supports_bf16(device: str) -> bool:
+    import torch
+
+    if str(device).startswith("cuda"):
+        return torch.cuda.is_bf16_supported()
+    # MPS has bfloat16 from macOS 14 on; torch reports it by allowing the allocation.
+    try:
+        torch.zeros(1, dtype=torch.bfloat16, device=device)
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def memory_info(device: str) -> dict | None:
+    """Returns {"total", "free", "allocated", "reserved"} in bytes for a CUDA device,
+    {"allocated"} for MPS, and None for the CPU (host memory is not budgeted here)."""
+    import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        free, total = torch.cuda.mem_get_info(index)
+        return {"total": total, "free": free, "allocated": torch.cuda.memory_allocated(index),
+                "reserved": torch.cuda.memory_reserved(index)}
+    if str(device) == "mps" and torch.backends.mps.is_available():
+        return {"allocated": torch.mps.current_allocated_memory()}
+    return None
+
+
+_OOM_MESSAGE = re.compile(r"out of memory|MPS backend out of memory|CUBLAS_STATUS_ALLOC_FAILED|"
+                          r"CUDNN_STATUS_NOT_ENOUGH_WORKSPACE", re.IGNORECASE)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True if `exc` is a device out-of-memory error (CUDA, MPS, or a cuBLAS/cuDNN allocation failure)."""
+    import torch
+
+    oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    if isinstance(exc, oom_type):
+        return True
+    return isinstance(exc, RuntimeError) and bool(_OOM_MESSAGE.search(str(exc)))
+
+
+def free_memory(device: str | None = None) -> None:
+    """Drops Python garbage and returns cached accelerator memory to the driver (after an OOM or an eviction)."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and (device is None or str(device).startswith("cuda")):
+        torch.cuda.empty_cache()
+    if torch.backends.mps.is_available() and (device is None or str(device) == "mps"):
+        torch.mps.empty_cache()
+
+
+def format_bytes(n: int) -> str:
+    """Returns n bytes as a short human string, e.g. "3.2 GB"."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def model_identity(model: str, *, revision: str | None = None, commit: str | None = None) -> str:
+    """Returns "model@version" for cache keys, so that two different weights never share a cached artefact.
+
+    - A local directory or file: version is "local-" + a hash of its JSON configs' contents and
+      every file's relative path, size and modification time (a retrained or edited local
+      model gets a new id).
+    - A hub id: version is the resolved commit hash when known, else the requested revision,
+      else "main"."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return f"{model}@local-{fingerprint_path(path)}"
+    if commit and _COMMIT.fullmatch(commit):
+        return f"{model}@{commit}"
+    return f"{model}@{revision or 'main'}"
+
+
+def looks_like_local_path(model: str) -> bool:
+    """True when `model` is written as a filesystem path (absolute, ./, ../, ~, or a Windows drive)
+    rather than a hub id such as "org/name", so a missing path gets a "no such path" message."""
+    return (model.startswith(("/", "./", "../", "~", ".\\")) or bool(re.match(r"^[A-Za-z]:[\\/]", model))
+            or model.count("/") > 1)
+
+
+def fingerprint_path(path: str | Path) -> str:
+    """Returns a 12-hex-digit hash of a file or directory tree: names, sizes, mtimes, and the full
+    contents of small JSON files (configs such as model_index.json)."""
+    path = Path(path).expanduser()
+    digest = hashlib.sha1()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        if any(part.startswith(".") for part in file.relative_to(path).parts):
+            continue  # .cache/.git metadata changes without the weights changing
+        stat = file.stat()
+        rel = file.name if file == path else file.relative_to(path).as_posix()
+        digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        if file.suffix == ".json" and stat.st_size <= 1 << 20:
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def hub_commit_from_path(path: str | os.PathLike) -> str | None:
+    """Returns the commit hash of a hub cache snapshot folder (".../snapshots/<commit>/..."), or None."""
+    parts = Path(path).parts
+    for i, part in enumerate(parts[:-1]):
+        if part == "snapshots" and _COMMIT.fullmatch(parts[i + 1]):
+            return parts[i + 1]
+    return None

@@ -1,0 +1,1 @@
+"""Methods: each module is one method, `run(request, engine)` a generator of events."""

@@ -1,0 +1,179 @@
+"""Single Prompt: N images of one prompt, then (streamed as each is ready) the attribute
+distribution and T2I-BiasBench metrics of every axis with bootstrap CIs, CLIP diversity
+(Vendi), the MineTheGap gap score with its missed interpretations, and Top-K concepts.
+
+Specs: minethegap-and-biasbench.md Part B (metrics), A.3 (gap score, a reconstruction),
+Part C (wiring); thesis §2.8 (Top-K concepts).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..axes import Axis, axis_for, normalise_free_answer
+from ..backends.llm_json import as_string_list
+from ..core import Engine, Run, recorded, stream_image_set
+from ..events import Progress, Scores, Table, Warning
+from ..llm_prompts import variations_prompt
+from ..metrics import biasbench
+from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
+from ..metrics.gap import gap_score_from_similarity
+from ..metrics.tibet import concept_histogram, top_k_concepts
+from .generate import settings_for
+
+DEFAULT_AXES = ("gender", "age", "skin tone")
+
+
+@dataclass
+class SinglePromptRequest:
+    prompt: str
+    n: int = 16
+    seed: int = 0
+    negative_prompt: str = ""
+    steps: int | None = None
+    guidance: float | None = None
+    width: int | None = None
+    height: int | None = None
+    axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES))
+    references: dict = field(default_factory=dict)   # axis -> {value: target share}; missing = uniform
+    mode: str = "paper"                               # T2I-BiasBench: "paper" or "reference"
+    n_variations: int | None = None                   # MineTheGap text variations (default: n)
+    alpha: float = 25.0                               # MineTheGap percentile (spec A.3)
+    combine: str = "diff"                             # "diff" | "missed_only" | "mean"
+    n_boot: int = 1000
+    top_k: int = 10
+    gap: bool = True                                  # compute the gap score (needs the LLM)
+
+    def seeds(self) -> list[int]:
+        return list(range(self.seed, self.seed + self.n))
+
+
+def axis_metrics(labels: list[str], axis: Axis, reference: dict | None, mode: str) -> dict:
+    """T2I-BiasBench metrics of one axis on labels (one per image); paper-mode classes are the
+    axis values, answers outside them ('other') are excluded and counted in n_excluded."""
+    classes = list(axis.values) or None
+    if mode == "reference" or classes is None:
+        classes = None
+    summary = biasbench.biasbench_summary(labels, classes, reference or None, mode,
+                                          pd_groups=axis.pd_groups if classes else None)
+    pd = summary.get("parity_difference", summary["max_parity_difference"])
+    summary["parity_difference"] = pd
+    summary["composite_bias_score"] = biasbench.composite_bias_score(pd, summary["normalised_entropy"], None, mode)
+    return summary
+
+
+SCALAR_METRICS = ("parity_difference", "normalised_entropy", "kl_divergence", "bias_amplification",
+                  "composite_bias_score")
+
+
+def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, mode: str,
+                         n_boot: int, seed: int = 0) -> dict:
+    """`axis_metrics` plus a 95% bootstrap interval (images resampled) for every share and scalar."""
+    point = axis_metrics(labels, axis, reference, mode)
+    classes = point["classes"]
+    labels_arr = np.asarray(labels, dtype=object)
+    draws = {name: [] for name in SCALAR_METRICS}
+    shares = {c: [] for c in classes}
+    for index in resample_indices(len(labels), n_boot, seed):
+        sample = axis_metrics(list(labels_arr[index]), axis, reference, mode)
+        for name in SCALAR_METRICS:
+            draws[name].append(sample[name])
+        for c in classes:
+            shares[c].append(sample["representation_parity"].get(c, 0.0))
+    point["ci"] = {name: percentile_interval(np.asarray(v, float)) for name, v in draws.items()}
+    point["share_ci"] = {c: percentile_interval(np.asarray(v, float)) for c, v in shares.items()}
+    return point
+
+
+@recorded("single_prompt")
+def run(request: SinglePromptRequest, engine: Engine, run: Run):
+    prompt = engine.check_prompt(request.prompt)
+    n = engine.check_n(request.n)
+    n_var = engine.check_n(request.n_variations or n, "number of text variations")
+    axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
+    settings = settings_for(request, engine)
+    results: dict = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
+    if len(prompt.split()) * 1.3 > 75:
+        yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
+
+    records = yield from stream_image_set(engine, run, prompt, request.seeds(), settings)
+    results["images"] = [r.to_json() for r in records]
+    valid = [r for r in records if not r.nsfw]
+    if len(valid) < len(records):
+        yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
+                      "from every metric")
+    run.save(results)
+
+    # Attribute distributions per axis (VQA), each streamed as soon as it is computed.
+    answers_by_axis: dict[str, list[str]] = {}
+    for i, axis in enumerate(axes):
+        yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
+        answers = engine.ask(valid, axis.question, list(axis.values) or None)
+        labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
+        answers_by_axis[axis.name] = answers
+        reference = request.references.get(axis.name) or None
+        metrics = axis_metrics_with_ci(labels, axis, reference, request.mode, request.n_boot)
+        metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")
+        results["axes"][axis.name] = metrics
+        yield Scores(f"axis:{axis.name}", metrics)
+    results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
+    run.save(results)
+
+    # Diversity over CLIP image embeddings.
+    image_emb = engine.embed_images(valid)
+    diversity = {"vendi": vendi_score(image_emb), "vendi_normalised": normalised_vendi(image_emb),
+                 "mean_pairwise_similarity": mean_pairwise_similarity(image_emb), "n": len(valid),
+                 "embedder": engine.model_id("embedder")}
+    results["diversity"] = diversity
+    yield Scores("diversity", diversity)
+
+    # MineTheGap gap score (reconstruction, spec A.3).
+    if request.gap:
+        yield Progress(0, 1, "gap", "asking the LLM for text variations of the prompt")
+        variations = engine.ask_json([{"role": "user", "content": variations_prompt(prompt, n_var)}],
+                                     as_string_list(max(2, n_var // 2), n_var * 2, 60),
+                                     temperature=1.0, seed=request.seed)[:n_var]
+        text_emb = engine.embed_texts(variations)
+        gap = gap_score_from_similarity(text_emb @ image_emb.T, request.alpha, request.combine)
+        gap_result = {
+            "score": gap.score, "coverage_term": gap.coverage_term,
+            "alignment_term": gap.alignment_term, "alpha": request.alpha, "combine": request.combine,
+            "variations": variations, "similarity": gap.similarity.tolist(),
+            "coverage": gap.coverage.tolist(), "alignment": gap.alignment.tolist(),
+            "missed": [{"text": variations[i], "coverage": float(gap.coverage[i])} for i in gap.missed_variations],
+            "least_aligned": [{"seed": valid[j].seed, "key": valid[j].key, "alignment": float(gap.alignment[j])}
+                              for j in gap.least_aligned_images],
+            "image_seeds": [r.seed for r in valid],
+            "reconstructed": True,
+        }
+        results["gap"] = gap_result
+        yield Scores("gap", gap_result)
+        run.save(results)
+
+    # Top-K concepts from every VQA answer plus a caption per image (thesis §2.8).
+    captions = engine.caption(valid)
+    per_image = [[answers_by_axis[a][j] for a in answers_by_axis] + [captions[j]] for j in range(len(valid))]
+    top = top_k_concepts(concept_histogram(per_image), request.top_k)
+    results["captions"] = captions
+    results["top_concepts"] = [[c, round(f, 3)] for c, f in top]
+    yield Table("top_concepts", ["concept", "frequency per image"], results["top_concepts"])
+
+    summary = {"n": len(valid), "vendi": round(diversity["vendi"], 3)}
+    if "gap" in results:
+        summary["gap_score"] = round(results["gap"]["score"], 4)
+    for name, m in results["axes"].items():
+        summary[f"cbs_{name}"] = None if m["composite_bias_score"] != m["composite_bias_score"] else round(m["composite_bias_score"], 3)
+    yield run.finish(results, summary)
+
+
+def image_details(engine: Engine, image_key: str) -> dict:
+    """What the gallery shows for one clicked image: its row in the store and every VQA answer."""
+    rows = engine.store.image_rows([image_key])
+    return {"image": rows[0] if rows else None, "answers": engine.store.answers_for_image(image_key)}
+
+
+def top_answer_counts(labels: list[str]) -> list[tuple[str, int]]:
+    return Counter(labels).most_common()

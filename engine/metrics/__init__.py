@@ -1,0 +1,11 @@
+"""Pure metric functions on numpy arrays, label counts and strings; no models, no torch.
+
+Modules:
+  biasbench   T2I-BiasBench metrics, in "paper" and "reference" (released-code) mode
+  diversity   Vendi score and mean pairwise cosine similarity of embeddings
+  bootstrap   percentile bootstrap intervals over images
+  gap         MineTheGap bias score (reconstruction)
+  tibet       TIBET concept histograms, CAS, CAS^CLIP, normalised MAD, Top-K
+  biasconnect BiasConnect intersectional sensitivity, χ² edges; InterMit τ and γ
+  wordnet     synonyms read from a WordNet database directory
+"""

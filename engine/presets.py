@@ -1,0 +1,126 @@
+"""Presets: a named full set of models (generator + embedder + LLM + VQA).
+
+`auto` picks the first real preset whose models the local Hugging Face cache (or a reachable
+hub) can serve, on a machine with a GPU, and the synthetic world otherwise, and says why.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .backends.base import ModelSpec
+from .errors import InputError
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+SYNTHETIC_TABLE = str(ASSETS / "synthetic_world.json")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    generator: ModelSpec
+    embedder: ModelSpec
+    llm: ModelSpec
+    vqa: ModelSpec
+
+    def specs(self) -> dict[str, ModelSpec]:
+        return {"generator": self.generator, "embedder": self.embedder, "llm": self.llm, "vqa": self.vqa}
+
+
+CLIP_L14 = ModelSpec("hf_clip", "openai/clip-vit-large-patch14")
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    Preset("synthetic", "Offline synthetic world with planted, known biases (CPU, instant).",
+           ModelSpec("synthetic_generator", SYNTHETIC_TABLE),
+           ModelSpec("synthetic_embedder", SYNTHETIC_TABLE),
+           ModelSpec("synthetic_llm", SYNTHETIC_TABLE),
+           ModelSpec("synthetic_vqa", SYNTHETIC_TABLE)),
+    Preset("sd-turbo", "SD-Turbo, 1 step at 512x512: the small real set (runs on a CPU, slowly).",
+           ModelSpec("diffusers", "stabilityai/sd-turbo"),
+           ModelSpec("open_clip", "ViT-B-32", {"pretrained": "laion2b_s34b_b79k"}),
+           ModelSpec("hf_chat", "Qwen/Qwen2.5-0.5B-Instruct"),
+           ModelSpec("blip_vqa", "Salesforce/blip-vqa-base")),
+    Preset("sd15", "Stable Diffusion 1.5, the family of the TIBET/BiasConnect papers.",
+           ModelSpec("diffusers", "stable-diffusion-v1-5/stable-diffusion-v1-5"),
+           CLIP_L14,
+           ModelSpec("hf_chat", "Qwen/Qwen2.5-1.5B-Instruct"),
+           ModelSpec("blip_vqa", "Salesforce/blip-vqa-capfilt-large")),
+    Preset("sdxl-turbo", "SDXL-Turbo, 1 step at 512x512, with a small VLM for VQA.",
+           ModelSpec("diffusers", "stabilityai/sdxl-turbo"),
+           CLIP_L14,
+           ModelSpec("hf_chat", "Qwen/Qwen2.5-1.5B-Instruct"),
+           ModelSpec("vlm", "Qwen/Qwen2-VL-2B-Instruct")),
+    Preset("flux-schnell", "FLUX.1-schnell, 4 steps at 1024x1024 (MineTheGap's main model).",
+           ModelSpec("diffusers", "black-forest-labs/FLUX.1-schnell"),
+           CLIP_L14,
+           ModelSpec("hf_chat", "Qwen/Qwen2.5-3B-Instruct"),
+           ModelSpec("vlm", "Qwen/Qwen2.5-VL-3B-Instruct")),
+]}
+
+REAL_PRESET_ORDER = ["sd-turbo", "sd15", "sdxl-turbo", "flux-schnell"]
+HUB_FILES = {"diffusers": "model_index.json", "open_clip": None, "hf_clip": "config.json",
+             "hf_chat": "config.json", "blip_vqa": "config.json", "vlm": "config.json"}
+
+
+def parse_model_override(text: str) -> ModelSpec:
+    """'backend:model' (e.g. 'diffusers:/models/tiny-sd' or 'hf_chat:Qwen/Qwen2.5-0.5B-Instruct')."""
+    backend, sep, model = text.partition(":")
+    if not sep or not model:
+        raise InputError(f"model override '{text}' must look like 'backend:model-id-or-path'")
+    return ModelSpec(backend.strip(), model.strip())
+
+
+def resolve_preset(name: str = "auto", **overrides: str | ModelSpec | None) -> tuple[Preset, str]:
+    """The preset to use and a sentence saying why. `overrides` replace single models."""
+    if name == "auto":
+        preset, reason = _auto_preset()
+    elif name in PRESETS:
+        preset, reason = PRESETS[name], f"preset '{name}' was requested"
+    else:
+        raise InputError(f"unknown preset '{name}'; choose one of: auto, {', '.join(PRESETS)}")
+    changes = {k: (parse_model_override(v) if isinstance(v, str) else v)
+               for k, v in overrides.items() if v}
+    if changes:
+        preset = replace(preset, name=f"{preset.name}+custom", **changes)
+        reason += f"; overridden: {', '.join(f'{k}={v.label}' for k, v in changes.items())}"
+    return preset, reason
+
+
+def _auto_preset() -> tuple[Preset, str]:
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        has_gpu = False
+    if not has_gpu:
+        return PRESETS["synthetic"], "auto: no GPU found, so the synthetic world was picked"
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+    for name in REAL_PRESET_ORDER:
+        missing = [s.model for s in PRESETS[name].specs().values() if not _servable(s, offline)]
+        if not missing:
+            where = "the local Hugging Face cache" if offline else "the local cache or the hub"
+            return PRESETS[name], f"auto: GPU found and {where} can serve every model of '{name}'"
+    return PRESETS["synthetic"], ("auto: GPU found, but no real preset's models are in the local "
+                                  "Hugging Face cache and the hub is not reachable; using the synthetic world")
+
+
+def _servable(spec: ModelSpec, offline: bool) -> bool:
+    filename = HUB_FILES.get(spec.backend)
+    if filename is None:
+        return not offline  # open_clip weights live outside the transformers cache layout
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(spec.model, filename), str):
+            return True
+        if offline:
+            return False
+        from huggingface_hub import HfApi
+
+        HfApi().model_info(spec.model, timeout=3)
+        return True
+    except Exception:  # noqa: BLE001 - unreachable hub, gated repo, no package: not servable
+        return False

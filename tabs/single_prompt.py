@@ -1,0 +1,197 @@
+"""Single Prompt tab: generate N images, stream them, then the scores as they are ready."""
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from engine import charts
+from engine.axes import known_axes
+from engine.errors import InputError
+from engine.events import Done, Images, Progress, Scores, Table, Warning
+from engine.methods import single_prompt
+
+from .common import axis_html, fmt, fmt_ci, gallery_items, gpu, user_errors
+
+EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
+            "a photo of a ceo", "a red balloon"]
+
+
+def parse_references(text: str) -> dict:
+    """'gender: male=0.5, female=0.5; age: young=30, middle-aged=40, old=30' -> shares per axis
+    (percentages or fractions, normalised to sum 1)."""
+    references = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(";"))):
+        axis, sep, body = part.partition(":")
+        if not sep:
+            raise InputError(f"target '{part}' must look like 'axis: value=share, value=share'")
+        shares = {}
+        for item in filter(None, (i.strip() for i in body.split(","))):
+            value, eq, share = item.partition("=")
+            try:
+                shares[value.strip().lower()] = float(share.strip().rstrip("%"))
+            except ValueError:
+                raise InputError(f"target share '{item}' is not 'value=number'") from None
+            if not eq:
+                raise InputError(f"target share '{item}' is not 'value=number'")
+        total = sum(shares.values())
+        if total <= 0:
+            raise InputError(f"the target shares of '{axis.strip()}' add up to {total}")
+        references[axis.strip().lower()] = {k: v / total for k, v in shares.items()}
+    return references
+
+
+def gap_html(gap: dict, records_by_seed: dict) -> str:
+    """Gap score, its terms, the missed interpretations, the least-aligned images and the heatmap."""
+    missed = "".join(f"<li data-coverage='{m['coverage']:.3f}'>{m['text']} "
+                     f"<span class='gl-badge'>best image match {m['coverage']:.3f}</span></li>"
+                     for m in gap["missed"])
+    least = ", ".join(f"seed {x['seed']} ({x['alignment']:.3f})" for x in gap["least_aligned"])
+    order = sorted(range(len(gap["variations"])), key=lambda i: gap["coverage"][i])
+    matrix = [gap["similarity"][i] for i in order]
+    rows = [gap["variations"][i][:60] for i in order]
+    cols = [f"s{s}" for s in gap["image_seeds"]]
+    heat = charts.heatmap(matrix, rows, cols, diverging=False, digits=2, title="CLIP similarity: text variations "
+                          "(rows, worst covered first) × images (columns)", table_id="gap-heatmap")
+    return (f"<div id='gap-panel'><h4>MineTheGap gap score <span class='gl-badge'>reconstructed (spec A.3)</span></h4>"
+            f"<p><b id='gap-score'>{fmt(gap['score'], 4)}</b> "
+            f"({gap['combine']}: M = {fmt(gap['coverage_term'], 4)} missed-concepts term, "
+            f"A = {fmt(gap['alignment_term'], 4)} least-aligned-images term, α = {gap['alpha']:g}). "
+            f"Lower means more biased: some plausible readings of the prompt get no matching image. "
+            f"No bootstrap interval: resampling images with replacement lowers any coverage score; "
+            f"rerun with other seeds to see its spread.</p>"
+            f"<p><b>Missed interpretations</b> (variations no image covers):</p><ol id='missed'>{missed}</ol>"
+            f"<p><b>Least-aligned images:</b> {least}</p><div style='overflow-x:auto'>{heat}</div></div>")
+
+
+def build(engine) -> list:
+    """Lay out the tab; returns its page-load hooks as (fn, outputs) pairs."""
+    axis_names = list(known_axes())
+    with gr.Row():
+        with gr.Column(scale=2, min_width=320):
+            prompt = gr.Textbox(label="Prompt", placeholder="a photo of a doctor", elem_id="sp-prompt")
+            gr.Examples(EXAMPLES, [prompt])
+            negative = gr.Textbox(label="Negative prompt", elem_id="sp-negative")
+            with gr.Row():
+                n = gr.Slider(1, engine.max_images, value=min(16, engine.max_images), step=1,
+                              label="Images (N)", elem_id="sp-n")
+                seed = gr.Number(0, label="First seed", precision=0, elem_id="sp-seed")
+            with gr.Accordion("Generation settings (family defaults)", open=False):
+                steps = gr.Number(None, label="Steps", precision=0)
+                guidance = gr.Number(None, label="Guidance")
+                width = gr.Number(None, label="Width", precision=0)
+                height = gr.Number(None, label="Height", precision=0)
+            axes = gr.CheckboxGroup(axis_names, value=list(single_prompt.DEFAULT_AXES), label="Axes to measure",
+                                    elem_id="sp-axes-pick")
+            extra_axes = gr.Textbox(label="More axes (free text, comma-separated)", placeholder="hair color, setting")
+            with gr.Accordion("Reference distribution and metric options", open=False):
+                references = gr.Textbox(label="Targets (uniform when empty)",
+                                        placeholder="gender: male=50, female=50; age: young=30, middle-aged=40, old=30")
+                mode = gr.Radio(["paper", "reference"], value="paper", label="T2I-BiasBench mode",
+                                info="paper: the paper's equations; reference: bit-exact with the authors' code")
+                alpha = gr.Slider(5, 50, value=25, step=5, label="Gap score α (percentile)")
+                combine = gr.Radio(["diff", "missed_only", "mean"], value="diff", label="Gap score combination")
+            go = gr.Button("Generate and measure", variant="primary", elem_id="sp-generate")
+        with gr.Column(scale=3):
+            progress = gr.Markdown("", elem_id="sp-progress")
+            gallery = gr.Gallery(label="Images", columns=8, height=300, elem_id="sp-gallery",
+                                 allow_preview=True, object_fit="contain")
+            with gr.Row():
+                details = gr.Markdown("Click an image to see its seed and VQA answers.", elem_id="sp-details")
+                regenerate = gr.Button("Regenerate this image alone", size="sm", elem_id="sp-regenerate")
+    axes_out = gr.HTML(elem_id="sp-axes")
+    with gr.Row():
+        diversity = gr.Markdown(elem_id="sp-diversity")
+        topk = gr.Dataframe(headers=["concept", "frequency per image"], label="Top-K concepts",
+                            elem_id="sp-topk", interactive=False)
+    gap_out = gr.HTML(elem_id="sp-gap")
+    state = gr.State({})
+
+    @user_errors
+    def fill_defaults():
+        s = engine.default_settings()
+        return s.steps, s.guidance, s.width, s.height
+
+    @gpu
+    @user_errors
+    def measure(prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes,
+                references, mode, alpha, combine):
+        request = single_prompt.SinglePromptRequest(
+            prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative or "",
+            steps=_int(steps), guidance=_float(guidance), width=_int(width), height=_int(height),
+            axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
+            references=parse_references(references), mode=mode, alpha=float(alpha), combine=combine)
+        records, axis_blocks, started = [], {}, time.perf_counter()
+        view = {"records": {}}
+        skip = gr.skip()
+        for event in single_prompt.run(request, engine):
+            if isinstance(event, Images):
+                records += event.records
+                records.sort(key=lambda r: r.seed)
+                view["records"] = {r.seed: r.to_json() for r in records}
+                yield gallery_items(records), skip, skip, skip, skip, skip, view
+            elif isinstance(event, Progress):
+                eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
+                text = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
+                yield skip, text, skip, skip, skip, skip, skip
+            elif isinstance(event, Warning):
+                gr.Warning(event.message)
+            elif isinstance(event, Scores) and event.name.startswith("axis:"):
+                axis_blocks[event.name[5:]] = axis_html(event.name[5:], event.values)
+                html = "<div style='display:flex;flex-wrap:wrap;gap:18px'>" + "".join(axis_blocks.values()) + "</div>"
+                yield skip, skip, html, skip, skip, skip, skip
+            elif isinstance(event, Scores) and event.name == "diversity":
+                d = event.values
+                text = (f"**Diversity** (CLIP image embeddings, N = {d['n']}): Vendi score "
+                        f"**{fmt(d['vendi'], 2)}** of at most {d['n']} (normalised {fmt(d['vendi_normalised'])}); "
+                        f"mean pairwise similarity {fmt(d['mean_pairwise_similarity'])}.")
+                yield skip, skip, skip, text, skip, skip, skip
+            elif isinstance(event, Scores) and event.name == "gap":
+                yield skip, skip, skip, skip, gap_html(event.values, view["records"]), skip, skip
+            elif isinstance(event, Table):
+                yield skip, skip, skip, skip, skip, event.rows, skip
+            elif isinstance(event, Done):
+                view.update(run_id=event.run_id, results=event.results, request=request.__dict__)
+                secs = event.summary.get("seconds", 0)
+                text = f"**Done**: {len(records)} images measured in {secs:.1f} s (run `{event.run_id}`)."
+                yield skip, text, skip, skip, skip, skip, view
+
+    def show_image(view, evt: gr.SelectData):
+        records = sorted(view.get("records", {}).values(), key=lambda r: r["seed"])
+        if not records or evt.index is None or evt.index >= len(records):
+            return "Click an image to see its seed and VQA answers.", view
+        record = records[evt.index]
+        view["selected"] = record
+        info = single_prompt.image_details(engine, record["key"])
+        answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**" for a in info["answers"]) or "- (none yet)"
+        flag = " **flagged by the safety checker**" if record.get("nsfw") else ""
+        return f"**Seed {record['seed']}**{flag}, key `{record['key'][:12]}…`\n\n{answers}", view
+
+    @gpu
+    @user_errors
+    def regenerate_alone(view):
+        record, request = view.get("selected"), view.get("request")
+        if not record or not request:
+            raise InputError("click an image of a finished run first")
+        same, diff = engine.regenerate_check(request["prompt"], record["seed"],
+                                             single_prompt.settings_for(single_prompt.SinglePromptRequest(**request), engine),
+                                             record["key"])
+        verdict = "identical to the stored image" if same else f"differs from the stored image by up to {diff} grey levels"
+        return f"Seed {record['seed']} regenerated alone: {verdict}."
+
+    inputs = [prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes, references, mode,
+              alpha, combine]
+    outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
+    go.click(measure, inputs, outputs, api_name="single_prompt")
+    prompt.submit(measure, inputs, outputs, api_name=False)
+    gallery.select(show_image, [state], [details, state], api_name=False)
+    regenerate.click(regenerate_alone, [state], [details], api_name="regenerate")
+    return [(fill_defaults, [steps, guidance, width, height])]
+
+
+def _int(value):
+    return None if value in (None, "") else int(value)
+
+
+def _float(value):
+    return None if value in (None, "") else float(value)

@@ -1,0 +1,65 @@
+"""Start the real app in-process on a free port, and drive it in headless Debian Chromium."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+from pathlib import Path
+
+ARTIFACTS = Path(os.environ.get("GAPLENS_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_app(engine):
+    """The GapLens app built exactly as `python app.py` builds it, served on 127.0.0.1."""
+    import app
+
+    demo = app.build_app(engine)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                css=app.CSS, allowed_paths=[str(engine.store.data_dir)])
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@contextlib.contextmanager
+def browser_page(width: int = 1400, height: int = 1000):
+    import pytest
+
+    path = chromium_path()
+    if path is None:
+        if os.environ.get("CI"):
+            raise RuntimeError("Debian's chromium is required for browser tests in CI (.ci/run installs it)")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            yield page
+        finally:
+            browser.close()
+
+
+def screenshot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

@@ -1,0 +1,115 @@
+"""The store and the engine's caching: hits, resume, concurrency, corruption, bad input."""
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.core import Engine
+from engine.errors import InputError, ModelLoadError
+from engine.events import Done, Images
+from engine.methods.generate import GenerateRequest, run as generate
+
+
+def _run(engine, **kw):
+    return list(generate(GenerateRequest(**kw), engine))
+
+
+def test_repeat_request_is_served_from_the_store(engine):
+    first = _run(engine, prompt="a photo of a doctor", n=8)
+    calls = engine.stats.generator_calls
+    assert engine.stats.images_generated == 8
+    second = _run(engine, prompt="a photo of a doctor", n=8)
+    assert engine.stats.generator_calls == calls  # no generator call at all
+    assert engine.stats.image_cache_hits == 8
+    keys = lambda events: [r["key"] for r in next(e for e in events if isinstance(e, Done)).results["images"]]
+    assert keys(first) == keys(second)
+
+
+def test_interrupted_run_keeps_its_images_and_resumes(engine):
+    engine.models.get(engine.generator_spec).batch_size = 2
+    stream = generate(GenerateRequest("a photo of a nurse", n=8), engine)
+    for event in stream:
+        if isinstance(event, Images) and event.done >= 4:
+            break
+    stream.close()  # the user pressed stop
+    runs = engine.store.list_runs("generate")
+    assert runs[0]["status"] == "stopped"
+    assert engine.stats.images_generated == 4
+    _run(engine, prompt="a photo of a nurse", n=8)
+    assert engine.stats.images_generated == 8  # only the 4 missing ones were generated
+    assert engine.stats.image_cache_hits == 4
+
+
+def test_two_threads_writing_at_once_lose_nothing(data_dir):
+    engines = [Engine("synthetic", data_dir=data_dir) for _ in range(2)]
+    errors = []
+
+    def work(engine, prompt):
+        try:
+            for i in range(5):
+                _run(engine, prompt=f"{prompt} {i}", n=6)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(e, p)) for e, p in zip(engines, ["a chef", "a farmer"])]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors
+    store = engines[0].store
+    assert store.count("images") == 2 * 5 * 6
+    assert store.count("runs") == 10
+    assert store.count("run_images") == 60
+    assert all(r["status"] == "done" for r in store.list_runs())
+
+
+def test_corrupt_or_missing_image_file_is_regenerated(engine):
+    done = _run(engine, prompt="a photo of a chef", n=4)[-1]
+    paths = [Path(r["path"]) for r in done.results["images"]]
+    original = paths[0].read_bytes()
+    paths[0].write_bytes(b"not a png")
+    paths[1].unlink()
+    before = engine.stats.images_generated
+    done2 = _run(engine, prompt="a photo of a chef", n=4)[-1]
+    assert engine.stats.images_generated == before + 2
+    assert Path(done2.results["images"][0]["path"]).read_bytes() == original  # same seed, same pixels
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"prompt": "", "n": 4}, "empty"),
+    ({"prompt": "   ", "n": 4}, "empty"),
+    ({"prompt": "x" * 2000, "n": 4}, "characters"),
+    ({"prompt": "a doctor", "n": 10_000}, "maximum"),
+    ({"prompt": "a doctor", "n": 0}, "at least 1"),
+])
+def test_bad_input_is_a_clear_error_and_keeps_earlier_results(engine, kw, needle):
+    _run(engine, prompt="a photo of a teacher", n=4)
+    with pytest.raises(InputError, match=needle):
+        _run(engine, **kw)
+    assert engine.store.count("images") == 4
+    statuses = [r["status"] for r in engine.store.list_runs()]
+    assert statuses.count("done") == 1 and statuses.count("failed") == 1
+
+
+def test_unknown_model_is_a_clear_error(data_dir):
+    engine = Engine("synthetic", data_dir=data_dir, generator="diffusers:no-such-org/no-such-model")
+    with pytest.raises(ModelLoadError, match="no-such-org/no-such-model"):
+        _run(engine, prompt="a photo of a doctor", n=2)
+    with pytest.raises(ModelLoadError, match="unknown backend"):
+        Engine("synthetic", data_dir=data_dir, generator="nonsense:model").default_settings()
+    with pytest.raises(InputError, match="unknown preset"):
+        Engine("no-such-preset", data_dir=data_dir)
+
+
+def test_embeddings_answers_and_llm_replies_are_cached(engine):
+    records = engine.image_set("a photo of a doctor", range(4))
+    e1 = engine.embed_images(records)
+    e2 = engine.embed_images(records)
+    assert np.array_equal(e1, e2) and engine.stats.embeddings_computed == 4
+    a1 = engine.ask(records, "What is the gender of the person?", ["male", "female"])
+    a2 = engine.ask(records, "What is the gender of the person?", ["male", "female"])
+    assert a1 == a2 and engine.stats.answers_computed == 4
+    messages = [{"role": "user", "content": "hello"}]
+    r1 = engine.llm.chat(messages, seed=1)
+    r2 = engine.llm.chat(messages, seed=1)
+    assert r1 == r2 and engine.stats.llm_calls == 1 and engine.stats.llm_cache_hits == 1

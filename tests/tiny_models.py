@@ -1,0 +1,320 @@
+"""Tiny random-weight models, saved to disk, for exercising the real backends offline.
+
+Every builder writes a model with `save_pretrained` (or a plain checkpoint for open_clip)
+into `root` and returns the `ModelSpec` that loads it back through the same
+`from_pretrained` code users run with hub ids. Builders are idempotent: a model already
+present in `root` is not rebuilt, so a session fixture or a benchmark can call them freely.
+
+The models are noise generators: a few layers of width 32-64, built in well under a second
+each (recipes in shared/spec/offline-recipes.md). Nothing here touches a model hub.
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from pathlib import Path
+
+from engine.backends.base import ModelSpec
+
+# A few sentences so the tiny GPT-2 tokenizer has merges for the words tests use.
+_CHAT_CORPUS = [
+    "a photo of a doctor", "a photo of a nurse", "a portrait of a person in a hospital",
+    "system: you are a helpful assistant", "user: list the bias axes of this prompt",
+    "assistant: gender, age, ethnicity", '["a doctor", "a nurse", "a teacher"]',
+    '{"gender": ["a photo of a male doctor", "a photo of a female doctor"]}',
+]
+
+# A ChatML-style template: enough to exercise apply_chat_template(add_generation_prompt=True).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (transformers 5 no longer exports it)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+@functools.lru_cache(maxsize=1)
+def _clip_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    import open_clip
+
+    bpe_gz = Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz"
+    lines = gzip.open(bpe_gz).read().decode("utf-8").split("\n")
+    merges = [tuple(m.split()) for m in lines[1:49152 - 256 - 2 + 1]]
+    vocab = list(_bytes_to_unicode().values())
+    vocab += [v + "</w>" for v in vocab]
+    vocab += ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    return {token: i for i, token in enumerate(vocab)}, merges
+
+
+def clip_tokenizer():
+    """Returns the exact OpenAI CLIP tokenizer (49,408 tokens), built from open_clip's bundled BPE file."""
+    from transformers import CLIPTokenizer
+
+    vocab, merges = _clip_vocab_and_merges()
+    return CLIPTokenizer(vocab=dict(vocab), merges=list(merges), model_max_length=77)
+
+
+def _tiny_clip_config(tokenizer, image_size: int = 64):
+    from transformers import CLIPConfig, CLIPTextConfig, CLIPVisionConfig
+
+    text = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                          num_hidden_layers=2, max_position_embeddings=77, bos_token_id=tokenizer.bos_token_id,
+                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
+                              image_size=image_size, patch_size=16)
+    return CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=32)
+
+
+def _clip_image_processor(image_size: int = 64):
+    from transformers import CLIPImageProcessor
+
+    return CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
+
+
+def _seed(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def build_tiny_sd(root: str | Path, *, name: str = "tiny-sd", flag_everything: bool = False) -> ModelSpec:
+    """Writes a tiny StableDiffusionPipeline (64x64 native size, DDIM) to root/name.
+
+    With `flag_everything=True` the pipeline also carries a tiny StableDiffusionSafetyChecker and
+    feature extractor whose concept thresholds are below any cosine similarity, so every image
+    is flagged NSFW: this exercises the flag-don't-black-out path.
+
+    Returns the ModelSpec that loads it (backend "diffusers", batch_size 8)."""
+    path = Path(root) / name
+    spec = ModelSpec("diffusers", str(path), {"batch_size": 8})
+    if (path / "model_index.json").exists():
+        return spec
+    import torch
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    _seed(0)
+    tok = clip_tokenizer()
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
+        max_position_embeddings=77, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id))
+    unet = UNet2DConditionModel(
+        sample_size=32, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=32)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(32, 64), layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=32)
+    safety_checker = feature_extractor = None
+    if flag_everything:
+        safety_checker = StableDiffusionSafetyChecker(_tiny_clip_config(tok))
+        with torch.no_grad():
+            safety_checker.concept_embeds_weights.fill_(-2.0)  # cosine - (-2) > 0 always: every image flagged
+        feature_extractor = _clip_image_processor(64)
+    pipe = StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tok, unet=unet,
+        scheduler=DDIMScheduler(clip_sample=False, set_alpha_to_one=False, steps_offset=1),
+        safety_checker=safety_checker, feature_extractor=feature_extractor,
+        requires_safety_checker=flag_everything)
+    pipe.save_pretrained(path)
+    return spec
+
+
+def build_tiny_clip_hf(root: str | Path, *, name: str = "tiny-clip-hf") -> ModelSpec:
+    """Writes a tiny transformers CLIPModel + CLIPProcessor (64x64 images, 32-d embeddings) to root/name.
+
+    Returns the ModelSpec that loads it (backend "hf_clip")."""
+    path = Path(root) / name
+    spec = ModelSpec("hf_clip", str(path))
+    if (path / "config.json").exists():
+        return spec
+    from transformers import CLIPModel, CLIPProcessor
+
+    _seed(1)
+    tok = clip_tokenizer()
+    CLIPModel(_tiny_clip_config(tok)).save_pretrained(path)
+    CLIPProcessor(image_processor=_clip_image_processor(64), tokenizer=tok).save_pretrained(path)
+    return spec
+
+
+TINY_OPEN_CLIP_NAME = "gaplens-tiny-clip"
+TINY_OPEN_CLIP_CONFIG = {
+    "embed_dim": 64,
+    "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
+}
+
+
+def build_tiny_open_clip(root: str | Path, *, name: str = "tiny-open-clip") -> ModelSpec:
+    """Writes a tiny open_clip model: a config `gaplens-tiny-clip.json` (registered through the
+    backend's `config_dir` option, i.e. open_clip.add_model_config) and a `torch.save(state_dict)`
+    checkpoint passed as `pretrained`. 64-d embeddings, 64x64 images.
+
+    Returns the ModelSpec that loads it (backend "open_clip")."""
+    path = Path(root) / name
+    checkpoint = path / "tiny-open-clip.pt"
+    spec = ModelSpec("open_clip", TINY_OPEN_CLIP_NAME,
+                     {"pretrained": str(checkpoint), "config_dir": str(path)})
+    if checkpoint.exists():
+        return spec
+    import open_clip
+    import torch
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{TINY_OPEN_CLIP_NAME}.json").write_text(json.dumps(TINY_OPEN_CLIP_CONFIG, indent=1))
+    open_clip.add_model_config(path)
+    _seed(2)
+    model = open_clip.create_model(TINY_OPEN_CLIP_NAME, pretrained=None)
+    torch.save(model.state_dict(), checkpoint)
+    return spec
+
+
+def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE):
+    """A byte-level BPE tokenizer (about 300 tokens) trained in-process on _CHAT_CORPUS, with the
+    ChatML markers and "<image>" as special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>"]
+    bpe.train_from_iterator(_CHAT_CORPUS, trainers.BpeTrainer(
+        vocab_size=500, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                  pad_token="<|endoftext|>", additional_special_tokens=special[1:])
+    if chat_template:
+        tok.chat_template = chat_template
+    return tok
+
+
+def build_tiny_chat_llm(root: str | Path, *, name: str = "tiny-chat-llm", chat_template: bool = True) -> ModelSpec:
+    """Writes a tiny GPT-2 (2 layers, width 64, 512 positions) with a byte-level BPE tokenizer
+    trained in-process, to root/name. With `chat_template=True` the tokenizer carries a
+    ChatML-style template; without it the backend falls back to its plain "role: content" format.
+
+    Returns the ModelSpec that loads it (backend "hf_chat")."""
+    path = Path(root) / name
+    spec = ModelSpec("hf_chat", str(path))
+    if (path / "config.json").exists():
+        return spec
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = _chat_tokenizer(CHAT_TEMPLATE if chat_template else None)
+    _seed(3)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=512, n_embd=64, n_layer=2, n_head=2,
+                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return spec
+
+
+# ChatML with typed content, as image-text-to-text processors expect.
+VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tiny_vlm(root: str | Path, *, name: str = "tiny-vlm") -> ModelSpec:
+    """Writes a tiny LLaVA (CLIP vision tower + 2-layer Llama, 64x64 images, 16 image tokens) with a
+    LlavaProcessor carrying a chat template, to root/name. It loads through
+    AutoModelForImageTextToText like any hub VLM.
+
+    Returns the ModelSpec that loads it (backend "vlm", MiniGPT-v2-style prefix "[vqa] ")."""
+    path = Path(root) / name
+    spec = ModelSpec("vlm", str(path), {"prefix": "[vqa] ", "max_new_tokens": 8})
+    if (path / "config.json").exists():
+        return spec
+    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
+                              LlavaProcessor)
+
+    tok = _chat_tokenizer(None)
+    image_token_id = tok.convert_tokens_to_ids("<image>")
+    config = LlavaConfig(
+        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                       num_hidden_layers=2, image_size=64, patch_size=16).to_dict(),
+        text_config=LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=256,
+                                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                pad_token_id=tok.pad_token_id).to_dict(),
+        image_token_index=image_token_id, vision_feature_select_strategy="default", vision_feature_layer=-1)
+    _seed(6)
+    LlavaForConditionalGeneration(config).save_pretrained(path)
+    LlavaProcessor(image_processor=_clip_image_processor(64), tokenizer=tok, patch_size=16,
+                   vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                   image_token="<image>", chat_template=VLM_CHAT_TEMPLATE).save_pretrained(path)
+    return spec
+
+
+def _blip_parts():
+    """A tiny BlipConfig and BlipProcessor sharing the CLIP BPE tokenizer (+ [CLS]/[SEP]/[DEC])."""
+    from transformers import BlipConfig, BlipImageProcessor, BlipProcessor, BlipTextConfig, BlipVisionConfig
+
+    tok = clip_tokenizer()
+    tok.add_special_tokens({"cls_token": "[CLS]", "sep_token": "[SEP]", "bos_token": "[DEC]"})
+    text = BlipTextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                          num_hidden_layers=2, encoder_hidden_size=32, max_position_embeddings=77,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.sep_token_id,
+                          sep_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id)
+    vision = BlipVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
+                              image_size=64, patch_size=16)
+    config = BlipConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=32)
+    processor = BlipProcessor(image_processor=BlipImageProcessor(size={"height": 64, "width": 64}), tokenizer=tok)
+    return config, processor
+
+
+def build_tiny_blip_vqa(root: str | Path, *, name: str = "tiny-blip-vqa", with_captioner: bool = True) -> ModelSpec:
+    """Writes a tiny BlipForQuestionAnswering + BlipProcessor to root/name and, with
+    `with_captioner`, a tiny BlipForConditionalGeneration to root/name-caption.
+
+    Returns the ModelSpec that loads them (backend "blip_vqa", option caption_model)."""
+    from transformers import BlipForConditionalGeneration, BlipForQuestionAnswering
+
+    path = Path(root) / name
+    caption_path = Path(root) / f"{name}-caption"
+    spec = ModelSpec("blip_vqa", str(path), {"caption_model": str(caption_path)} if with_captioner else {})
+    if not (path / "config.json").exists():
+        config, processor = _blip_parts()
+        _seed(4)
+        BlipForQuestionAnswering(config).save_pretrained(path)
+        processor.save_pretrained(path)
+    if with_captioner and not (caption_path / "config.json").exists():
+        config, processor = _blip_parts()
+        _seed(5)
+        BlipForConditionalGeneration(config).save_pretrained(caption_path)
+        processor.save_pretrained(caption_path)
+    return spec
+
+
+def build_all(root: str | Path) -> dict[str, ModelSpec]:
+    """Builds every tiny model under root. Returns {"generator", "generator_nsfw", "hf_clip",
+    "open_clip", "chat_llm", "blip_vqa", "vlm"} -> ModelSpec."""
+    return {
+        "generator": build_tiny_sd(root),
+        "generator_nsfw": build_tiny_sd(root, name="tiny-sd-nsfw", flag_everything=True),
+        "hf_clip": build_tiny_clip_hf(root),
+        "open_clip": build_tiny_open_clip(root),
+        "chat_llm": build_tiny_chat_llm(root),
+        "blip_vqa": build_tiny_blip_vqa(root),
+        "vlm": build_tiny_vlm(root),
+    }
