@@ -37,7 +37,8 @@ def pick_device(preferred: str | None = None) -> str:
             raise ValueError(f"device '{preferred}' requested but CUDA is not available")
         index = int(preferred.split(":")[1]) if ":" in preferred else 0
         if index >= torch.cuda.device_count():
-            raise ValueError(f"device '{preferred}' requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+            raise ValueError(f"device '{preferred}' requested but only {torch.cuda.device_count()} "
+                             f"CUDA device(s) exist")
         return preferred
     if kind == "mps":
         if not torch.backends.mps.is_available():
@@ -133,6 +134,20 @@ def free_memory(device: str | None = None) -> None:
         torch.mps.empty_cache()
 
 
+def module_bytes(*modules) -> int:
+    """Returns the bytes held by the parameters and buffers of torch modules (None entries are skipped);
+    the model manager budgets memory with it."""
+    seen, total = set(), 0
+    for module in modules:
+        if module is None:
+            continue
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            if id(tensor) not in seen:  # tied weights count once
+                seen.add(id(tensor))
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
 def format_bytes(n: int) -> str:
     """Returns n bytes as a short human string, e.g. "3.2 GB"."""
     for unit in ("B", "KB", "MB", "GB"):
@@ -159,6 +174,19 @@ def model_identity(model: str, *, revision: str | None = None, commit: str | Non
     if commit and _COMMIT.fullmatch(commit):
         return f"{model}@{commit}"
     return f"{model}@{revision or 'main'}"
+
+
+def require_complete_weights(model: str, loading_info: dict, what: str) -> None:
+    """Raises ModelLoadError when transformers' `output_loading_info` reports missing or mis-shaped
+    weights: transformers would otherwise initialise them randomly and the model would answer
+    nonsense without any error (e.g. a BLIP captioner loaded as a BLIP VQA model)."""
+    from .errors import ModelLoadError
+
+    bad = sorted(loading_info.get("missing_keys") or []) + sorted(
+        str(k[0] if isinstance(k, tuple) else k) for k in loading_info.get("mismatched_keys") or [])
+    if bad:
+        raise ModelLoadError(f"'{model}' is not a complete {what} checkpoint: {len(bad)} weight(s) missing or "
+                             f"mis-shaped (e.g. {', '.join(bad[:3])}); is it the right kind of model?")
 
 
 def looks_like_local_path(model: str) -> bool:

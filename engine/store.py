@@ -325,6 +325,107 @@ class Store:
                           "ORDER BY created DESC LIMIT 1", (method, blob))
         return self.get_run(rows[0]["id"]) if rows else None
 
+    # -- run history: delete, export, import (engine/runs.py, engine/export.py) ----------------
+    def image_path_for(self, key: str) -> Path:
+        """Where this store keeps (or would keep) the PNG of image `key`."""
+        return self._image_path(key)
+
+    def run_rows(self, run_ids: Sequence[str]) -> list[dict]:
+        """The raw `runs` rows (JSON columns left as text), in the order of `run_ids`."""
+        by_id = {}
+        for chunk in _chunks(list(run_ids), 500):
+            marks = ",".join("?" * len(chunk))
+            by_id.update({r["id"]: dict(r) for r in self._read(f"SELECT * FROM runs WHERE id IN ({marks})", chunk)})
+        return [by_id[i] for i in run_ids if i in by_id]
+
+    def run_image_rows(self, run_ids: Sequence[str]) -> list[dict]:
+        rows = []
+        for chunk in _chunks(list(run_ids), 500):
+            marks = ",".join("?" * len(chunk))
+            rows += [dict(r) for r in self._read(
+                f"SELECT * FROM run_images WHERE run_id IN ({marks}) ORDER BY run_id, position", chunk)]
+        return rows
+
+    def answer_rows(self, image_keys: Sequence[str]) -> list[dict]:
+        """Every stored VQA answer / caption row of these images."""
+        rows = []
+        for chunk in _chunks(list(image_keys), 500):
+            marks = ",".join("?" * len(chunk))
+            rows += [dict(r) for r in self._read(
+                f"SELECT * FROM answers WHERE image_key IN ({marks}) ORDER BY created, key", chunk)]
+        return rows
+
+    def embedding_rows(self, subjects: Sequence[str]) -> list[dict]:
+        """Every stored embedding whose subject (an image key or a text) is among `subjects`."""
+        rows = []
+        for chunk in _chunks(list(subjects), 500):
+            marks = ",".join("?" * len(chunk))
+            rows += [dict(r) for r in self._read(
+                f"SELECT * FROM embeddings WHERE subject IN ({marks}) ORDER BY key", chunk)]
+        return rows
+
+    def delete_run(self, run_id: str, keep_images: bool = False) -> dict:
+        """Delete a run and its image links; unless `keep_images`, also the images no other run
+        links to (rows, files, and their VQA answers and embeddings). Returns what was removed."""
+        with self._write() as db:
+            if db.execute("SELECT COUNT(*) FROM runs WHERE id=?", (run_id,)).fetchone()[0] == 0:
+                return {"runs": 0, "images": 0, "answers": 0, "embeddings": 0}
+            keys = [r[0] for r in db.execute("SELECT DISTINCT image_key FROM run_images WHERE run_id=?", (run_id,))]
+            db.execute("DELETE FROM run_images WHERE run_id=?", (run_id,))
+            db.execute("DELETE FROM runs WHERE id=?", (run_id,))
+            orphans = [] if keep_images else [
+                k for k in keys
+                if db.execute("SELECT 1 FROM run_images WHERE image_key=? LIMIT 1", (k,)).fetchone() is None]
+            files, answers, embeddings = [], 0, 0
+            for chunk in _chunks(orphans, 500):
+                marks = ",".join("?" * len(chunk))
+                files += [(r[0], r[1]) for r in db.execute(f"SELECT key, path FROM images WHERE key IN ({marks})", chunk)]
+                db.execute(f"DELETE FROM images WHERE key IN ({marks})", chunk)
+                answers += db.execute(f"DELETE FROM answers WHERE image_key IN ({marks})", chunk).rowcount
+                embeddings += db.execute(f"DELETE FROM embeddings WHERE subject IN ({marks})", chunk).rowcount
+        for key, path in files:  # the recorded path and the canonical one differ after a move
+            for candidate in {Path(path), self._image_path(key)}:
+                if candidate.is_relative_to(self.image_dir):
+                    candidate.unlink(missing_ok=True)
+        return {"runs": 1, "images": len(files), "answers": answers, "embeddings": embeddings}
+
+    def import_image(self, row: dict, data: bytes) -> bool:
+        """Add an image (its `images` row and PNG bytes) from an export. The file goes to this
+        store's canonical place; an image already stored intact is kept. True when it was added."""
+        key = row["key"]
+        if hashlib.sha256(data).hexdigest() != row["sha256"]:
+            raise StoreError(f"image {key[:12]}… does not match its recorded sha256")
+        if key in self.get_images([key]):
+            return False
+        path = self._image_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        values = {**row, "path": str(path)}
+        columns = ("key", "generator", "prompt", "negative_prompt", "seed", "steps", "guidance", "width",
+                   "height", "scheduler", "path", "sha256", "nsfw", "created")
+        with self._write() as db:
+            db.execute(f"INSERT OR REPLACE INTO images ({','.join(columns)}) VALUES ({','.join('?' * len(columns))})",
+                       [values[c] for c in columns])
+        return True
+
+    def import_rows(self, *, runs: Sequence[dict] = (), run_images: Sequence[dict] = (),
+                    answers: Sequence[dict] = (), embeddings: Sequence[dict] = ()) -> None:
+        """Insert exported rows verbatim (runs and run_images replace, caches are kept if present)."""
+        def insert(db, table, rows, verb):
+            known = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            for row in rows:
+                cols = [c for c in row if c in known]
+                db.execute(f"{verb} INTO {table} ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
+                           [row[c] for c in cols])
+
+        with self._write() as db:
+            insert(db, "runs", runs, "INSERT OR REPLACE")
+            insert(db, "run_images", run_images, "INSERT OR REPLACE")
+            insert(db, "answers", answers, "INSERT OR IGNORE")
+            insert(db, "embeddings", embeddings, "INSERT OR IGNORE")
+
 
 def _chunks(items: list, size: int):
     for i in range(0, len(items), size):

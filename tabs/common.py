@@ -65,41 +65,5 @@ def status_markdown(status: dict) -> str:
             f"at most {status['max_images']} images per set")
 
 
-# -- rendering shared by the tabs and the Runs view ----------------------------------------------
-from engine import charts  # noqa: E402
-
-
-def fmt(value, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "n/a"
-    return f"{value:.{digits}f}"
-
-
-def fmt_ci(value, ci, digits: int = 3) -> str:
-    lo, hi = ci if ci else (None, None)
-    return f"{fmt(value, digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
-
-
-def axis_html(name: str, m: dict) -> str:
-    """One axis: its distribution (bars with counts and 95% CIs, target ticks) and its metrics."""
-    classes = m["classes"]
-    counts = m["counts"]
-    shares = [m["representation_parity"].get(c, 0.0) for c in classes]
-    share_ci = [tuple(m["share_ci"][c]) for c in classes] if "share_ci" in m else None
-    ref = m.get("reference")
-    targets = ([ref.get(c) for c in classes] if isinstance(ref, dict)
-               else [1 / len(classes)] * len(classes) if classes else None)
-    chart = charts.bar_chart(classes, shares, title=f"{name}", counts=[counts.get(c, 0) for c in classes],
-                             ci=share_ci, reference=targets, vmax=1.0, chart_id=f"axis-{name}")
-    ci = m.get("ci", {})
-    rows = [("Composite Bias Score", "composite_bias_score"), ("Parity Difference", "parity_difference"),
-            ("Normalised entropy", "normalised_entropy"),
-            (f"KL from reference ({m.get('kl_unit', '')})", "kl_divergence"),
-            ("Bias Amplification", "bias_amplification")]
-    table = "".join(f"<tr><td>{label}</td><td class='gl-metric' data-metric='{key}'>"
-                    f"{fmt_ci(m.get(key), ci.get(key))}</td></tr>" for label, key in rows)
-    excluded = (f"<p style='font-size:12px'>{m['n_excluded']} answer(s) outside the classes "
-                f"(e.g. 'other') are excluded.</p>" if m.get("n_excluded") else "")
-    return (f"<div class='gl-axis' data-axis='{name}'><div class='gl-chart'>{chart}</div>"
-            f"<table style='font-size:13px'><tr><th>metric ({m.get('mode', '')} mode)</th><th>value [95% CI]</th></tr>"
-            f"{table}</table>{excluded}</div>")
+# Rendering is shared with the Runs view and the exported HTML report, so it lives in the engine.
+from engine.render import axis_html, fmt, fmt_ci  # noqa: E402,F401

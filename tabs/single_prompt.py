@@ -5,13 +5,14 @@ import time
 
 import gradio as gr
 
-from engine import charts
 from engine.axes import known_axes
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import single_prompt
 
-from .common import axis_html, fmt, fmt_ci, gallery_items, gpu, user_errors
+from engine.render import axis_html, diversity_text, gap_html
+
+from .common import gallery_items, gpu, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
             "a photo of a ceo", "a red balloon"]
@@ -39,29 +40,6 @@ def parse_references(text: str) -> dict:
             raise InputError(f"the target shares of '{axis.strip()}' add up to {total}")
         references[axis.strip().lower()] = {k: v / total for k, v in shares.items()}
     return references
-
-
-def gap_html(gap: dict, records_by_seed: dict) -> str:
-    """Gap score, its terms, the missed interpretations, the least-aligned images and the heatmap."""
-    missed = "".join(f"<li data-coverage='{m['coverage']:.3f}'>{m['text']} "
-                     f"<span class='gl-badge'>best image match {m['coverage']:.3f}</span></li>"
-                     for m in gap["missed"])
-    least = ", ".join(f"seed {x['seed']} ({x['alignment']:.3f})" for x in gap["least_aligned"])
-    order = sorted(range(len(gap["variations"])), key=lambda i: gap["coverage"][i])
-    matrix = [gap["similarity"][i] for i in order]
-    rows = [gap["variations"][i][:60] for i in order]
-    cols = [f"s{s}" for s in gap["image_seeds"]]
-    heat = charts.heatmap(matrix, rows, cols, diverging=False, digits=2, title="CLIP similarity: text variations "
-                          "(rows, worst covered first) × images (columns)", table_id="gap-heatmap")
-    return (f"<div id='gap-panel'><h4>MineTheGap gap score <span class='gl-badge'>reconstructed (spec A.3)</span></h4>"
-            f"<p><b id='gap-score'>{fmt(gap['score'], 4)}</b> "
-            f"({gap['combine']}: M = {fmt(gap['coverage_term'], 4)} missed-concepts term, "
-            f"A = {fmt(gap['alignment_term'], 4)} least-aligned-images term, α = {gap['alpha']:g}). "
-            f"Lower means more biased: some plausible readings of the prompt get no matching image. "
-            f"No bootstrap interval: resampling images with replacement lowers any coverage score; "
-            f"rerun with other seeds to see its spread.</p>"
-            f"<p><b>Missed interpretations</b> (variations no image covers):</p><ol id='missed'>{missed}</ol>"
-            f"<p><b>Least-aligned images:</b> {least}</p><div style='overflow-x:auto'>{heat}</div></div>")
 
 
 def build(engine) -> list:
@@ -123,38 +101,40 @@ def build(engine) -> list:
             references=parse_references(references), mode=mode, alpha=float(alpha), combine=combine)
         records, axis_blocks, started = [], {}, time.perf_counter()
         view = {"records": {}}
-        skip = gr.skip()
+        # latest value of every output; each event changes one and the others are skipped, the
+        # last yield sends them all (what an API client receives as the result)
+        latest = [[], "", "", "", "", [], view]
+
+        def update(index, value):
+            latest[index] = value
+            return tuple(value if i == index else gr.skip() for i in range(len(latest)))
+
         for event in single_prompt.run(request, engine):
             if isinstance(event, Images):
                 records += event.records
                 records.sort(key=lambda r: r.seed)
                 view["records"] = {r.seed: r.to_json() for r in records}
-                yield gallery_items(records), skip, skip, skip, skip, skip, view
+                yield update(0, gallery_items(records))
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                text = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
-                yield skip, text, skip, skip, skip, skip, skip
+                yield update(1, f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)")
             elif isinstance(event, Warning):
                 gr.Warning(event.message)
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
                 axis_blocks[event.name[5:]] = axis_html(event.name[5:], event.values)
-                html = "<div style='display:flex;flex-wrap:wrap;gap:18px'>" + "".join(axis_blocks.values()) + "</div>"
-                yield skip, skip, html, skip, skip, skip, skip
+                yield update(2, "<div style='display:flex;flex-wrap:wrap;gap:18px'>"
+                             + "".join(axis_blocks.values()) + "</div>")
             elif isinstance(event, Scores) and event.name == "diversity":
-                d = event.values
-                text = (f"**Diversity** (CLIP image embeddings, N = {d['n']}): Vendi score "
-                        f"**{fmt(d['vendi'], 2)}** of at most {d['n']} (normalised {fmt(d['vendi_normalised'])}); "
-                        f"mean pairwise similarity {fmt(d['mean_pairwise_similarity'])}.")
-                yield skip, skip, skip, text, skip, skip, skip
+                yield update(3, diversity_text(event.values))
             elif isinstance(event, Scores) and event.name == "gap":
-                yield skip, skip, skip, skip, gap_html(event.values, view["records"]), skip, skip
+                yield update(4, gap_html(event.values))
             elif isinstance(event, Table):
-                yield skip, skip, skip, skip, skip, event.rows, skip
+                yield update(5, event.rows)
             elif isinstance(event, Done):
                 view.update(run_id=event.run_id, results=event.results, request=request.__dict__)
-                secs = event.summary.get("seconds", 0)
-                text = f"**Done**: {len(records)} images measured in {secs:.1f} s (run `{event.run_id}`)."
-                yield skip, text, skip, skip, skip, skip, view
+                latest[1] = (f"**Done**: {len(records)} images measured in {event.summary.get('seconds', 0):.1f} s "
+                             f"(run `{event.run_id}`).")
+                yield tuple(latest)
 
     def show_image(view, evt: gr.SelectData):
         records = sorted(view.get("records", {}).values(), key=lambda r: r["seed"])

@@ -36,7 +36,8 @@ CHAT_TEMPLATE = (
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (transformers 5 no longer exports it)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
     cs = bs[:]
     n = 0
     for b in range(256):

@@ -15,7 +15,8 @@ than one GPU, needs accelerate), token, cache_dir.
   - API key: option `api_key`, else env GAPLENS_LLM_API_KEY, else env OPENAI_API_KEY (none is
     fine for local servers).
   - Options: timeout (s, default 120), max_retries (on 429/5xx/connection errors, default 2),
-    retry_wait (s, doubled per retry, default 1.0), top_p, extra_body (dict merged into the request).
+    retry_wait (s, doubled per retry, default 1.0), top_p, extra_body (dict merged into the request),
+    max_tokens_key ("max_tokens", or "max_completion_tokens" for OpenAI reasoning models).
   - `seed` is sent with every request; servers that honour it reply reproducibly.
 Failures raise ModelLoadError (unreachable server, HTTP status, with the server's message)
 or LLMOutputError (a 200 reply without a message).
@@ -66,6 +67,10 @@ class HFChatLLM:
         config = model.config
         self.context_length = int(getattr(config, "max_position_embeddings", None)
                                   or getattr(config, "n_positions", None) or 4096)
+
+    def memory_bytes(self) -> int:
+        """Returns the bytes of the model's weights."""
+        return devices.module_bytes(self.model)
 
     def format(self, messages: Sequence[dict]) -> str:
         """Returns the prompt text the model sees for `messages` (chat template + generation prompt)."""
@@ -119,7 +124,7 @@ class OpenAIChat:
 
     def __init__(self, base_url: str, model_name: str, *, api_key: str | None = None, timeout: float = 120.0,
                  max_retries: int = 2, retry_wait: float = 1.0, top_p: float | None = None,
-                 extra_body: dict | None = None):
+                 extra_body: dict | None = None, max_tokens_key: str = "max_tokens"):
         import httpx
 
         self.base_url = base_url
@@ -129,6 +134,7 @@ class OpenAIChat:
         self.retry_wait = retry_wait
         self.top_p = top_p
         self.extra_body = dict(extra_body or {})
+        self.max_tokens_key = max_tokens_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers)
 
@@ -139,7 +145,7 @@ class OpenAIChat:
         Raises ModelLoadError when the server cannot be reached or answers with an error
         status, LLMOutputError when a 200 reply carries no message."""
         body = {"model": self.model_name, "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
-                "temperature": float(temperature), "max_tokens": int(max_tokens), "seed": int(seed)}
+                "temperature": float(temperature), self.max_tokens_key: int(max_tokens), "seed": int(seed)}
         if (top_p if top_p is not None else self.top_p) is not None:
             body["top_p"] = float(top_p if top_p is not None else self.top_p)
         body.update(self.extra_body)
@@ -221,7 +227,8 @@ def _load_openai(spec: ModelSpec) -> OpenAIChat:
     llm = OpenAIChat(_normalise_base_url(base_url), model_name or "", api_key=api_key,
                      timeout=float(options.get("timeout", 120.0)), max_retries=int(options.get("max_retries", 2)),
                      retry_wait=float(options.get("retry_wait", 1.0)), top_p=options.get("top_p"),
-                     extra_body=options.get("extra_body"))
+                     extra_body=options.get("extra_body"),
+                     max_tokens_key=options.get("max_tokens_key", "max_tokens"))
     if not model_name:
         names = llm.list_models()
         if not names:
@@ -240,10 +247,12 @@ def _load_hf_chat(spec: ModelSpec, device: str) -> HFChatLLM:
     hub = {k: options[k] for k in ("revision", "token", "cache_dir") if options.get(k)}
     dtype = devices.default_dtype(device, prefer_bf16=True, override=options.get("dtype"))
     tokenizer = AutoTokenizer.from_pretrained(spec.model, **hub)
-    if options.get("device_map"):
-        model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, device_map=options["device_map"], **hub)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, **hub).to(device)
+    placement = {"device_map": options["device_map"]} if options.get("device_map") else {}
+    model, info = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, output_loading_info=True,
+                                                       **placement, **hub)
+    devices.require_complete_weights(spec.model, info, "causal language model")
+    if not placement:
+        model = model.to(device)
     model.eval()
     commit = getattr(model.config, "_commit_hash", None)
     model_id = f"hf_chat:{devices.model_identity(spec.model, revision=options.get('revision'), commit=commit)}"

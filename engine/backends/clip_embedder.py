@@ -94,6 +94,10 @@ class OpenClipEmbedder:
     def _finish(self, chunks: list[np.ndarray]) -> np.ndarray:
         return l2_normalise(np.concatenate(chunks)) if chunks else np.zeros((0, self.dim), dtype=np.float32)
 
+    def memory_bytes(self) -> int:
+        """Returns the bytes of the model's weights."""
+        return devices.module_bytes(self.model)
+
 
 class HFClipEmbedder:
     """A transformers CLIP or SigLIP model behind the Embedder protocol. `dim` is the embedding width."""
@@ -138,6 +142,10 @@ class HFClipEmbedder:
 
     def _finish(self, chunks: list[np.ndarray]) -> np.ndarray:
         return l2_normalise(np.concatenate(chunks)) if chunks else np.zeros((0, self.dim), dtype=np.float32)
+
+    def memory_bytes(self) -> int:
+        """Returns the bytes of the model's weights."""
+        return devices.module_bytes(self.model)
 
 
 def _features(output) -> np.ndarray:
@@ -201,10 +209,12 @@ def _load_hf_clip(spec: ModelSpec, device: str) -> HFClipEmbedder:
         raise ModelLoadError(f"no such model directory: '{spec.model}'")
     hub = {k: options[k] for k in ("revision", "token", "cache_dir") if options.get(k)}
     dtype = devices.default_dtype(device, override=options.get("dtype"))
-    model = AutoModel.from_pretrained(spec.model, dtype=dtype, **hub).to(device).eval()
+    model, info = AutoModel.from_pretrained(spec.model, dtype=dtype, output_loading_info=True, **hub)
     if not (hasattr(model, "get_image_features") and hasattr(model, "get_text_features")):
         raise ModelLoadError(f"'{spec.model}' ({type(model).__name__}) is not a CLIP-like dual encoder: "
                              f"it lacks get_image_features/get_text_features")
+    devices.require_complete_weights(spec.model, info, "CLIP/SigLIP")
+    model = model.to(device).eval()
     processor = AutoProcessor.from_pretrained(spec.model, **hub)
     commit = getattr(model.config, "_commit_hash", None)
     model_id = f"hf_clip:{devices.model_identity(spec.model, revision=options.get('revision'), commit=commit)}"

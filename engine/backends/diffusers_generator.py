@@ -4,16 +4,16 @@
 from the pipeline class named in `model_index.json` and refined from the loaded components and
 the id (a "turbo" id, SD 2.x cross-attention width, FLUX guidance embedding):
 
-| family     | pipeline                     | size        | steps | guidance | batch (GPU) |
-|------------|------------------------------|-------------|-------|----------|-------------|
-| sd1        | StableDiffusionPipeline      | 512         | 30    | 7.5      | 4           |
-| sd2        | StableDiffusionPipeline      | 768 (v-models), 512 (base) | 30 | 7.5 | 4     |
-| sd-turbo   | StableDiffusionPipeline      | 512         | 1     | 0.0      | 4           |
-| sdxl       | StableDiffusionXLPipeline    | 1024        | 30    | 5.0      | 2           |
-| sdxl-turbo | StableDiffusionXLPipeline    | 512         | 1     | 0.0      | 4           |
-| sd3        | StableDiffusion3Pipeline     | 1024        | 28    | 7.0      | 2           |
-| flux       | FluxPipeline (schnell)       | 1024        | 4     | 0.0      | 2           |
-| flux       | FluxPipeline (dev, guidance-distilled) | 1024 | 28 | 3.5     | 2           |
+| family     | pipeline                                | size              | steps | guidance | batch (GPU) |
+|------------|-----------------------------------------|-------------------|-------|----------|-------------|
+| sd1        | StableDiffusionPipeline                 | 512               | 30    | 7.5      | 4           |
+| sd2        | StableDiffusionPipeline                 | 768 (v), 512 base | 30    | 7.5      | 4           |
+| sd-turbo   | StableDiffusionPipeline, "turbo" id     | 512               | 1     | 0.0      | 4           |
+| sdxl       | StableDiffusionXLPipeline               | 1024              | 30    | 5.0      | 2           |
+| sdxl-turbo | StableDiffusionXLPipeline, "turbo" id   | 512               | 1     | 0.0      | 4           |
+| sd3        | StableDiffusion3Pipeline                | 1024              | 28    | 7.0      | 2           |
+| flux       | FluxPipeline (schnell)                  | 1024              | 4     | 0.0      | 2           |
+| flux       | FluxPipeline (dev: guidance-distilled)  | 1024              | 28    | 3.5      | 2           |
 
 For sd1/sd2 the size is the UNet's native one (sample_size x VAE scale factor), which tells
 SD 2.x 768 models from their 512 "base" versions and fits fine-tunes at other resolutions.
@@ -158,6 +158,10 @@ class DiffusersGenerator:
     def has_safety_checker(self) -> bool:
         return self._safety_checker is not None
 
+    def memory_bytes(self) -> int:
+        """Returns the bytes of all weights (pipeline components and safety checker)."""
+        return devices.module_bytes(*_pipeline_modules(self.pipe), self._safety_checker)
+
     def generate(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings) -> list[GeneratedImage]:
         """Runs one batched pipeline call. Returns one GeneratedImage per seed, in order.
 
@@ -235,7 +239,8 @@ class DiffusersGenerator:
             _, flags = self._safety_checker(images=scratch, clip_input=clip_input.to(checker_device, checker_dtype))
         flags = [bool(f) for f in flags]
         if any(flags):
-            logger.info("%s: safety checker flagged %d of %d image(s) (kept, marked nsfw)", self.id, sum(flags), len(flags))
+            logger.info("%s: safety checker flagged %d of %d image(s) (kept, marked nsfw)",
+                        self.id, sum(flags), len(flags))
         return flags
 
 
@@ -266,17 +271,16 @@ def _refine_family(family: str, pipe, model: str) -> str:
         return "sd2"
     if family == "flux":
         lowered = model.lower()
-        if "schnell" not in lowered and ("dev" in lowered or getattr(pipe.transformer.config, "guidance_embeds", False)):
+        guidance_distilled = getattr(pipe.transformer.config, "guidance_embeds", False)
+        if "schnell" not in lowered and ("dev" in lowered or guidance_distilled):
             return "flux-dev"
     return family
 
 
-def _module_bytes(pipe) -> int:
-    """Returns the bytes of all weights in the pipeline's torch modules."""
+def _pipeline_modules(pipe) -> list:
     import torch
 
-    modules = [c for c in pipe.components.values() if isinstance(c, torch.nn.Module)]
-    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+    return [c for c in pipe.components.values() if isinstance(c, torch.nn.Module)]
 
 
 def _wants_cpu_offload(option, pipe, device: str, model: str) -> bool:
@@ -287,7 +291,7 @@ def _wants_cpu_offload(option, pipe, device: str, model: str) -> bool:
     if option != "auto":
         return bool(option)
     info = devices.memory_info(device)
-    needed = _module_bytes(pipe)
+    needed = devices.module_bytes(*_pipeline_modules(pipe))
     if info and needed > 0.85 * info["free"]:
         logger.warning("%s needs %s of weights but %s has %s free: enabling model CPU offload", model,
                        devices.format_bytes(needed), device, devices.format_bytes(info["free"]))
@@ -350,9 +354,9 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
     except Exception as exc:
         if devices.is_oom(exc):
             devices.free_memory(device)
-            raise ModelLoadError(f"not enough {device} memory to load '{spec.model}' "
-                                 f"({devices.format_bytes(_module_bytes(pipe))} of weights in {dtype}); "
-                                 f"try option enable_cpu_offload=True") from exc
+            size = devices.format_bytes(devices.module_bytes(*_pipeline_modules(pipe)))
+            raise ModelLoadError(f"not enough {device} memory to load '{spec.model}' ({size} of weights in "
+                                 f"{dtype}); try option enable_cpu_offload=True") from exc
         raise
     pipe.set_progress_bar_config(disable=True)
 

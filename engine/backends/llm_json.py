@@ -244,7 +244,7 @@ def _parse_prose_list(text: str) -> list | dict | None:
 # --- shape normalisation -------------------------------------------------------------------------
 
 def normalise_key(key: Any) -> str:
-    """Returns an axis or wrapper key lower-cased with runs of spaces/punctuation as "_" ("Gender Bias" -> "gender_bias")."""
+    """Returns a key lower-cased, runs of spaces/punctuation as "_" ("Gender Bias" -> "gender_bias")."""
     return re.sub(r"[^0-9a-z]+", "_", str(key).lower()).strip("_")
 
 
@@ -262,8 +262,9 @@ def _item_text(item: Any) -> str | None:
     return None
 
 
-def _strings(value: Any) -> list[str]:
-    """Returns the de-duplicated texts in a value (a list, a dict of texts, or one string); drops non-strings."""
+def _strings(value: Any, unique: bool = True) -> list[str]:
+    """Returns the texts in a value (a list, a dict of texts, or one string), de-duplicated
+    unless `unique` is False; drops non-strings."""
     if isinstance(value, dict):
         items = [v for v in value.values() if not isinstance(v, (list, dict))]
         items += [x for v in value.values() if isinstance(v, list) for x in v]
@@ -274,7 +275,7 @@ def _strings(value: Any) -> list[str]:
     seen, out = set(), []
     for item in items:
         text = _item_text(item)
-        if text and text.lower() not in seen:
+        if text and (not unique or text.lower() not in seen):
             seen.add(text.lower())
             out.append(text)
     return out
@@ -317,8 +318,8 @@ def _axis_list_to_dict(items: list) -> dict:
     for item in items:
         if not isinstance(item, dict):
             continue
-        name = next((item[k] for k in ("axis", "name", "bias", "bias_axis", "category") if isinstance(item.get(k), str)),
-                    None)
+        name = next((item[k] for k in ("axis", "name", "bias", "bias_axis", "category")
+                     if isinstance(item.get(k), str)), None)
         if name is not None:
             values = [v for k, v in item.items() if isinstance(v, (list, dict))]
             out[name] = values[0] if values else []
@@ -329,8 +330,10 @@ def _axis_list_to_dict(items: list) -> dict:
 
 # --- validators -----------------------------------------------------------------------------------
 
-def as_string_list(n_min: int = 1, n_max: int | None = None, max_words: int | None = None) -> Callable[[Any], list[str]]:
-    """Returns a validator that turns a parsed reply into a list of n_min..n_max distinct strings.
+def as_string_list(n_min: int = 1, n_max: int | None = None,
+                   max_words: int | None = None, unique: bool = True) -> Callable[[Any], list[str]]:
+    """Returns a validator that turns a parsed reply into a list of n_min..n_max distinct strings
+    (with `unique=False` repeated strings are kept: MineTheGap's variations weight the readings).
 
     It unwraps {"prompts": [...]}-style dicts, takes the text of {"prompt": "..."} items,
     flattens a dict of lists, drops non-strings, empty and duplicate items and items longer
@@ -341,7 +344,7 @@ def as_string_list(n_min: int = 1, n_max: int | None = None, max_words: int | No
             obj = list(obj.values())
         if isinstance(obj, list):  # a dict of lists, or a list of lists: flatten one level
             obj = [x for v in obj for x in (v if isinstance(v, list) else [v])]
-        items = _strings(obj)
+        items = _strings(obj, unique)
         too_long = [s for s in items if max_words and len(s.split()) > max_words]
         items = [s for s in items if s not in too_long]
         if len(items) < n_min:

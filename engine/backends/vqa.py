@@ -8,21 +8,25 @@ and "clip_vqa".
 "vlm": any image-text-to-text model (AutoModelForImageTextToText + AutoProcessor: LLaVA, Qwen2-VL,
   Idefics, PaliGemma, ...). The question goes into the processor's chat template together with
   the image; decoding is greedy. Option `prefix` is put before every question (e.g. "[vqa] " for
-  MiniGPT-v2-style models). A processor without a chat template gets `prompt_template`
-  (default "Question: {question} Answer:", the BLIP-2 convention).
+  MiniGPT-v2-style models) and option `suffix` after it (default VLM_SUFFIX, LLaVA's "Answer
+  with a single word or phrase."; "" to ask the bare question). A processor without a chat
+  template gets `prompt_template` (default "Question: {question} Answer:", the BLIP-2 convention).
 "clip_vqa": zero-shot answers over the given choices with a CLIP-like embedder (passed to load
   as `embedder=`, or loaded from spec.model with option `embedder_backend`, default "open_clip",
   and the remaining options). Each choice is scored by its mean text embedding over a few
-  templates ("a photo of {choice}."; person templates when the question is about a person) and
-  the best one wins. Deterministic and cheap. Without choices it falls back to the caption
-  vocabulary: the answer is the best-matching entry of `vocabulary`. Captions are
-  "a photo of <best entry>".
+  templates ("a photo of {choice}."; plus "a photo of a {choice} person." when the question is
+  about a person) and the best one wins. Deterministic and cheap. Without choices it falls back
+  to the caption vocabulary: the answer is the best-matching entry of `vocabulary`. Captions
+  are "a photo of <best entry>". Options: embedder_backend, templates, person_templates,
+  vocabulary (each changes the id when not the default).
 
-For every backend, with `choices` the free answer is mapped to a choice by `match_choice`
-(exact, whole-word, synonym, age number; else "other"), and returned lower-case.
+With `choices`, blip_vqa and vlm map the free answer to a choice with `match_choice` (exact,
+age number, whole word, synonym; else "other"); every backend returns choices lower-case.
 
-Common options: batch_size, max_new_tokens, dtype, revision, token, cache_dir, synonyms
-(extra {choice: [words]} for match_choice), caption_prompt (vlm).
+Options of blip_vqa and vlm: batch_size (16 / 8), max_new_tokens (10 / 20), dtype, revision,
+token, cache_dir, synonyms (extra {choice: [words]} for match_choice); blip_vqa also
+caption_model; vlm also prefix, suffix, prompt_template, caption_prompt, device_map,
+trust_remote_code (off unless set).
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ logger = logging.getLogger(__name__)
 CAPTION_QUESTION = "what is in the image?"
 VLM_CAPTION_PROMPT = "Describe the image in one short sentence."
 VLM_PROMPT_TEMPLATE = "Question: {question} Answer:"
+VLM_SUFFIX = " Answer with a single word or phrase."  # LLaVA's short-answer VQA instruction
 
 # Words a free answer may use for a choice. Only the choices actually offered are consulted,
 # so "boy" means "male" for a gender question and "young" for an age question.
@@ -69,7 +74,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
 _AGE_BUCKETS = (("young", 0, 30), ("middle", 30, 60), ("middle aged", 30, 60), ("old", 60, 200))
 
 CLIP_TEMPLATES = ("a photo of {}.", "an image of {}.", "{}")
-CLIP_PERSON_TEMPLATES = ("a photo of a {} person.", "a {} person.", "a photo of {}.")
+CLIP_PERSON_TEMPLATES = ("a photo of a {} person.", "a {} person.")
 _PERSON_QUESTION = re.compile(r"\b(person|people|man|woman|someone|subject|their|his|her)\b", re.IGNORECASE)
 
 DEFAULT_VOCABULARY = (
@@ -208,6 +213,10 @@ class BlipVQA:
             batch_size=self.batch_size, device=self.device, max_new_tokens=self.max_new_tokens)
         return _finish(answers, choices, self.synonyms)
 
+    def memory_bytes(self) -> int:
+        """Returns the bytes of the VQA model's and the captioner's weights."""
+        return devices.module_bytes(self.model, self.captioner)
+
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns one short caption per image (the captioner's, else the answer to CAPTION_QUESTION)."""
         if self.captioner is None:
@@ -221,7 +230,8 @@ class VLMVQA:
     """An image-text-to-text model (greedy, short answers) behind the VQA protocol."""
 
     def __init__(self, model, processor, *, model_id: str, device: str, batch_size: int = 8,
-                 max_new_tokens: int = 20, prefix: str = "", prompt_template: str = VLM_PROMPT_TEMPLATE,
+                 max_new_tokens: int = 20, prefix: str = "", suffix: str = VLM_SUFFIX,
+                 prompt_template: str = VLM_PROMPT_TEMPLATE,
                  caption_prompt: str = VLM_CAPTION_PROMPT, synonyms: dict | None = None):
         self.model = model
         self.processor = processor
@@ -230,6 +240,7 @@ class VLMVQA:
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.prefix = prefix
+        self.suffix = suffix
         self.prompt_template = prompt_template
         self.caption_prompt = caption_prompt
         self.synonyms = synonyms
@@ -245,6 +256,10 @@ class VLMVQA:
         prompt = self.prompt_template.format(question=text)
         return self.processor(images=batch, text=[prompt] * len(batch), return_tensors="pt", padding=True)
 
+    def memory_bytes(self) -> int:
+        """Returns the bytes of the model's weights."""
+        return devices.module_bytes(self.model)
+
     def ask(self, images: Sequence[Image.Image], text: str) -> list[str]:
         """Returns the model's greedy reply to `text` (sent as is) for each image."""
         return _generate(self.model, self.processor, images, lambda batch: self._inputs(batch, text),
@@ -254,7 +269,7 @@ class VLMVQA:
     def answer(self, images: Sequence[Image.Image], question: str,
                choices: Sequence[str] | None = None) -> list[str]:
         """Returns one short answer per image; with `choices`, one of them (lower-case) or "other"."""
-        return _finish(self.ask(images, self.prefix + question), choices, self.synonyms)
+        return _finish(self.ask(images, self.prefix + question + self.suffix), choices, self.synonyms)
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns one short caption per image (the reply to `caption_prompt`, without the VQA prefix)."""
@@ -266,8 +281,9 @@ class ClipVQA:
 
     def __init__(self, embedder, *, templates: Sequence[str] = CLIP_TEMPLATES,
                  person_templates: Sequence[str] = CLIP_PERSON_TEMPLATES,
-                 vocabulary: Sequence[str] = DEFAULT_VOCABULARY):
+                 vocabulary: Sequence[str] = DEFAULT_VOCABULARY, owns_embedder: bool = False):
         self.embedder = embedder
+        self.owns_embedder = owns_embedder
         self.templates = tuple(templates)
         self.person_templates = tuple(person_templates)
         self.vocabulary = tuple(vocabulary)
@@ -277,6 +293,11 @@ class ClipVQA:
                                     .encode()).hexdigest()[:8] if custom else ""
         self.id = f"clip_vqa:{embedder.id}{suffix}"
         self._text_cache: dict[tuple, np.ndarray] = {}
+
+    def memory_bytes(self) -> int:
+        """Returns the embedder's bytes when this backend loaded it, else 0 (the manager counts a shared one)."""
+        estimate = getattr(self.embedder, "memory_bytes", None)
+        return int(estimate()) if self.owns_embedder and callable(estimate) else 0
 
     def _choice_embeddings(self, choices: Sequence[str], templates: tuple[str, ...]) -> np.ndarray:
         """Returns (n_choices, d): each choice's template-averaged, re-normalised text embedding."""
@@ -291,7 +312,8 @@ class ClipVQA:
 
     def scores(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> np.ndarray:
         """Returns (n_images, n_choices) cosine similarities between images and choices."""
-        templates = self.person_templates if _PERSON_QUESTION.search(question) else self.templates
+        # Person templates suit attributes ("a young person") but not nouns ("a hat person"): add, don't replace.
+        templates = self.templates + (self.person_templates if _PERSON_QUESTION.search(question) else ())
         return self.embedder.embed_images(images) @ self._choice_embeddings(choices, templates).T
 
     def answer(self, images: Sequence[Image.Image], question: str,
@@ -339,14 +361,18 @@ def _load_blip(spec: ModelSpec, device: str) -> BlipVQA:
     _check_path(spec.model)
     hub = _hub_kwargs(options)
     dtype = devices.default_dtype(device, override=options.get("dtype"))
-    model = BlipForQuestionAnswering.from_pretrained(spec.model, dtype=dtype, **hub).to(device).eval()
+    model, info = BlipForQuestionAnswering.from_pretrained(spec.model, dtype=dtype, output_loading_info=True, **hub)
+    devices.require_complete_weights(spec.model, info, "BLIP question-answering")
+    model = model.to(device).eval()
     processor = AutoProcessor.from_pretrained(spec.model, **hub)
     model_id = f"blip_vqa:{_identity(model, spec.model, options)}"
     captioner = caption_processor = None
     if options.get("caption_model"):
         name = str(options["caption_model"])
         _check_path(name)
-        captioner = BlipForConditionalGeneration.from_pretrained(name, dtype=dtype).to(device).eval()
+        captioner, info = BlipForConditionalGeneration.from_pretrained(name, dtype=dtype, output_loading_info=True)
+        devices.require_complete_weights(name, info, "BLIP captioning")
+        captioner = captioner.to(device).eval()
         caption_processor = AutoProcessor.from_pretrained(name)
         model_id += f"|caption:{_identity(captioner, name, {})}"
     return BlipVQA(model, processor, model_id=model_id, device=device,
@@ -362,20 +388,22 @@ def _load_vlm(spec: ModelSpec, device: str) -> VLMVQA:
     hub = _hub_kwargs(options)
     trust = bool(options.get("trust_remote_code", False))
     dtype = devices.default_dtype(device, prefer_bf16=True, override=options.get("dtype"))
-    if options.get("device_map"):
-        model = AutoModelForImageTextToText.from_pretrained(spec.model, dtype=dtype, device_map=options["device_map"],
-                                                            trust_remote_code=trust, **hub)
-    else:
-        model = AutoModelForImageTextToText.from_pretrained(spec.model, dtype=dtype, trust_remote_code=trust,
-                                                            **hub).to(device)
+    placement = {"device_map": options["device_map"]} if options.get("device_map") else {}
+    model, info = AutoModelForImageTextToText.from_pretrained(
+        spec.model, dtype=dtype, trust_remote_code=trust, output_loading_info=True, **placement, **hub)
+    devices.require_complete_weights(spec.model, info, "image-text-to-text")
+    if not placement:
+        model = model.to(device)
     model.eval()
     processor = AutoProcessor.from_pretrained(spec.model, trust_remote_code=trust, **hub)
     tokenizer = getattr(processor, "tokenizer", None)
     if tokenizer is not None and not model.config.is_encoder_decoder:
         tokenizer.padding_side = "left"  # batched generation continues right after each prompt
-    prefix = str(options.get("prefix", ""))
+    prefix, suffix = str(options.get("prefix", "")), str(options.get("suffix", VLM_SUFFIX))
     model_id = f"vlm:{_identity(model, spec.model, options)}" + (f"+prefix:{prefix.strip()}" if prefix else "")
-    return VLMVQA(model, processor, model_id=model_id, device=str(model.device), prefix=prefix,
+    if suffix != VLM_SUFFIX:
+        model_id += f"+suffix:{hashlib.sha1(suffix.encode()).hexdigest()[:8]}"
+    return VLMVQA(model, processor, model_id=model_id, device=str(model.device), prefix=prefix, suffix=suffix,
                   batch_size=int(options.get("batch_size", 8)), max_new_tokens=int(options.get("max_new_tokens", 20)),
                   prompt_template=str(options.get("prompt_template", VLM_PROMPT_TEMPLATE)),
                   caption_prompt=str(options.get("caption_prompt", VLM_CAPTION_PROMPT)),
@@ -387,6 +415,7 @@ _CLIP_VQA_OPTIONS = ("embedder_backend", "templates", "person_templates", "vocab
 
 def _load_clip_vqa(spec: ModelSpec, device: str, embedder=None) -> ClipVQA:
     options = spec.options
+    owns_embedder = embedder is None
     if embedder is None:
         if not spec.model:
             raise ModelLoadError("clip_vqa needs an embedder: pass embedder= to load_backend or name a CLIP model")
@@ -397,7 +426,7 @@ def _load_clip_vqa(spec: ModelSpec, device: str, embedder=None) -> ClipVQA:
         embedder = load_backend(ModelSpec(backend, spec.model, rest), device)
     return ClipVQA(embedder, templates=options.get("templates", CLIP_TEMPLATES),
                    person_templates=options.get("person_templates", CLIP_PERSON_TEMPLATES),
-                   vocabulary=options.get("vocabulary", DEFAULT_VOCABULARY))
+                   vocabulary=options.get("vocabulary", DEFAULT_VOCABULARY), owns_embedder=owns_embedder)
 
 
 def load(spec: ModelSpec, device: str, **context):

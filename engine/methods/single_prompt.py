@@ -88,6 +88,35 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
     return point
 
 
+def text_variations(engine: Engine, prompt: str, n: int, seed: int = 0, axis: str | None = None) -> list[str]:
+    """n LLM-written readings of the prompt (spec A.5; only `axis` varies when given). Repeats
+    are kept: they weight the reference distribution (a lexicon LLM cycles a small grid)."""
+    return engine.ask_json([{"role": "user", "content": variations_prompt(prompt, n, axis)}],
+                           as_string_list(max(2, n // 2), n * 2, 60, unique=False),
+                           temperature=1.0, seed=seed)[:n]
+
+
+def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.ndarray, n_variations: int,
+                   alpha: float = 25.0, combine: str = "diff", seed: int = 0, axis: str | None = None) -> dict:
+    """The MineTheGap gap score (reconstruction, spec A.3) of one prompt's images (`records`,
+    their embeddings `image_emb`) against n LLM text variations, with what explains it: the
+    similarity matrix, the missed interpretations and the least-aligned images."""
+    variations = text_variations(engine, prompt, n_variations, seed, axis)
+    text_emb = engine.embed_texts(variations)
+    gap = gap_score_from_similarity(text_emb @ image_emb.T, alpha, combine)
+    return {
+        "score": gap.score, "coverage_term": gap.coverage_term,
+        "alignment_term": gap.alignment_term, "alpha": alpha, "combine": combine,
+        "variations": variations, "similarity": gap.similarity.tolist(),
+        "coverage": gap.coverage.tolist(), "alignment": gap.alignment.tolist(),
+        "missed": [{"text": variations[i], "coverage": float(gap.coverage[i])} for i in gap.missed_variations],
+        "least_aligned": [{"seed": records[j].seed, "key": records[j].key, "alignment": float(gap.alignment[j])}
+                          for j in gap.least_aligned_images],
+        "image_seeds": [r.seed for r in records],
+        "reconstructed": True,
+    }
+
+
 @recorded("single_prompt")
 def run(request: SinglePromptRequest, engine: Engine, run: Run):
     prompt = engine.check_prompt(request.prompt)
@@ -133,22 +162,8 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     # MineTheGap gap score (reconstruction, spec A.3).
     if request.gap:
         yield Progress(0, 1, "gap", "asking the LLM for text variations of the prompt")
-        variations = engine.ask_json([{"role": "user", "content": variations_prompt(prompt, n_var)}],
-                                     as_string_list(max(2, n_var // 2), n_var * 2, 60),
-                                     temperature=1.0, seed=request.seed)[:n_var]
-        text_emb = engine.embed_texts(variations)
-        gap = gap_score_from_similarity(text_emb @ image_emb.T, request.alpha, request.combine)
-        gap_result = {
-            "score": gap.score, "coverage_term": gap.coverage_term,
-            "alignment_term": gap.alignment_term, "alpha": request.alpha, "combine": request.combine,
-            "variations": variations, "similarity": gap.similarity.tolist(),
-            "coverage": gap.coverage.tolist(), "alignment": gap.alignment.tolist(),
-            "missed": [{"text": variations[i], "coverage": float(gap.coverage[i])} for i in gap.missed_variations],
-            "least_aligned": [{"seed": valid[j].seed, "key": valid[j].key, "alignment": float(gap.alignment[j])}
-                              for j in gap.least_aligned_images],
-            "image_seeds": [r.seed for r in valid],
-            "reconstructed": True,
-        }
+        gap_result = gap_for_images(engine, prompt, valid, image_emb, n_var, request.alpha, request.combine,
+                                    seed=request.seed)
         results["gap"] = gap_result
         yield Scores("gap", gap_result)
         run.save(results)

@@ -1,0 +1,314 @@
+"""Bias axes, counterfactual prompts and their image sets: what Counterfactuals (TIBET) and
+Intersectional (BiasConnect) share, so an Intersectional run of a prompt reuses the images
+(and the LLM's axes) of a Counterfactuals run of the same prompt from the store.
+
+- Axes come from TIBET's three-turn meta-prompt (thesis §2.3; `propose_axes`), a preset
+  (Table 6.1, `load_preset`) or the user's table; each is {axis: [counterfactual prompts]}.
+- A counterfactual should differ from the prompt in one concept (one changed place, articles
+  ignored) and be at most `max_length_change` words longer or shorter (the released TIBET
+  code's ±5-token check). The LLM's counterfactuals failing a check are dropped; the user's
+  are kept with a warning: the table is theirs.
+- A prompt may hold one placeholder such as "{occupation}" filled from a list of values
+  (aggregate mode); counterfactuals then use the same placeholder.
+- Every set uses the same seeds, so sets differ only in the prompt. Image labels in a run:
+  "initial" and "axis=<axis>|cf=<prompt>", prefixed "prompt=<prompt>|" in aggregate mode.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..backends.llm_json import as_axis_dict
+from ..core import Engine, Run, stream_image_set
+from ..errors import InputError, LLMOutputError
+from ..events import Table, Warning
+from ..llm_prompts import tibet_turns
+from ..metrics.tibet import ENGLISH_STOPWORDS
+from ..presets import ASSETS
+
+MAX_LENGTH_CHANGE = 5
+ARTICLES = frozenset({"a", "an", "the"})
+PRESETS = {"occupations": "occupation_axes.json"}
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_WORDS = re.compile(r"\{\w+\}|[\w'-]+")
+IDENTICAL = "is the prompt itself"
+
+
+@dataclass
+class SetsRequest:
+    """The fields every counterfactual-set method shares (a base for its request dataclass)."""
+
+    prompt: str
+    axes: dict[str, list[str]] | None = None   # {axis: [counterfactual prompts]}; None: ask the LLM
+    fill: list[str] = field(default_factory=list)  # values of the prompt's {placeholder}: aggregate mode
+    n: int = 16                                 # images per set (the thesis uses 48)
+    seed: int = 0                               # every set uses seeds seed .. seed+n-1
+    negative_prompt: str = ""
+    steps: int | None = None
+    guidance: float | None = None
+    width: int | None = None
+    height: int | None = None
+    llm_seed: int = 0
+    max_length_change: int = MAX_LENGTH_CHANGE
+
+    def seeds(self) -> list[int]:
+        return list(range(self.seed, self.seed + self.n))
+
+
+@dataclass(frozen=True)
+class SetSpec:
+    """One image set of a run: the initial prompt (axis None) or one counterfactual."""
+
+    label: str
+    prompt: str                  # the filled prompt the images are generated from
+    prompt_index: int            # which prompt of an aggregate run
+    axis: str | None = None
+    cf: str | None = None        # the counterfactual as written in the axes table (a template)
+    value: str | None = None     # what the counterfactual names, e.g. "male"
+
+
+# -- axes tables --------------------------------------------------------------------------------
+
+def axis_name(name: str) -> str:
+    """'Skin_Tone bias' -> 'skin tone bias': lower-case, '_' as spaces (the LLM JSON helper's keys)."""
+    return re.sub(r"\s+", " ", str(name).replace("_", " ")).strip().lower()
+
+
+def axes_from_rows(rows) -> dict[str, list[str]]:
+    """{axis: [counterfactuals]} from table rows (axis, counterfactual); an empty axis cell
+    continues the axis above, empty counterfactuals are skipped."""
+    axes: dict[str, list[str]] = {}
+    current = ""
+    for row in rows or []:
+        cells = [("" if c is None else str(c)).strip() for c in list(row)[:2]] + ["", ""]
+        current = axis_name(cells[0]) or current
+        if current and cells[1]:
+            axes.setdefault(current, []).append(cells[1])
+    return axes
+
+
+def rows_from_axes(axes: dict[str, list[str]]) -> list[list[str]]:
+    return [[axis, cf] for axis, cfs in axes.items() for cf in cfs]
+
+
+def load_preset(name: str = "occupations") -> dict:
+    """A preset axes set from assets/ ({"prompt", "placeholder", "axes", "occupations", ...})."""
+    if name not in PRESETS:
+        raise InputError(f"unknown axes preset '{name}'; known: {', '.join(PRESETS)}")
+    return json.loads((ASSETS / PRESETS[name]).read_text())
+
+
+# -- checking counterfactuals -------------------------------------------------------------------
+
+def _words(text: str) -> list[str]:
+    return _WORDS.findall(text.lower())
+
+
+def _changes(prompt: str, cf: str) -> list[tuple[list[str], list[str]]]:
+    """The places where `cf` differs from `prompt`: (removed words, inserted words) per place,
+    places that only swap an article ('a' -> 'an') left out."""
+    a, b = _words(prompt), _words(cf)
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    places = [(a[i1:i2], b[j1:j2]) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+    return [(old, new) for old, new in places if set(old + new) - ARTICLES]
+
+
+def check_counterfactual(prompt: str, cf: str, max_length_change: int = MAX_LENGTH_CHANGE) -> str | None:
+    """Why `cf` is not a counterfactual of `prompt` (None when it is one): identical, changed in
+    more than one place, or more than `max_length_change` words longer/shorter."""
+    places = _changes(prompt, cf)
+    if not places:
+        return IDENTICAL
+    if len(places) > 1:
+        return f"changes the prompt in {len(places)} places, not one concept"
+    change = len(_words(cf)) - len(_words(prompt))
+    if abs(change) > max_length_change:
+        return (f"is {abs(change)} words {'longer' if change > 0 else 'shorter'} than the prompt "
+                f"(at most {max_length_change})")
+    return None
+
+
+def counterfactual_value(prompt: str, cf: str) -> str:
+    """What the counterfactual names: its inserted or replacing words without stop words
+    ('A photo of a {occupation} in formal attire' -> 'formal attire'); BiasConnect's choices."""
+    inserted = [w for _, new in _changes(prompt, cf) for w in new if not _PLACEHOLDER.fullmatch(w)]
+    content = [w for w in inserted if w not in ENGLISH_STOPWORDS] or inserted
+    return " ".join(dict.fromkeys(content)) or cf.strip().lower()
+
+
+def clean_axes(prompt: str, axes: dict, max_length_change: int = MAX_LENGTH_CHANGE,
+               strict: bool = False) -> tuple[dict[str, list[str]], list[str]]:
+    """The axes with names normalised and blank, duplicate or identical-to-prompt
+    counterfactuals removed, and the problems found. `strict` (the LLM's output) also drops
+    counterfactuals failing `check_counterfactual`; otherwise they are kept and reported."""
+    cleaned: dict[str, list[str]] = {}
+    problems = []
+    for raw_axis, cfs in (axes or {}).items():
+        kept = cleaned.setdefault(axis_name(raw_axis), [])
+        for cf in (str(c).strip() for c in cfs or []):
+            if not cf or cf.lower() in {k.lower() for k in kept}:
+                continue
+            problem = check_counterfactual(prompt, cf, max_length_change)
+            drop = problem is not None and (strict or problem == IDENTICAL)
+            if problem:
+                problems.append(f"{axis_name(raw_axis)}: '{cf}' {problem} ({'dropped' if drop else 'kept'})")
+            if not drop:
+                kept.append(cf)
+    return {a: cfs for a, cfs in cleaned.items() if a and cfs}, problems
+
+
+# -- the LLM ------------------------------------------------------------------------------------
+
+def propose_axes(engine: Engine, prompt: str, seed: int = 0,
+                 max_length_change: int = MAX_LENGTH_CHANGE) -> tuple[dict[str, list[str]], list[str]]:
+    """TIBET's three-turn conversation (thesis §2.3, temperature 1 as in the paper): bias axes,
+    then counterfactuals, then their JSON; replies are cached in the store. Returns the
+    checked axes and the dropped counterfactuals. A reply that cannot be parsed, or keeps no
+    axis with two counterfactuals, is asked again (bounded); then LLMOutputError."""
+    prompt = engine.check_prompt(prompt)
+    turns = tibet_turns(prompt)
+    messages: list[dict] = []
+    for turn in turns[:2]:
+        messages.append({"role": "user", "content": turn})
+        reply = engine.llm.chat(messages, temperature=1.0, max_tokens=2048, seed=seed)
+        messages.append({"role": "assistant", "content": reply})
+    messages.append({"role": "user", "content": turns[2]})
+    problems: list[str] = []
+    shape = as_axis_dict(min_axes=1, min_cfs=2)
+
+    def validate(obj):
+        axes, found = clean_axes(prompt, shape(obj), max_length_change, strict=True)
+        problems[:] = found
+        axes = {a: cfs for a, cfs in axes.items() if len(cfs) >= 2}
+        if not axes:
+            raise ValueError("no axis kept two counterfactuals that each change one concept of the prompt: "
+                             + "; ".join(found[:3]))
+        return axes
+
+    try:
+        axes = engine.ask_json(messages, validate, temperature=1.0, seed=seed, max_tokens=2048)
+    except LLMOutputError as exc:
+        raise LLMOutputError(f"{exc}. Type the axes and counterfactuals into the table by hand instead.") from exc
+    return axes, problems
+
+
+# -- prompts and sets ---------------------------------------------------------------------------
+
+def placeholder(prompt: str) -> str | None:
+    names = set(_PLACEHOLDER.findall(prompt))
+    if len(names) > 1:
+        raise InputError(f"the prompt has {len(names)} placeholders ({', '.join(sorted(names))}); use one")
+    return names.pop() if names else None
+
+
+def expand(prompt: str, fill: list[str]) -> list[str]:
+    """The prompts of a run: `prompt`, or one per fill value of its placeholder."""
+    name = placeholder(prompt)
+    fill = [f.strip() for f in fill or [] if f and f.strip()]
+    if name and not fill:
+        raise InputError(f"the prompt has the placeholder {{{name}}}: give the values to fill in "
+                         f"(e.g. a list of occupations), or write the prompt out")
+    if fill and not name:
+        raise InputError("fill values were given but the prompt has no {placeholder} to fill")
+    return [prompt.replace(f"{{{name}}}", value) for value in fill] if name else [prompt]
+
+
+def templatise(axes: dict[str, list[str]], value: str, name: str) -> dict[str, list[str]]:
+    """Counterfactuals written for one filled prompt turned back into templates."""
+    return {a: [cf.replace(value, f"{{{name}}}") for cf in cfs if value in cf] for a, cfs in axes.items()}
+
+
+def prepare(request: SetsRequest, engine: Engine):
+    """Check the request and settle the axes (use `yield from`): yields Warning events and,
+    when the LLM proposed the axes, a Table('axes') event; returns (prompts, axes, specs)."""
+    template = engine.check_prompt(request.prompt)
+    engine.check_n(request.n)
+    prompts = expand(template, request.fill)
+    for p in prompts:
+        engine.check_prompt(p)
+    name = placeholder(template)
+    if request.axes:
+        axes, problems = clean_axes(template, request.axes, request.max_length_change)
+    else:
+        axes, problems = propose_axes(engine, prompts[0], request.llm_seed, request.max_length_change)
+        if name:
+            axes = {a: cfs for a, cfs in templatise(axes, request.fill[0].strip(), name).items() if cfs}
+        yield Table("axes", ["axis", "counterfactual"], rows_from_axes(axes))
+    for problem in problems:
+        yield Warning(f"counterfactual {problem}")
+    if not axes:
+        raise InputError("no axis has a counterfactual: add rows (axis, counterfactual prompt) to the table")
+    aggregate = len(prompts) > 1
+    specs = []
+    for i, p in enumerate(prompts):
+        prefix = f"prompt={p}|" if aggregate else ""
+        specs.append(SetSpec(prefix + "initial", p, i))
+        fill = {f"{{{name}}}": request.fill[i].strip()} if name else {}
+        for axis, cfs in axes.items():
+            for cf in cfs:
+                filled = cf
+                for key, value in fill.items():
+                    filled = filled.replace(key, value)
+                specs.append(SetSpec(f"{prefix}axis={axis}|cf={cf}", filled, i, axis, cf,
+                                     counterfactual_value(template, cf)))
+    return prompts, axes, specs
+
+
+def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], settings,
+                 index: int, total: int):
+    """Generate one set through the store (use `yield from`); returns its records without
+    images the safety checker flagged (with a Warning when there are any)."""
+    records = yield from stream_image_set(engine, run, spec.prompt, seeds, settings, label=spec.label,
+                                          progress_offset=index * len(seeds), progress_total=total * len(seeds))
+    valid = [r for r in records if not r.nsfw]
+    if len(valid) < len(records):
+        yield Warning(f"{len(records) - len(valid)} image(s) of '{spec.prompt}' were flagged by the safety "
+                      "checker and are excluded from every metric")
+    if not valid:
+        raise InputError(f"every image of '{spec.prompt}' was flagged by the safety checker; nothing to measure")
+    return valid
+
+
+# -- command line --------------------------------------------------------------------------------
+
+def add_set_arguments(p, common_arguments) -> None:
+    """The CLI options of `SetsRequest` (shared with `intersectional`)."""
+    common_arguments(p)
+    p.add_argument("--prompt", default=None, help="the initial prompt; may hold one {placeholder} filled by --fill")
+    p.add_argument("--axes", default=None, metavar="JSON|@FILE",
+                   help='{"axis": ["counterfactual prompt", ...]}; default: ask the LLM (TIBET meta-prompt)')
+    p.add_argument("--axes-preset", default=None, choices=["occupations"],
+                   help="Table 6.1's 8 axes (prompt 'A photo of a {occupation}' unless --prompt is given)")
+    p.add_argument("--fill", nargs="+", default=[], metavar="VALUE", help="aggregate mode: values of the placeholder")
+    p.add_argument("-n", type=int, default=16, help="images per set")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--llm-seed", type=int, default=0)
+    p.add_argument("--negative-prompt", default="")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--guidance", type=float, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--height", type=int, default=None)
+
+
+def set_request_fields(a) -> dict:
+    """`SetsRequest` fields from the options `add_set_arguments` adds."""
+    axes, prompt = None, a.prompt
+    if a.axes_preset:
+        preset = load_preset(a.axes_preset)
+        axes, prompt = preset["axes"], prompt or preset["prompt"]
+    if a.axes:
+        try:
+            text = Path(a.axes[1:]).read_text() if a.axes.startswith("@") else a.axes
+            axes = json.loads(text)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--axes: {exc}") from None
+        if not isinstance(axes, dict):
+            raise InputError('--axes must be a JSON object {"axis": ["counterfactual prompt", ...]}')
+    if not prompt:
+        raise InputError("give --prompt (or --axes-preset)")
+    return dict(prompt=prompt, axes=axes, fill=a.fill, n=a.n, seed=a.seed, llm_seed=a.llm_seed,
+                negative_prompt=a.negative_prompt, steps=a.steps, guidance=a.guidance, width=a.width,
+                height=a.height)

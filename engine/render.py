@@ -1,0 +1,94 @@
+"""HTML renderings of method results, shared by the tabs, the Runs view and exported reports.
+
+Plain strings (engine/charts.py for the charts): no gradio, no JavaScript, readable offline.
+"""
+from __future__ import annotations
+
+import html
+
+from . import charts
+
+
+def fmt(value, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def fmt_ci(value, ci, digits: int = 3) -> str:
+    lo, hi = ci if ci else (None, None)
+    return f"{fmt(value, digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
+
+
+def axis_html(name: str, m: dict) -> str:
+    """One axis: its distribution (bars with counts and 95% CIs, target ticks) and its metrics."""
+    classes = m["classes"]
+    counts = m["counts"]
+    shares = [m["representation_parity"].get(c, 0.0) for c in classes]
+    share_ci = [tuple(m["share_ci"][c]) for c in classes] if "share_ci" in m else None
+    ref = m.get("reference")
+    targets = ([ref.get(c) for c in classes] if isinstance(ref, dict)
+               else [1 / len(classes)] * len(classes) if classes else None)
+    chart = charts.bar_chart(classes, shares, title=f"{name}", counts=[counts.get(c, 0) for c in classes],
+                             ci=share_ci, reference=targets, vmax=1.0, chart_id=f"axis-{name}")
+    ci = m.get("ci", {})
+    rows = [("Composite Bias Score", "composite_bias_score"), ("Parity Difference", "parity_difference"),
+            ("Normalised entropy", "normalised_entropy"),
+            (f"KL from reference ({m.get('kl_unit', '')})", "kl_divergence"),
+            ("Bias Amplification", "bias_amplification")]
+    table = "".join(f"<tr><td>{label}</td><td class='gl-metric' data-metric='{key}'>"
+                    f"{fmt_ci(m.get(key), ci.get(key))}</td></tr>" for label, key in rows)
+    excluded = (f"<p style='font-size:12px'>{m['n_excluded']} answer(s) outside the classes "
+                f"(e.g. 'other') are excluded.</p>" if m.get("n_excluded") else "")
+    return (f"<div class='gl-axis' data-axis='{name}'><div class='gl-chart'>{chart}</div>"
+            f"<table style='font-size:13px'><tr><th>metric ({m.get('mode', '')} mode)</th><th>value [95% CI]</th></tr>"
+            f"{table}</table>{excluded}</div>")
+
+
+def gap_html(gap: dict) -> str:
+    """Gap score, its terms, the missed interpretations, the least-aligned images and the heatmap."""
+    missed = "".join(f"<li data-coverage='{m['coverage']:.3f}'>{m['text']} "
+                     f"<span class='gl-badge'>best image match {m['coverage']:.3f}</span></li>"
+                     for m in gap["missed"])
+    least = ", ".join(f"seed {x['seed']} ({x['alignment']:.3f})" for x in gap["least_aligned"])
+    order = sorted(range(len(gap["variations"])), key=lambda i: gap["coverage"][i])
+    matrix = [gap["similarity"][i] for i in order]
+    rows = [gap["variations"][i][:60] for i in order]
+    cols = [f"s{s}" for s in gap["image_seeds"]]
+    heat = charts.heatmap(matrix, rows, cols, diverging=False, digits=2, title="CLIP similarity: text variations "
+                          "(rows, worst covered first) × images (columns)", table_id="gap-heatmap")
+    return (f"<div id='gap-panel'><h4>MineTheGap gap score <span class='gl-badge'>reconstructed (spec A.3)</span></h4>"
+            f"<p><b id='gap-score'>{fmt(gap['score'], 4)}</b> "
+            f"({gap['combine']}: M = {fmt(gap['coverage_term'], 4)} missed-concepts term, "
+            f"A = {fmt(gap['alignment_term'], 4)} least-aligned-images term, α = {gap['alpha']:g}). "
+            f"Lower means more biased: some plausible readings of the prompt get no matching image. "
+            f"No bootstrap interval: resampling images with replacement lowers any coverage score; "
+            f"rerun with other seeds to see its spread.</p>"
+            f"<p><b>Missed interpretations</b> (variations no image covers):</p><ol id='missed'>{missed}</ol>"
+            f"<p><b>Least-aligned images:</b> {least}</p><div style='overflow-x:auto'>{heat}</div></div>")
+
+
+def single_prompt_html(results: dict) -> str:
+    """A whole Single Prompt result: axes, diversity, gap score and Top-K concepts."""
+    parts = [f"<h3>Single Prompt: {html.escape(results.get('prompt', ''))}</h3>"]
+    axes = results.get("axes", {})
+    if axes:
+        parts.append("<div style='display:flex;flex-wrap:wrap;gap:18px'>"
+                     + "".join(axis_html(name, m) for name, m in axes.items()) + "</div>")
+    d = results.get("diversity")
+    if d:
+        parts.append(diversity_text(d, markdown=False))
+    if results.get("gap"):
+        parts.append(gap_html(results["gap"]))
+    if results.get("top_concepts"):
+        rows = "".join(f"<tr><td>{html.escape(str(c))}</td><td>{f}</td></tr>" for c, f in results["top_concepts"])
+        parts.append(f"<table><tr><th>concept</th><th>frequency per image</th></tr>{rows}</table>")
+    return "\n".join(parts)
+
+
+def diversity_text(d: dict, markdown: bool = True) -> str:
+    bold = (lambda x: f"**{x}**") if markdown else (lambda x: f"<b>{x}</b>")
+    text = (f"{bold('Diversity')} (CLIP image embeddings, N = {d['n']}): Vendi score "
+            f"{bold(fmt(d['vendi'], 2))} of at most {d['n']} (normalised {fmt(d['vendi_normalised'])}); "
+            f"mean pairwise similarity {fmt(d['mean_pairwise_similarity'])}.")
+    return text if markdown else f"<p>{text}</p>"

@@ -1,0 +1,59 @@
+"""Single Prompt on the synthetic world: planted biases come back out of the metrics."""
+import pytest
+
+from engine.events import Done, Images, Scores
+from engine.methods.single_prompt import SinglePromptRequest, run
+
+
+def measure(engine, prompt, n=48, **kw):
+    events = list(run(SinglePromptRequest(prompt, n=n, **kw), engine))
+    return next(e for e in events if isinstance(e, Done)).results, events
+
+
+@pytest.fixture
+def planted(engine):
+    world = engine.models.get(engine.preset.generator).world
+    assert world.expected_distribution("a photo of a firefighter", "gender")["male"] == pytest.approx(0.9)
+    assert world.expected_distribution("a photo of a teacher", "gender")["male"] == pytest.approx(0.5)
+    return world
+
+
+def test_planted_90_10_bias_is_measured_with_a_ci_that_contains_it(engine, planted):
+    biased, _ = measure(engine, "a photo of a firefighter")
+    balanced, _ = measure(engine, "a photo of a teacher")
+    gender = biased["axes"]["gender"]
+    low, high = gender["share_ci"]["male"]
+    assert low <= 0.9 <= high
+    assert high - low < 0.35  # N=48 gives a usefully narrow interval
+    assert gender["composite_bias_score"] > balanced["axes"]["gender"]["composite_bias_score"] + 0.3
+    assert biased["gap"]["score"] < balanced["gap"]["score"]
+    # the missed interpretations name the under-represented group
+    missed = [m["text"] for m in biased["gap"]["missed"]]
+    assert sum("female" in text for text in missed) >= 3, missed
+
+
+def test_reference_distribution_changes_kl_and_bias_amplification(engine, planted):
+    uniform, _ = measure(engine, "a photo of a firefighter", n=32)
+    target, _ = measure(engine, "a photo of a firefighter", n=32,
+                        references={"gender": {"male": 0.9, "female": 0.1}})
+    assert target["axes"]["gender"]["kl_divergence"] < uniform["axes"]["gender"]["kl_divergence"]
+    assert target["axes"]["gender"]["bias_amplification"] < 0.2
+
+
+def test_results_stream_in_order_and_rerun_is_served_from_the_store(engine, planted):
+    _, events = measure(engine, "a photo of a nurse", n=16)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds.index("Images") < kinds.index("Scores") < kinds.index("Done")
+    names = [e.name for e in events if isinstance(e, Scores)]
+    assert names[:3] == ["axis:gender", "axis:age", "axis:skin tone"] and "gap" in names
+    generated, llm_calls = engine.stats.images_generated, engine.stats.llm_calls
+    again, events = measure(engine, "a photo of a nurse", n=16)
+    assert engine.stats.images_generated == generated and engine.stats.llm_calls == llm_calls
+    assert all(r.cached for e in events if isinstance(e, Images) for r in e.records)
+
+
+def test_free_text_axis_and_reference_mode(engine, planted):
+    results, _ = measure(engine, "a photo of a chef", n=16, axes=["gender", "hair color"], mode="reference")
+    assert results["axes"]["hair color"]["question"] == "What is hair color in the image?"
+    assert results["axes"]["gender"]["kl_unit"] == "nats"
+    assert sum(results["axes"]["hair color"]["counts"].values()) == 16
