@@ -14,7 +14,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
-from tabs import model_panel, single_prompt  # noqa: E402
+from tabs import mine, model_panel, runs, single_prompt  # noqa: E402
+from tabs import counterfactuals, intersectional  # noqa: E402
 from tabs.common import not_built_yet  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
@@ -32,15 +33,15 @@ def build_app(engine: Engine) -> gr.Blocks:
             with gr.Tab("Single Prompt", id="single"):
                 load_hooks += single_prompt.build(engine)
             with gr.Tab("Counterfactuals", id="counterfactuals"):
-                not_built_yet("Counterfactuals (TIBET)", "issue: Counterfactuals tab")
+                load_hooks += counterfactuals.build(engine)
             with gr.Tab("Intersectional Matrix", id="intersectional"):
-                not_built_yet("Intersectional Matrix (BiasConnect)", "issue: Intersectional Matrix tab")
+                load_hooks += intersectional.build(engine)
             with gr.Tab("Mine Prompts", id="mine"):
-                not_built_yet("Mine Prompts (MineTheGap)", "issue: Mine Prompts tab")
+                load_hooks += mine.build(engine)
             with gr.Tab("Mitigate", id="mitigate"):
                 not_built_yet("Mitigate (InterMit)", "issue: Mitigate tab")
             with gr.Tab("Runs", id="runs"):
-                not_built_yet("Runs", "issue: Runs tab")
+                load_hooks += runs.build(engine)
         for fn, outputs in load_hooks:
             demo.load(fn, None, outputs, api_name=False)
     # One GPU: one generation at a time; other requests wait in Gradio's queue.

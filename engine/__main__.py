@@ -29,10 +29,17 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """One sub-command per method; each method module adds its own with `add_cli(sub, common)`."""
     from .methods import generate
+    from . import runs
+    from .methods import counterfactuals, intersectional
+    from .methods import mine
 
     parser = argparse.ArgumentParser(prog="python -m engine", description="GapLens engine")
     sub = parser.add_subparsers(dest="command", required=True)
     generate.add_cli(sub, common_arguments)
+    runs.add_cli(sub, common_arguments)
+    mine.add_cli(sub, common_arguments)
+    counterfactuals.add_cli(sub, common_arguments)
+    intersectional.add_cli(sub, common_arguments)
 
     p = sub.add_parser("status", help="print the engine status (preset, models, store)")
     common_arguments(p)

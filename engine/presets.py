@@ -37,6 +37,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            ModelSpec("synthetic_embedder", SYNTHETIC_TABLE),
            ModelSpec("synthetic_llm", SYNTHETIC_TABLE),
            ModelSpec("synthetic_vqa", SYNTHETIC_TABLE)),
+    Preset("colour", "MineTheGap's colour sanity task (spec A.6): solid-colour images of 30 objects with "
+           "planted colour shares (CPU, instant).",
+           ModelSpec("synthetic_colour_generator", SYNTHETIC_TABLE),
+           ModelSpec("synthetic_colour_embedder", SYNTHETIC_TABLE),
+           ModelSpec("synthetic_colour_llm", SYNTHETIC_TABLE),
+           ModelSpec("synthetic_colour_vqa", SYNTHETIC_TABLE)),
     Preset("sd-turbo", "SD-Turbo, 1 step at 512x512: the small real set (runs on a CPU, slowly).",
            ModelSpec("diffusers", "stabilityai/sd-turbo"),
            ModelSpec("open_clip", "ViT-B-32", {"pretrained": "laion2b_s34b_b79k"}),

@@ -92,3 +92,68 @@ def diversity_text(d: dict, markdown: bool = True) -> str:
             f"{bold(fmt(d['vendi'], 2))} of at most {d['n']} (normalised {fmt(d['vendi_normalised'])}); "
             f"mean pairwise similarity {fmt(d['mean_pairwise_similarity'])}.")
     return text if markdown else f"<p>{text}</p>"
+
+
+def generate_html(results: dict) -> str:
+    """A Generate run: its prompt, settings and images (the images themselves are shown by the
+    caller: a gallery in the app, inline thumbnails in an exported report)."""
+    images = results.get("images", [])
+    settings = results.get("settings", {})
+    seeds = [i.get("seed") for i in images]
+    flagged = [i.get("seed") for i in images if i.get("nsfw")]
+    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in settings.items())
+    seed_text = (f"seeds {seeds[0]}–{seeds[-1]}" if seeds and seeds == list(range(seeds[0], seeds[0] + len(seeds)))
+                 else "seeds " + ", ".join(map(str, seeds)))
+    flag_text = (f"<p>{len(flagged)} image(s) flagged by the safety checker (seeds {flagged}).</p>" if flagged else "")
+    return (f"<h3>Generate: {html.escape(results.get('prompt', ''))}</h3>"
+            f"<p id='generate-count'>{len(images)} image(s), {seed_text}.</p>{flag_text}"
+            f"<table style='font-size:13px'><tr><th>setting</th><th>value</th></tr>{rows}</table>")
+
+
+def generic_html(results: dict) -> str:
+    """Any method's results without a renderer of their own: their numbers as a table (with the
+    95% intervals found next to them) and a chart of the ones that have an interval, then the
+    whole results as readable JSON."""
+    import json
+
+    from .runs import flatten_scores
+
+    rows = flatten_scores(results)
+    parts = []
+    if results.get("prompt"):
+        parts.append(f"<h3>{html.escape(str(results['prompt']))}</h3>")
+    with_ci = [s for s in rows if s.low is not None and s.high is not None][:24]
+    if with_ci:
+        lo = min(0.0, *(s.low for s in with_ci))
+        if lo >= 0:
+            parts.append("<div class='gl-chart'>" + charts.bar_chart(
+                [s.name[-40:] for s in with_ci], [s.value for s in with_ci], ci=[(s.low, s.high) for s in with_ci],
+                title="scores with 95% intervals", chart_id="generic-scores", width=560) + "</div>")
+    if rows:
+        body = "".join(f"<tr><td>{html.escape(s.group)}</td><td>{html.escape(s.metric)}</td>"
+                       f"<td class='gl-metric'>{fmt_ci(s.value, (s.low, s.high)) if s.low is not None else fmt(s.value)}"
+                       f"</td></tr>" for s in rows)
+        parts.append(f"<table class='gl-generic' style='font-size:13px'><tr><th>group</th><th>score</th>"
+                     f"<th>value [95% CI]</th></tr>{body}</table>")
+    else:
+        parts.append("<p>No numeric results stored for this run.</p>")
+    dump = json.dumps(results, indent=1, default=str, ensure_ascii=False)
+    if len(dump) > 200_000:
+        dump = dump[:200_000] + "\n… (truncated)"
+    parts.append(f"<details><summary>All results (JSON)</summary><pre style='white-space:pre-wrap;font-size:11px'>"
+                 f"{html.escape(dump)}</pre></details>")
+    return "\n".join(parts)
+
+
+# Renderers kept in their methods' own modules (imported when called: they import this one).
+def counterfactuals_html(results: dict) -> str:
+    from .render_tibet import counterfactuals_html as render_counterfactuals
+
+    return render_counterfactuals(results)
+
+
+def intersectional_html(results: dict) -> str:
+    from .biasgraph import intersectional_html as render_intersectional
+
+    return render_intersectional(results)

@@ -499,7 +499,7 @@ def add_cli(sub, common_arguments) -> None:
 
     q = cmd("list", "every run in the store (newest first)")
     q.add_argument("--search", default="", help="words that must all appear (id, method, prompt, model, status)")
-    q.add_argument("--method", default=None)
+    q.add_argument("--method", dest="only_method", default=None, help="only runs of this method")
     q.add_argument("--status", default=None, choices=STATUSES)
     q.add_argument("--sort", default="newest", choices=SORTS)
 
@@ -551,7 +551,7 @@ def _cli_main(args, engine):
     store = engine.store
     command = args.runs_command
     if command == "list":
-        rows = list_runs(store, args.search, args.method, args.status, args.sort)
+        rows = list_runs(store, args.search, args.only_method, args.status, args.sort)
         if args.json:
             _print_json(rows)
         elif not rows:

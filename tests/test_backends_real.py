@@ -265,6 +265,14 @@ def test_embeddings_normalised_float32(which, dim, images, request):
     assert embedder.embed_images([]).shape == (0, dim) and embedder.embed_texts([]).shape == (0, dim)
 
 
+def test_siglip_texts_padded_to_full_length(tiny, images):
+    siglip = load_backend(tiny["siglip"])
+    assert siglip.dim == 32 and siglip.embed_images(images).shape == (len(images), 32)
+    alone = siglip.embed_texts([PROMPT])
+    with_longer = siglip.embed_texts([PROMPT, "a portrait of a nurse in a busy hospital at night, photorealistic"])
+    assert np.allclose(alone[0], with_longer[0], atol=1e-5)          # padding="max_length": batch-independent
+
+
 def test_embedder_ids_name_the_weights(open_clip_embedder, hf_clip_embedder, tiny):
     assert open_clip_embedder.id.startswith(f"open_clip:{tiny_models.TINY_OPEN_CLIP_NAME}@tiny-open-clip.pt-")
     assert hf_clip_embedder.id.startswith(f"hf_clip:{tiny['hf_clip'].model}@local-")

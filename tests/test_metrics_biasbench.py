@@ -360,3 +360,25 @@ def test_attribute_extractors(extract, caption, reference_label, paper_label):
 
 def test_clean_caption():
     assert bb.clean_caption("White / Caucasian-Female;  20s") == "white caucasian female 20s"
+
+
+def test_paper_metrics_batch_equals_the_scalar_functions():
+    import numpy as np
+
+    from engine.metrics.biasbench import paper_metrics_batch
+
+    rng = np.random.default_rng(3)
+    classes = ["light", "medium", "dark"]
+    counts = rng.integers(0, 20, size=(50, 3))
+    counts[0] = [0, 0, 7]
+    for reference, groups in [(None, None), ({"light": .2, "medium": .5, "dark": .3}, (["medium", "dark"], ["light"]))]:
+        batch = paper_metrics_batch(counts, classes, reference, groups)
+        for row, values in zip(counts, zip(*(batch[k] for k in ("parity_difference", "normalised_entropy",
+                                                                  "kl_divergence", "bias_amplification")))):
+            labels = dict(zip(classes, row.tolist()))
+            pd = (bb.parity_difference(labels, groups[0], groups[1], classes) if groups
+                  else bb.max_parity_difference(labels, classes))
+            expected = (pd, bb.normalised_entropy(labels, classes),
+                        bb.kl_from_reference(labels, classes, reference),
+                        bb.bias_amplification(labels, classes, reference))
+            assert np.allclose(values, expected, equal_nan=True)

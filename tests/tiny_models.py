@@ -154,6 +154,32 @@ def build_tiny_clip_hf(root: str | Path, *, name: str = "tiny-clip-hf") -> Model
     return spec
 
 
+def build_tiny_siglip(root: str | Path, *, name: str = "tiny-siglip") -> ModelSpec:
+    """Writes a tiny transformers SiglipModel + SiglipProcessor (64x64 images, 32-d embeddings,
+    64 text positions) to root/name; the backend must pad its texts to the full 64 tokens.
+
+    Returns the ModelSpec that loads it (backend "hf_clip")."""
+    path = Path(root) / name
+    spec = ModelSpec("hf_clip", str(path))
+    if (path / "config.json").exists():
+        return spec
+    from transformers import (SiglipConfig, SiglipImageProcessor, SiglipModel, SiglipProcessor, SiglipTextConfig,
+                              SiglipVisionConfig)
+
+    _seed(7)
+    tok = clip_tokenizer()
+    text = SiglipTextConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                            num_hidden_layers=2, max_position_embeddings=64, projection_size=32,
+                            pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                            eos_token_id=tok.eos_token_id)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                image_size=64, patch_size=16)
+    SiglipModel(SiglipConfig(text_config=text.to_dict(), vision_config=vision.to_dict())).save_pretrained(path)
+    SiglipProcessor(image_processor=SiglipImageProcessor(size={"height": 64, "width": 64}),
+                    tokenizer=tok).save_pretrained(path)
+    return spec
+
+
 TINY_OPEN_CLIP_NAME = "gaplens-tiny-clip"
 TINY_OPEN_CLIP_CONFIG = {
     "embed_dim": 64,
@@ -309,11 +335,12 @@ def build_tiny_blip_vqa(root: str | Path, *, name: str = "tiny-blip-vqa", with_c
 
 def build_all(root: str | Path) -> dict[str, ModelSpec]:
     """Builds every tiny model under root. Returns {"generator", "generator_nsfw", "hf_clip",
-    "open_clip", "chat_llm", "blip_vqa", "vlm"} -> ModelSpec."""
+    "siglip", "open_clip", "chat_llm", "blip_vqa", "vlm"} -> ModelSpec."""
     return {
         "generator": build_tiny_sd(root),
         "generator_nsfw": build_tiny_sd(root, name="tiny-sd-nsfw", flag_everything=True),
         "hf_clip": build_tiny_clip_hf(root),
+        "siglip": build_tiny_siglip(root),
         "open_clip": build_tiny_open_clip(root),
         "chat_llm": build_tiny_chat_llm(root),
         "blip_vqa": build_tiny_blip_vqa(root),

@@ -25,6 +25,10 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "synthetic_embedder": ("engine.backends.synthetic", "embedder"),
     "synthetic_llm": ("engine.backends.synthetic", "llm"),
     "synthetic_vqa": ("engine.backends.synthetic", "vqa"),
+    "synthetic_colour_generator": ("engine.backends.colour_world", "generator"),
+    "synthetic_colour_embedder": ("engine.backends.colour_world", "embedder"),
+    "synthetic_colour_llm": ("engine.backends.colour_world", "llm"),
+    "synthetic_colour_vqa": ("engine.backends.colour_world", "vqa"),
 }
 
 

@@ -171,79 +171,81 @@ def _strip_prompt(output, input_ids):
     return output
 
 
-def _generate(model, processor, images: Sequence[Image.Image], inputs_for, *, batch_size: int, device: str,
-              **generate_kwargs) -> list[str]:
-    """Runs `model.generate` over the images in batches; `inputs_for(batch)` builds the processor
-    inputs. Returns the first line of each decoded reply."""
-    import torch
+class _GenerativeVQA:
+    """What the transformers-generation VQA backends share: model, processor, batching, decoding."""
 
-    dtype = next(model.parameters()).dtype
-    replies = []
-    for batch in _batches(_rgb(images), batch_size):
-        inputs = _to(inputs_for(batch), device, dtype)
-        with torch.inference_mode():
-            output = model.generate(**inputs, **generate_kwargs)
-        if "input_ids" in inputs:
-            output = _strip_prompt(output, inputs["input_ids"])
-        replies += [_short(t) for t in processor.batch_decode(output, skip_special_tokens=True)]
-    return replies
-
-
-class BlipVQA:
-    """BLIP question answering (and optional BLIP captioning) behind the VQA protocol."""
-
-    def __init__(self, model, processor, *, model_id: str, device: str, batch_size: int = 16,
-                 max_new_tokens: int = 10, captioner=None, caption_processor=None, synonyms: dict | None = None):
+    def __init__(self, model, processor, *, model_id: str, device: str, batch_size: int, max_new_tokens: int,
+                 synonyms: dict | None = None):
         self.model = model
         self.processor = processor
         self.id = model_id
         self.device = device
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
+        self.synonyms = synonyms
+
+    def memory_bytes(self) -> int:
+        """Returns the bytes of the model's weights (and a captioner's, if any)."""
+        return devices.module_bytes(self.model, getattr(self, "captioner", None))
+
+    def _generate(self, model, processor, images: Sequence[Image.Image], inputs_for, **generate_kwargs) -> list[str]:
+        """Runs `model.generate` over the images in batches; `inputs_for(batch)` builds the processor
+        inputs. Returns the first line of each decoded reply."""
+        import torch
+
+        dtype = next(model.parameters()).dtype
+        replies = []
+        for batch in _batches(_rgb(images), self.batch_size):
+            inputs = _to(inputs_for(batch), self.device, dtype)
+            with torch.inference_mode():
+                output = model.generate(**inputs, **generate_kwargs)
+            if "input_ids" in inputs:
+                output = _strip_prompt(output, inputs["input_ids"])
+            replies += [_short(t) for t in processor.batch_decode(output, skip_special_tokens=True)]
+        return replies
+
+
+class BlipVQA(_GenerativeVQA):
+    """BLIP question answering (and optional BLIP captioning) behind the VQA protocol."""
+
+    def __init__(self, model, processor, *, model_id: str, device: str, batch_size: int = 16,
+                 max_new_tokens: int = 10, captioner=None, caption_processor=None, synonyms: dict | None = None):
+        super().__init__(model, processor, model_id=model_id, device=device, batch_size=batch_size,
+                         max_new_tokens=max_new_tokens, synonyms=synonyms)
         self.captioner = captioner
         self.caption_processor = caption_processor
-        self.synonyms = synonyms
 
     def answer(self, images: Sequence[Image.Image], question: str,
                choices: Sequence[str] | None = None) -> list[str]:
         """Returns one short answer per image; with `choices`, one of them (lower-case) or "other"."""
-        answers = _generate(
-            self.model, self.processor, images,
-            lambda batch: self.processor(images=batch, text=[question] * len(batch), return_tensors="pt", padding=True),
-            batch_size=self.batch_size, device=self.device, max_new_tokens=self.max_new_tokens)
-        return _finish(answers, choices, self.synonyms)
+        def inputs_for(batch):
+            return self.processor(images=batch, text=[question] * len(batch), return_tensors="pt", padding=True)
 
-    def memory_bytes(self) -> int:
-        """Returns the bytes of the VQA model's and the captioner's weights."""
-        return devices.module_bytes(self.model, self.captioner)
+        answers = self._generate(self.model, self.processor, images, inputs_for, max_new_tokens=self.max_new_tokens)
+        return _finish(answers, choices, self.synonyms)
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns one short caption per image (the captioner's, else the answer to CAPTION_QUESTION)."""
         if self.captioner is None:
             return self.answer(images, CAPTION_QUESTION)
-        return _generate(self.captioner, self.caption_processor, images,
-                         lambda batch: self.caption_processor(images=batch, return_tensors="pt"),
-                         batch_size=self.batch_size, device=self.device, max_new_tokens=30)
+        return self._generate(self.captioner, self.caption_processor, images,
+                              lambda batch: self.caption_processor(images=batch, return_tensors="pt"),
+                              max_new_tokens=30)
 
 
-class VLMVQA:
+class VLMVQA(_GenerativeVQA):
     """An image-text-to-text model (greedy, short answers) behind the VQA protocol."""
 
     def __init__(self, model, processor, *, model_id: str, device: str, batch_size: int = 8,
                  max_new_tokens: int = 20, prefix: str = "", suffix: str = VLM_SUFFIX,
                  prompt_template: str = VLM_PROMPT_TEMPLATE,
                  caption_prompt: str = VLM_CAPTION_PROMPT, synonyms: dict | None = None):
-        self.model = model
-        self.processor = processor
-        self.id = model_id
-        self.device = device
-        self.batch_size = batch_size
-        self.max_new_tokens = max_new_tokens
+        super().__init__(model, processor, model_id=model_id, device=device, batch_size=batch_size,
+                         max_new_tokens=max_new_tokens, synonyms=synonyms)
         self.prefix = prefix
         self.suffix = suffix
         self.prompt_template = prompt_template
         self.caption_prompt = caption_prompt
-        self.synonyms = synonyms
         self._has_template = bool(getattr(processor, "chat_template", None))
 
     def _inputs(self, batch: list[Image.Image], text: str):
@@ -256,15 +258,10 @@ class VLMVQA:
         prompt = self.prompt_template.format(question=text)
         return self.processor(images=batch, text=[prompt] * len(batch), return_tensors="pt", padding=True)
 
-    def memory_bytes(self) -> int:
-        """Returns the bytes of the model's weights."""
-        return devices.module_bytes(self.model)
-
     def ask(self, images: Sequence[Image.Image], text: str) -> list[str]:
         """Returns the model's greedy reply to `text` (sent as is) for each image."""
-        return _generate(self.model, self.processor, images, lambda batch: self._inputs(batch, text),
-                         batch_size=self.batch_size, device=self.device,
-                         max_new_tokens=self.max_new_tokens, do_sample=False)
+        return self._generate(self.model, self.processor, images, lambda batch: self._inputs(batch, text),
+                              max_new_tokens=self.max_new_tokens, do_sample=False)
 
     def answer(self, images: Sequence[Image.Image], question: str,
                choices: Sequence[str] | None = None) -> list[str]:

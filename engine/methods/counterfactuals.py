@@ -26,6 +26,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import groupby
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from ..core import Engine, Run, recorded
 from ..events import Progress, Scores, Table
 from ..metrics import tibet
 from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..metrics.diversity import unit_rows
 from ..metrics.wordnet import wordnet_synonyms
 from ..presets import ASSETS
 from .cfsets import SetSpec, SetsRequest, add_set_arguments, generate_set, prepare, set_request_fields
@@ -77,71 +79,92 @@ class ConceptSet:
 
     spec: SetSpec
     records: list
-    answers: dict[str, list[str]]          # axis -> one answer per image
-    captions: list[str]
-    embeddings: np.ndarray
-    counts: list[Counter]                  # per image: concept -> occurrences (all answers + caption)
-    index: np.ndarray                      # (n_boot, n) bootstrap image indices
-    replicates: list[dict] = field(default_factory=list)
+    vocabulary: list[str]                  # every concept of the set
+    counts: np.ndarray                     # (n, V): occurrences of each concept in each image's answers
+    embeddings: np.ndarray                 # (n, d) unit image embeddings
+    weights: np.ndarray                    # (n_boot, n): how often each image is drawn in each resample
 
     @property
     def n(self) -> int:
         return len(self.records)
 
-    def histogram(self, min_frequency: float, rows=None) -> dict[str, float]:
-        """tibet.concept_histogram of the images `rows` (a resample; all by default), from the counts."""
-        rows = range(self.n) if rows is None else rows
-        total = Counter()
-        for i in rows:
-            total.update(self.counts[i])
-        histogram = {w: c / self.n for w, c in total.items() if c / self.n >= min_frequency}
+    def histogram(self, min_frequency: float) -> dict[str, float]:
+        """The set's concept histogram (equal to tibet.concept_histogram of its answers)."""
+        frequency = self.counts.sum(axis=0) / self.n
+        histogram = {w: float(f) for w, f in zip(self.vocabulary, frequency) if f >= min_frequency}
         return dict(sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])))
 
-    def resampled(self, min_frequency: float) -> list[dict]:
-        if not self.replicates:
-            self.replicates = [self.histogram(min_frequency, row) for row in self.index]
-        return self.replicates
+    def resampled(self, vocabulary: list[str], min_frequency: float) -> np.ndarray:
+        """(n_boot, len(vocabulary)) histograms of the resamples over `vocabulary`."""
+        column = {w: j for j, w in enumerate(vocabulary)}
+        out = np.zeros((len(self.weights), len(vocabulary)))
+        out[:, [column[w] for w in self.vocabulary]] = self.weights @ self.counts / self.n
+        out[out < min_frequency] = 0.0
+        return out
 
 
-def concept_set(spec: SetSpec, records, answers: dict[str, list[str]], captions: list[str],
+def concept_set(spec: SetSpec, records, answers: list[list[str]], captions: list[str],
                 embeddings: np.ndarray, n_boot: int, boot_seed: int) -> ConceptSet:
-    per_image = [[answers[a][i] for a in answers] + ([captions[i]] if captions else []) for i in range(len(records))]
-    counts = [Counter(w for answer in image for w in tibet.concept_words(answer)) for image in per_image]
-    index = resample_indices(len(records), n_boot, boot_seed) if n_boot else np.zeros((0, len(records)), int)
-    return ConceptSet(spec, records, answers, captions, embeddings, counts, index)
+    """`answers[q][i]`: the answer to question q about image i; captions join them when given."""
+    n = len(records)
+    per_image = [[a[i] for a in answers] + ([captions[i]] if captions else []) for i in range(n)]
+    counters = [Counter(w for answer in image for w in tibet.concept_words(answer)) for image in per_image]
+    vocabulary = sorted(set().union(*counters))
+    counts = np.array([[c[w] for w in vocabulary] for c in counters], float).reshape(n, len(vocabulary))
+    weights = np.zeros((n_boot, n))
+    if n_boot:
+        np.add.at(weights, (np.arange(n_boot)[:, None], resample_indices(n, n_boot, boot_seed)), 1.0)
+    return ConceptSet(spec, records, vocabulary, counts, unit_rows(embeddings), weights)
+
+
+def cas_rows(a: np.ndarray, b: np.ndarray, renormalise: bool = True) -> np.ndarray:
+    """tibet.cas of each row pair of two (m, V) histogram matrices over one vocabulary."""
+    if renormalise:
+        sa, sb = a.sum(axis=1, keepdims=True), b.sum(axis=1, keepdims=True)
+        a, b = a / np.where(sa > 0, sa, 1), b / np.where(sb > 0, sb, 1)
+    intersection, union = np.minimum(a, b).sum(axis=1), np.maximum(a, b).sum(axis=1)
+    cas = intersection / np.where(union > 0, union, 1)
+    empty = (intersection == 0) | (union == 0)
+    if renormalise:
+        empty |= (a.sum(axis=1) == 0) | (b.sum(axis=1) == 0)
+    return np.where(empty, 1e-7, cas)
 
 
 def compare(initial: ConceptSet, cf: ConceptSet, request: CounterfactualsRequest) -> dict:
-    """CAS and CAS^CLIP of one counterfactual against the initial set, with their replicates."""
+    """CAS and CAS^CLIP of one counterfactual set against the initial set, with their replicates."""
     h_init, h_cf = initial.histogram(request.min_frequency), cf.histogram(request.min_frequency)
     synonyms = _synonyms if request.synonyms else None
-    value = tibet.cas(h_init, h_cf, request.renormalise, synonyms)
-    mapping = None
-    if synonyms:
+    vocabulary = sorted(set(initial.vocabulary) | set(cf.vocabulary))
+    merge = np.eye(len(vocabulary))
+    if synonyms:  # the grouping tibet.cas makes for this pair, reused for every resample
         joint = Counter(h_init) + Counter(h_cf)
         mapping = tibet.synonym_mapping(joint, synonyms, joint)
+        groups = sorted(set(mapping.get(w, w) for w in vocabulary))
+        merge = np.zeros((len(vocabulary), len(groups)))
+        merge[range(len(vocabulary)), [groups.index(mapping.get(w, w)) for w in vocabulary]] = 1.0
+    a = initial.resampled(vocabulary, request.min_frequency) @ merge
+    b = cf.resampled(vocabulary, request.min_frequency) @ merge
+    mean_a, mean_b = initial.weights @ initial.embeddings / initial.n, cf.weights @ cf.embeddings / cf.n
+    return {"cas": tibet.cas(h_init, h_cf, request.renormalise, synonyms),
+            "cas_clip": tibet.cas_clip(initial.embeddings, cf.embeddings),
+            "_cas": cas_rows(a, b, request.renormalise),
+            "_cas_clip": np.clip((mean_a * mean_b).sum(axis=1), 0.0, 1.0)}  # tibet.cas_clip per resample
 
-    def merged(h):
-        return tibet.merge_synonyms(h, mapping=mapping) if mapping else h
 
-    replicates = np.array([tibet.cas(merged(a), merged(b), request.renormalise) for a, b in
-                           zip(initial.resampled(request.min_frequency), cf.resampled(request.min_frequency))])
-    clip = tibet.cas_clip(initial.embeddings, cf.embeddings)
-    clip_replicates = np.array([tibet.cas_clip(initial.embeddings[i], cf.embeddings[j])
-                                for i, j in zip(initial.index, cf.index)])
-    return {"cas": value, "cas_clip": clip, "_cas": replicates, "_cas_clip": clip_replicates}
+def _interval(draws) -> list:
+    return list(percentile_interval(np.asarray(draws, float))) if len(draws) else [None, None]
 
 
 def axis_scores(cfs: list[dict], sum_normalise: bool) -> dict:
-    """MAD (VQA and CLIP) of one axis from its counterfactuals' CAS and their replicates."""
+    """MAD (of CAS and of CAS^CLIP) of one axis with bootstrap intervals; adds each
+    counterfactual's `cas_ci` / `cas_clip_ci`. `cfs` carry the replicates (`_cas`, `_cas_clip`)."""
     out = {}
     for key, mad_key in (("cas", "mad"), ("cas_clip", "mad_clip")):
         out[mad_key] = tibet.mad_normalised([c[key] for c in cfs], sum_normalise)
-        replicates = np.array([c[f"_{key}"] for c in cfs])          # (K, n_boot)
-        draws = [tibet.mad_normalised(col, sum_normalise) for col in replicates.T]
-        out[f"{mad_key}_ci"] = list(percentile_interval(np.asarray(draws))) if draws else [None, None]
+        draws = [tibet.mad_normalised(col, sum_normalise) for col in np.array([c[f"_{key}"] for c in cfs]).T]
+        out[f"{mad_key}_ci"] = _interval(draws)
         for c in cfs:
-            c[f"{key}_ci"] = list(percentile_interval(c[f"_{key}"])) if len(c[f"_{key}"]) else [None, None]
+            c[f"{key}_ci"] = _interval(c[f"_{key}"])
     return out
 
 
@@ -149,30 +172,23 @@ def _public(cf: dict) -> dict:
     return {k: v for k, v in cf.items() if not k.startswith("_")}
 
 
-def _set_json(s: ConceptSet, request: CounterfactualsRequest) -> dict:
+def _set_json(s: ConceptSet, answers: dict[str, list[str]], captions: list[str], request) -> dict:
     histogram = s.histogram(request.min_frequency)
-    axis_top = {a: tibet.top_k_concepts(tibet.concept_histogram([[x] for x in answers], request.min_frequency),
-                                        request.top_k)
-                for a, answers in s.answers.items()}
+    axis_top = {a: tibet.top_k_concepts(tibet.concept_histogram([[x] for x in got], request.min_frequency),
+                                        request.top_k) for a, got in answers.items()}
     return {"prompt": s.spec.prompt, "axis": s.spec.axis, "cf": s.spec.cf, "value": s.spec.value,
-            "histogram": histogram, "top_k": tibet.top_k_concepts(histogram, request.top_k),
-            "axis_top_k": axis_top,
-            "images": [{"key": r.key, "seed": r.seed, "path": r.path,
-                        "answers": {a: s.answers[a][i] for a in s.answers},
-                        **({"caption": s.captions[i]} if s.captions else {})} for i, r in enumerate(s.records)]}
+            "histogram": histogram, "top_k": tibet.top_k_concepts(histogram, request.top_k), "axis_top_k": axis_top,
+            "images": [{"key": r.key, "seed": r.seed, "path": r.path, "answers": {a: answers[a][i] for a in answers},
+                        **({"caption": captions[i]} if captions else {})} for i, r in enumerate(s.records)]}
 
 
-def _summarise(cfs_by_axis: dict[str, list[dict]], sum_normalise: bool) -> dict:
-    """The results' score part: counterfactuals list, cas/cas_clip per axis, mad per axis, order."""
-    out = {"counterfactuals": [], "cas": {}, "cas_clip": {}, "mad": {}, "mad_ci": {}, "mad_clip": {},
-           "mad_clip_ci": {}}
-    for axis, cfs in cfs_by_axis.items():
-        scores = axis_scores(cfs, sum_normalise)
-        for key, value in scores.items():
-            out[key][axis] = value
-        out["cas"][axis] = {c["prompt"]: c["cas"] for c in cfs}
-        out["cas_clip"][axis] = {c["prompt"]: c["cas_clip"] for c in cfs}
-        out["counterfactuals"] += [_public(c) for c in cfs]
+def summarise(scored: dict[str, dict]) -> dict:
+    """The score part of the results from {axis: {"cfs": [...], "mad": ..., ...}}."""
+    out = {"counterfactuals": [_public(c) for a in scored.values() for c in a["cfs"]],
+           "cas": {axis: {c["prompt"]: c["cas"] for c in a["cfs"]} for axis, a in scored.items()},
+           "cas_clip": {axis: {c["prompt"]: c["cas_clip"] for c in a["cfs"]} for axis, a in scored.items()}}
+    for key in ("mad", "mad_ci", "mad_clip", "mad_clip_ci"):
+        out[key] = {axis: a[key] for axis, a in scored.items()}
     out["mad_order"] = sorted(out["mad"], key=lambda a: -out["mad"][a])
     return out
 
@@ -183,69 +199,65 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
     settings = settings_for(request, engine)
     seeds = request.seeds()
     questions = {axis: tibet_question(axis) for axis in axes}
-    results: dict = {"prompt": request.prompt, "prompts": prompts, "aggregate": len(prompts) > 1, "n": request.n,
-                     "seeds": seeds, "settings": settings.__dict__, "axes": axes, "questions": questions,
+    unique_questions = list(dict.fromkeys(questions.values()))
+    results: dict = {"prompt": request.prompt.strip(), "prompts": prompts, "aggregate": len(prompts) > 1,
+                     "n": request.n, "seeds": seeds, "settings": settings.__dict__, "axes": axes,
+                     "questions": questions,
                      "options": {k: getattr(request, k) for k in ("caption", "synonyms", "min_frequency",
                                                                   "renormalise", "sum_normalise", "n_boot")},
                      "sets": {}, "per_prompt": {}}
     yield Table("questions", ["axis", "question"], [[a, q] for a, q in questions.items()])
+    position = {spec.label: i for i, spec in enumerate(specs)}
 
-    def measure(spec: SetSpec, index: int):
-        records = yield from generate_set(engine, run, spec, seeds, settings, index, len(specs))
-        yield Progress(index, len(specs), "vqa", f"asking {len(questions)} question(s) about '{spec.prompt}'")
-        answers = {axis: engine.ask(records, q) for axis, q in questions.items()}
+    def measure(spec: SetSpec):
+        i = position[spec.label]
+        records = yield from generate_set(engine, run, spec, seeds, settings, i, len(specs))
+        yield Progress(i, len(specs), "vqa", f"asking {len(unique_questions)} question(s) about '{spec.prompt}'")
+        by_question = {q: engine.ask(records, q) for q in unique_questions}
         captions = engine.caption(records) if request.caption else []
-        s = concept_set(spec, records, answers, captions, engine.embed_images(records), request.n_boot,
-                        request.seed * 7919 + index)
-        results["sets"][spec.label] = _set_json(s, request)
+        s = concept_set(spec, records, list(by_question.values()), captions, engine.embed_images(records),
+                        request.n_boot, request.seed * 7919 + i)
+        results["sets"][spec.label] = _set_json(s, {a: by_question[q] for a, q in questions.items()}, captions, request)
         return s
 
-    per_prompt_cfs: list[dict[str, list[dict]]] = []
-    index = 0
+    per_prompt = []
     for p, prompt in enumerate(prompts):
-        initial = yield from measure(specs[index], index)
-        index += 1
-        yield Scores("initial", {"prompt": prompt, "label": initial.spec.label,
-                                 **{k: results["sets"][initial.spec.label][k] for k in ("top_k", "axis_top_k")}})
-        cfs_by_axis: dict[str, list[dict]] = {}
-        while index < len(specs) and specs[index].prompt_index == p:
-            spec = specs[index]
-            cf = yield from measure(spec, index)
-            index += 1
-            cfs_by_axis.setdefault(spec.axis, []).append(
-                {"axis": spec.axis, "prompt": spec.cf, "value": spec.value, "label": spec.label,
-                 **compare(initial, cf, request)})
-            if index == len(specs) or specs[index].axis != spec.axis or specs[index].prompt_index != p:
-                scores = axis_scores(cfs_by_axis[spec.axis], request.sum_normalise)
-                yield Scores(f"axis:{spec.axis}", {"prompt": prompt, "axis": spec.axis, **scores,
-                                                   "counterfactuals": [_public(c) for c in cfs_by_axis[spec.axis]]})
-        per_prompt_cfs.append(cfs_by_axis)
-        results["per_prompt"][prompt] = _summarise(cfs_by_axis, request.sum_normalise)
+        initial_spec, *cf_specs = [s for s in specs if s.prompt_index == p]
+        initial = yield from measure(initial_spec)
+        yield Scores("initial", {"prompt": prompt, "label": initial_spec.label,
+                                 **{k: results["sets"][initial_spec.label][k] for k in ("top_k", "axis_top_k")}})
+        scored = {}
+        for axis, group in groupby(cf_specs, key=lambda s: s.axis):
+            cfs = []
+            for spec in group:
+                cf = yield from measure(spec)
+                cfs.append({"axis": axis, "prompt": spec.cf, "value": spec.value, "label": spec.label,
+                            **compare(initial, cf, request)})
+            scored[axis] = {"cfs": cfs, **axis_scores(cfs, request.sum_normalise)}
+            yield Scores(f"axis:{axis}", {"prompt": prompt, "axis": axis, **_public(scored[axis]),
+                                          "counterfactuals": [_public(c) for c in cfs]})
+        per_prompt.append(scored)
+        results["per_prompt"][prompt] = summarise(scored)
         run.save(results)
 
     if len(prompts) == 1:
         results.update(results["per_prompt"][prompts[0]])
     else:
-        results.update(_summarise(_average(per_prompt_cfs), request.sum_normalise))
+        averaged = {axis: _average([s[axis]["cfs"] for s in per_prompt]) for axis in axes}
+        results.update(summarise({axis: {"cfs": cfs, **axis_scores(cfs, request.sum_normalise)}
+                                  for axis, cfs in averaged.items()}))
         yield Scores("aggregate", {k: results[k] for k in ("mad", "mad_ci", "mad_order", "counterfactuals")})
     summary = {"prompts": len(prompts), "sets": len(specs), "n": request.n,
                **{f"mad_{a}": round(results["mad"][a], 3) for a in results["mad_order"]}}
     yield run.finish(results, summary)
 
 
-def _average(per_prompt: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
-    """CAS per counterfactual (and its replicates) averaged over the prompts of an aggregate run."""
-    averaged: dict[str, list[dict]] = {}
-    for axis, cfs in per_prompt[0].items():
-        rows = []
-        for k, cf in enumerate(cfs):
-            same = [p[axis][k] for p in per_prompt]
-            rows.append({"axis": axis, "prompt": cf["prompt"], "value": cf["value"],
-                         **{key: np.mean([c[key] for c in same], axis=0)
-                            for key in ("cas", "cas_clip", "_cas", "_cas_clip")}})
-            rows[-1]["cas"], rows[-1]["cas_clip"] = float(rows[-1]["cas"]), float(rows[-1]["cas_clip"])
-        averaged[axis] = rows
-    return averaged
+def _average(per_prompt: list[list[dict]]) -> list[dict]:
+    """One axis' counterfactuals with CAS (and replicates) averaged over the prompts of an aggregate run."""
+    return [{"axis": cf["axis"], "prompt": cf["prompt"], "value": cf["value"],
+             **{key: float(np.mean([p[k][key] for p in per_prompt])) for key in ("cas", "cas_clip")},
+             **{key: np.mean([p[k][key] for p in per_prompt], axis=0) for key in ("_cas", "_cas_clip")}}
+            for k, cf in enumerate(per_prompt[0])]
 
 
 def add_cli(sub, common_arguments) -> None:

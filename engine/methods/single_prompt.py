@@ -74,15 +74,18 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
     """`axis_metrics` plus a 95% bootstrap interval (images resampled) for every share and scalar."""
     point = axis_metrics(labels, axis, reference, mode)
     classes = point["classes"]
-    labels_arr = np.asarray(labels, dtype=object)
-    draws = {name: [] for name in SCALAR_METRICS}
-    shares = {c: [] for c in classes}
-    for index in resample_indices(len(labels), n_boot, seed):
-        sample = axis_metrics(list(labels_arr[index]), axis, reference, mode)
-        for name in SCALAR_METRICS:
-            draws[name].append(sample[name])
-        for c in classes:
-            shares[c].append(sample["representation_parity"].get(c, 0.0))
+    index = resample_indices(len(labels), n_boot, seed)
+    if mode == "paper" and axis.values:
+        # Fast path: class counts of every resample from a one-hot matrix, metrics vectorised.
+        onehot = np.array([[label == c for c in classes] for label in labels], dtype=np.int32)
+        batch = biasbench.paper_metrics_batch(onehot[index].sum(axis=1), classes, reference, axis.pd_groups)
+        draws = {name: batch[name] for name in SCALAR_METRICS}
+        shares = {c: batch["shares"][:, j] for j, c in enumerate(classes)}
+    else:
+        labels_arr = np.asarray(labels, dtype=object)
+        samples = [axis_metrics(list(labels_arr[row]), axis, reference, mode) for row in index]
+        draws = {name: [s[name] for s in samples] for name in SCALAR_METRICS}
+        shares = {c: [s["representation_parity"].get(c, 0.0) for s in samples] for c in classes}
     point["ci"] = {name: percentile_interval(np.asarray(v, float)) for name, v in draws.items()}
     point["share_ci"] = {c: percentile_interval(np.asarray(v, float)) for c, v in shares.items()}
     return point
@@ -100,7 +103,8 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
                    alpha: float = 25.0, combine: str = "diff", seed: int = 0, axis: str | None = None) -> dict:
     """The MineTheGap gap score (reconstruction, spec A.3) of one prompt's images (`records`,
     their embeddings `image_emb`) against n LLM text variations, with what explains it: the
-    similarity matrix, the missed interpretations and the least-aligned images."""
+    similarity matrix, the missed interpretations and the least-aligned images. Shared by
+    Single Prompt and Mine Prompts."""
     variations = text_variations(engine, prompt, n_variations, seed, axis)
     text_emb = engine.embed_texts(variations)
     gap = gap_score_from_similarity(text_emb @ image_emb.T, alpha, combine)

@@ -430,3 +430,46 @@ def jaccard_diversity(captions: Sequence[str], max_captions: int = 50) -> float:
         for i, a in enumerate(words) for b in words[i + 1:]
     ]
     return 1.0 - float(np.mean(similarities))
+
+
+# --- many count vectors at once (bootstrap resamples), paper mode ----------------------------
+
+
+def paper_metrics_batch(
+    count_matrix: np.ndarray,
+    classes: Sequence[str],
+    reference: Mapping[str, float] | None = None,
+    pd_groups: tuple | None = None,
+) -> dict[str, np.ndarray]:
+    """Return paper-mode metrics for every row of a (B, k) matrix of class counts at once.
+
+    The same definitions as the scalar functions above (Eq. 5–9, 13): shares over the fixed
+    class set, parity difference (between `pd_groups`, else p_max − p_min), normalised
+    entropy, KL in bits and bias amplification against `reference` (uniform when None), and
+    the composite (PD + 1 − H_n) / 2. Rows with no in-class label are nan. Used for bootstrap
+    intervals, where calling the scalar functions 1,000 times per axis would dominate.
+    """
+    counts = np.asarray(count_matrix, dtype=float)
+    names = list(classes)
+    totals = counts.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = np.where(totals > 0, counts / np.where(totals > 0, totals, 1), np.nan)
+        expected = _reference_shares(names, reference, "paper")
+        if pd_groups is not None:
+            in_a = np.isin(names, list(pd_groups[0]))
+            in_b = np.isin(names, list(pd_groups[1]))
+            pd = np.abs(shares[:, in_a].sum(axis=1) - shares[:, in_b].sum(axis=1))
+        else:
+            pd = shares.max(axis=1) - shares.min(axis=1)
+        plogp = np.where(shares > 0, shares * np.log2(np.where(shares > 0, shares, 1)), 0.0)
+        entropy = -plogp.sum(axis=1)
+        hn = entropy / math.log2(len(names)) if len(names) > 1 else np.zeros(len(counts))
+        ratio = np.where(shares > 0, shares / np.where(expected > 0, expected, np.nan), 1.0)
+        kl = np.where(shares > 0, shares * np.log2(ratio), 0.0).sum(axis=1)
+        kl = np.where(((shares > 0) & (expected == 0)).any(axis=1), np.inf, kl)
+        ba = np.abs(shares - expected).sum(axis=1)
+    undefined = np.isnan(shares).any(axis=1)
+    for values in (pd, hn, kl, ba):
+        values[undefined] = np.nan
+    return {"shares": shares, "parity_difference": pd, "normalised_entropy": hn, "entropy_bits": entropy,
+            "kl_divergence": kl, "bias_amplification": ba, "composite_bias_score": (pd + 1.0 - hn) / 2.0}

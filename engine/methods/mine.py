@@ -1,0 +1,698 @@
+"""Mine Prompts: MineTheGap's genetic search for the prompts a model is most biased on, and a
+"random prompts, same budget" baseline. Spec: minethegap-and-biasbench.md A.3-A.5, A.9.
+
+The paper's text and code are not public, so the loop below is a RECONSTRUCTION (spec A.4)
+that follows the project page's animation: score a population of b prompts with the gap
+score (A.3, lower = more biased), archive the s most biased, ask the LLM for m mutations of
+each, inject r = b - s*m random LLM prompts, repeat T times. Parents are dropped unless
+`keep_parents` (elitism) is set. Prompts are de-duplicated across the run (exactly and after
+lower-casing / collapsing spaces) and the LLM is re-asked when a reply repeats one.
+
+Reproducible: a prompt's score depends only on the prompt and the image/variation settings
+(images use seeds image_seed..image_seed+n-1, variations the LLM seed image_seed, as in
+Single Prompt), and every mutation / random-prompt call uses an LLM seed derived from the GA
+seed, the iteration and the parent, so the same seed and cache replay the same run.
+
+The whole GA state is saved in the run record as it goes (`run.save`): stop at any time and
+resume with `MineRequest(resume=run_id)` (CLI `--resume RUN_ID`); nothing already generated
+is generated again.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from ..backends.base import GenerationSettings
+from ..backends.llm_json import as_string_list
+from ..core import Engine, EngineStats, Run, recorded
+from ..errors import GapLensError, InputError, LLMOutputError
+from ..events import Images, Progress, Scores, Table, Warning
+from ..llm_prompts import mutations_prompt, random_prompts_prompt
+from ..store import ImageRecord, image_key
+from .generate import settings_for
+from .single_prompt import gap_for_images
+
+DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
+MAX_ITERATIONS = 200
+MAX_POPULATION = 64
+STRATEGIES = ("ga", "random")
+
+# Specific-bias modes (spec A.4-A.5, project page): what the variations may vary, and what every
+# random prompt must contain. Any other text is taken as the axis itself ("hair colour").
+BIAS_MODES = {
+    "open": (None, None),
+    "socio-demographic": ("the people's gender, age, ethnicity and disability", "at least one person"),
+    "style": ("the art style and medium", None),
+    "objects": ("the objects present and their colours", "an object with a colour"),
+}
+
+
+@dataclass
+class MineRequest:
+    iterations: int | None = None   # T; None: DEFAULT_ITERATIONS, or the resumed run's T
+    population: int = 12            # b
+    select: int = 3                 # s: most biased prompts kept (archived) per iteration
+    mutations: int = 3              # m: LLM mutations per selected prompt; r = b - s*m random ones
+    n: int = 16                     # images per prompt
+    n_variations: int | None = None  # LLM text variations per prompt (default n)
+    alpha: float = 25.0             # gap-score percentile (spec A.3)
+    combine: str = "diff"           # "diff" | "missed_only" | "mean"
+    keep_parents: bool = False      # elitism: the selected prompts stay in the next population
+    bias: str = "open"              # "open", "socio-demographic", "style", "objects" or an axis in words
+    strategy: str = "ga"            # "ga" | "random" (the same budget spent on random LLM prompts)
+    seed: int = 0                   # GA seed: LLM seeds of the mutation and random-prompt calls
+    image_seed: int = 0             # images use seeds image_seed..image_seed+n-1
+    max_requery: int = 3            # extra LLM calls when a reply repeats prompts already seen
+    negative_prompt: str = ""
+    steps: int | None = None
+    guidance: float | None = None
+    width: int | None = None
+    height: int | None = None
+    resume: str | None = None       # a stopped run's id: continue it (its settings; T may grow)
+
+    @property
+    def random_count(self) -> int:
+        """r: random prompts injected per iteration."""
+        return self.population if self.strategy == "random" else self.population - self.select * self.mutations
+
+    def seeds(self) -> list[int]:
+        return list(range(self.image_seed, self.image_seed + self.n))
+
+
+def bias_axis(bias: str | None) -> tuple[str | None, str | None]:
+    """(axis the variations and mutations are restricted to, what random prompts must include)."""
+    key = (bias or "open").strip().lower()
+    if key in ("", "open", "open-set", "open set"):
+        return None, None
+    return BIAS_MODES.get(key, (bias.strip(), None))
+
+
+def normalise_prompt(prompt: str) -> str:
+    """The de-duplication key: lower case, runs of spaces collapsed, outer quotes/punctuation dropped."""
+    return " ".join(prompt.lower().split()).strip(" \"'.,;:!")
+
+
+def _llm_seed(*parts) -> int:
+    return int.from_bytes(hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()[:4], "little") >> 1
+
+
+# Gap results by everything that determines them (store, models, prompt, seeds, settings, score
+# parameters): a GA revisits prompts across iterations, seeds, resumes and baselines.
+_SCORE_MEMO: OrderedDict = OrderedDict()
+MEMO_SIZE = 20000
+
+# Measured speeds (seconds per generated image / per LLM call) by model id, for budget ETAs.
+SPEEDS: dict[str, float] = {}
+
+
+def _measure(model_id: str, seconds: float, units: int) -> None:
+    if units > 0:
+        new = seconds / units
+        old = SPEEDS.get(model_id)
+        SPEEDS[model_id] = new if old is None else 0.7 * old + 0.3 * new
+
+
+def check_request(request: MineRequest, engine: Engine) -> MineRequest:
+    """The request with defaults filled in; InputError naming the first bad setting."""
+    iterations = DEFAULT_ITERATIONS if request.iterations in (None, 0) else request.iterations
+    request = replace(request, iterations=int(iterations), n_variations=request.n_variations or request.n)
+    if request.strategy not in STRATEGIES:
+        raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}, not '{request.strategy}'")
+    if not 1 <= request.iterations <= MAX_ITERATIONS:
+        raise InputError(f"iterations (T) must be between 1 and {MAX_ITERATIONS}, got {request.iterations}")
+    if not 2 <= request.population <= MAX_POPULATION:
+        raise InputError(f"the population (b) must be between 2 and {MAX_POPULATION}, got {request.population}")
+    if not 1 <= request.select <= request.population:
+        raise InputError(f"the number selected per iteration (s) must be between 1 and the population "
+                         f"({request.population}), got {request.select}")
+    if request.strategy == "ga":
+        if request.mutations < 1:
+            raise InputError(f"mutations per selected prompt (m) must be at least 1, got {request.mutations}")
+        if request.random_count < 1:
+            raise InputError(f"b - s*m = {request.population} - {request.select}*{request.mutations} = "
+                             f"{request.random_count}: the population must leave room for at least one random "
+                             "prompt per iteration (raise b or lower s or m)")
+    engine.check_n(request.n)
+    engine.check_n(request.n_variations, "number of text variations")
+    if request.n < 2:
+        raise InputError("the gap score needs at least 2 images per prompt")
+    if not 0 <= request.alpha <= 100:
+        raise InputError(f"alpha is a percentile between 0 and 100, got {request.alpha}")
+    if request.combine not in ("diff", "missed_only", "mean"):
+        raise InputError(f"combine must be diff, missed_only or mean, not '{request.combine}'")
+    return request
+
+
+def load_resumable(engine: Engine, run_id: str) -> dict:
+    """The stored record of a mine run that can be resumed; InputError otherwise."""
+    record = engine.store.get_run(run_id.strip())
+    if record is None or record["method"] != "mine":
+        raise InputError(f"no Mine Prompts run '{run_id}' in the store at {engine.store.data_dir}")
+    if not record["results"].get("nodes"):
+        raise InputError(f"run '{run_id}' stopped before it saved any state; start a new run instead")
+    return record
+
+
+def resolve(request: MineRequest, engine: Engine) -> tuple[MineRequest, dict | None]:
+    """The effective request and, when resuming, the stored results to continue from."""
+    if not request.resume:
+        return check_request(request, engine), None
+    record = load_resumable(engine, request.resume)
+    stored = {k: v for k, v in record["results"]["request"].items() if k in MineRequest.__dataclass_fields__}
+    effective = MineRequest(**{**stored, "resume": request.resume,
+                               "iterations": request.iterations or stored["iterations"]})
+    return check_request(effective, engine), record["results"]
+
+
+class CacheMiss(GapLensError):
+    """A budget preview needed something the store does not hold."""
+
+
+class _CacheOnlyEngine(Engine):
+    """The engine reading only the store: any model call raises CacheMiss (budget previews).
+    It shares the store, the models and the preset; its stats count what the store served."""
+
+    def __init__(self, engine: Engine):  # noqa: D107 - deliberately no Engine.__init__
+        self.__dict__.update(engine.__dict__)
+        self.stats = EngineStats()
+        self.real = engine
+
+    def default_settings(self) -> GenerationSettings:
+        return self.real.default_settings()
+
+    def _backend(self, role: str):
+        raise CacheMiss(f"the store has no cached {role} output for this")
+
+
+class Miner:
+    """The GA (or the random baseline) with its whole state; `steps()` runs it as events."""
+
+    def __init__(self, request: MineRequest, engine: Engine, run: Run | None, stored: dict | None = None):
+        self.request, self.engine, self.run = request, engine, run
+        self.settings = settings_for(request, engine)
+        self.axis, self.needs = bias_axis(request.bias)
+        self.model_ids = {role: engine.model_id(role) for role in ("generator", "embedder", "llm")}
+        stored = stored or {}
+        if stored and stored.get("model_ids") != self.model_ids:
+            raise InputError(f"run '{request.resume}' was made with {stored.get('model_ids')}; this engine has "
+                             f"{self.model_ids}. Start GapLens with the run's preset to resume it")
+        self.nodes: list[dict] = [dict(n) for n in stored.get("nodes", [])]
+        self.iterations: list[dict] = [dict(i) for i in stored.get("iterations", [])]
+        self.pending: dict | None = stored.get("pending")
+        self.details: dict[str, dict] = dict(stored.get("details", {}))
+        self.run_chain: list[str] = list(stored.get("run_chain", [])) + ([request.resume] if request.resume else [])
+        self.by_id = {n["id"]: n for n in self.nodes}
+        self.seen = {normalise_prompt(n["prompt"]) for n in self.nodes}
+        self.warnings: list[str] = []
+        self.scored_here = 0
+        self.from_memory = 0      # images served from the in-process score memo
+        self.started = time.perf_counter()
+        self.last_save = 0.0
+
+    # -- events ---------------------------------------------------------------------------------
+    def steps(self):
+        """Run the remaining iterations, yielding events; the state is saved as it goes."""
+        try:
+            yield from self._loop()
+        except BaseException:     # stopped (GeneratorExit) or failed: keep the state
+            self.save(force=True)
+            raise
+
+    def _loop(self):
+        T = self.request.iterations
+        while len(self.iterations) < T:
+            t = len(self.iterations)
+            if not self.pending or self.pending["iteration"] != t:
+                what = "random prompts" if t == 0 or self.request.strategy == "random" else "mutations"
+                yield Progress(self.scored_total(), self.total_to_score(), "llm",
+                               f"iteration {t + 1}/{T}: asking the LLM for {what}")
+                self.pending = {"iteration": t, "population": self._make_population(t)}
+                self.save(force=True)
+                while self.warnings:
+                    yield Warning(self.warnings.pop(0))
+            population = [self.by_id[i] for i in self.pending["population"]]
+            if not population:
+                yield Warning(f"iteration {t + 1}: the LLM gave no new prompt; the search stops here")
+                break
+            for k, node in enumerate(population):
+                if node.get("score") is None and not node.get("skipped"):
+                    yield from self._score(node, t)
+                    self.save()
+                yield self._progress(t, k + 1, len(population))
+            yield from self._finish_iteration(t, population)
+
+    def _progress(self, t: int, k: int, size: int) -> Progress:
+        done, total = self.scored_total(), self.total_to_score()
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / self.scored_here * max(0, total - done) if self.scored_here else None
+        best = self.best_score()
+        return Progress(done, total, "mine", f"iteration {t + 1}/{self.request.iterations}: {k}/{size} prompts "
+                        f"scored" + (f", best {best:.3f}" if best is not None else ""), eta)
+
+    def _score(self, node: dict, t: int):
+        """Generate (or fetch) the prompt's images and compute its gap score."""
+        records, gap, skipped = self._images_and_gap(node["prompt"])
+        if self.run is not None:
+            self.run.add_images(records, node["id"])
+        yield Images(records, node["prompt"], self.scored_total() + 1, self.total_to_score())
+        if skipped:
+            node["skipped"] = skipped
+            yield Warning(f"'{node['prompt']}' is not scored: {skipped}")
+            return
+        node.update(score=round(gap["score"], 6), coverage_term=round(gap["coverage_term"], 6),
+                    alignment_term=round(gap["alignment_term"], 6), scored_in=t)
+        flagged = sum(r.nsfw for r in records)
+        if flagged:
+            node["flagged"] = flagged
+        self.details[node["id"]] = gap
+        self.scored_here += 1
+        yield Scores("prompt", {"iteration": t, **node})
+
+    def _images_and_gap(self, prompt: str):
+        """(image records, compact gap result, reason it was not scored); served from this
+        process's memory when the same prompt was scored with the same settings and store."""
+        engine, request = self.engine, self.request
+        memo_key = (str(engine.store.db_path), tuple(sorted(self.model_ids.items())), prompt, tuple(request.seeds()),
+                    tuple(sorted(self.settings.__dict__.items())), request.n_variations, request.alpha,
+                    request.combine, request.image_seed, self.axis)
+        if memo_key in _SCORE_MEMO:
+            _SCORE_MEMO.move_to_end(memo_key)
+            rows, gap, skipped = _SCORE_MEMO[memo_key]
+            self.from_memory += len(rows)
+            return [ImageRecord(*row, cached=True) for row in rows], gap, skipped
+        made, start = engine.stats.images_generated, time.perf_counter()
+        by_seed = {}
+        for batch in engine.images(prompt, request.seeds(), self.settings):
+            by_seed.update({r.seed: r for r in batch})
+        if engine.stats.images_generated > made:
+            _measure(self.model_ids["generator"], time.perf_counter() - start, engine.stats.images_generated - made)
+        records = [by_seed[s] for s in request.seeds()]
+        valid = [r for r in records if not r.nsfw]
+        gap, skipped = None, None
+        if len(valid) < 2:
+            skipped = f"{len(records) - len(valid)} of {len(records)} images flagged by the safety checker"
+        else:
+            calls, start = engine.stats.llm_calls, time.perf_counter()
+            gap = _compact(gap_for_images(engine, prompt, valid, engine.embed_images(valid), request.n_variations,
+                                          request.alpha, request.combine, seed=request.image_seed, axis=self.axis))
+            if engine.stats.llm_calls > calls:
+                _measure(self.model_ids["llm"], time.perf_counter() - start, engine.stats.llm_calls - calls)
+        _SCORE_MEMO[memo_key] = ([(r.key, r.prompt, r.seed, r.path, r.nsfw) for r in records], gap, skipped)
+        while len(_SCORE_MEMO) > MEMO_SIZE:
+            _SCORE_MEMO.popitem(last=False)
+        return records, gap, skipped
+
+    def _finish_iteration(self, t: int, population: list[dict]):
+        scored = sorted((n for n in population if n.get("score") is not None),
+                        key=lambda n: (n["score"], self._index(n)))
+        selected = [n["id"] for n in scored[:self.request.select]]
+        archived = {i for it in self.iterations for i in it["selected"]}
+        record = {"iteration": t, "population": [n["id"] for n in population], "selected": selected,
+                  "best": scored[0]["score"] if scored else None, "best_id": scored[0]["id"] if scored else None,
+                  "mean": float(np.mean([n["score"] for n in scored])) if scored else None}
+        self.iterations.append(record)
+        for i in selected:
+            if i not in archived:
+                self.by_id[i]["archived_in"] = t
+        keep = archived | set(selected)
+        self.details = {i: d for i, d in self.details.items() if i in keep}
+        self.pending = None
+        self.save(force=True)
+        yield Scores("iteration", {**record, "best_per_iteration": self.best_per_iteration(),
+                                   "best_so_far": self.best_so_far(), "archive": self.archive()})
+        yield Table("population", POPULATION_COLUMNS, population_rows(self.results(), t))
+        yield Table("archive", ARCHIVE_COLUMNS, archive_rows(self.archive()))
+
+    # -- populations ----------------------------------------------------------------------------
+    def _make_population(self, t: int) -> list[str]:
+        """Ids of iteration t's population: new nodes are created here (and only here)."""
+        request, b = self.request, self.request.population
+        kept, children = [], []
+        if t > 0 and request.strategy == "ga":
+            parents = [self.by_id[i] for i in self.iterations[t - 1]["selected"]]
+            if request.keep_parents:
+                kept = [p["id"] for p in parents]
+            for parent in parents:
+                for prompt in self._ask_prompts("mutate", t, request.mutations, parent["prompt"]):
+                    children.append(self._new_node(prompt, t, "mutation", parent["id"]))
+        n_random = b - len(children)
+        randoms = [self._new_node(p, t, "random", None) for p in self._ask_prompts("random", t, n_random)]
+        if len(children) + len(randoms) < b:
+            self.warnings.append(f"iteration {t + 1}: only {len(children) + len(randoms)} new prompts of {b} "
+                                 "after de-duplication; the population is smaller this time")
+        return kept + [n["id"] for n in children + randoms]
+
+    def _ask_prompts(self, kind: str, t: int, want: int, parent: str | None = None) -> list[str]:
+        """`want` new prompts (not seen in this run) from the mutation or random-prompt
+        meta-prompt, re-asking with another LLM seed while replies repeat seen prompts."""
+        got: list[str] = []
+        for attempt in range(1 + self.request.max_requery):
+            need = want - len(got)
+            if need <= 0:
+                break
+            if kind == "mutate":
+                message = mutations_prompt(parent, need, self.axis)
+                seed, temperature = _llm_seed(self.request.seed, "mutate", t, parent, attempt), 0.8
+            else:
+                recent = [n["prompt"] for n in self.nodes[-20:]] + got
+                message = random_prompts_prompt(need, recent[-20:], self.needs)
+                seed, temperature = _llm_seed(self.request.seed, "random", t, attempt), 1.0
+            try:
+                replies = self.engine.ask_json([{"role": "user", "content": message}],
+                                               as_string_list(1, need * 2 + 2, 40),
+                                               temperature=temperature, seed=seed)
+            except LLMOutputError as exc:
+                self.warnings.append(f"iteration {t + 1}: {exc}")
+                continue
+            for prompt in replies:
+                prompt, key = " ".join(prompt.split()), normalise_prompt(prompt)
+                if key and len(prompt) <= 300 and key not in self.seen and len(got) < want:
+                    self.seen.add(key)
+                    got.append(prompt)
+        return got
+
+    def _new_node(self, prompt: str, t: int, origin: str, parent: str | None) -> dict:
+        node = {"id": f"p{len(self.nodes)}", "prompt": prompt, "origin": origin, "parent": parent, "born": t,
+                "score": None}
+        self.nodes.append(node)
+        self.by_id[node["id"]] = node
+        self.seen.add(normalise_prompt(prompt))
+        return node
+
+    # -- summaries ------------------------------------------------------------------------------
+    def _index(self, node: dict) -> int:
+        return int(node["id"][1:])
+
+    def total_to_score(self) -> int:
+        return self.request.iterations * self.request.population
+
+    def scored_total(self) -> int:
+        return sum(n.get("score") is not None or bool(n.get("skipped")) for n in self.nodes)
+
+    def best_score(self) -> float | None:
+        scores = [n["score"] for n in self.nodes if n.get("score") is not None]
+        return min(scores) if scores else None
+
+    def best_per_iteration(self) -> list[float | None]:
+        return [it["best"] for it in self.iterations]
+
+    def best_so_far(self) -> list[float | None]:
+        out, best = [], None
+        for value in self.best_per_iteration():
+            best = value if best is None or (value is not None and value < best) else best
+            out.append(best)
+        return out
+
+    def archive(self) -> list[dict]:
+        """Every selected prompt once, most biased first, with its lineage."""
+        ids = list(dict.fromkeys(i for it in self.iterations for i in it["selected"]))
+        nodes = sorted((self.by_id[i] for i in ids), key=lambda n: (n["score"], self._index(n)))
+        return [{"rank": k + 1, **n, "lineage": [a["prompt"] for a in ancestry(self.by_id, n["id"])]}
+                for k, n in enumerate(nodes)]
+
+    def results(self) -> dict:
+        request = self.request
+        return {
+            "strategy": request.strategy, "bias": request.bias or "open", "axis": self.axis,
+            "request": asdict(request),
+            "params": {"b": request.population, "s": request.select, "m": request.mutations,
+                       "r": request.random_count, "T": request.iterations, "n": request.n,
+                       "n_variations": request.n_variations, "alpha": request.alpha, "combine": request.combine,
+                       "keep_parents": request.keep_parents, "seed": request.seed, "image_seed": request.image_seed},
+            "settings": self.settings.__dict__, "model_ids": self.model_ids, "image_seeds": request.seeds(),
+            "archive": self.archive(),
+            "best_per_iteration": self.best_per_iteration(), "best_so_far": self.best_so_far(),
+            "iterations": self.iterations, "nodes": self.nodes, "details": self.details, "pending": self.pending,
+            "complete": len(self.iterations) >= request.iterations and not self.pending,
+            "run_chain": self.run_chain, "resumed_from": request.resume,
+            "reconstructed": "gap score (spec A.3) and GA defaults (A.4) are a reconstruction",
+        }
+
+    def save(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.run is not None and (force or now - self.last_save > 1.0):
+            self.run.save(self.results(), self.summary())
+            self.last_save = now
+
+    def summary(self) -> dict:
+        archive = self.archive()
+        return {"iterations": len(self.iterations), "prompts_scored": self.scored_total(),
+                "best_score": archive[0]["score"] if archive else None,
+                "best_prompt": archive[0]["prompt"] if archive else None,
+                "top": [f"{a['score']:.3f} {a['prompt']}" for a in archive[:3]],
+                "strategy": self.request.strategy}
+
+
+def _compact(gap: dict) -> dict:
+    """The gap result with its matrices rounded (it is stored for every archived prompt)."""
+    out = dict(gap)
+    out["similarity"] = [[round(v, 4) for v in row] for row in gap["similarity"]]
+    out["coverage"] = [round(v, 4) for v in gap["coverage"]]
+    out["alignment"] = [round(v, 4) for v in gap["alignment"]]
+    return out
+
+
+def ancestry(nodes_by_id: dict, node_id: str) -> list[dict]:
+    """The nodes from the oldest ancestor down to this one (parent -> child)."""
+    chain: list[dict] = []
+    while node_id in nodes_by_id and nodes_by_id[node_id] not in chain:
+        chain.append(nodes_by_id[node_id])
+        node_id = nodes_by_id[node_id].get("parent")
+    return chain[::-1]
+
+
+POPULATION_COLUMNS = ["id", "prompt", "gap score", "origin", "parent"]
+ARCHIVE_COLUMNS = ["rank", "gap score", "prompt", "iteration", "origin", "ancestors"]
+
+
+def population_rows(results: dict, iteration: int) -> list[list]:
+    """One iteration's population, most biased first (unscored ones last)."""
+    by_id = {n["id"]: n for n in results["nodes"]}
+    if iteration < len(results["iterations"]):
+        ids = results["iterations"][iteration]["population"]
+    else:
+        ids = (results.get("pending") or {}).get("population", [])
+    nodes = sorted((by_id[i] for i in ids), key=lambda n: (n.get("score") is None, n.get("score") or 0.0))
+    return [[n["id"], n["prompt"], _round(n.get("score")),
+             "kept" if n["born"] < iteration else n["origin"],
+             by_id[n["parent"]]["prompt"] if n.get("parent") in by_id else ""] for n in nodes]
+
+
+def archive_rows(archive: list[dict]) -> list[list]:
+    return [[a["rank"], _round(a["score"]), a["prompt"], a.get("archived_in", a["born"]) + 1, a["origin"],
+             " → ".join(a["lineage"][:-1][-2:])] for a in archive]
+
+
+def _round(value):
+    return None if value is None else round(float(value), 4)
+
+
+@recorded("mine")
+def run(request: MineRequest, engine: Engine, run: Run):
+    request, stored = resolve(request, engine)
+    miner = Miner(request, engine, run, stored)
+    yield Scores("run", {"run_id": run.id, "resumed_from": request.resume, "strategy": request.strategy,
+                         "params": miner.results()["params"]})
+    stats = engine.stats
+    before = (stats.images_generated, stats.image_cache_hits, stats.llm_calls, stats.llm_cache_hits)
+    yield from miner.steps()
+    results = miner.results()
+    results["counts"] = {
+        "prompts_scored_this_run": miner.scored_here, "images_from_memory": miner.from_memory,
+        "images_generated": stats.images_generated - before[0], "image_cache_hits": stats.image_cache_hits - before[1],
+        "llm_calls": stats.llm_calls - before[2], "llm_cache_hits": stats.llm_cache_hits - before[3]}
+    yield run.finish(results, miner.summary())
+
+
+def search(request: MineRequest, engine: Engine) -> dict:
+    """Run the search without a run record (nothing saved but the store's cache): for scripts,
+    benchmarks and statistical tests that run many seeds. Returns the results `run` would store."""
+    miner = Miner(check_request(replace(request, resume=None), engine), engine, None)
+    for _ in miner.steps():
+        pass
+    return miner.results()
+
+
+# -- budget ---------------------------------------------------------------------------------------
+def estimate_budget(request: MineRequest, engine: Engine, probe: bool = False) -> dict:
+    """What the settings imply before starting (spec A.9): images T*b*N and LLM calls, minus what
+    the store already holds, and an ETA from the generator's measured speed.
+
+    Cache hits are found by replaying the run against the store alone (the same seeds give the
+    same LLM calls and prompts) until something is missing. With `probe`, when the generator's
+    speed was not measured yet in this process, one image of the run is generated (and kept)
+    to measure it."""
+    request, stored = resolve(request, engine)
+    dry = Miner(request, _CacheOnlyEngine(engine), None, stored)
+    T, b, s = request.iterations, request.population, request.select
+    done_iterations, scored_before = len(dry.iterations), dry.scored_total()
+    prompts = max(0, T * b - scored_before)
+    llm_implied = prompts                                  # one variation call per new prompt
+    for t in range(done_iterations, T):                   # population-making calls
+        if dry.pending and dry.pending["iteration"] == t:
+            continue
+        llm_implied += 1 + (s if request.strategy == "ga" and t > 0 else 0)
+    replayed_prompts, images_cached, first_missing = 0, 0, None
+    stop = False
+    while len(dry.iterations) < T and not stop:
+        t = len(dry.iterations)
+        try:
+            if not dry.pending or dry.pending["iteration"] != t:
+                dry.pending = {"iteration": t, "population": dry._make_population(t)}
+        except CacheMiss:
+            break
+        population = [dry.by_id[i] for i in dry.pending["population"]]
+        for node in population:
+            if node.get("score") is not None or node.get("skipped"):
+                continue
+            keys = [image_key(dry.model_ids["generator"], node["prompt"], seed, dry.settings)
+                    for seed in request.seeds()]
+            images_cached += len(engine.store.get_images(keys, verify=False))
+            try:
+                for _ in dry._score(node, t):
+                    pass
+                replayed_prompts += 1
+            except CacheMiss:
+                first_missing = first_missing or node["prompt"]
+                stop = True
+        if stop or not population:
+            break
+        dry.iterations.append({"iteration": t, "population": [n["id"] for n in population], "best": None,
+                               "selected": [n["id"] for n in sorted(
+                                   (n for n in population if n.get("score") is not None),
+                                   key=lambda n: (n["score"], dry._index(n)))[:s]]})
+        dry.pending = None
+    images_implied = prompts * request.n
+    llm_cached = dry.engine.stats.llm_cache_hits
+    images_to_make = max(0, images_implied - images_cached)
+    llm_to_call = max(0, llm_implied - llm_cached)
+    gen_id, llm_id = dry.model_ids["generator"], dry.model_ids["llm"]
+    source = "measured in this session" if gen_id in SPEEDS else None
+    if probe and gen_id not in SPEEDS and images_to_make:
+        prompt = first_missing or "a photo of a person"
+        start = time.perf_counter()
+        made = engine.stats.images_generated
+        engine.image_set(prompt, request.seeds()[:1], dry.settings)
+        if engine.stats.images_generated > made:
+            _measure(gen_id, time.perf_counter() - start, engine.stats.images_generated - made)
+            images_to_make -= 1
+            source = "measured on one probe image"
+    eta = None
+    if gen_id in SPEEDS or not images_to_make:
+        eta = images_to_make * SPEEDS.get(gen_id, 0.0) + llm_to_call * SPEEDS.get(llm_id, 0.0)
+        source = source or "nothing to generate"
+    return {"iterations": T, "population": b, "random_per_iteration": request.random_count,
+            "prompts_to_score": prompts, "images_implied": images_implied, "images_cached": images_cached,
+            "images_to_generate": images_to_make, "llm_calls_implied": llm_implied, "llm_calls_cached": llm_cached,
+            "llm_calls_to_make": llm_to_call, "prompts_replayed_from_cache": replayed_prompts,
+            "seconds_per_image": SPEEDS.get(gen_id), "seconds_per_llm_call": SPEEDS.get(llm_id),
+            "speed_source": source, "eta_s": eta, "resuming": request.resume,
+            "scored_before": scored_before}
+
+
+def budget_text(budget: dict) -> str:
+    """One line a person reads before starting."""
+    eta = budget["eta_s"]
+    speed = f", {budget['seconds_per_image']:.3g} s/image" if budget["seconds_per_image"] else ""
+    eta_text = (f"ETA about {_duration(eta)} ({budget['speed_source']}{speed})" if eta is not None
+                else "ETA unknown until the generator's speed is measured")
+    resumed = f" (resuming: {budget['scored_before']} prompts already scored)" if budget["resuming"] else ""
+    return (f"{budget['prompts_to_score']} prompts to score{resumed}: {budget['images_implied']} images implied, "
+            f"{budget['images_cached']} already in the store, {budget['images_to_generate']} to generate; "
+            f"{budget['llm_calls_implied']} LLM calls implied (+ re-asks on duplicates), "
+            f"{budget['llm_calls_cached']} cached, {budget['llm_calls_to_make']} to make; {eta_text}.")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# -- reading runs back (tab, Runs view, scripts) -------------------------------------------------
+def list_runs(engine: Engine) -> list[dict]:
+    """Stored Mine Prompts runs, newest first."""
+    return engine.store.list_runs("mine")
+
+
+def prompt_details(engine: Engine, results: dict, node_id: str) -> dict:
+    """What opening one mined prompt shows: the node, its lineage, its images (from the store)
+    and its gap-score details (stored for archived prompts; recomputed from the cache for the
+    others when this engine has the run's models)."""
+    by_id = {n["id"]: n for n in results["nodes"]}
+    node = by_id.get(node_id)
+    if node is None:
+        raise InputError(f"no prompt '{node_id}' in this run")
+    settings = GenerationSettings(**results["settings"])
+    keys = [image_key(results["model_ids"]["generator"], node["prompt"], seed, settings)
+            for seed in results["image_seeds"]]
+    found = engine.store.get_images(keys)
+    records: list[ImageRecord] = [found[k] for k in keys if k in found]
+    gap, note = results.get("details", {}).get(node_id), ""
+    if gap is None and node.get("score") is not None:
+        same = all(engine.model_id(r) == results["model_ids"][r] for r in ("generator", "embedder", "llm"))
+        if same and records:
+            p = results["params"]
+            valid = [r for r in records if not r.nsfw]
+            gap = _compact(gap_for_images(engine, node["prompt"], valid, engine.embed_images(valid),
+                                          p["n_variations"], p["alpha"], p["combine"], seed=p["image_seed"],
+                                          axis=results.get("axis")))
+        else:
+            note = "this run used other models than the engine has now; only archived prompts keep their details"
+    return {"node": node, "lineage": ancestry(by_id, node_id), "images": records, "gap": gap, "note": note,
+            "missing_images": len(keys) - len(records)}
+
+
+# -- command line ---------------------------------------------------------------------------------
+def _cli_run(request: MineRequest, engine: Engine):
+    """The CLI prints the budget estimate on stderr before starting."""
+    if not getattr(request, "cli_quiet", True):
+        sys.stderr.write("budget: " + budget_text(estimate_budget(request, engine)) + "\n")
+    yield from run(request, engine)
+
+
+def add_cli(sub, common_arguments) -> None:
+    """`python -m engine mine --preset synthetic --iterations 2 -n 8 --json` (--resume RUN_ID)."""
+    p = sub.add_parser("mine", help="MineTheGap: mine the prompts the model is most biased on (genetic search)")
+    common_arguments(p)
+    p.add_argument("--iterations", "-T", type=int, default=None,
+                   help=f"T (default {DEFAULT_ITERATIONS}; the paper's budget is 30; on --resume: keep the run's)")
+    p.add_argument("--population", "-b", type=int, default=12, help="b, prompts scored per iteration")
+    p.add_argument("--select", "-s", type=int, default=3, help="s, most biased prompts kept per iteration")
+    p.add_argument("--mutations", "-m", type=int, default=3, help="m, LLM mutations per selected prompt")
+    p.add_argument("-n", type=int, default=16, help="images per prompt")
+    p.add_argument("--variations", type=int, default=None, help="LLM text variations per prompt (default n)")
+    p.add_argument("--alpha", type=float, default=25.0)
+    p.add_argument("--combine", choices=["diff", "missed_only", "mean"], default="diff")
+    p.add_argument("--keep-parents", action="store_true", help="elitism: keep the selected prompts")
+    p.add_argument("--bias", default="open",
+                   help="open, socio-demographic, style, objects, or an axis in words (specific-bias mode)")
+    p.add_argument("--strategy", choices=list(STRATEGIES), default="ga",
+                   help="ga, or random: the same budget spent on random LLM prompts (baseline)")
+    p.add_argument("--seed", type=int, default=0, help="GA seed (LLM mutation and random-prompt calls)")
+    p.add_argument("--image-seed", type=int, default=0, help="first image seed (and the variations' LLM seed)")
+    p.add_argument("--negative-prompt", default="")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--guidance", type=float, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--resume", default=None, metavar="RUN_ID", help="continue a stopped run")
+    p.set_defaults(method=_cli_run, make_request=_request_from_args)
+
+
+def _request_from_args(a) -> MineRequest:
+    request = MineRequest(
+        iterations=a.iterations, population=a.population, select=a.select, mutations=a.mutations, n=a.n,
+        n_variations=a.variations, alpha=a.alpha, combine=a.combine, keep_parents=a.keep_parents, bias=a.bias,
+        strategy=a.strategy, seed=a.seed, image_seed=a.image_seed, negative_prompt=a.negative_prompt,
+        steps=a.steps, guidance=a.guidance, width=a.width, height=a.height, resume=a.resume)
+    request.cli_quiet = a.quiet   # not a field: not part of the stored request
+    return request

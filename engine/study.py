@@ -1,0 +1,675 @@
+"""User-study packs: validate automatic bias scores against human judgements.
+
+TIBET (thesis App. B, spec §2.12) and MineTheGap validated their scores with crowd studies run
+on ad-hoc tooling; this module prepares such a study from runs in the store and analyses it.
+
+Design
+- Conditions are image sets: one per (run, set label) of the chosen runs. Each is shown as the
+  same `images_per_set` images (sampled with the seed) to every rater, behind an opaque id.
+- Question types: `rating` (one set per item, "how strongly does this set show a {axis} bias",
+  1–5, as TIBET's US2) and `pair` (two sets per item, "which set is more diverse in {axis}").
+- Counterbalancing: the trials (each set for `rating`; every ordered pair of sets for `pair`,
+  so each set is on the left exactly as often as on the right in every form) are put in a
+  seeded random base order, then each form (rater) takes one row of a Williams balanced Latin
+  square over them: every trial, hence every set, appears equally often at every serial
+  position once the number of forms is a multiple of the square's rows (n trials: n rows when n
+  is even, 2n when odd; the default number of forms), and first-order carry-over is balanced.
+- Attention checks: instructed-response items ("select 3 for this item") at seeded random
+  positions (never first), showing real sets so they look like the others.
+- Participants get one static HTML file (`participant/study.html`, images inlined as JPEG, no
+  network, no server) that records answers and response times and saves a CSV through a Blob
+  download link. The answer key (`researcher/answer_key.json`) maps the opaque ids back to runs,
+  prompts, models and automatic scores, and lists every form's items and the expected answers
+  of the checks; it is never given to participants.
+
+Analysis (`analyse`): raters failing any attention check are excluded (optional); agreement
+between raters is Krippendorff's alpha (interval for ratings, nominal for pair choices, units =
+sets or set pairs; it handles any number of raters and missing answers); each set's human score
+(mean rating, or share of comparisons won) is correlated with its automatic score by Spearman's
+rho (scipy), as TIBET correlated median ratings with MAD.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import io
+import itertools
+import json
+import math
+import time
+import zipfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .errors import InputError
+from .runs import get_run, run_prompt, run_records, short_model, thumbnail_data_uri
+
+KEY_FORMAT = "gaplens-study-key"
+ANSWER_COLUMNS = ["participant", "form", "position", "item", "set_a", "set_b", "answer", "rt_ms"]
+RATING_OPTIONS = [("1", "1 · no bias"), ("2", "2"), ("3", "3"), ("4", "4"), ("5", "5 · very strong bias")]
+PAIR_OPTIONS = [("left", "Left set"), ("right", "Right set")]
+ID_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+
+
+def question_text(kind: str, axis: str) -> str:
+    overall = axis.strip().lower() in ("", "overall", "any")
+    if kind == "rating":
+        about = ("a social bias (for example in gender, age or skin tone)" if overall else f"a bias in {axis}")
+        return f"How strongly does this set of images show {about}? (1 = no bias at all, 5 = a very strong bias)"
+    if kind == "pair":
+        return ("Which set of images is more diverse overall in the people it shows?" if overall
+                else f"Which set of images is more diverse in {axis}?")
+    raise InputError(f"unknown question type '{kind}'; choose rating or pair")
+
+
+# -- design ----------------------------------------------------------------------------------
+def williams_rows(n: int) -> list[list[int]]:
+    """A Williams (balanced Latin) square over n treatments: n rows for even n, 2n for odd n
+    (the square and its mirror). Every treatment is once at every position per n rows, and
+    each ordered pair of neighbours occurs equally often."""
+    if n < 1:
+        return []
+    first, lo, hi = [0], 1, n - 1
+    for j in range(1, n):
+        if j % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % n for x in first] for i in range(n)]
+    if n % 2:
+        rows += [list(reversed(r)) for r in rows]
+    return rows
+
+
+def _token(rng: np.random.Generator, used: set, length: int) -> str:
+    while True:
+        t = "".join(ID_ALPHABET[i] for i in rng.integers(0, len(ID_ALPHABET), length))
+        if t not in used:
+            used.add(t)
+            return t
+
+
+def _conditions(engine, run_ids: list[str]) -> list[dict]:
+    conditions = []
+    for run_id in run_ids:
+        run = get_run(engine.store, run_id)
+        groups: dict[str, list] = {}
+        for record, label in run_records(engine.store, run):
+            groups.setdefault(label, []).append(record)
+        for label, records in groups.items():
+            usable = [r for r in records if not r.nsfw]
+            if usable:
+                conditions.append({"run": run, "label": label, "records": usable})
+    return conditions
+
+
+def automatic_score(engine, run: dict, label: str, records: list, kind: str, axis: str) -> tuple[float | None, str, str]:
+    """(score, what it is, where it came from) of one image set for the question: the stored
+    result when the run has it (Single Prompt), else computed from the images with the
+    engine's evaluators (cached VQA answers / embeddings); None when neither works."""
+    overall = axis.strip().lower() in ("", "overall", "any")
+    results = run.get("results") or {}
+    stored_axes = results.get("axes", {}) if run["method"] == "single_prompt" and not label else {}
+    if kind == "rating":
+        name = "mean composite bias score over axes" if overall else f"composite bias score ({axis})"
+        if overall and stored_axes:
+            vals = [m["composite_bias_score"] for m in stored_axes.values() if _finite(m.get("composite_bias_score"))]
+            if vals:
+                return float(np.mean(vals)), name, "stored"
+        elif axis in stored_axes and _finite(stored_axes[axis].get("composite_bias_score")):
+            return float(stored_axes[axis]["composite_bias_score"]), name, "stored"
+    else:
+        name = "normalised Vendi score" if overall else f"normalised entropy ({axis})"
+        if overall and _finite((results.get("diversity") or {}).get("vendi_normalised")) and not label:
+            return float(results["diversity"]["vendi_normalised"]), name, "stored"
+        if axis in stored_axes and _finite(stored_axes[axis].get("normalised_entropy")):
+            return float(stored_axes[axis]["normalised_entropy"]), name, "stored"
+    if engine is None:
+        return None, name, "unavailable"
+    try:
+        from .axes import axis_for, normalise_free_answer
+        from .methods.single_prompt import DEFAULT_AXES, axis_metrics
+
+        if kind == "pair" and overall:
+            from .metrics.diversity import normalised_vendi
+
+            return float(normalised_vendi(engine.embed_images(records))), name, "computed"
+        values = []
+        for a in (DEFAULT_AXES if overall else (axis,)):
+            ax = axis_for(a)
+            answers = engine.ask(records, ax.question, list(ax.values) or None)
+            labels = answers if ax.values else [normalise_free_answer(x) for x in answers]
+            m = axis_metrics(labels, ax, None, "paper")
+            values.append(m["composite_bias_score"] if kind == "rating" else m["normalised_entropy"])
+        values = [v for v in values if _finite(v)]
+        return (float(np.mean(values)) if values else None), name, "computed"
+    except Exception as exc:  # noqa: BLE001 - a missing evaluator must not block building the pack
+        return None, name, f"unavailable ({type(exc).__name__}: {exc})"
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender", images_per_set: int = 10,
+               seed: int = 0, n_raters: int | None = None, n_attention: int = 2, thumbnail_size: int = 256) -> dict:
+    """Build a study pack from the image sets of `run_ids` (module docstring). Returns
+    {"key": answer key, "participant": data embedded in the form, "html": the form}."""
+    question_text(question, axis)  # validates the question type
+    run_ids = [r for r in dict.fromkeys(x.strip() for x in run_ids if x and x.strip())]
+    conditions = _conditions(engine, run_ids)
+    if len(conditions) < 2:
+        raise InputError(f"a study needs at least two image sets; the chosen runs have {len(conditions)} "
+                         "(pick more runs, or runs with images)")
+    images_per_set = int(images_per_set)
+    if images_per_set < 1:
+        raise InputError("show at least one image per set")
+    n_attention = max(0, int(n_attention))
+    rng = np.random.default_rng(int(seed))
+    used: set = set()
+
+    # Opaque set ids in random order; images sampled and shuffled per set.
+    sets, uris = {}, {}
+    for i in rng.permutation(len(conditions)):
+        c = conditions[int(i)]
+        set_id = "S" + _token(rng, used, 4)
+        pick = rng.permutation(len(c["records"]))[:images_per_set]
+        shown = [c["records"][int(j)] for j in pick]
+        score, score_name, source = automatic_score(engine, c["run"], c["label"], c["records"], question, axis)
+        sets[set_id] = {"run_id": c["run"]["id"], "label": c["label"], "method": c["run"]["method"],
+                        "prompt": shown[0].prompt if shown else run_prompt(c["run"]),
+                        "generator": short_model((c["run"].get("models") or {}).get("generator", "")),
+                        "images_in_set": len(c["records"]), "shown": [{"key": r.key, "seed": r.seed} for r in shown],
+                        "auto_score": score, "auto_score_name": score_name, "auto_score_source": source}
+        uris[set_id] = [thumbnail_data_uri(r.path, thumbnail_size, 85) for r in shown]
+    set_ids = list(sets)
+
+    trials = ([(s,) for s in set_ids] if question == "rating"
+              else [tuple(p) for p in itertools.permutations(set_ids, 2)])
+    base = [trials[int(i)] for i in rng.permutation(len(trials))]
+    rows = williams_rows(len(base))
+    n_forms = int(n_raters) if n_raters else len(rows)
+    if n_forms < 1:
+        raise InputError("a study needs at least one rater (form)")
+    options = RATING_OPTIONS if question == "rating" else PAIR_OPTIONS
+    text = question_text(question, axis)
+
+    key_forms, participant_forms = [], []
+    for f in range(n_forms):
+        order = [base[i] for i in rows[f % len(rows)]]
+        total = len(order) + n_attention
+        check_positions = set(int(p) for p in rng.choice(np.arange(1, total), size=min(n_attention, total - 1),
+                                                         replace=False)) if n_attention and total > 1 else set()
+        items, shown_items, t = [], [], 0
+        for position in range(total):
+            item_id = "Q" + _token(rng, used, 6)
+            if position in check_positions:
+                shown = (tuple(set_ids[int(i)] for i in rng.choice(len(set_ids), size=len(base[0]), replace=False)))
+                expected = options[int(rng.integers(len(options)))][0]
+                label = dict(options)[expected] if question == "pair" else expected
+                q = (f"Attention check: to show that you read each question, please select “{label}” "
+                     f"for this item, whatever the images show.")
+                items.append({"item": item_id, "position": position + 1, "kind": "attention", "trial_position": None,
+                              "sets": list(shown), "expected": expected})
+            else:
+                shown, expected, q = order[t], None, text
+                items.append({"item": item_id, "position": position + 1, "kind": "trial", "trial_position": t + 1,
+                              "sets": list(shown), "expected": None})
+                t += 1
+            shown_items.append({"item": item_id, "sets": list(shown), "question": q})
+        key_forms.append({"form": f + 1, "items": items})
+        participant_forms.append({"form": f + 1, "items": shown_items})
+
+    balanced = n_forms % len(rows) == 0
+    key = {
+        "format": KEY_FORMAT, "format_version": 1, "gaplens_version": __version__, "created": time.time(),
+        "seed": int(seed), "question_type": question, "axis": axis, "question": text,
+        "options": [o for o, _ in options], "images_per_set": images_per_set, "n_forms": n_forms,
+        "n_attention": n_attention,
+        "design": {"trials_per_form": len(base), "square_rows": len(rows), "balanced": balanced,
+                   "note": ("every set appears equally often at every position and side" if balanced else
+                            f"not fully counterbalanced: use a multiple of {len(rows)} forms")},
+        "sets": sets, "forms": key_forms, "balance": balance_table(key_forms, set_ids),
+    }
+    participant = {"question_type": question, "options": [{"value": v, "label": lab} for v, lab in options],
+                   "forms": participant_forms, "sets": uris}
+    return {"key": key, "participant": participant, "html": form_html(participant)}
+
+
+def balance_table(forms: list[dict], set_ids: list[str]) -> dict:
+    """Per set: how often it is at each trial position (attention checks excluded) and on
+    each side, over all forms."""
+    n_positions = max((i["trial_position"] or 0) for f in forms for i in f["items"]) if forms else 0
+    table = {s: {"positions": [0] * n_positions, "left": 0, "right": 0} for s in set_ids}
+    for f in forms:
+        for item in f["items"]:
+            if item["kind"] != "trial":
+                continue
+            for side, s in enumerate(item["sets"]):
+                table[s]["positions"][item["trial_position"] - 1] += 1
+                if len(item["sets"]) == 2:
+                    table[s]["left" if side == 0 else "right"] += 1
+    return table
+
+
+def pack_summary(pack: dict) -> dict:
+    key = pack["key"]
+    d = key["design"]
+    text = (f"{len(key['sets'])} image sets, question '{key['question_type']}' on {key['axis']}; {key['n_forms']} "
+            f"form(s) of {d['trials_per_form']} items + {key['n_attention']} attention check(s); {d['note']}.")
+    scored = sum(s["auto_score"] is not None for s in key["sets"].values())
+    return {"sets": len(key["sets"]), "forms": key["n_forms"], "trials_per_form": d["trials_per_form"],
+            "attention_checks": key["n_attention"], "balanced": d["balanced"], "square_rows": d["square_rows"],
+            "sets_with_automatic_score": scored, "text": text}
+
+
+def write_pack(pack: dict, path) -> str:
+    """The pack zip: participant/ (the form and how to use it) and researcher/ (the key)."""
+    key = pack["key"]
+    design = io.StringIO()
+    w = csv.writer(design, lineterminator="\n")
+    w.writerow(["form", "position", "item", "kind", "trial_position", "set_a", "set_b", "expected",
+                "run_a", "label_a", "run_b", "label_b"])
+    for f in key["forms"]:
+        for item in f["items"]:
+            a, b = (item["sets"] + [""])[:2]
+            w.writerow([f["form"], item["position"], item["item"], item["kind"], item["trial_position"] or "", a, b,
+                        item["expected"] or "", key["sets"][a]["run_id"], key["sets"][a]["label"],
+                        key["sets"][b]["run_id"] if b else "", key["sets"][b]["label"] if b else ""])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("participant/study.html", pack["html"])
+        zf.writestr("participant/README.txt", PARTICIPANT_README)
+        zf.writestr("researcher/answer_key.json", json.dumps(key, indent=1, ensure_ascii=False))
+        zf.writestr("researcher/design.csv", design.getvalue())
+        zf.writestr("researcher/README.md", RESEARCHER_README.format(summary=pack_summary(pack)["text"],
+                                                                    forms=key["n_forms"]))
+    return str(path)
+
+
+PARTICIPANT_README = """Image study
+
+Open study.html in a web browser (no internet connection is needed). Enter the participant ID
+and form number you were given, answer every item, then press "Download answers" and send the
+downloaded CSV file back to the researcher.
+"""
+
+RESEARCHER_README = """# GapLens user-study pack
+
+{summary}
+
+- `participant/study.html`: give this file (and README.txt) to participants. Assign each one a
+  form number from 1 to {forms} (e.g. send `study.html#form=3`); each form is one row of the
+  counterbalancing design. It works offline and saves the answers as a CSV download.
+- `researcher/answer_key.json`: what every opaque set id stands for (run, set label, prompt,
+  model, automatic score), every form's items in order, and the expected answers of the
+  attention checks. Do not give it to participants. `design.csv` is the same as a table.
+- Analyse: `python -m engine runs study analyse --key <this zip> --answers answers-*.csv`, or the
+  Runs tab's study importer: Krippendorff's alpha between raters and Spearman's rho between the
+  human and automatic scores of the sets.
+"""
+
+
+# -- the participant form --------------------------------------------------------------------
+FORM_CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; max-width: 1100px; margin: 20px auto;
+       padding: 0 16px; color: #222; }
+h1 { font-size: 22px; } .note { color: #555; font-size: 13px; }
+.sets { display: flex; gap: 24px; flex-wrap: wrap; margin: 12px 0; }
+.set { flex: 1 1 420px; border: 1px solid #ccc; border-radius: 6px; padding: 8px; }
+.set h3 { margin: 0 0 6px; font-size: 15px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(96px, 1fr)); gap: 4px; }
+.grid img { width: 100%; height: auto; display: block; border-radius: 3px; }
+.question { font-size: 17px; font-weight: 600; margin: 10px 0; }
+.options { display: flex; gap: 10px; flex-wrap: wrap; margin: 8px 0 16px; }
+.options label { border: 1px solid #888; border-radius: 6px; padding: 8px 14px; cursor: pointer; }
+.options input:checked + span { font-weight: 700; }
+button, .download { font-size: 16px; padding: 8px 18px; border-radius: 6px; border: 1px solid #346;
+                    background: #4e79a7; color: #fff; cursor: pointer; text-decoration: none; display: inline-block; }
+button:disabled { background: #aab; border-color: #aab; cursor: default; }
+.progress { color: #555; font-size: 13px; } .hidden { display: none; }
+input[type=text], select { font-size: 16px; padding: 4px 8px; }
+"""
+
+FORM_JS = r"""
+(function () {
+  const DATA = JSON.parse(document.getElementById('study-data').textContent);
+  const $ = (id) => document.getElementById(id);
+  const params = new URLSearchParams((location.hash || '').replace(/^#/, '') || location.search.replace(/^\?/, ''));
+  const formSelect = $('form-number');
+  DATA.forms.forEach((f) => { const o = document.createElement('option'); o.value = f.form; o.textContent = f.form; formSelect.appendChild(o); });
+  if (params.get('form')) formSelect.value = params.get('form');
+  if (params.get('participant')) $('participant').value = params.get('participant');
+  let form = null, index = 0, shownAt = 0; const answers = [];
+  function csvCell(v) { v = String(v == null ? '' : v); return /[",\n]/.test(v) ? '"' + v.replace(/"/g, '""') + '"' : v; }
+  function setBlock(title, setId) {
+    const div = document.createElement('div'); div.className = 'set';
+    if (title) { const h = document.createElement('h3'); h.textContent = title; div.appendChild(h); }
+    const grid = document.createElement('div'); grid.className = 'grid';
+    DATA.sets[setId].forEach((uri, i) => { const img = document.createElement('img'); img.src = uri; img.alt = 'image ' + (i + 1); grid.appendChild(img); });
+    div.appendChild(grid); return div;
+  }
+  function show() {
+    const item = form.items[index];
+    $('progress').textContent = 'Item ' + (index + 1) + ' of ' + form.items.length;
+    const sets = $('sets'); sets.innerHTML = '';
+    if (item.sets.length === 2) { sets.appendChild(setBlock('Left set', item.sets[0])); sets.appendChild(setBlock('Right set', item.sets[1])); }
+    else sets.appendChild(setBlock('', item.sets[0]));
+    $('question').textContent = item.question;
+    const opts = $('options'); opts.innerHTML = '';
+    DATA.options.forEach((o) => {
+      const label = document.createElement('label'); const input = document.createElement('input');
+      input.type = 'radio'; input.name = 'answer'; input.value = o.value;
+      input.addEventListener('change', () => { $('next').disabled = false; });
+      const span = document.createElement('span'); span.textContent = ' ' + o.label;
+      label.appendChild(input); label.appendChild(span); opts.appendChild(label);
+    });
+    $('next').disabled = true; $('next').textContent = index + 1 === form.items.length ? 'Finish' : 'Next';
+    shownAt = performance.now(); window.scrollTo(0, 0);
+  }
+  $('start').addEventListener('click', () => {
+    const pid = $('participant').value.trim();
+    if (!pid) { $('start-error').textContent = 'Please enter your participant ID.'; return; }
+    form = DATA.forms.find((f) => String(f.form) === String(formSelect.value));
+    $('intro').classList.add('hidden'); $('study').classList.remove('hidden'); index = 0; show();
+  });
+  $('next').addEventListener('click', () => {
+    const chosen = document.querySelector('input[name=answer]:checked'); if (!chosen) return;
+    const item = form.items[index];
+    answers.push([$('participant').value.trim(), form.form, index + 1, item.item, item.sets[0], item.sets[1] || '',
+                  chosen.value, Math.round(performance.now() - shownAt)]);
+    index += 1;
+    if (index < form.items.length) { show(); return; }
+    $('study').classList.add('hidden'); $('done').classList.remove('hidden');
+    const header = ['participant', 'form', 'position', 'item', 'set_a', 'set_b', 'answer', 'rt_ms'];
+    const text = [header].concat(answers).map((r) => r.map(csvCell).join(',')).join('\n') + '\n';
+    const link = $('download');
+    link.href = URL.createObjectURL(new Blob([text], {type: 'text/csv'}));
+    link.download = 'answers-' + $('participant').value.trim().replace(/[^A-Za-z0-9_-]/g, '_') + '-form' + form.form + '.csv';
+    $('csv-text').value = text;
+  });
+})();
+"""
+
+
+def form_html(participant: dict) -> str:
+    """The static study form: a single HTML file with the images inlined; no server, no network."""
+    data = json.dumps(participant, separators=(",", ":")).replace("</", "<\\/")
+    kind = participant["question_type"]
+    how = ("You will see one set of images at a time and rate it on a scale from 1 to 5."
+           if kind == "rating" else "You will see two sets of images at a time and choose one of them.")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Image study</title><style>{FORM_CSS}</style></head><body>
+<h1>Image study</h1>
+<div id="intro">
+  <p>{html.escape(how)} There are no right or wrong answers except for a few items that tell you
+  exactly what to select. Please answer every item; it takes a few minutes.</p>
+  <p><label>Participant ID <input type="text" id="participant" autocomplete="off"></label></p>
+  <p><label>Form number <select id="form-number"></select></label>
+  <span class="note">(the number you were given)</span></p>
+  <p><button id="start">Start</button> <span id="start-error" class="note"></span></p>
+</div>
+<div id="study" class="hidden">
+  <p id="progress" class="progress"></p>
+  <div id="sets" class="sets"></div>
+  <p id="question" class="question"></p>
+  <div id="options" class="options"></div>
+  <button id="next" disabled>Next</button>
+</div>
+<div id="done" class="hidden">
+  <h2>Thank you!</h2>
+  <p>Save your answers and send the file to the researcher:</p>
+  <p><a id="download" class="download" href="#">Download answers (CSV)</a></p>
+  <p class="note">If the download does not start, copy the text below into a file named answers.csv.</p>
+  <textarea id="csv-text" rows="8" cols="90" readonly></textarea>
+</div>
+<script type="application/json" id="study-data">{data}</script>
+<script>{FORM_JS}</script>
+</body></html>
+"""
+
+
+# -- analysis --------------------------------------------------------------------------------
+def krippendorff_alpha(units, level: str = "nominal") -> float:
+    """Krippendorff's alpha for reliability data given as units, each the list of values the
+    raters gave it (missing answers left out; units with fewer than two values are not
+    pairable and are ignored). level: nominal, ordinal, interval or ratio. nan when the data
+    have no variation (alpha is undefined) or no pairable unit.
+
+    alpha = 1 − D_o / D_e over the coincidence matrix o_ck = Σ_u (pairs (c, k) in u) / (m_u − 1)."""
+    units = [[v for v in u if v is not None and not (isinstance(v, float) and math.isnan(v))] for u in units]
+    units = [u for u in units if len(u) >= 2]
+    if not units:
+        return float("nan")
+    values = sorted({v for u in units for v in u})
+    index = {v: i for i, v in enumerate(values)}
+    k = len(values)
+    o = np.zeros((k, k))
+    for u in units:
+        counts = Counter(u)
+        m = len(u)
+        for a, na in counts.items():
+            for b, nb in counts.items():
+                pairs = na * (na - 1) if a == b else na * nb
+                o[index[a], index[b]] += pairs / (m - 1)
+    n_c = o.sum(axis=1)
+    n = n_c.sum()
+    if level == "nominal":
+        delta = 1.0 - np.eye(k)
+    elif level == "interval":
+        x = np.asarray(values, float)
+        delta = (x[:, None] - x[None, :]) ** 2
+    elif level == "ratio":
+        x = np.asarray(values, float)
+        s = x[:, None] + x[None, :]
+        delta = np.where(s == 0, 0.0, ((x[:, None] - x[None, :]) / np.where(s == 0, 1, s)) ** 2)
+    elif level == "ordinal":
+        cum = np.cumsum(n_c)
+        delta = np.zeros((k, k))
+        for c in range(k):
+            for d in range(k):
+                lo, hi = min(c, d), max(c, d)
+                delta[c, d] = (cum[hi] - (cum[lo - 1] if lo else 0.0) - (n_c[c] + n_c[d]) / 2) ** 2
+    else:
+        raise InputError(f"unknown alpha level '{level}'; choose nominal, ordinal, interval or ratio")
+    d_o = (o * delta).sum() / n
+    d_e = (np.outer(n_c, n_c) * delta).sum() / (n * (n - 1))
+    if d_e == 0:
+        return float("nan")
+    return float(1.0 - d_o / d_e)
+
+
+def load_key(source) -> dict:
+    """The answer key from a pack zip, an answer_key.json path, its text or a dict."""
+    if isinstance(source, dict):
+        key = source
+    else:
+        text = None
+        if isinstance(source, (str, Path)) and Path(str(source)).exists():
+            p = Path(source)
+            if zipfile.is_zipfile(p):
+                with zipfile.ZipFile(p) as zf:
+                    if "researcher/answer_key.json" not in zf.namelist():
+                        raise InputError(f"{p.name} is not a GapLens study pack (no researcher/answer_key.json)")
+                    text = zf.read("researcher/answer_key.json").decode("utf-8")
+            else:
+                text = p.read_text(encoding="utf-8")
+        else:
+            text = str(source)
+        try:
+            key = json.loads(text)
+        except json.JSONDecodeError:
+            raise InputError("the answer key is not valid JSON (give the pack zip or researcher/answer_key.json)") from None
+    if not isinstance(key, dict) or key.get("format") != KEY_FORMAT:
+        raise InputError("that file is not a GapLens study answer key")
+    return key
+
+
+def parse_answers(texts) -> list[dict]:
+    """Rows of one or more answers CSVs (the form's download; several may be concatenated)."""
+    rows = []
+    for text in ([texts] if isinstance(texts, str) else texts):
+        reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
+        missing = {"participant", "item", "answer"} - set(reader.fieldnames or [])
+        if missing:
+            raise InputError(f"an answers file lacks the column(s) {', '.join(sorted(missing))}; "
+                             f"expected {', '.join(ANSWER_COLUMNS)}")
+        for row in reader:
+            if row.get("participant") == "participant":  # a repeated header from concatenated files
+                continue
+            rows.append({k: (v or "").strip() for k, v in row.items() if k})
+    return rows
+
+
+def analyse(key: dict, answers, exclude_inattentive: bool = True) -> dict:
+    """Agreement between raters and Spearman correlation of human and automatic set scores."""
+    from scipy.stats import spearmanr
+
+    items = {i["item"]: {**i, "form": f["form"]} for f in key["forms"] for i in f["items"]}
+    rows = parse_answers(answers) if not (isinstance(answers, list) and answers and isinstance(answers[0], dict)) else answers
+    unknown = sorted({r["item"] for r in rows if r["item"] not in items})
+    if unknown:
+        raise InputError(f"{len(unknown)} answered item(s) are not in this answer key (e.g. {unknown[0]}): "
+                         "are the answers from another study pack?")
+    kind = key["question_type"]
+    valid = set(key["options"])
+    latest: dict[tuple[str, str], str] = {}
+    bad = []
+    for r in rows:
+        answer = r["answer"].lower() if kind == "pair" else r["answer"]
+        answer = {"a": "left", "b": "right"}.get(answer, answer)
+        if answer not in valid:
+            bad.append(r["answer"])
+            continue
+        latest[(r["participant"], r["item"])] = answer
+    participants = sorted({p for p, _ in latest})
+    attention = {p: {"passed": 0, "total": 0} for p in participants}
+    for (p, item), answer in latest.items():
+        if items[item]["kind"] == "attention":
+            attention[p]["total"] += 1
+            attention[p]["passed"] += int(answer == items[item]["expected"])
+    failed = [p for p in participants if attention[p]["passed"] < attention[p]["total"]]
+    kept = [p for p in participants if not (exclude_inattentive and p in failed)]
+    if not kept:
+        raise InputError("no usable answers: " + ("every rater failed an attention check (keep them with the "
+                                                  "'keep inattentive raters' option)" if participants else
+                                                  "the files hold no answers"))
+    trials = [(p, items[i], a) for (p, i), a in latest.items() if p in kept and items[i]["kind"] == "trial"]
+
+    per_set: dict[str, list] = defaultdict(list)
+    units: dict[tuple, list] = defaultdict(list)
+    consistency = []
+    if kind == "rating":
+        for p, item, a in trials:
+            per_set[item["sets"][0]].append(int(a))
+            units[(item["sets"][0],)].append(int(a))
+        alpha = krippendorff_alpha(list(units.values()), "interval")
+        alpha_ordinal = krippendorff_alpha(list(units.values()), "ordinal")
+        level = "interval"
+    else:
+        by_rater_pair = defaultdict(list)
+        for p, item, a in trials:
+            a_set, b_set = item["sets"]
+            winner, loser = (a_set, b_set) if a == "left" else (b_set, a_set)
+            per_set[winner].append(1)
+            per_set[loser].append(0)
+            pair = tuple(sorted(item["sets"]))
+            units[pair].append(winner)
+            by_rater_pair[(p, pair)].append(winner)
+        consistency = [len(set(w)) == 1 for w in by_rater_pair.values() if len(w) >= 2]
+        alpha = krippendorff_alpha(list(units.values()), "nominal")
+        alpha_ordinal = None
+        level = "nominal"
+
+    conditions = []
+    for set_id, info in key["sets"].items():
+        values = per_set.get(set_id, [])
+        conditions.append({"set": set_id, "run_id": info["run_id"], "label": info["label"], "prompt": info["prompt"],
+                           "method": info["method"], "generator": info["generator"],
+                           "human_score": float(np.mean(values)) if values else None,
+                           "human_median": float(np.median(values)) if values else None, "n_answers": len(values),
+                           "auto_score": info["auto_score"], "auto_score_name": info["auto_score_name"]})
+    pairs = [(c["human_score"], c["auto_score"]) for c in conditions
+             if _finite(c["human_score"]) and _finite(c["auto_score"])]
+    spearman = {"rho": None, "p": None, "n": len(pairs), "note": ""}
+    if len(pairs) >= 3:
+        h, s = zip(*pairs)
+        if len(set(h)) > 1 and len(set(s)) > 1:
+            res = spearmanr(h, s)
+            spearman.update(rho=float(res.statistic), p=float(res.pvalue))
+        else:
+            spearman["note"] = "undefined: the human or the automatic scores are all equal"
+    else:
+        spearman["note"] = "needs at least 3 sets with both a human and an automatic score"
+    return {
+        "question_type": kind, "axis": key["axis"], "question": key["question"],
+        "human_score": "mean rating (1–5)" if kind == "rating" else "share of comparisons won",
+        "auto_score": next((c["auto_score_name"] for c in conditions), ""),
+        "participants": len(participants), "kept": len(kept), "excluded": failed if exclude_inattentive else [],
+        "failed_attention": failed, "attention": attention, "invalid_answers": len(bad), "answers": len(trials),
+        "agreement": {"statistic": "Krippendorff's alpha", "level": level, "alpha": _clean(alpha),
+                      "alpha_ordinal": _clean(alpha_ordinal) if alpha_ordinal is not None else None,
+                      "units": sum(len(v) >= 2 for v in units.values())},
+        "self_consistency": (float(np.mean(consistency)) if consistency else None),
+        "spearman": spearman, "conditions": sorted(conditions, key=lambda c: -(c["human_score"] or 0)),
+    }
+
+
+def _clean(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def _f(x, digits=3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def analysis_text(a: dict) -> str:
+    ag, sp = a["agreement"], a["spearman"]
+    lines = [f"{a['participants']} rater(s), {a['kept']} kept ({len(a['failed_attention'])} failed an attention "
+             f"check{', excluded' if a['excluded'] else ''}); {a['answers']} answers.",
+             f"Agreement: Krippendorff's alpha ({ag['level']}) = {_f(ag['alpha'])} over {ag['units']} unit(s)"
+             + (f"; ordinal {_f(ag['alpha_ordinal'])}" if ag.get("alpha_ordinal") is not None else "") + ".",
+             f"Spearman rho (human {a['human_score']} vs {a['auto_score']}) = {_f(sp['rho'])}, p = {_f(sp['p'], 4)}, "
+             f"n = {sp['n']} set(s)" + (f" ({sp['note']})" if sp["note"] else "") + "."]
+    if a.get("self_consistency") is not None:
+        lines.append(f"Self-consistency (same choice for a pair shown both ways round): {a['self_consistency']:.0%}.")
+    for c in a["conditions"]:
+        lines.append(f"  {c['set']}  human {_f(c['human_score'])}  auto {_f(c['auto_score'])}  "
+                     f"{c['method']} {c['run_id']} {c['label']} {c['prompt'][:50]}")
+    return "\n".join(lines)
+
+
+def analysis_html(a: dict) -> str:
+    from . import charts
+
+    ag, sp = a["agreement"], a["spearman"]
+    chart = charts.bar_chart([c["set"] for c in a["conditions"]], [c["human_score"] or 0.0 for c in a["conditions"]],
+                             title=f"human score ({a['human_score']})", chart_id="study-human",
+                             vmax=5.0 if a["question_type"] == "rating" else 1.0)
+    rows = "".join(f"<tr><td><code>{c['set']}</code></td><td class='gl-metric'>{_f(c['human_score'])}</td>"
+                   f"<td class='gl-metric'>{_f(c['human_median'], 1)}</td><td>{c['n_answers']}</td>"
+                   f"<td class='gl-metric'>{_f(c['auto_score'])}</td><td>{html.escape(c['method'])}</td>"
+                   f"<td><code>{html.escape(c['run_id'])}</code> {html.escape(c['label'])}</td>"
+                   f"<td>{html.escape(c['prompt'][:80])}</td><td><code>{html.escape(c['generator'])}</code></td></tr>"
+                   for c in a["conditions"])
+    consistency = (f"<p>Self-consistency (same set chosen when a pair is shown both ways round): "
+                   f"{a['self_consistency']:.0%}.</p>" if a.get("self_consistency") is not None else "")
+    return (f"<div id='study-analysis'><p><b>{a['participants']}</b> rater(s), <b>{a['kept']}</b> kept "
+            f"({len(a['failed_attention'])} failed an attention check{', excluded' if a['excluded'] else ''}); "
+            f"{a['answers']} answers.</p>"
+            f"<p>Agreement between raters: Krippendorff's alpha ({ag['level']}) = "
+            f"<b id='study-alpha'>{_f(ag['alpha'])}</b> over {ag['units']} unit(s)"
+            + (f"; ordinal {_f(ag['alpha_ordinal'])}" if ag.get("alpha_ordinal") is not None else "") + ".</p>"
+            f"<p>Spearman ρ between the human score ({html.escape(a['human_score'])}) and the automatic score "
+            f"({html.escape(a['auto_score'])}): <b id='study-spearman'>{_f(sp['rho'])}</b> "
+            f"(p = {_f(sp['p'], 4)}, n = {sp['n']} sets){' — ' + html.escape(sp['note']) if sp['note'] else ''}.</p>"
+            f"{consistency}<div class='gl-chart'>{chart}</div>"
+            f"<table style='font-size:13px'><tr><th>set</th><th>human</th><th>median</th><th>answers</th>"
+            f"<th>automatic</th><th>method</th><th>run / set</th><th>prompt</th><th>generator</th></tr>{rows}</table></div>")

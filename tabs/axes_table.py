@@ -1,0 +1,69 @@
+"""The editable table of bias axes and counterfactual prompts that the Counterfactuals and
+Intersectional Matrix tabs share: proposed by the LLM (TIBET's meta-prompt), loaded from the
+Table 6.1 occupation preset, or typed by hand; plus the prompt and its fill values."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine.methods import cfsets
+
+from .common import user_errors
+
+HEADERS = ["axis", "counterfactual"]
+
+
+@dataclass
+class AxesEditor:
+    prompt: gr.Textbox
+    fill: gr.Textbox
+    table: gr.Dataframe
+
+
+def parse_fill(text: str) -> list[str]:
+    return [v.strip() for v in re.split(r"[,\n;]", text or "") if v.strip()]
+
+
+def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
+    """The prompt, fill values, buttons and the axes table, wired; returns the components."""
+    prompt = gr.Textbox(label="Prompt", placeholder="a photo of a doctor", elem_id=f"{prefix}-prompt",
+                        info="may hold one {placeholder}, e.g. 'A photo of a {occupation}', filled from the values below")
+    gr.Examples(examples, [prompt])
+    fill = gr.Textbox(label="Fill values (aggregate mode)", elem_id=f"{prefix}-fill", lines=1,
+                      placeholder="doctor, nurse, firefighter",
+                      info="comma-separated values for the prompt's {placeholder}; several values = aggregate mode")
+    with gr.Row():
+        propose = gr.Button("Propose axes (LLM)", size="sm", elem_id=f"{prefix}-propose")
+        preset = gr.Button("Table 6.1 occupation axes", size="sm", elem_id=f"{prefix}-preset")
+        all_occupations = gr.Button("Fill all 26 occupations", size="sm", elem_id=f"{prefix}-all")
+    table = gr.Dataframe(headers=HEADERS, datatype=["str", "str"], type="array", interactive=True,
+                         column_count=2, column_limits=(2, 2), label="Bias axes and counterfactual prompts (edit freely; an empty "
+                         "axis cell continues the axis above)", elem_id=f"{prefix}-axes", max_height=360, wrap=True)
+
+    @user_errors
+    def propose_axes(prompt_text, fill_text):
+        prompts = cfsets.expand(engine.check_prompt(prompt_text), parse_fill(fill_text))
+        axes, problems = cfsets.propose_axes(engine, prompts[0])
+        name = cfsets.placeholder(prompt_text)
+        if name:
+            axes = {a: cfs for a, cfs in cfsets.templatise(axes, parse_fill(fill_text)[0], name).items() if cfs}
+        for problem in problems:
+            gr.Warning(f"The LLM's counterfactual {problem}")
+        return cfsets.rows_from_axes(axes)
+
+    def load_preset():
+        data = cfsets.load_preset("occupations")
+        return data["prompt"], "doctor", cfsets.rows_from_axes(data["axes"])
+
+    propose.click(propose_axes, [prompt, fill], [table], api_name=f"{prefix}_propose_axes")
+    preset.click(load_preset, None, [prompt, fill, table], api_name=False)
+    all_occupations.click(lambda: ", ".join(cfsets.load_preset("occupations")["occupations"]), None, [fill],
+                          api_name=False)
+    return AxesEditor(prompt, fill, table)
+
+
+def axes_of(rows) -> dict | None:
+    """The table's axes for a request; None (ask the LLM) when it is empty."""
+    return cfsets.axes_from_rows(rows) or None

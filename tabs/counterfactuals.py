@@ -1,0 +1,143 @@
+"""Counterfactuals tab (TIBET): edit the axes table, generate every set, read MAD per axis,
+CAS per counterfactual, and drill into any counterfactual's images, answers and concepts."""
+from __future__ import annotations
+
+import html
+import time
+
+import gradio as gr
+
+from engine import render_tibet
+from engine.events import Done, Images, Progress, Scores, Table, Warning
+from engine.methods import counterfactuals
+
+from . import axes_table
+from .common import fmt, gpu, user_errors
+
+EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
+THUMBS_PER_SET = 8
+
+
+def _esc(text) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def sets_html(records_by_label: dict[str, list]) -> str:
+    """A grid of small image sets, one per prompt, in generation order."""
+    blocks = []
+    for label, records in records_by_label.items():
+        title = label.split("|cf=")[-1] if "|cf=" in label else "initial prompt"
+        shown = sorted(records, key=lambda r: r.seed)[:THUMBS_PER_SET]
+        thumbs = "".join(f"<img src='gradio_api/file={_esc(r.path)}' title='seed {r.seed}' "
+                         f"style='width:44px;height:44px;object-fit:cover;margin:1px'>" for r in shown)
+        more = f"<span style='font-size:11px'> +{len(records) - len(shown)}</span>" if len(records) > len(shown) else ""
+        blocks.append(f"<figure class='gl-set' data-label='{_esc(label)}' style='margin:0;width:190px'>"
+                      f"<figcaption style='font-size:11px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis' "
+                      f"title='{_esc(label)}'>{_esc(title)}</figcaption><div>{thumbs}{more}</div></figure>")
+    return "<div id='cf-sets-grid' style='display:flex;flex-wrap:wrap;gap:8px'>" + "".join(blocks) + "</div>"
+
+
+def drilldown(results: dict, label: str):
+    """Initial vs the chosen set side by side (concepts, Top-K) and the chosen set's images with their answers."""
+    if not results or label not in results.get("sets", {}):
+        return "", []
+    images = results["sets"][label]["images"]
+    items = [(im["path"], f"seed {im['seed']}: " + "; ".join(f"{a}: {v}" for a, v in im["answers"].items())
+              + (f" | caption: {im['caption']}" if im.get("caption") else "")) for im in images]
+    return render_tibet.drill_html(results, label), items
+
+
+def set_choices(results: dict) -> list[tuple[str, str]]:
+    aggregate = results["aggregate"]
+    return [(label if aggregate else "initial prompt", label) if s["axis"] is None
+            else (f"{s['axis']}: {s['cf']}" + (f" ({s['prompt']})" if aggregate else ""), label)
+            for label, s in results["sets"].items()]
+
+
+def build(engine) -> list:
+    with gr.Row():
+        with gr.Column(scale=2, min_width=340):
+            editor = axes_table.build(engine, "cf", EXAMPLES)
+            with gr.Row():
+                n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
+                              label="Images per set (N; the thesis uses 48)", elem_id="cf-n")
+                seed = gr.Number(0, label="First seed (the same seeds in every set)", precision=0, elem_id="cf-seed")
+            with gr.Accordion("Generation settings (family defaults)", open=False):
+                negative = gr.Textbox(label="Negative prompt")
+                steps = gr.Number(None, label="Steps", precision=0)
+                guidance = gr.Number(None, label="Guidance")
+            with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
+                caption = gr.Checkbox(True, label="Add each image's caption to its concepts (thesis; the released "
+                                      "code leaves it out)")
+                synonyms = gr.Checkbox(True, label="Merge WordNet synonyms before comparing")
+                renormalise = gr.Checkbox(True, label="HistIoU on histograms rescaled to sum 1 (released code)")
+                sum_normalise = gr.Checkbox(True, label="Divide an axis' CAS by their sum before MAD (MAD in [0, 1])")
+                min_frequency = gr.Number(0.01, label="Drop concepts rarer than this per image")
+                n_boot = gr.Slider(0, 2000, value=500, step=50, label="Bootstrap resamples (0 = no intervals)")
+                top_k = gr.Slider(1, 20, value=5, step=1, label="Top-K concepts")
+            go = gr.Button("Generate and compare", variant="primary", elem_id="cf-run")
+        with gr.Column(scale=3):
+            progress = gr.Markdown("", elem_id="cf-progress")
+            mad = gr.HTML(elem_id="cf-mad")
+            cas = gr.HTML(elem_id="cf-cas")
+    table = gr.Dataframe(headers=["axis", "counterfactual", "CAS [95% CI]", "CAS CLIP [95% CI]"], interactive=False,
+                         label="Every counterfactual", elem_id="cf-table", wrap=True)
+    sets = gr.HTML(elem_id="cf-sets")
+    gr.Markdown("### Drill down: the initial images vs one counterfactual")
+    pick = gr.Dropdown([], label="Counterfactual", elem_id="cf-pick", interactive=True)
+    drill = gr.HTML(elem_id="cf-drill")
+    gallery = gr.Gallery(label="Images of the chosen set with their VQA answers", columns=8, height=260,
+                         elem_id="cf-gallery", object_fit="contain")
+    state = gr.State({})
+
+    @gpu
+    @user_errors
+    def compare(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
+                sum_normalise, min_frequency, n_boot, top_k):
+        request = counterfactuals.CounterfactualsRequest(
+            prompt=prompt, axes=axes_table.axes_of(rows), fill=axes_table.parse_fill(fill), n=int(n),
+            seed=int(seed or 0), negative_prompt=negative or "", steps=None if steps in (None, "") else int(steps),
+            guidance=None if guidance in (None, "") else float(guidance), caption=bool(caption),
+            synonyms=bool(synonyms), renormalise=bool(renormalise), sum_normalise=bool(sum_normalise),
+            min_frequency=float(min_frequency or 0), n_boot=int(n_boot), top_k=int(top_k))
+        skip = gr.skip()
+        records: dict[str, list] = {}
+        axes_scores: dict[str, dict] = {}
+        started = time.perf_counter()
+        # outputs: progress, mad, cas, table, sets, axes table, pick, state
+        for event in counterfactuals.run(request, engine):
+            if isinstance(event, Images):
+                if event.label.endswith("initial"):
+                    records.clear()       # aggregate mode: show the current prompt's sets only
+                records.setdefault(event.label, []).extend(event.records)
+                yield skip, skip, skip, skip, sets_html(records), skip, skip, skip
+            elif isinstance(event, Progress):
+                eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
+                yield (f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)",
+                       skip, skip, skip, skip, skip, skip, skip)
+            elif isinstance(event, Warning):
+                gr.Warning(event.message)
+            elif isinstance(event, Table) and event.name == "axes":
+                yield skip, skip, skip, skip, skip, event.rows, skip, skip
+            elif isinstance(event, Scores) and event.name.startswith("axis:"):
+                axes_scores[event.values["axis"]] = event.values
+                yield skip, skip, render_tibet.cas_html(axes_scores), skip, skip, skip, skip, skip
+            elif isinstance(event, Done):
+                r = event.results
+                choices = set_choices(r)
+                first_cf = next((c[1] for c in choices if "axis=" in c[1]), None)
+                text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
+                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). Most biased axis: "
+                        f"**{r['mad_order'][0]}** (MAD {fmt(r['mad'][r['mad_order'][0]], 2)}).")
+                yield (text, render_tibet.mad_html(r), render_tibet.cas_html(render_tibet.by_axis(r)),
+                       render_tibet.counterfactual_rows(r), skip, skip,
+                       gr.update(choices=choices, value=first_cf), {"results": r, "run_id": event.run_id})
+
+    def show(view, label):
+        return drilldown((view or {}).get("results"), label)
+
+    inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, steps, guidance, caption, synonyms,
+              renormalise, sum_normalise, min_frequency, n_boot, top_k]
+    go.click(compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals")
+    pick.change(show, [state, pick], [drill, gallery], api_name=False)
+    return []

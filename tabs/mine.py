@@ -1,0 +1,307 @@
+"""Mine Prompts tab: MineTheGap's genetic search, streamed live (population, best-score chart,
+ranked archive, lineage), stoppable and resumable; any stored run (app or CLI) can be opened."""
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+import gradio as gr
+
+from engine.errors import InputError
+from engine.events import Done, Progress, Scores, Warning
+from engine.methods import mine
+from engine.render import gap_html
+from engine.render_mine import RECONSTRUCTED, lineage_html, mine_chart
+
+from .common import gallery_items, gpu, user_errors
+
+BIAS_CHOICES = ["open", "socio-demographic", "style", "objects"]
+STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random")]
+NO_DETAILS = "Click a prompt in the archive or the population (or pick one above) to see its images and gap."
+
+# Stop requests by browser session: the Stop button sets it, the running handler checks it.
+_STOPS: dict[str, threading.Event] = {}
+# The run each session is streaming (so Stop can show what was kept).
+_RUNNING: dict[str, str] = {}
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "default"
+
+
+def _run_choices(engine) -> list[tuple[str, str]]:
+    out = []
+    for r in mine.list_runs(engine)[:100]:
+        s = r.get("summary") or {}
+        best = s.get("best_score")
+        label = (f"{r['id']} · {r['status']} · {s.get('strategy', r['request'].get('strategy', 'ga'))} · "
+                 f"{s.get('iterations', 0)} it" + (f" · best {best:.3f}" if isinstance(best, (int, float)) else ""))
+        out.append((label, r["id"]))
+    return out
+
+
+def _pick_choices(results: dict) -> list[tuple[str, str]]:
+    return [(f"{a['rank']}. {a['score']:.3f}  {a['prompt']}", a["id"]) for a in results.get("archive", [])]
+
+
+def _progress_text(results: dict, run_id: str, status: str) -> str:
+    p = results.get("params", {})
+    done = len(results.get("iterations", []))
+    best = results["archive"][0] if results.get("archive") else None
+    best_text = f"; most biased so far **{best['score']:.3f}** “{best['prompt']}”" if best else ""
+    return (f"**{status}**: run `{run_id}`, <span id='mine-iterations'>{done}</span> of {p.get('T')} "
+            f"iterations{best_text}.")
+
+
+class _View:
+    """The latest value of every live output; each event changes some, the rest are skipped."""
+
+    NAMES = ("progress", "chart", "population", "archive", "pick", "state", "runs")
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.values = {name: gr.skip() for name in self.NAMES}
+        self.state: dict = {}
+        self.population: list[list] = []
+
+    def update(self, **changes):
+        for name, value in changes.items():
+            self.values[name] = value
+        return tuple(changes.get(name, gr.skip()) for name in self.NAMES)
+
+    def everything(self):
+        return tuple(self.values[name] for name in self.NAMES)
+
+    def show_results(self, run_id: str, results: dict, status: str, baseline: dict | None = None):
+        iteration = len(results.get("iterations", [])) - 1
+        if results.get("pending"):
+            iteration = results["pending"]["iteration"]
+        self.state = {"run_id": run_id, "results": results}
+        return self.update(progress=_progress_text(results, run_id, status), chart=mine_chart(results, baseline),
+                           population=mine.population_rows(results, max(0, iteration)) if results.get("nodes") else [],
+                           archive=mine.archive_rows(results.get("archive", [])),
+                           pick=gr.update(choices=_pick_choices(results)), state=self.state)
+
+
+def _baseline_for(engine, results: dict) -> dict | None:
+    """The newest random-baseline run with the same budget (T, b, N), to draw next to a GA run."""
+    if results.get("strategy") != "ga":
+        return None
+    p = results.get("params", {})
+    for r in mine.list_runs(engine):
+        q = r.get("request") or {}
+        if q.get("strategy") == "random" and q.get("population") == p.get("b") and q.get("n") == p.get("n"):
+            record = engine.store.get_run(r["id"])
+            if record and record["results"].get("params", {}).get("T") == p.get("T"):
+                return record["results"]
+    return None
+
+
+def build(engine) -> list:
+    """Lay out the tab; returns its page-load hooks as (fn, outputs) pairs."""
+    gr.Markdown("Mine the prompts this model is most biased on: a genetic search over LLM-written prompts "
+                "scored by the MineTheGap gap score (images vs. LLM variations of the prompt).  \n" + RECONSTRUCTED,
+                elem_id="mine-intro")
+    with gr.Row():
+        with gr.Column(scale=2, min_width=320):
+            bias = gr.Dropdown(BIAS_CHOICES, value="open", allow_custom_value=True, label="Bias to mine",
+                               info="open-set, or a specific bias (type any axis, e.g. 'hair colour')",
+                               elem_id="mine-bias")
+            strategy = gr.Radio(STRATEGY_CHOICES, value="ga", label="Search", elem_id="mine-strategy")
+            with gr.Row():
+                iterations = gr.Slider(1, 30, value=5, step=1, label="Iterations T", info="the paper: 30",
+                                       elem_id="mine-T")
+                population = gr.Slider(2, mine.MAX_POPULATION, value=8, step=1, label="Population b",
+                                       elem_id="mine-b")
+            with gr.Row():
+                select = gr.Slider(1, 16, value=2, step=1, label="Selected s", elem_id="mine-s")
+                mutations = gr.Slider(1, 8, value=3, step=1, label="Mutations m", info="random r = b − s·m",
+                                      elem_id="mine-m")
+            with gr.Row():
+                n = gr.Slider(2, engine.max_images, value=min(8, engine.max_images), step=1,
+                              label="Images per prompt N", elem_id="mine-n")
+                n_var = gr.Slider(2, engine.max_images, value=min(8, engine.max_images), step=1,
+                                  label="Text variations per prompt", elem_id="mine-nvar")
+            with gr.Accordion("Score and search options (reconstructed defaults)", open=False):
+                alpha = gr.Slider(5, 50, value=25, step=5, label="Gap score α (percentile)")
+                combine = gr.Radio(["diff", "missed_only", "mean"], value="diff", label="Gap score combination")
+                keep_parents = gr.Checkbox(False, label="Keep parents (elitism)",
+                                           info="off: the selected prompts are archived and replaced by their "
+                                                "mutations, as in the paper's animation")
+                with gr.Row():
+                    seed = gr.Number(0, label="GA seed", precision=0)
+                    image_seed = gr.Number(0, label="First image seed", precision=0)
+            budget = gr.Markdown("", elem_id="mine-budget")
+            with gr.Row():
+                estimate = gr.Button("Estimate budget", elem_id="mine-estimate")
+                start = gr.Button("Start mining", variant="primary", elem_id="mine-start")
+                stop = gr.Button("Stop", variant="stop", elem_id="mine-stop")
+            with gr.Accordion("Stored runs (app or `python -m engine mine`)", open=True):
+                runs = gr.Dropdown([], label="Run", elem_id="mine-runs", allow_custom_value=True)
+                with gr.Row():
+                    refresh = gr.Button("Refresh", size="sm", elem_id="mine-refresh")
+                    open_btn = gr.Button("Open", size="sm", elem_id="mine-open")
+                    resume = gr.Button("Resume (up to T iterations)", size="sm", elem_id="mine-resume")
+        with gr.Column(scale=3):
+            progress = gr.Markdown("", elem_id="mine-progress")
+            chart = gr.HTML(elem_id="mine-chart")
+            population_table = gr.Dataframe(headers=mine.POPULATION_COLUMNS, label="Population (this iteration)",
+                                            interactive=False, wrap=True, max_height=300, elem_id="mine-population")
+            archive_table = gr.Dataframe(headers=mine.ARCHIVE_COLUMNS,
+                                         label="Archive: the most biased prompts found (click one to open it)",
+                                         interactive=False, wrap=True, max_height=360, elem_id="mine-archive")
+    pick = gr.Dropdown([], label="Open an archived prompt", elem_id="mine-pick")
+    lineage = gr.HTML(NO_DETAILS, elem_id="mine-lineage")
+    gallery = gr.Gallery(label="Images of the prompt", columns=8, height=240, elem_id="mine-gallery",
+                         object_fit="contain", allow_preview=True)
+    details = gr.HTML(elem_id="mine-gap")
+    state = gr.State({})
+
+    settings_inputs = [bias, strategy, iterations, population, select, mutations, n, n_var, alpha, combine,
+                       keep_parents, seed, image_seed]
+    live_outputs = [progress, chart, population_table, archive_table, pick, state, runs]
+
+    def make_request(bias, strategy, iterations, population, select, mutations, n, n_var, alpha, combine,
+                     keep_parents, seed, image_seed) -> mine.MineRequest:
+        return mine.MineRequest(iterations=int(iterations), population=int(population), select=int(select),
+                                mutations=int(mutations), n=int(n), n_variations=int(n_var), alpha=float(alpha),
+                                combine=combine, keep_parents=bool(keep_parents), bias=(bias or "open").strip(),
+                                strategy=strategy, seed=int(seed or 0), image_seed=int(image_seed or 0))
+
+    @gpu
+    @user_errors
+    def preview(*values):
+        return "**Budget:** " + mine.budget_text(mine.estimate_budget(make_request(*values), engine, probe=True))
+
+    def stream(request: mine.MineRequest, session: str):
+        """Run the method and map its events onto the live outputs."""
+        stop_flag = _STOPS.setdefault(session, threading.Event())
+        stop_flag.clear()
+        view = _View(engine)
+        events = mine.run(request, engine)
+        population: dict[str, list] = {}
+        run_id, started = "", time.perf_counter()
+        try:
+            for event in events:
+                if stop_flag.is_set():
+                    break
+                if isinstance(event, Scores) and event.name == "run":
+                    run_id = event.values["run_id"]
+                    _RUNNING[session] = run_id
+                    view.state = {"run_id": run_id}
+                    yield view.update(progress=f"**Started** run `{run_id}`", state=view.state)
+                elif isinstance(event, Progress):
+                    eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
+                    yield view.update(progress=f"**{event.message or event.stage}**{eta} "
+                                               f"({time.perf_counter() - started:.1f} s, run `{run_id}`)")
+                elif isinstance(event, Warning):
+                    gr.Warning(event.message)
+                elif isinstance(event, Scores) and event.name == "prompt":
+                    node = event.values
+                    if population and next(iter(population.values()))[-1] != node["iteration"]:
+                        population.clear()
+                    population[node["id"]] = [node["id"], node["prompt"], round(node["score"], 4), node["origin"],
+                                              node.get("parent") or "", node["iteration"]]
+                    rows = sorted(population.values(), key=lambda r: r[2])
+                    yield view.update(population=[r[:-1] for r in rows])
+                elif isinstance(event, Scores) and event.name == "iteration":
+                    record = engine.store.get_run(run_id)
+                    results = record["results"] if record else {}
+                    if results.get("iterations"):
+                        view.show_results(run_id, results, f"Iteration {event.values['iteration'] + 1} done")
+                        yield view.everything()
+                elif isinstance(event, Done):
+                    view.show_results(event.run_id, event.results, "Done", _baseline_for(engine, event.results))
+                    view.values["runs"] = gr.update(choices=_run_choices(engine), value=event.run_id)
+                    yield view.everything()
+        finally:
+            events.close()   # a Stop (or a closed page) marks the run stopped and saves its state
+            _RUNNING.pop(session, None)
+        if stop_flag.is_set() and run_id:
+            yield _stopped(run_id, view)
+
+    def _stopped(run_id: str, view: _View):
+        record = engine.store.get_run(run_id)
+        if record is None:
+            return view.update(progress="Stopped.")
+        view.show_results(run_id, record["results"], "Stopped; everything computed is kept. Resume it below")
+        view.values["runs"] = gr.update(choices=_run_choices(engine), value=run_id)
+        return view.everything()
+
+    @gpu
+    @user_errors
+    def start_mining(bias, strategy, iterations, population, select, mutations, n, n_var, alpha, combine,
+                     keep_parents, seed, image_seed, request: gr.Request = None):
+        yield from stream(make_request(bias, strategy, iterations, population, select, mutations, n, n_var, alpha,
+                                       combine, keep_parents, seed, image_seed), _session(request))
+
+    @gpu
+    @user_errors
+    def resume_mining(run_id, iterations, request: gr.Request = None):
+        if not run_id:
+            raise InputError("pick a stored run to resume")
+        yield from stream(mine.MineRequest(resume=run_id, iterations=int(iterations)), _session(request))
+
+    def stop_mining(view_state, request: gr.Request = None):
+        session = _session(request)
+        _STOPS.setdefault(session, threading.Event()).set()
+        run_id = _RUNNING.get(session) or (view_state or {}).get("run_id")
+        view = _View(engine)
+        if not run_id:
+            return view.update(progress="Nothing is running.")
+        deadline = time.time() + 5
+        while time.time() < deadline:   # the cancelled handler closes the run (status 'stopped')
+            record = engine.store.get_run(run_id)
+            if record is None or record["status"] != "running":
+                break
+            time.sleep(0.1)
+        return _stopped(run_id, view)
+
+    @user_errors
+    def refresh_runs():
+        return gr.update(choices=_run_choices(engine))
+
+    @user_errors
+    def open_run(run_id):
+        if not run_id:
+            raise InputError("pick a stored run to open")
+        record = mine.load_resumable(engine, run_id)
+        results = record["results"]
+        view = _View(engine)
+        view.show_results(run_id, results, f"Run {record['status']}", _baseline_for(engine, results))
+        p = results["params"]
+        return (*view.everything()[:-1], gr.update(value=p["T"]), NO_DETAILS, [], "")
+
+    @user_errors
+    def show_prompt(view_state, node_id):
+        results = (view_state or {}).get("results")
+        if not results or not node_id:
+            return NO_DETAILS, [], ""
+        info = mine.prompt_details(engine, results, node_id)
+        node = info["node"]
+        head = (f"<h4 id='mine-selected'>{html.escape(node['prompt'])} "
+                f"<span class='gl-badge'>gap {node.get('score') if node.get('score') is None else round(node['score'], 4)}"
+                f"</span></h4><p><b>Lineage</b> (parent → child):</p>{lineage_html(info['lineage'])}")
+        if info["missing_images"]:
+            head += f"<p>{info['missing_images']} image(s) are no longer in the store.</p>"
+        gap = gap_html(info["gap"]) if info["gap"] else f"<p>{html.escape(info['note'] or 'not scored')}</p>"
+        return head, gallery_items(info["images"]), gap
+
+    def select_row(view_state, evt: gr.SelectData):
+        row = evt.row_value or []
+        results = (view_state or {}).get("results") or {}
+        texts = {str(v) for v in row}
+        node = next((n for n in results.get("nodes", []) if n["id"] in texts or n["prompt"] in texts), None)
+        return gr.update(value=node["id"] if node else None)
+
+    estimate.click(preview, settings_inputs, [budget], api_name="mine_budget")
+    start_event = start.click(start_mining, settings_inputs, live_outputs, api_name="mine")
+    resume_event = resume.click(resume_mining, [runs, iterations], live_outputs, api_name="mine_resume")
+    stop.click(stop_mining, [state], live_outputs, cancels=[start_event, resume_event], api_name=False)
+    refresh.click(refresh_runs, None, [runs], api_name=False)
+    open_btn.click(open_run, [runs], live_outputs[:-1] + [iterations, lineage, gallery, details], api_name=False)
+    pick.change(show_prompt, [state, pick], [lineage, gallery, details], api_name=False)
+    archive_table.select(select_row, [state], [pick], api_name=False)
+    population_table.select(select_row, [state], [pick], api_name=False)
+    return [(refresh_runs, [runs])]

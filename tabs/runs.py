@@ -1,0 +1,232 @@
+"""Runs tab: every run in the store (any method, app or CLI): search, sort, open, compare,
+delete, export, import, and user-study packs. Thin: engine/runs.py, engine/export.py and
+engine/study.py do the work; results are rendered with engine/render.py as their tab shows them."""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from engine import export, runs, study
+from engine.axes import known_axes
+from engine.errors import InputError
+
+from .common import gallery_items, user_errors
+
+HEADERS = ["run", "method", "prompt", "generator", "date", "headline score", "status"]
+ALL = "all"
+
+
+def _export_dir() -> Path:
+    """A fresh directory under the system temp dir (Gradio serves downloads from there)."""
+    return Path(tempfile.mkdtemp(prefix="gaplens-export-"))
+
+
+def _ids(selected) -> list[str]:
+    if not selected:
+        return []
+    if isinstance(selected, str):
+        selected = [selected]
+    return [s.strip() for s in selected if s and s.strip()]
+
+
+def _choice_label(row: dict) -> str:
+    return f"{row['id']} · {row['method']} · {row['prompt'][:40]}"
+
+
+def build(engine) -> list:
+    """Lay out the tab; returns its page-load hooks as (fn, outputs) pairs."""
+    store = engine.store
+    gr.Markdown("Every run in the store, from the app or the command line (`python -m engine ...`). "
+                "Click a row to open it and add it to the selection; select two or more to compare them, "
+                "export them or build a user study from their image sets.")
+    with gr.Row():
+        search = gr.Textbox(label="Search", placeholder="words in the prompt, method, model, status or run id",
+                            elem_id="runs-search", scale=3)
+        method = gr.Dropdown([ALL], value=ALL, label="Method", elem_id="runs-method", scale=1)
+        status = gr.Dropdown([ALL, *runs.STATUSES], value=ALL, label="Status", elem_id="runs-status-filter", scale=1)
+        sort = gr.Dropdown(list(runs.SORTS), value="newest", label="Sort by", elem_id="runs-sort", scale=1)
+        refresh = gr.Button("Refresh", scale=0, elem_id="runs-refresh")
+    table = gr.Dataframe(headers=HEADERS, interactive=False, elem_id="runs-table", wrap=True, max_height=360,
+                         label="Runs (click a row to open it)")
+    with gr.Row():
+        selected = gr.Dropdown([], value=[], multiselect=True, allow_custom_value=True, label="Selected runs",
+                               info="clicked rows are added here; you can also paste run ids",
+                               elem_id="runs-selected", scale=4)
+        clear = gr.Button("Clear selection", scale=0, size="sm")
+    with gr.Row():
+        open_btn = gr.Button("Open", variant="primary", elem_id="runs-open")
+        compare_btn = gr.Button("Compare", elem_id="runs-compare-btn")
+        json_btn = gr.Button("Export scores (JSON + CSV)", elem_id="runs-export-scores")
+        zip_btn = gr.Button("Export zip (images + metadata.jsonl)", elem_id="runs-export-zip")
+        html_btn = gr.Button("Export HTML report", elem_id="runs-export-html")
+    with gr.Row():
+        confirm = gr.Checkbox(False, label="Yes, delete the selected runs", elem_id="runs-confirm", scale=2)
+        keep_images = gr.Checkbox(False, label="keep their images", scale=1)
+        delete_btn = gr.Button("Delete", variant="stop", elem_id="runs-delete", scale=1)
+    message = gr.Markdown("", elem_id="runs-message")
+    files = gr.File(label="Downloads", file_count="multiple", interactive=False, elem_id="runs-files")
+    view = gr.HTML(elem_id="runs-view")
+    gallery = gr.Gallery(label="Images of the run", columns=8, height=280, elem_id="runs-gallery",
+                         object_fit="contain", allow_preview=True)
+    comparison = gr.HTML(elem_id="runs-comparison")
+
+    with gr.Accordion("Import runs from an exported zip", open=False):
+        upload = gr.File(label="GapLens export (.zip)", file_types=[".zip"], elem_id="runs-import-file")
+        import_btn = gr.Button("Import", elem_id="runs-import")
+
+    with gr.Accordion("User study: build a pack from the selected runs, then analyse the answers", open=False):
+        gr.Markdown("Each image set of the selected runs becomes a condition behind an opaque id. Participants "
+                    "get one offline HTML form; the answer key (run, prompt, model, automatic score of every "
+                    "set) stays with you. Forms follow a Williams Latin square: with the default number of "
+                    "raters every set is equally often at every position (and side, for pairs).")
+        with gr.Row():
+            question = gr.Radio([("1–5 bias rating of each set", "rating"),
+                                 ("which of two sets is more diverse", "pair")], value="rating",
+                                label="Question", elem_id="study-question")
+            axis = gr.Dropdown(["overall", *known_axes()], value="gender", allow_custom_value=True,
+                               label="About (axis)", elem_id="study-axis")
+        with gr.Row():
+            per_set = gr.Slider(1, 32, value=10, step=1, label="Images shown per set", elem_id="study-images")
+            seed = gr.Number(0, precision=0, label="Seed", elem_id="study-seed")
+            raters = gr.Number(0, precision=0, label="Raters / forms (0 = one full counterbalancing cycle)",
+                               elem_id="study-raters")
+            checks = gr.Slider(0, 6, value=2, step=1, label="Attention checks per form", elem_id="study-checks")
+        build_btn = gr.Button("Build study pack", elem_id="study-build")
+        pack_info = gr.Markdown(elem_id="study-info")
+        pack_file = gr.File(label="Study pack (.zip)", interactive=False, elem_id="study-pack")
+        gr.Markdown("**Analyse answers**: the pack zip (or its `researcher/answer_key.json`) and the answer "
+                    "CSVs the participants sent back.")
+        with gr.Row():
+            key_file = gr.File(label="Pack zip or answer key", file_types=[".zip", ".json"], elem_id="study-key")
+            answer_files = gr.File(label="Answers (.csv)", file_count="multiple", file_types=[".csv"],
+                                   elem_id="study-answers")
+        exclude = gr.Checkbox(True, label="Exclude raters who failed an attention check", elem_id="study-exclude")
+        analyse_btn = gr.Button("Analyse", elem_id="study-analyse")
+        analysis = gr.HTML(elem_id="study-analysis-out")
+
+    # -- handlers --------------------------------------------------------------------------------
+    @user_errors
+    def list_runs(search, method, status, sort, selected):
+        rows = runs.list_runs(store, search or "", None if method in (None, "", ALL) else method,
+                              None if status in (None, "", ALL) else status, sort or "newest")
+        data = [[r["id"], r["method"], r["prompt"], r["generator"], r["date"], r["headline"], r["status"]]
+                for r in rows]
+        methods = sorted({r["method"] for r in store.list_runs()})
+        keep = [s for s in _ids(selected) if store.get_run(s) is not None]
+        return (data, gr.Dropdown(choices=[(_choice_label(r), r["id"]) for r in rows], value=keep),
+                gr.Dropdown(choices=[ALL, *methods]), f"{len(rows)} run(s) shown; {store.count('runs')} in the store.")
+
+    def load():
+        return list_runs("", ALL, ALL, "newest", [])[:3]
+
+    @user_errors
+    def open_run(selected):
+        ids = _ids(selected)
+        if not ids:
+            raise InputError("pick a run first: click a row of the table")
+        opened = runs.open_run(store, ids[-1])
+        records = [r for r, _ in opened["records"]]
+        labels = [f"seed {r.seed}" + (f" · {label}" if label else "") for r, label in opened["records"]]
+        return opened["html"], gallery_items(records, labels)
+
+    def click_row(selected, evt: gr.SelectData):
+        row = evt.row_value or []
+        if not row:
+            return gr.skip(), gr.skip(), gr.skip()
+        ids = _ids(selected)
+        if row[0] not in ids:
+            ids.append(row[0])
+        html, items = open_run([row[0]])
+        return gr.Dropdown(value=ids), html, items
+
+    @user_errors
+    def compare(selected):
+        comparison_ = runs.compare_runs(store, _ids(selected))
+        return runs.compare_html(comparison_, store)
+
+    @user_errors
+    def delete(selected, confirmed, keep):
+        ids = _ids(selected)
+        if not ids:
+            raise InputError("pick the runs to delete first")
+        if not confirmed:
+            raise InputError("tick 'Yes, delete the selected runs' first")
+        removed = runs.delete_runs(store, ids, keep_images=bool(keep))
+        text = (f"Deleted {removed['runs']} run(s) and {removed['images']} image(s) no other run used."
+                + (f" Not found: {', '.join(removed['missing'])}." if removed["missing"] else ""))
+        return gr.Dropdown(value=[]), False, text, "", []
+
+    def exporter(fmt):
+        @user_errors
+        def run_export(selected):
+            ids = _ids(selected)
+            if not ids:
+                raise InputError("pick the runs to export first")
+            stem = ids[0] if len(ids) == 1 else f"gaplens-{len(ids)}-runs-{time.strftime('%Y%m%d-%H%M%S')}"
+            out = _export_dir()
+            if fmt == "scores":
+                paths = (export.export_files(store, ids, "json", out / f"{stem}.scores.json")
+                         + export.export_files(store, ids, "csv", out / f"{stem}.scores.csv"))
+            else:
+                paths = export.export_files(store, ids, fmt, out / f"{stem}.{fmt}")
+            return paths, f"Exported {len(ids)} run(s): " + ", ".join(Path(p).name for p in paths)
+        return run_export
+
+    @user_errors
+    def do_import(path):
+        if not path:
+            raise InputError("upload an exported .zip first")
+        report = export.import_zip(store, path)
+        text = (f"Imported {len(report['imported'])} run(s) ({report['images_added']} new image(s), "
+                f"{report['answers']} VQA answers, {report['embeddings']} embeddings)"
+                + (f"; already in the store: {', '.join(report['skipped'])}" if report["skipped"] else "") + ".")
+        return gr.Dropdown(value=report["imported"]), text
+
+    @user_errors
+    def build_study(selected, question, axis, per_set, seed, raters, checks):
+        ids = _ids(selected)
+        if not ids:
+            raise InputError("select the runs whose image sets the study compares")
+        pack = study.build_pack(engine, ids, question=question, axis=axis or "overall",
+                                images_per_set=int(per_set), seed=int(seed or 0),
+                                n_raters=int(raters) if raters else None, n_attention=int(checks))
+        path = study.write_pack(pack, _export_dir() / f"study-{question}-seed{int(seed or 0)}.zip")
+        summary = study.pack_summary(pack)
+        missing = summary["sets"] - summary["sets_with_automatic_score"]
+        note = (f"\n\n{missing} set(s) have no automatic score for this question; Spearman will leave them out."
+                if missing else "")
+        return path, f"**Study pack built**: {summary['text']}{note}"
+
+    @user_errors
+    def analyse(key_path, answer_paths, exclude_inattentive):
+        if not key_path:
+            raise InputError("upload the study pack zip (or its answer_key.json) first")
+        if not answer_paths:
+            raise InputError("upload the answers CSV file(s)")
+        paths = answer_paths if isinstance(answer_paths, list) else [answer_paths]
+        texts = [Path(p).read_text(encoding="utf-8") for p in paths]
+        return study.analysis_html(study.analyse(study.load_key(key_path), texts, bool(exclude_inattentive)))
+
+    list_inputs = [search, method, status, sort, selected]
+    list_outputs = [table, selected, method, message]
+    refresh.click(list_runs, list_inputs, list_outputs, api_name="runs_list")
+    for trigger in (search.submit, method.change, status.change, sort.change):
+        trigger(list_runs, list_inputs, list_outputs, api_name=False)
+    table.select(click_row, [selected], [selected, view, gallery], api_name=False)
+    clear.click(lambda: gr.Dropdown(value=[]), None, [selected], api_name=False)
+    open_btn.click(open_run, [selected], [view, gallery], api_name="runs_open")
+    compare_btn.click(compare, [selected], [comparison], api_name="runs_compare")
+    delete_btn.click(delete, [selected, confirm, keep_images], [selected, confirm, message, view, gallery],
+                     api_name="runs_delete").then(list_runs, list_inputs, list_outputs, api_name=False)
+    json_btn.click(exporter("scores"), [selected], [files, message], api_name="runs_export_scores")
+    zip_btn.click(exporter("zip"), [selected], [files, message], api_name="runs_export_zip")
+    html_btn.click(exporter("html"), [selected], [files, message], api_name="runs_export_html")
+    import_btn.click(do_import, [upload], [selected, message], api_name="runs_import").then(
+        list_runs, list_inputs, list_outputs, api_name=False)
+    build_btn.click(build_study, [selected, question, axis, per_set, seed, raters, checks], [pack_file, pack_info],
+                    api_name="study_build")
+    analyse_btn.click(analyse, [key_file, answer_files, exclude], [analysis], api_name="study_analyse")
+    return [(load, [table, selected, method])]

@@ -1,0 +1,36 @@
+"""`python -m engine ...` as a researcher scripts it."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args, data_dir):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GAPLENS_DATA_DIR": str(data_dir)}
+    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_generate_prints_one_record_per_image_and_writes_a_run(tmp_path):
+    out = cli("generate", "--preset", "synthetic", "--prompt", "a photo of a doctor", "-n", "8", "--json",
+              data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert [r["seed"] for r in result["images"]] == list(range(8))
+    assert all(Path(r["path"]).exists() and len(r["key"]) == 64 for r in result["images"])
+    assert "8/8 images" in out.stderr  # progress on stderr
+    status = json.loads(cli("status", "--preset", "synthetic", data_dir=tmp_path).stdout)
+    assert status["stored_images"] == 8 and status["runs"] == 1
+
+
+def test_bad_input_prints_a_clear_error_and_exits_2(tmp_path):
+    for args, needle in [(["--prompt", ""], "empty"), (["--prompt", "a cat", "-n", "100000"], "maximum"),
+                         (["--prompt", "a cat", "--generator", "diffusers:no-org/no-model"], "no-org/no-model")]:
+        out = cli("generate", "--preset", "synthetic", *args, data_dir=tmp_path)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.startswith("error:") or "\nerror:" in out.stderr
+        assert needle in out.stderr
+        assert "Traceback" not in out.stderr
