@@ -139,3 +139,20 @@ def intersectional_html(results: dict) -> str:
             f"{summary_html(results)}<ul style='font-size:12px'>{questions}</ul>{matrix_html(results)}"
             f"<table style='font-size:12px'><tr><th>kept edge</th><th>IS</th><th>χ² p</th></tr>{edges}</table>"
             f"{iframe(graph_from_results(results))}")
+
+
+def pair_html(results: dict, intervened: str, affected: str) -> str:
+    """The affected axis' distribution on the initial images and after making `intervened`
+    diverse (its counterfactual sets mixed equally), each against the target D* (dashed)."""
+    d = results["distributions"][affected]
+    s = results["sensitivity"]
+    i, j = s["axes"].index(intervened), s["axes"].index(affected)
+    charts_ = [charts.bar_chart(d["values"], [0.0 if v is None else v for v in values], reference=d["ideal"],
+                                vmax=1.0, width=360, title=title, chart_id=f"pair-{key}")
+               for key, title, values in (("initial", f"{affected}: initial images", d["initial"]),
+                                          ("mixed", f"{affected}: {intervened} made diverse", d["mixed"][intervened]))]
+    text = cell_text(intervened, affected, s["matrix"][i][j], s["w_bar_init"][j], s["w_bar_mixed"][i][j],
+                     (s["ci_low"][i][j], s["ci_high"][i][j]) if s.get("ci_low") else None)
+    return (f"<div id='ic-pair-panel'><p style='font-size:13px'>{html.escape(text)}</p>"
+            f"<div style='display:flex;flex-wrap:wrap;gap:12px'>" + "".join(f"<div class='gl-chart'>{c}</div>" for c in charts_)
+            + "</div><p style='font-size:12px'>Dashed ticks: the target D*.</p></div>")

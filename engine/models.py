@@ -26,6 +26,7 @@ class LoadedModel:
     load_seconds: float
     lock: threading.RLock = field(default_factory=threading.RLock)
     last_used: float = field(default_factory=time.time)
+    users: int = 0  # calls in progress (or waiting for the lock): never evicted while > 0
 
 
 def _memory_bytes(backend) -> int:
@@ -42,7 +43,7 @@ class ModelManager:
         self._device = device
         self.budget_bytes = budget_bytes
         self._models: "OrderedDict[ModelSpec, LoadedModel]" = OrderedDict()
-        self._load_lock = threading.Lock()
+        self._load_lock = threading.RLock()
 
     @property
     def device(self) -> str:
@@ -70,23 +71,25 @@ class ModelManager:
     @contextmanager
     def use(self, spec: ModelSpec, **context):
         """Yield the backend with its lock held: one call at a time per model."""
-        backend = self.get(spec, **context)
-        entry = self._models.get(spec)
-        lock = entry.lock if entry is not None else threading.RLock()
-        with lock:
-            yield backend
+        with self._load_lock:
+            backend = self.get(spec, **context)
+            entry = self._models[spec]
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield backend
+        finally:
+            with self._load_lock:
+                entry.users -= 1
 
     def _evict_over_budget(self, keep: ModelSpec) -> None:
         if not self.budget_bytes:
             return
         while sum(m.bytes for m in self._models.values()) > self.budget_bytes:
-            victim = next((s for s, m in self._models.items()
-                           if s != keep and m.lock.acquire(blocking=False)), None)
+            victim = next((s for s, m in self._models.items() if s != keep and m.users == 0), None)
             if victim is None:
-                return  # everything else is busy: go over budget rather than deadlock
-            entry = self._models.pop(victim)
-            entry.lock.release()
-            _release(entry.backend)
+                return  # everything else is busy: go over budget rather than pull a model away mid-call
+            _release(self._models.pop(victim).backend)
 
     def unload(self, spec: ModelSpec | None = None) -> list[str]:
         """Unload one model (or all). Returns the labels unloaded."""

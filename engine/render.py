@@ -47,7 +47,7 @@ def axis_html(name: str, m: dict) -> str:
 
 def gap_html(gap: dict) -> str:
     """Gap score, its terms, the missed interpretations, the least-aligned images and the heatmap."""
-    missed = "".join(f"<li data-coverage='{m['coverage']:.3f}'>{m['text']} "
+    missed = "".join(f"<li data-coverage='{m['coverage']:.3f}'>{html.escape(m['text'])} "
                      f"<span class='gl-badge'>best image match {m['coverage']:.3f}</span></li>"
                      for m in gap["missed"])
     least = ", ".join(f"seed {x['seed']} ({x['alignment']:.3f})" for x in gap["least_aligned"])
@@ -65,7 +65,10 @@ def gap_html(gap: dict) -> str:
             f"No bootstrap interval: resampling images with replacement lowers any coverage score; "
             f"rerun with other seeds to see its spread.</p>"
             f"<p><b>Missed interpretations</b> (variations no image covers):</p><ol id='missed'>{missed}</ol>"
-            f"<p><b>Least-aligned images:</b> {least}</p><div style='overflow-x:auto'>{heat}</div></div>")
+            f"<p><b>Least-aligned images:</b> {least}</p>"
+            f"<details><summary>All {len(gap['variations'])} LLM text variations (the reference distribution)</summary>"
+            f"<ol>{''.join(f'<li>{html.escape(v)}</li>' for v in gap['variations'])}</ol></details>"
+            f"<div style='overflow-x:auto'>{heat}</div></div>")
 
 
 def single_prompt_html(results: dict) -> str:

@@ -57,3 +57,17 @@ def test_free_text_axis_and_reference_mode(engine, planted):
     assert results["axes"]["hair color"]["question"] == "What is hair color in the image?"
     assert results["axes"]["gender"]["kl_unit"] == "nats"
     assert sum(results["axes"]["hair color"]["counts"].values()) == 16
+
+
+def test_llm_garbage_is_a_clear_error_and_earlier_work_stays(engine, planted):
+    from engine.errors import LLMOutputError
+
+    llm = engine.models.get(engine.preset.llm)
+    llm.chat = lambda *args, **kwargs: "Sorry, as a language model I prefer prose."
+    with pytest.raises(LLMOutputError, match="JSON|list"):
+        measure(engine, "a photo of a chef", n=8)
+    run = engine.store.list_runs("single_prompt")[0]
+    assert run["status"] == "failed" and "JSON" in run["error"] or "list" in run["error"]
+    saved = engine.store.get_run(run["id"])
+    assert len(saved["results"]["images"]) == 8 and "gender" in saved["results"]["axes"]
+    assert engine.store.count("images") == 8

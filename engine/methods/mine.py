@@ -212,6 +212,7 @@ class Miner:
         self.warnings: list[str] = []
         self.scored_here = 0
         self.from_memory = 0      # images served from the in-process score memo
+        self.use_memo = not isinstance(engine, _CacheOnlyEngine)   # a budget replay counts store hits
         self.started = time.perf_counter()
         self.last_save = 0.0
 
@@ -281,7 +282,7 @@ class Miner:
         memo_key = (str(engine.store.db_path), tuple(sorted(self.model_ids.items())), prompt, tuple(request.seeds()),
                     tuple(sorted(self.settings.__dict__.items())), request.n_variations, request.alpha,
                     request.combine, request.image_seed, self.axis)
-        if memo_key in _SCORE_MEMO:
+        if self.use_memo and memo_key in _SCORE_MEMO:
             _SCORE_MEMO.move_to_end(memo_key)
             rows, gap, skipped = _SCORE_MEMO[memo_key]
             self.from_memory += len(rows)
@@ -522,24 +523,54 @@ def search(request: MineRequest, engine: Engine) -> dict:
 # -- budget ---------------------------------------------------------------------------------------
 def estimate_budget(request: MineRequest, engine: Engine, probe: bool = False) -> dict:
     """What the settings imply before starting (spec A.9): images T*b*N and LLM calls, minus what
-    the store already holds, and an ETA from the generator's measured speed.
+    the store already holds, and an ETA from the measured speeds of the generator and the LLM.
 
     Cache hits are found by replaying the run against the store alone (the same seeds give the
     same LLM calls and prompts) until something is missing. With `probe`, when the generator's
-    speed was not measured yet in this process, one image of the run is generated (and kept)
-    to measure it."""
+    speed was not measured yet in this process, the run's first missing LLM call and first
+    missing image are made now (both are kept and reused by the run) to measure the speeds."""
     request, stored = resolve(request, engine)
+    replay = _replay(request, engine, stored)
+    gen_id, llm_id = replay["model_ids"]["generator"], replay["model_ids"]["llm"]
+    source = "measured in this session" if gen_id in SPEEDS else None
+    if probe and gen_id not in SPEEDS and replay["images_to_generate"]:
+        prompt = replay["first_missing"]
+        if prompt is None:      # the replay stopped at a population: make that LLM call for real
+            miner = Miner(request, engine, None, stored)
+            calls, start = engine.stats.llm_calls, time.perf_counter()
+            ids = miner._make_population(len(miner.iterations))
+            if engine.stats.llm_calls > calls:
+                _measure(llm_id, time.perf_counter() - start, engine.stats.llm_calls - calls)
+            prompt = miner.by_id[ids[0]]["prompt"] if ids else "a photo of a person"
+        made, start = engine.stats.images_generated, time.perf_counter()
+        engine.image_set(prompt, request.seeds()[:1], settings_for(request, engine))
+        if engine.stats.images_generated > made:
+            _measure(gen_id, time.perf_counter() - start, engine.stats.images_generated - made)
+            source = "measured on one probe image"
+        replay = _replay(request, engine, stored)
+    images, llm = replay["images_to_generate"], replay["llm_calls_to_make"]
+    eta = None
+    if gen_id in SPEEDS or not images:
+        eta = images * SPEEDS.get(gen_id, 0.0) + llm * SPEEDS.get(llm_id, 0.0)
+        source = source or "nothing to generate"
+    return {**{k: v for k, v in replay.items() if k not in ("model_ids", "first_missing")},
+            "iterations": request.iterations, "population": request.population,
+            "random_per_iteration": request.random_count, "seconds_per_image": SPEEDS.get(gen_id),
+            "seconds_per_llm_call": SPEEDS.get(llm_id), "speed_source": source, "eta_s": eta,
+            "resuming": request.resume}
+
+
+def _replay(request: MineRequest, engine: Engine, stored: dict | None) -> dict:
+    """Replay the run on the store alone: how much of it is cached (see estimate_budget)."""
     dry = Miner(request, _CacheOnlyEngine(engine), None, stored)
     T, b, s = request.iterations, request.population, request.select
-    done_iterations, scored_before = len(dry.iterations), dry.scored_total()
+    scored_before = dry.scored_total()
     prompts = max(0, T * b - scored_before)
     llm_implied = prompts                                  # one variation call per new prompt
-    for t in range(done_iterations, T):                   # population-making calls
-        if dry.pending and dry.pending["iteration"] == t:
-            continue
-        llm_implied += 1 + (s if request.strategy == "ga" and t > 0 else 0)
-    replayed_prompts, images_cached, first_missing = 0, 0, None
-    stop = False
+    for t in range(len(dry.iterations), T):               # the calls that make populations
+        if not (dry.pending and dry.pending["iteration"] == t):
+            llm_implied += 1 + (s if request.strategy == "ga" and t > 0 else 0)
+    images_cached, first_missing, stop = 0, None, False
     while len(dry.iterations) < T and not stop:
         t = len(dry.iterations)
         try:
@@ -557,43 +588,19 @@ def estimate_budget(request: MineRequest, engine: Engine, probe: bool = False) -
             try:
                 for _ in dry._score(node, t):
                     pass
-                replayed_prompts += 1
             except CacheMiss:
-                first_missing = first_missing or node["prompt"]
-                stop = True
+                first_missing, stop = first_missing or node["prompt"], True
         if stop or not population:
             break
-        dry.iterations.append({"iteration": t, "population": [n["id"] for n in population], "best": None,
-                               "selected": [n["id"] for n in sorted(
-                                   (n for n in population if n.get("score") is not None),
-                                   key=lambda n: (n["score"], dry._index(n)))[:s]]})
-        dry.pending = None
+        for _ in dry._finish_iteration(t, population):
+            pass
     images_implied = prompts * request.n
     llm_cached = dry.engine.stats.llm_cache_hits
-    images_to_make = max(0, images_implied - images_cached)
-    llm_to_call = max(0, llm_implied - llm_cached)
-    gen_id, llm_id = dry.model_ids["generator"], dry.model_ids["llm"]
-    source = "measured in this session" if gen_id in SPEEDS else None
-    if probe and gen_id not in SPEEDS and images_to_make:
-        prompt = first_missing or "a photo of a person"
-        start = time.perf_counter()
-        made = engine.stats.images_generated
-        engine.image_set(prompt, request.seeds()[:1], dry.settings)
-        if engine.stats.images_generated > made:
-            _measure(gen_id, time.perf_counter() - start, engine.stats.images_generated - made)
-            images_to_make -= 1
-            source = "measured on one probe image"
-    eta = None
-    if gen_id in SPEEDS or not images_to_make:
-        eta = images_to_make * SPEEDS.get(gen_id, 0.0) + llm_to_call * SPEEDS.get(llm_id, 0.0)
-        source = source or "nothing to generate"
-    return {"iterations": T, "population": b, "random_per_iteration": request.random_count,
-            "prompts_to_score": prompts, "images_implied": images_implied, "images_cached": images_cached,
-            "images_to_generate": images_to_make, "llm_calls_implied": llm_implied, "llm_calls_cached": llm_cached,
-            "llm_calls_to_make": llm_to_call, "prompts_replayed_from_cache": replayed_prompts,
-            "seconds_per_image": SPEEDS.get(gen_id), "seconds_per_llm_call": SPEEDS.get(llm_id),
-            "speed_source": source, "eta_s": eta, "resuming": request.resume,
-            "scored_before": scored_before}
+    return {"prompts_to_score": prompts, "scored_before": scored_before, "images_implied": images_implied,
+            "images_cached": images_cached, "images_to_generate": max(0, images_implied - images_cached),
+            "llm_calls_implied": llm_implied, "llm_calls_cached": llm_cached,
+            "llm_calls_to_make": max(0, llm_implied - llm_cached), "model_ids": dry.model_ids,
+            "first_missing": first_missing}
 
 
 def budget_text(budget: dict) -> str:

@@ -1,0 +1,149 @@
+"""Intersectional Matrix tab (BiasConnect): which bias axes move which when one is made
+diverse — the signed sensitivity matrix, the χ²-tested causal graph, one pair up close."""
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from engine import biasgraph
+from engine.errors import InputError
+from engine.events import Done, Progress, Table, Warning
+from engine.methods import cfsets, intersectional
+
+from . import axes_table
+from .common import gpu, user_errors
+from .single_prompt import parse_references
+
+EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
+POLICIES = [("drop them (renormalise over the choices)", "drop"),
+            ("count them as 'other', which the target gives 0", "other_bin")]
+
+
+def reference_text(ideals: dict) -> str:
+    """{axis: {value: share}} in the targets box syntax."""
+    return "; ".join(f"{axis}: " + ", ".join(f"{v}={s:g}" for v, s in shares.items()) for axis, shares in ideals.items())
+
+
+def edge_rows(results: dict) -> list[list]:
+    s = results["sensitivity"]
+    rows = []
+    for e in sorted(results["edges"], key=lambda e: (not e["kept"], e["p_value"])):
+        i, j = s["axes"].index(e["source"]), s["axes"].index(e["target"])
+        ci = f" [{s['ci_low'][i][j]:+.2f}, {s['ci_high'][i][j]:+.2f}]" if s.get("ci_low") and s["ci_low"][i][j] is not None else ""
+        value = "n/a" if e["is"] is None or e["is"] != e["is"] else f"{e['is']:+.3f}"
+        rows.append([e["source"], e["target"], value + ci, f"{e['p_value']:.1e}", "kept" if e["kept"] else "pruned"])
+    return rows
+
+
+def build(engine) -> list:
+    with gr.Row():
+        with gr.Column(scale=2, min_width=340):
+            editor = axes_table.build(engine, "ic", EXAMPLES)
+            from_cf = gr.Button("Use the prompt and axes of the latest Counterfactuals run", size="sm",
+                                elem_id="ic-from-cf")
+            with gr.Row():
+                n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
+                              label="Images per set (N; the thesis uses 48)", elem_id="ic-n")
+                seed = gr.Number(0, label="First seed (the same in every set)", precision=0, elem_id="ic-seed")
+            targets = gr.Textbox(label="Target distribution D* per axis (uniform when empty)", elem_id="ic-targets",
+                                 placeholder="gender: male=50, female=50; age: young=30, middle-aged=40, old=30")
+            reference = gr.File(label="…or a real-world reference CSV (columns axis, value, share)",
+                                file_types=[".csv"], elem_id="ic-reference", height=90)
+            policy = gr.Radio(POLICIES, value="drop", label="VQA answers outside an axis' choices",
+                              elem_id="ic-policy")
+            with gr.Accordion("Edges, importance, uncertainty", open=False):
+                level = gr.Radio(["auto", "prompt", "aggregated"], value="auto", label="χ² thresholds",
+                                 info="prompt: p < 1e-4; aggregated: p < 5e-5 and |IS| ≥ 0.03; auto: aggregated "
+                                      "when several prompts are filled in")
+                p_threshold = gr.Number(None, label="p threshold (empty: the level's)")
+                min_abs_is = gr.Number(None, label="minimum |IS| for an edge (empty: the level's)")
+                importance = gr.Radio([("number of kept edges", "count"), ("sum of |IS| over them", "abs_is")],
+                                      value="count", label="MaxImp / MaxInf measured by")
+                n_boot = gr.Slider(0, 1000, value=300, step=50, label="Bootstrap resamples for the IS intervals")
+            with gr.Accordion("Generation settings (family defaults)", open=False):
+                negative = gr.Textbox(label="Negative prompt")
+                steps = gr.Number(None, label="Steps", precision=0)
+                guidance = gr.Number(None, label="Guidance")
+            go = gr.Button("Generate and connect", variant="primary", elem_id="ic-run")
+        with gr.Column(scale=3):
+            progress = gr.Markdown("", elem_id="ic-progress")
+            summary = gr.HTML(elem_id="ic-summary-box")
+            matrix = gr.HTML(elem_id="ic-matrix")
+            graph = gr.HTML(elem_id="ic-graph")
+    with gr.Row():
+        edges = gr.Dataframe(headers=["made diverse", "affected", "IS [95% CI]", "χ² p", "edge"], interactive=False,
+                             label="Every ordered pair", elem_id="ic-edges", max_height=320)
+        questions = gr.Dataframe(headers=["axis", "question", "choices", "source"], interactive=False,
+                                 label="Multiple-choice VQA questions", elem_id="ic-questions", wrap=True)
+    pair = gr.Dropdown([], label="One pair up close: made diverse → affected", elem_id="ic-pair-pick")
+    pair_view = gr.HTML(elem_id="ic-pair")
+    state = gr.State({})
+
+    @user_errors
+    def load_reference(path):
+        return reference_text(intersectional.load_reference_csv(path)) if path else gr.skip()
+
+    @user_errors
+    def latest_counterfactuals():
+        run = next((r for r in engine.store.list_runs("counterfactuals") if r["status"] == "done"), None)
+        if run is None:
+            raise InputError("no finished Counterfactuals run in the store yet")
+        full = engine.store.get_run(run["id"])
+        request = full["request"]
+        return (request["prompt"], ", ".join(request.get("fill") or []),
+                cfsets.rows_from_axes(full["results"]["axes"]), request["n"], request["seed"])
+
+    @gpu
+    @user_errors
+    def connect(prompt, fill, rows, n, seed, targets, policy, level, p_threshold, min_abs_is, importance, n_boot,
+                negative, steps, guidance):
+        request = intersectional.IntersectionalRequest(
+            prompt=prompt, axes=axes_table.axes_of(rows), fill=axes_table.parse_fill(fill), n=int(n),
+            seed=int(seed or 0), ideals=parse_references(targets), other_policy=policy, level=level,
+            p_threshold=None if p_threshold in (None, "") else float(p_threshold),
+            min_abs_is=None if min_abs_is in (None, "") else float(min_abs_is), importance=importance,
+            n_boot=int(n_boot), negative_prompt=negative or "", steps=None if steps in (None, "") else int(steps),
+            guidance=None if guidance in (None, "") else float(guidance))
+        skip = gr.skip()
+        started = time.perf_counter()
+        # outputs: progress, summary, matrix, graph, edges, questions, axes table, pair, state
+        for event in intersectional.run(request, engine):
+            if isinstance(event, Progress):
+                eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
+                yield (f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)",
+                       *[skip] * 8)
+            elif isinstance(event, Warning):
+                gr.Warning(event.message)
+            elif isinstance(event, Table) and event.name == "axes":
+                yield *[skip] * 6, event.rows, skip, skip
+            elif isinstance(event, Table) and event.name == "questions":
+                yield *[skip] * 5, event.rows, skip, skip, skip
+            elif isinstance(event, Done):
+                r = event.results
+                axes = r["sensitivity"]["axes"]
+                pairs = [(f"{x} → {y}", f"{x}|{y}") for x in axes for y in axes if x != y]
+                best = max(r["kept_edges"] or r["edges"], key=lambda e: abs(e["is"] or 0), default=None)
+                text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
+                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+                yield (text, biasgraph.summary_html(r), biasgraph.matrix_html(r),
+                       biasgraph.iframe(biasgraph.graph_from_results(r), elem_id="ic-graph-frame"),
+                       edge_rows(r), skip, skip,
+                       gr.update(choices=pairs, value=f"{best['source']}|{best['target']}" if best else None),
+                       {"results": r, "run_id": event.run_id})
+
+    def show_pair(view, value):
+        results = (view or {}).get("results")
+        if not results or not value:
+            return ""
+        x, y = value.split("|")
+        return biasgraph.pair_html(results, x, y)
+
+    reference.upload(load_reference, [reference], [targets], api_name=False)
+    from_cf.click(latest_counterfactuals, None, [editor.prompt, editor.fill, editor.table, n, seed], api_name=False)
+    inputs = [editor.prompt, editor.fill, editor.table, n, seed, targets, policy, level, p_threshold, min_abs_is,
+              importance, n_boot, negative, steps, guidance]
+    go.click(connect, inputs, [progress, summary, matrix, graph, edges, questions, editor.table, pair, state],
+             api_name="intersectional")
+    pair.change(show_pair, [state, pair], [pair_view], api_name=False)
+    return []
