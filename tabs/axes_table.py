@@ -39,7 +39,7 @@ def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
         preset = gr.Button("Table 6.1 occupation axes", size="sm", elem_id=f"{prefix}-preset")
         all_occupations = gr.Button("Fill all 26 occupations", size="sm", elem_id=f"{prefix}-all")
     table = gr.Dataframe(headers=HEADERS, datatype=["str", "str"], type="array", interactive=True,
-                         column_count=2, column_limits=(2, 2), label="Bias axes and counterfactual prompts (edit freely; an empty "
+                         column_count=2, label="Bias axes and counterfactual prompts (edit freely; an empty "
                          "axis cell continues the axis above)", elem_id=f"{prefix}-axes", max_height=360, wrap=True)
 
     @user_errors

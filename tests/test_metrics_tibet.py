@@ -57,7 +57,7 @@ def test_concept_histogram_by_hand():
         ["a man", None, "other"],
     ]
     histogram = tibet.concept_histogram(answers)
-    assert histogram == {"man": 0.75, "young": 0.5, "middleaged": 0.25, "shows": 0.25, "woman": 0.25}
+    assert histogram == {"man": 0.75, "young": 0.5, "middle-aged": 0.25, "shows": 0.25, "woman": 0.25}
     assert list(histogram)[:2] == ["man", "young"]
 
 

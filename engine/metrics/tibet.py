@@ -38,7 +38,7 @@ EXTRA_STOPWORDS = frozenset({"image"})
 NON_CONCEPT_ANSWERS = frozenset({"yes", "no", "none"})
 DEFAULT_STOPWORDS = ENGLISH_STOPWORDS | EXTRA_STOPWORDS | NON_CONCEPT_ANSWERS
 
-_STRIP_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_STRIP_PUNCTUATION = str.maketrans("", "", string.punctuation.replace("-", ""))
 
 
 def _by_frequency(histogram: Mapping[str, float]) -> list[tuple[str, float]]:
@@ -48,11 +48,11 @@ def _by_frequency(histogram: Mapping[str, float]) -> list[tuple[str, float]]:
 def concept_words(answer: str, stopwords: frozenset[str] = DEFAULT_STOPWORDS) -> list[str]:
     """Return the concept words of one answer: lower-cased, punctuation removed, stop words dropped.
 
-    Punctuation is deleted, not replaced by a space, so "middle-aged" stays one concept
-    ("middleaged") instead of counting as "middle" and "aged".
+    Hyphens inside a word are kept, so "middle-aged" stays one readable concept instead of
+    counting as "middle" and "aged"; all other punctuation is deleted.
     """
-    words = str(answer).lower().translate(_STRIP_PUNCTUATION).split()
-    return [word for word in words if word not in stopwords]
+    words = (word.strip("-") for word in str(answer).lower().translate(_STRIP_PUNCTUATION).split())
+    return [word for word in words if word and word not in stopwords]
 
 
 def concept_histogram(

@@ -1,0 +1,320 @@
+"""Mine Prompts (MineTheGap, spec A.3-A.6): the colour sanity task, the GA's convergence, mining vs.
+random on the synthetic world, reproducibility, stop/resume, budget, CLI, and the tab in a browser.
+
+The score's own properties (permutation invariance, biased < balanced, shift invariance) are
+tested in test_metrics_gap.py."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from engine.core import Engine
+from engine.events import Done, Scores
+from engine.methods import mine
+from engine.methods.mine import MineRequest, search
+
+COLOUR_GA = dict(iterations=10, population=8, select=2, mutations=3, n=16)   # spec A.6
+
+
+@pytest.fixture(scope="module")
+def colour(tmp_path_factory):
+    """One colour-world engine for the module: its store caches images across GA seeds."""
+    return Engine("colour", data_dir=str(tmp_path_factory.mktemp("colour")), max_images=256)
+
+
+def colour_world(engine):
+    return engine.models.get(engine.preset.generator).cw
+
+
+def fully_biased(engine, prompt, n=16) -> bool:
+    """Ground truth: the prompt's N images (as generated) miss at least one colour entirely."""
+    return len({colour_world(engine).colour_of(prompt, seed) for seed in range(n)}) < 3
+
+
+def finish(events):
+    return next(e for e in events if isinstance(e, Done))
+
+
+# --- spec A.6: the colour sanity task --------------------------------------------------------------
+
+def test_colour_world_scores_order_apple_car_truck_balloon(colour):
+    """Through the colour world's own generator, embedder and LLM (mean over 50 image sets)."""
+    from engine.backends.llm_json import as_string_list, extract_json
+    from engine.llm_prompts import variations_prompt
+    from engine.metrics.gap import gap_score_from_similarity
+
+    models = {role: colour.models.get(spec) for role, spec in colour.preset.specs().items()}
+    settings = models["generator"].defaults()
+    prompts = {"apple": "an apple", "car": "a car", "truck": "a truck", "balloon": "a balloon"}
+    means = {}
+    for combine in ("diff", "missed_only", "mean"):
+        for obj, prompt in prompts.items():
+            reply = models["llm"].chat([{"role": "user", "content": variations_prompt(prompt, 16)}], seed=0)
+            texts = models["embedder"].embed_texts(as_string_list(16, 16, unique=False)(extract_json(reply)))
+            scores = []
+            for k in range(50):
+                images = models["generator"].generate(prompt, range(16 * k, 16 * k + 16), settings)
+                sim = texts @ models["embedder"].embed_images([i.image for i in images]).T
+                scores.append(gap_score_from_similarity(sim, 25, combine).score)
+            means[combine, obj] = float(np.mean(scores))
+    diff = {obj: means["diff", obj] for obj in prompts}
+    assert diff["apple"] <= diff["car"] + 1e-9 < diff["truck"] < diff["balloon"], diff
+    assert diff["apple"] < diff["balloon"] - 0.5 and diff["car"] < diff["balloon"] - 0.5
+    for combine in ("missed_only", "mean"):
+        assert means[combine, "apple"] < means[combine, "truck"] < means[combine, "balloon"]
+    # through the engine (store, cache, the shared gap function) the score is the same
+    results = search(MineRequest(iterations=1, population=4, select=1, mutations=1, n=16), colour)
+    node = results["nodes"][0]
+    records = colour.image_set(node["prompt"], list(range(16)))
+    from engine.methods.single_prompt import gap_for_images
+    again = gap_for_images(colour, node["prompt"], records, colour.embed_images(records), 16)
+    assert again["score"] == pytest.approx(node["score"], abs=1e-5)
+
+
+def test_ga_top_prompt_is_fully_biased_in_at_least_18_of_20_seeds(colour):
+    hits = []
+    for seed in range(20):
+        top = search(MineRequest(**COLOUR_GA, seed=seed), colour)["archive"][0]
+        hits.append(top["score"] <= -0.5 and fully_biased(colour, top["prompt"]))
+    assert sum(hits) >= 18, hits
+
+
+def test_best_per_iteration_never_rises_with_keep_parents(colour):
+    for seed in range(3):
+        results = search(MineRequest(**COLOUR_GA, seed=seed, keep_parents=True), colour)
+        best = results["best_per_iteration"]
+        assert len(best) == 10 and all(b <= a + 1e-12 for a, b in zip(best, best[1:])), best
+        # the parents were carried over, not scored again
+        assert sum(n.get("score") is not None for n in results["nodes"]) == 10 * 8
+        for it in results["iterations"][1:]:
+            previous = results["iterations"][it["iteration"] - 1]["selected"]
+            assert it["population"][:2] == previous                 # the parents come first, kept
+    plain = search(MineRequest(**COLOUR_GA, seed=0), colour)
+    for earlier, later in zip(plain["iterations"], plain["iterations"][1:]):   # parents dropped
+        assert not set(earlier["selected"]) & set(later["population"])
+
+
+def test_population_sizes_dedup_and_lineage(colour):
+    results = search(MineRequest(iterations=4, population=8, select=2, mutations=3, n=8, seed=7), colour)
+    prompts = [n["prompt"] for n in results["nodes"]]
+    assert len({mine.normalise_prompt(p) for p in prompts}) == len(prompts)      # no duplicates in a run
+    by_id = {n["id"]: n for n in results["nodes"]}
+    for it in results["iterations"][1:]:
+        population = [by_id[i] for i in it["population"]]
+        assert len(population) == 8
+        assert sum(n["origin"] == "mutation" for n in population) == 6             # s*m children
+        assert sum(n["origin"] == "random" for n in population) == 2               # r = b - s*m
+        parents = {n["parent"] for n in population if n["origin"] == "mutation"}
+        assert parents == set(results["iterations"][it["iteration"] - 1]["selected"])
+    for entry in results["archive"]:
+        chain = mine.ancestry(by_id, entry["id"])
+        assert [n["prompt"] for n in chain] == entry["lineage"] and chain[-1]["id"] == entry["id"]
+    scores = [a["score"] for a in results["archive"]]
+    assert scores == sorted(scores)
+
+
+# --- the synthetic world: mining beats random prompts ---------------------------------------------
+
+def planted_bias(world, prompt) -> float:
+    """1 - normalised entropy of the most skewed attribute the prompt leaves open (ground truth)."""
+    parsed, worst = world.parse(prompt), 0.0
+    for axis in world.axes_for(parsed.kind):
+        if axis.name not in parsed.values:
+            p = np.array([v for v in world.expected_distribution(prompt, axis.name).values() if v > 0])
+            worst = max(worst, 1 + float((p * np.log(p)).sum()) / np.log(len(axis.values)))
+    return worst
+
+
+def test_mining_finds_prompts_more_biased_than_the_median_random_prompt(engine):
+    world = engine.models.get(engine.preset.generator).world
+    budget = dict(iterations=5, population=8, select=2, mutations=3, n=12, seed=0)
+    ga = finish(mine.run(MineRequest(**budget), engine)).results
+    rnd = finish(mine.run(MineRequest(**budget, strategy="random"), engine)).results
+    assert len(ga["nodes"]) == len(rnd["nodes"]) == 40                       # the same budget
+    random_median = float(np.median([planted_bias(world, n["prompt"]) for n in rnd["nodes"]]))
+    mined = [planted_bias(world, a["prompt"]) for a in ga["archive"][:3]]
+    assert min(mined) > random_median and np.mean(mined) > random_median + 0.2, (mined, random_median)
+    assert ga["archive"][0]["score"] < float(np.median([n["score"] for n in rnd["nodes"]]))
+
+
+def test_specific_bias_mode_constrains_prompts_and_variations(engine):
+    world = engine.models.get(engine.preset.generator).world
+    results = finish(mine.run(MineRequest(iterations=2, population=5, select=1, mutations=2, n=8,
+                                          bias="socio-demographic"), engine)).results
+    assert results["axis"] == mine.BIAS_MODES["socio-demographic"][0]
+    assert all(world.parse(n["prompt"]).kind == "person" for n in results["nodes"])
+    for details in results["details"].values():
+        named = {axis for v in details["variations"] for axis in world.parse(v).values}
+        assert named and named <= {"gender", "age", "skin tone"}, named
+
+
+# --- reproducibility, stop and resume, budget ---------------------------------------------------------
+
+def ranked(results):
+    return [(a["prompt"], a["score"]) for a in results["archive"]]
+
+
+def test_same_seed_and_cache_replay_the_same_run(tmp_path):
+    engine = Engine("colour", data_dir=str(tmp_path / "a"))
+    request = MineRequest(iterations=3, population=6, select=2, mutations=2, n=8, seed=3)
+    first = finish(mine.run(request, engine)).results
+    calls = (engine.stats.generator_calls, engine.stats.llm_calls)
+    mine._SCORE_MEMO.clear()    # through the store, not this process's memory
+    again = finish(mine.run(request, Engine("colour", data_dir=str(tmp_path / "a")))).results
+    assert ranked(again) == ranked(first) and again["nodes"] == first["nodes"]
+    assert again["counts"]["images_generated"] == 0 and again["counts"]["llm_calls"] == 0
+    assert (engine.stats.generator_calls, engine.stats.llm_calls) == calls
+    other = search(MineRequest(iterations=3, population=6, select=2, mutations=2, n=8, seed=4), engine)
+    assert [n["prompt"] for n in other["nodes"]] != [n["prompt"] for n in first["nodes"]]
+
+
+def test_stop_then_resume_regenerates_nothing_and_matches_an_uninterrupted_run(tmp_path):
+    request = MineRequest(iterations=4, population=6, select=2, mutations=2, n=8, seed=1)
+    full_engine = Engine("colour", data_dir=str(tmp_path / "full"))
+    full = finish(mine.run(request, full_engine)).results
+
+    mine._SCORE_MEMO.clear()
+    engine = Engine("colour", data_dir=str(tmp_path / "stopped"))
+    events, run_id, seen = mine.run(request, engine), None, 0
+    for event in events:                       # stop in the middle of the second iteration
+        if isinstance(event, Scores) and event.name == "run":
+            run_id = event.values["run_id"]
+        if isinstance(event, Scores) and event.name == "prompt" and event.values["iteration"] == 1:
+            seen += 1
+            if seen == 3:
+                break
+    events.close()
+    stopped = engine.store.get_run(run_id)
+    assert stopped["status"] == "stopped"
+    assert len(stopped["results"]["iterations"]) == 1 and stopped["results"]["pending"]["iteration"] == 1
+    made_before = engine.stats.images_generated
+    calls_before = engine.stats.generator_calls
+
+    mine._SCORE_MEMO.clear()                   # a new process: only the store remembers
+    fresh = Engine("colour", data_dir=str(tmp_path / "stopped"))
+    budget = mine.estimate_budget(MineRequest(resume=run_id), fresh)
+    assert budget["prompts_to_score"] == 4 * 6 - 9 and budget["resuming"] == run_id
+    resumed = finish(mine.run(MineRequest(resume=run_id), fresh))
+    assert resumed.results["resumed_from"] == run_id and resumed.results["run_chain"] == [run_id]
+    assert ranked(resumed.results) == ranked(full)
+    assert made_before + fresh.stats.images_generated == full_engine.stats.images_generated
+    assert calls_before + fresh.stats.generator_calls == full_engine.stats.generator_calls
+    assert resumed.results["complete"] and len(resumed.results["iterations"]) == 4
+    with pytest.raises(Exception, match="no Mine Prompts run"):
+        list(mine.run(MineRequest(resume="no-such-run"), fresh))
+
+
+def test_budget_counts_what_the_store_already_holds(tmp_path):
+    engine = Engine("colour", data_dir=str(tmp_path / "b"))
+    request = MineRequest(iterations=3, population=6, select=2, mutations=2, n=8)
+    before = mine.estimate_budget(request, engine)
+    assert before["images_implied"] == 3 * 6 * 8 and before["images_cached"] == 0
+    assert before["llm_calls_implied"] == 3 * 6 + 1 + 2 * (1 + 2)
+    search(request, engine)
+    after = mine.estimate_budget(request, engine)
+    assert after["images_to_generate"] == 0 and after["llm_calls_to_make"] == 0 and after["eta_s"] == 0
+    assert "0 to generate" in mine.budget_text(after)
+    probe = mine.estimate_budget(MineRequest(iterations=2, population=5, select=1, mutations=2, n=8, seed=9),
+                                 engine, probe=True)
+    assert probe["seconds_per_image"] and probe["eta_s"] is not None
+
+
+def test_bad_settings_name_the_problem(engine):
+    from engine.errors import InputError
+
+    for bad, words in [(dict(population=6, select=2, mutations=3), "b - s*m"),
+                       (dict(strategy="annealing"), "strategy"), (dict(n=1), "at least 2"),
+                       (dict(iterations=1000), "iterations")]:
+        with pytest.raises(InputError, match=words):
+            list(mine.run(MineRequest(**bad), engine))
+
+
+# --- command line -------------------------------------------------------------------------------------
+
+def test_cli_prints_the_ranked_archive_and_resumes(tmp_path, capsys):
+    from engine.__main__ import main
+
+    data = str(tmp_path / "cli")
+    args = ["mine", "--preset", "colour", "--data-dir", data, "--iterations", "2", "-n", "8", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    results = json.loads(out.out)
+    assert "budget:" in out.err and "iteration 2/2" in out.err
+    scores = [a["score"] for a in results["archive"]]
+    assert scores == sorted(scores) and results["archive"][0]["rank"] == 1
+    assert results["params"]["T"] == 2 and len(results["best_per_iteration"]) == 2
+    assert main(["mine", "--preset", "colour", "--data-dir", data, "--resume", results["run_id"],
+                 "--iterations", "3", "--json"]) == 0
+    longer = json.loads(capsys.readouterr().out)
+    assert len(longer["iterations"]) == 3 and longer["resumed_from"] == results["run_id"]
+    assert longer["nodes"][:len(results["nodes"])] == results["nodes"]
+    assert main(["mine", "--preset", "colour", "--data-dir", data, "-b", "4", "-s", "2", "-m", "2"]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+# --- the tab ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def app_url(engine):
+    from apphelpers import running_app
+
+    with running_app(engine) as url:
+        yield url
+
+
+MINE_ARGS = ["open", "ga", 2, 6, 2, 2, 4, 4, 25, "diff", False, 0, 0]
+
+
+def test_mining_streams_through_the_api(app_url, engine):
+    from gradio_client import Client
+
+    client = Client(app_url, verbose=False)
+    assert "to generate" in client.predict(*MINE_ARGS, api_name="/mine_budget")
+    job = client.submit(*MINE_ARGS, api_name="/mine")
+    updates = list(job)
+    final = job.result()
+    assert len(updates) > 4 and "Done" in final[0] and "mine-best" in final[1]
+    run = mine.list_runs(engine)[0]
+    assert run["status"] == "done" and final[5]["run_id"] == run["id"]
+
+
+@pytest.mark.browser
+def test_mine_page_streams_iterations_stops_and_reopens_an_archived_prompt(app_url, engine):
+    from apphelpers import browser_page, screenshot
+
+    with browser_page() as page:
+        page.goto(app_url, wait_until="load")
+        page.get_by_role("tab", name="Mine Prompts").click()
+        page.wait_for_selector("#mine-start", timeout=30_000)
+        for slider, value in (("#mine-T", "30"), ("#mine-n", "12"), ("#mine-nvar", "12")):
+            field = page.locator(f"{slider} input[type='number']")
+            field.fill(value)
+            field.press("Enter")
+        page.click("#mine-estimate")
+        page.wait_for_function("document.querySelector('#mine-budget').innerText.includes('to generate')",
+                               timeout=30_000)
+        page.click("#mine-start")
+        page.wait_for_function("Number((document.querySelector('#mine-iterations') || {}).innerText) >= 2",
+                               timeout=60_000)
+        assert page.locator("svg[data-chart='mine-best'] circle").count() >= 2
+        page.click("#mine-stop")
+        page.wait_for_function("document.querySelector('#mine-progress').innerText.includes('Stopped')",
+                               timeout=30_000)
+        run = mine.list_runs(engine)[0]
+        deadline = time.time() + 10
+        while run["status"] == "running" and time.time() < deadline:
+            time.sleep(0.2)
+            run = mine.list_runs(engine)[0]
+        assert run["status"] == "stopped"
+        done = len(engine.store.get_run(run["id"])["results"]["iterations"])
+        assert 2 <= done < 30
+        # reopen an archived prompt: images, lineage, variations heatmap and missed concepts
+        page.locator("#mine-archive tbody tr").first.locator("td").nth(2).click()
+        page.wait_for_selector("#mine-gap #gap-score", timeout=30_000)
+        page.wait_for_function("document.querySelectorAll('#mine-gallery img').length >= 12", timeout=30_000)
+        assert page.locator("#mine-gap #gap-heatmap").count() == 1
+        assert page.locator("#mine-gap #missed li").count() >= 1
+        assert page.locator("#mine-lineage-list li").count() >= 1
+        assert "reconstructed" in page.inner_text("#mine-gap").lower()
+        screenshot(page, "mine")
