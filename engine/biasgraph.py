@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 
 from . import charts
@@ -65,31 +66,30 @@ def graph_html(axes: list[str], edges: list[dict], max_impact: str | None = None
     "p_value", "kept"}) between the axes as an interactive directed graph."""
     from pyvis.network import Network
 
-    net = Network(height=f"{height - 20}px", width="100%", directed=True, cdn_resources="in_line")
-    for axis in axes:
+    net = Network(height=f"{height - 40}px", width="100%", directed=True, cdn_resources="in_line")
+    radius = 60 + 30 * len(axes)
+    for k, axis in enumerate(axes):  # a fixed circle: the same picture every time, no drifting
+        angle = 2 * math.pi * k / max(1, len(axes)) - math.pi / 2
         marks = [m for m, node in (("MaxImp", max_impact), ("MaxInf", max_influenced)) if node == axis]
-        net.add_node(axis, label=axis + (f"\n({', '.join(marks)})" if marks else ""),
-                     title=(f"{axis}: " + " and ".join(
-                         {"MaxImp": "most impact on other axes (outgoing edges)",
-                          "MaxInf": "most influenced by other axes (incoming edges)"}[m] for m in marks))
-                     if marks else axis,
-                     color="#f6ad55" if "MaxImp" in marks else "#9f7aea" if marks else "#cbd5e0",
-                     shape="box", borderWidth=3 if marks else 1, font={"size": 16})
+        title = "; ".join({"MaxImp": "MaxImp: most impact on other axes (outgoing edges)",
+                           "MaxInf": "MaxInf: most influenced by other axes (incoming edges)"}[m] for m in marks)
+        net.add_node(axis, label=axis + (f"\n({', '.join(marks)})" if marks else ""), title=title or axis,
+                     x=radius * math.cos(angle), y=radius * math.sin(angle), physics=False, shape="box",
+                     color="#f6ad55" if "MaxImp" in marks else "#b794f4" if marks else "#e2e8f0",
+                     borderWidth=3 if marks else 1, font={"size": 16})
     for e in edges:
         if not e.get("kept"):
             continue
-        value = e["is"]
-        sign = 0.0 if value != value else value
-        net.add_edge(e["source"], e["target"], color=POSITIVE if sign >= 0 else NEGATIVE,
-                     width=1 + 12 * min(1.0, abs(sign)), label=f"{sign:+.2f}",
-                     title=f"making {e['source']} diverse moves {e['target']} {abs(sign):.2f} "
-                           f"{'closer to' if sign >= 0 else 'further from'} its target (χ² p = {e['p_value']:.1e})")
+        value = 0.0 if e["is"] is None or e["is"] != e["is"] else e["is"]
+        net.add_edge(e["source"], e["target"], color=POSITIVE if value >= 0 else NEGATIVE,
+                     width=1 + 12 * min(1.0, abs(value)), label=f"{value:+.2f}",
+                     title=f"making {e['source']} diverse moves {e['target']} {abs(value):.2f} "
+                           f"{'closer to' if value >= 0 else 'further from'} its target (χ² p = {e['p_value']:.1e})")
     net.set_options(json.dumps({
-        "layout": {"randomSeed": 7},
-        "edges": {"arrows": {"to": {"enabled": True, "scaleFactor": 0.8}}, "smooth": {"type": "curvedCW", "roundness": 0.15},
-                  "font": {"size": 14, "align": "top"}},
-        "physics": {"solver": "forceAtlas2Based", "stabilization": {"iterations": 200}},
-        "interaction": {"hover": True, "navigationButtons": False}}))
+        "physics": {"enabled": False},
+        "edges": {"arrows": {"to": {"enabled": True, "scaleFactor": 0.8}},
+                  "smooth": {"type": "curvedCW", "roundness": 0.15}, "font": {"size": 14, "align": "top"}},
+        "interaction": {"hover": True}}))
     document = _EXTERNAL.sub("", net.generate_html())
     legend = (f"<div style='font:13px sans-serif;margin:4px'>Edges: χ²-tested dependencies kept; "
               f"<span style='color:{POSITIVE}'>blue</span> = making the source diverse helps the target, "
@@ -121,8 +121,8 @@ def summary_html(results: dict) -> str:
             f"pairs kept ({results['level']} level: χ² p &lt; {results['p_threshold']:g}"
             + (f" and |IS| ≥ {results['min_abs_is']:g}" if results["min_abs_is"] else "") + "). "
             f"MaxImp (most impact, by {'edge count' if results['importance'] == 'count' else 'sum of |IS|'}): "
-            f"<b id='ic-maximp'>{html.escape(str(results['max_impact']))}</b>; MaxInf (most influenced): "
-            f"<b id='ic-maxinf'>{html.escape(str(results['max_influenced']))}</b>. Intersectional distortion 𝓘 = "
+            f"<b id='ic-maximp'>{html.escape(str(results['max_impact'] or 'none (no kept edge)'))}</b>; MaxInf (most "
+            f"influenced): <b id='ic-maxinf'>{html.escape(str(results['max_influenced'] or 'none'))}</b>. Intersectional distortion 𝓘 = "
             f"Σ|IS| off the diagonal = <b>{results['distortion']:.2f}</b>.</p>"
             f"<p>Answers outside an axis' choices are {policy}. Distance from the target: w̄ = TV(D, D*) / "
             f"(1 − min D*), 0 = on target, 1 = as far as possible. The diagonal is how far making an axis diverse "

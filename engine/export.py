@@ -126,8 +126,8 @@ def report_html(store: Store, run_ids, thumbnail_size: int = 128, max_images: in
     """One self-contained page: each run's header, its results as its tab shows them (charts
     included), its images as thumbnails, and a comparison when several runs are given."""
     runs = _runs(store, run_ids)
-    parts = [f"<h1>GapLens audit report</h1><p class='gl-note'>{len(runs)} run(s) from the store at "
-             f"<code>{html.escape(str(store.data_dir))}</code>.</p>"]
+    parts = [f"<h1>GapLens audit report</h1><p class='gl-note'>{len(runs)} run(s), reported "
+             f"{time.strftime('%Y-%m-%d %H:%M')}.</p>"]
     if len(runs) > 1:
         toc = "".join(f"<li><a href='#run-{html.escape(r['id'])}'>{html.escape(r['method'])}: "
                       f"{html.escape(run_prompt(r)[:80])} ({html.escape(r['id'])})</a></li>" for r in runs)

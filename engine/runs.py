@@ -72,11 +72,12 @@ NAME_KEYS = ("name", "axis", "label", "prompt", "text", "concept", "value_name",
 MAX_LIST = 32
 
 
-def flatten_scores(obj, prefix: str = "", limit: int = 400) -> list[Score]:
+def flatten_scores(obj, prefix: str = "", limit: int = 2000) -> list[Score]:
     """Every number in a results/summary dict as a Score, with its interval where one sits
     next to it: an Estimate-like {"value", "low", "high"} dict, a sibling "ci": {name: [lo, hi]},
-    or a sibling "<name>_ci": [lo, hi]. Lists of dicts are keyed by their name-like field
-    (so the same item lines up across runs); short lists of numbers by index."""
+    a sibling "<name>_ci": [lo, hi], or for a dict "<name>" of numbers a parallel dict
+    "<name>_ci" of intervals. Lists of dicts are keyed by their name-like field (so the same
+    item lines up across runs); short lists of numbers by index."""
     out: list[Score] = []
 
     def emit(path: str, value, low=None, high=None):
@@ -84,14 +85,14 @@ def flatten_scores(obj, prefix: str = "", limit: int = 400) -> list[Score]:
             group, _, metric = path.rpartition(".")
             out.append(Score(group, metric, value, low, high))
 
-    def walk(node, path: str):
+    def walk(node, path: str, outer_ci: dict | None = None):
         if len(out) >= limit:
             return
         if isinstance(node, dict):
             if "value" in node and _num(node.get("value")) is not None and ("low" in node or "high" in node):
                 emit(path, _num(node["value"]), _num(node.get("low")), _num(node.get("high")))
                 return
-            ci = node.get("ci") if isinstance(node.get("ci"), dict) else {}
+            ci = {**(outer_ci or {}), **(node["ci"] if isinstance(node.get("ci"), dict) else {})}
             for k, v in node.items():
                 k = str(k)
                 if k in SKIP_KEYS or k == "ci" or k.endswith("_ci"):
@@ -102,7 +103,8 @@ def flatten_scores(obj, prefix: str = "", limit: int = 400) -> list[Score]:
                     interval = _pair(ci.get(k)) or _pair(node.get(f"{k}_ci"))
                     emit(sub, value, *(interval or (None, None)))
                 elif isinstance(v, (dict, list)):
-                    walk(v, sub)
+                    parallel = node.get(f"{k}_ci")
+                    walk(v, sub, parallel if isinstance(parallel, dict) else None)
         elif isinstance(node, list) and node and len(node) <= MAX_LIST * 4:
             if all(_num(v) is not None for v in node):
                 if len(node) <= MAX_LIST:
@@ -272,7 +274,16 @@ def run_records(store: Store, run: dict) -> list[tuple[ImageRecord, str]]:
 
 
 def renderer_for(method: str) -> Callable[[dict], str] | None:
-    return getattr(render, f"{method}_html", None)
+    """`render.<method>_html`, else `<method>_html` of a module `engine/render_<method>.py`."""
+    fn = getattr(render, f"{method}_html", None)
+    if fn is None and method.isidentifier():
+        import importlib
+
+        try:
+            fn = getattr(importlib.import_module(f"{__package__}.render_{method}"), f"{method}_html", None)
+        except ImportError:
+            fn = None
+    return fn
 
 
 def results_html(method: str, results: dict) -> str:

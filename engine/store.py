@@ -410,6 +410,50 @@ class Store:
                        [values[c] for c in columns])
         return True
 
+    # -- distributed jobs (engine/distributed.py) ----------------------------------------------
+    def present_image_keys(self, keys: Sequence[str]) -> set[str]:
+        """The keys among `keys` that have a row and a file (a stat, no hashing): a cheap check
+        for planning work. `get_images` still verifies every file before it is used."""
+        present: set[str] = set()
+        for chunk in _chunks(list(dict.fromkeys(keys)), 500):
+            marks = ",".join("?" * len(chunk))
+            for row in self._read(f"SELECT key, path FROM images WHERE key IN ({marks})", chunk):
+                if Path(row["path"]).is_file() or self._image_path(row["key"]).is_file():
+                    present.add(row["key"])
+        return present
+
+    def adopt_images(self, rows: Iterable[dict]) -> int:
+        """Add the `images` rows of PNGs another process already wrote to this store's canonical
+        place (a shard of a distributed job). A row is added only when its file's bytes match its
+        sha256; a key already stored with that sha256 is left alone; a stored row whose sha256
+        differs is replaced (its file was rewritten). Returns how many rows were added."""
+        rows = list(rows)
+        known: dict[str, str] = {}
+        for chunk in _chunks(list(dict.fromkeys(r["key"] for r in rows)), 500):
+            marks = ",".join("?" * len(chunk))
+            known.update({r["key"]: r["sha256"] for r in self._read(
+                f"SELECT key, sha256 FROM images WHERE key IN ({marks})", chunk)})
+        columns = ("key", "generator", "prompt", "negative_prompt", "seed", "steps", "guidance", "width",
+                   "height", "scheduler", "path", "sha256", "nsfw", "created")
+        add = []
+        for row in rows:
+            if known.get(row["key"]) == row["sha256"]:
+                continue
+            path = self._image_path(row["key"])
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if hashlib.sha256(data).hexdigest() != row["sha256"]:
+                continue
+            add.append([{**row, "path": str(path)}[c] for c in columns])
+            known[row["key"]] = row["sha256"]
+        if add:
+            with self._write() as db:
+                db.executemany(f"INSERT OR REPLACE INTO images ({','.join(columns)}) "
+                               f"VALUES ({','.join('?' * len(columns))})", add)
+        return len(add)
+
     def import_rows(self, *, runs: Sequence[dict] = (), run_images: Sequence[dict] = (),
                     answers: Sequence[dict] = (), embeddings: Sequence[dict] = ()) -> None:
         """Insert exported rows verbatim (runs and run_images replace, caches are kept if present)."""

@@ -111,7 +111,8 @@ def _conditions(engine, run_ids: list[str]) -> list[dict]:
 def automatic_score(engine, run: dict, label: str, records: list, kind: str, axis: str) -> tuple[float | None, str, str]:
     """(score, what it is, where it came from) of one image set for the question: the stored
     result when the run has it (Single Prompt), else computed from the images with the
-    engine's evaluators (cached VQA answers / embeddings); None when neither works."""
+    engine's evaluators (cached VQA answers / embeddings) when they are the ones the run was
+    made with; None otherwise."""
     overall = axis.strip().lower() in ("", "overall", "any")
     results = run.get("results") or {}
     stored_axes = results.get("axes", {}) if run["method"] == "single_prompt" and not label else {}
@@ -131,6 +132,10 @@ def automatic_score(engine, run: dict, label: str, records: list, kind: str, axi
             return float(stored_axes[axis]["normalised_entropy"]), name, "stored"
     if engine is None:
         return None, name, "unavailable"
+    role = "embedder" if kind == "pair" and overall else "vqa"
+    ours, theirs = engine.preset.specs()[role].label, (run.get("models") or {}).get(role)
+    if theirs and theirs != ours:  # score with the evaluator the run was made with, or not at all
+        return None, name, f"unavailable (the run's {role} is {short_model(theirs)}; this engine has {short_model(ours)})"
     try:
         from .axes import axis_for, normalise_free_answer
         from .methods.single_prompt import DEFAULT_AXES, axis_metrics
@@ -501,8 +506,10 @@ def load_key(source) -> dict:
                     text = zf.read("researcher/answer_key.json").decode("utf-8")
             else:
                 text = p.read_text(encoding="utf-8")
-        else:
+        elif str(source).strip().startswith("{"):
             text = str(source)
+        else:
+            raise InputError(f"no answer key at {source} (give the pack zip or researcher/answer_key.json)")
         try:
             key = json.loads(text)
         except json.JSONDecodeError:

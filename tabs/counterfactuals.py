@@ -29,7 +29,7 @@ def sets_html(records_by_label: dict[str, list]) -> str:
         title = label.split("|cf=")[-1] if "|cf=" in label else "initial prompt"
         shown = sorted(records, key=lambda r: r.seed)[:THUMBS_PER_SET]
         thumbs = "".join(f"<img src='gradio_api/file={_esc(r.path)}' title='seed {r.seed}' "
-                         f"style='width:44px;height:44px;object-fit:cover;margin:1px'>" for r in shown)
+                         f"style='display:inline-block;width:44px;height:44px;object-fit:cover;margin:1px'>" for r in shown)
         more = f"<span style='font-size:11px'> +{len(records) - len(shown)}</span>" if len(records) > len(shown) else ""
         blocks.append(f"<figure class='gl-set' data-label='{_esc(label)}' style='margin:0;width:190px'>"
                       f"<figcaption style='font-size:11px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis' "

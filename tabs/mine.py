@@ -18,6 +18,7 @@ from .common import gallery_items, gpu, user_errors
 
 BIAS_CHOICES = ["open", "socio-demographic", "style", "objects"]
 STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random")]
+UPDATE_EVERY = 0.5   # seconds between two progress/population updates of the page
 NO_DETAILS = "Click a prompt in the archive or the population (or pick one above) to see its images and gap."
 
 # Stop requests by browser session: the Stop button sets it, the running handler checks it.
@@ -175,41 +176,43 @@ def build(engine) -> list:
         return "**Budget:** " + mine.budget_text(mine.estimate_budget(make_request(*values), engine, probe=True))
 
     def stream(request: mine.MineRequest, session: str):
-        """Run the method and map its events onto the live outputs."""
+        """Run the method and map its events onto the live outputs (frequent ones throttled)."""
         stop_flag = _STOPS.setdefault(session, threading.Event())
         stop_flag.clear()
         view = _View(engine)
         events = mine.run(request, engine)
         population: dict[str, list] = {}
-        run_id, started = "", time.perf_counter()
+        run_id, message, started, last = "", "", time.perf_counter(), 0.0
         try:
             for event in events:
                 if stop_flag.is_set():
                     break
-                if isinstance(event, Scores) and event.name == "run":
+                if isinstance(event, Progress):
+                    eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
+                    message = f"**{event.message or event.stage}**{eta}"
+                elif isinstance(event, Scores) and event.name == "prompt":
+                    node = event.values
+                    if any(row[-1] != node["iteration"] for row in population.values()):
+                        population.clear()
+                    population[node["id"]] = [node["id"], node["prompt"], round(node["score"], 4), node["origin"],
+                                              node.get("parent") or "", node["iteration"]]
+                if isinstance(event, Progress) or (isinstance(event, Scores) and event.name == "prompt"):
+                    if time.perf_counter() - last >= UPDATE_EVERY:    # a few updates a second at most
+                        last = time.perf_counter()
+                        rows = [r[:-1] for r in sorted(population.values(), key=lambda r: r[2])]
+                        yield view.update(progress=f"{message} ({last - started:.1f} s, run `{run_id}`)",
+                                          population=rows)
+                elif isinstance(event, Scores) and event.name == "run":
                     run_id = event.values["run_id"]
                     _RUNNING[session] = run_id
                     view.state = {"run_id": run_id}
                     yield view.update(progress=f"**Started** run `{run_id}`", state=view.state)
-                elif isinstance(event, Progress):
-                    eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                    yield view.update(progress=f"**{event.message or event.stage}**{eta} "
-                                               f"({time.perf_counter() - started:.1f} s, run `{run_id}`)")
                 elif isinstance(event, Warning):
                     gr.Warning(event.message)
-                elif isinstance(event, Scores) and event.name == "prompt":
-                    node = event.values
-                    if population and next(iter(population.values()))[-1] != node["iteration"]:
-                        population.clear()
-                    population[node["id"]] = [node["id"], node["prompt"], round(node["score"], 4), node["origin"],
-                                              node.get("parent") or "", node["iteration"]]
-                    rows = sorted(population.values(), key=lambda r: r[2])
-                    yield view.update(population=[r[:-1] for r in rows])
                 elif isinstance(event, Scores) and event.name == "iteration":
                     record = engine.store.get_run(run_id)
-                    results = record["results"] if record else {}
-                    if results.get("iterations"):
-                        view.show_results(run_id, results, f"Iteration {event.values['iteration'] + 1} done")
+                    if record and record["results"].get("iterations"):
+                        view.show_results(run_id, record["results"], f"Iteration {event.values['iteration'] + 1} done")
                         yield view.everything()
                 elif isinstance(event, Done):
                     view.show_results(event.run_id, event.results, "Done", _baseline_for(engine, event.results))

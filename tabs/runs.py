@@ -50,7 +50,8 @@ def build(engine) -> list:
         sort = gr.Dropdown(list(runs.SORTS), value="newest", label="Sort by", elem_id="runs-sort", scale=1)
         refresh = gr.Button("Refresh", scale=0, elem_id="runs-refresh")
     table = gr.Dataframe(headers=HEADERS, interactive=False, elem_id="runs-table", wrap=True, max_height=360,
-                         label="Runs (click a row to open it)")
+                         label="Runs (click a row to open it)",
+                         column_widths=["17%", "10%", "24%", "17%", "11%", "14%", "7%"])
     with gr.Row():
         selected = gr.Dropdown([], value=[], multiselect=True, allow_custom_value=True, label="Selected runs",
                                info="clicked rows are added here; you can also paste run ids",
@@ -65,9 +66,11 @@ def build(engine) -> list:
     with gr.Row():
         confirm = gr.Checkbox(False, label="Yes, delete the selected runs", elem_id="runs-confirm", scale=2)
         keep_images = gr.Checkbox(False, label="keep their images", scale=1)
-        delete_btn = gr.Button("Delete", variant="stop", elem_id="runs-delete", scale=1)
-    message = gr.Markdown("", elem_id="runs-message")
-    files = gr.File(label="Downloads", file_count="multiple", interactive=False, elem_id="runs-files")
+        delete_btn = gr.Button("Delete", variant="stop", elem_id="runs-delete", scale=0, size="sm")
+    with gr.Row():
+        message = gr.Markdown("", elem_id="runs-message")
+        files = gr.File(label="Downloads", file_count="multiple", interactive=False, elem_id="runs-files",
+                        height=110)
     view = gr.HTML(elem_id="runs-view")
     gallery = gr.Gallery(label="Images of the run", columns=8, height=280, elem_id="runs-gallery",
                          object_fit="contain", allow_preview=True)

@@ -42,8 +42,8 @@ EPSILON = 0.05
 VERSION = 1   # part of every id: bump it when images or embeddings change
 OPENINGS = {task: getattr(llm_prompts, name).split("{")[0] for task, name in
             (("variations", "VARIATIONS"), ("mutations", "MUTATIONS"), ("random_prompts", "RANDOM_PROMPTS"))}
-TEMPLATES = ("{a} {s}", "a photo of {a} {s}", "a picture of {a} {s}", "a close-up photo of {a} {s}",
-             "{a} {s} on a table", "{a} {s} in a garden", "a drawing of {a} {s}", "{a} {s} in the morning light")
+TEMPLATES = ("{a} {s}", "a photo of {a} {s}", "a close-up photo of {a} {s}", "{a} {s} on a table",
+             "{a} {s} in a garden", "a drawing of {a} {s}")
 
 
 class ColourWorld:
@@ -120,7 +120,7 @@ class ColourEmbedder:
         self.id = f"colour-embedder:{cw.hash}"
 
     def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
-        rows = [np.asarray(im.convert("RGB"), np.float32).reshape(-1, 3).mean(axis=0) + 1e-6 for im in images]
+        rows = [np.asarray(im.convert("RGB").resize((1, 1), Image.BOX), np.float32).reshape(3) + 1e-6 for im in images]
         return l2_normalise(np.asarray(rows, np.float32).reshape(len(rows), 3))
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:

@@ -1,0 +1,190 @@
+"""Intersectional Matrix (BiasConnect): IS by hand from answers, the graph and matrix views,
+a planted interaction recovered with its sign and χ² edge, and images reused from the store."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+from engine import biasgraph
+from engine.errors import InputError
+from engine.events import Done, Graph
+from engine.metrics import biasconnect as bc
+from engine.methods import cfsets, counterfactuals, intersectional as ic
+from engine.methods.cfsets import SetSpec
+from engine.presets import SYNTHETIC_TABLE
+
+# -- IS from answers, by hand -----------------------------------------------------------------------
+
+
+def _answers(counts: dict[str, list[int]], values: dict[str, list[str]], policy="drop"):
+    """One-hot answers per axis from counts per value (the last extra count, if any, is 'other')."""
+    out = {}
+    for axis, per_value in counts.items():
+        labels = [v for v, c in zip(values[axis] + ["other"], per_value) for _ in range(c)]
+        out[axis] = ic.one_hot(labels, values[axis], policy)
+    return out
+
+
+def _specs(axes):
+    specs = [SetSpec("initial", "p", 0)]
+    return specs + [SetSpec(f"axis={x}|cf={cf}", cf, 0, x, cf) for x, cfs in axes.items() for cf in cfs]
+
+
+def test_spec_worked_example_gender_to_age_is_minus_0_075():
+    # spec §3.4: age init [.70 .25 .05]; male CF [.60 .30 .10]; female CF [.90 .10 0] (20 images per set)
+    axes = {"gender": ["a male p", "a female p"], "age": ["a young p", "a middle-aged p", "an old p"]}
+    values = {"gender": ["male", "female"], "age": ["young", "middle-aged", "old"]}
+    age = {"initial": [14, 5, 1], "axis=gender|cf=a male p": [12, 6, 2], "axis=gender|cf=a female p": [18, 2, 0]}
+    answers = {s.label: _answers({"gender": [10, 10], "age": age.get(s.label, [7, 7, 6])}, values) for s in _specs(axes)}
+    init, tables = ic.tally(_specs(axes), axes, answers)
+    matrix = ic.sensitivity(init, tables, {})
+    assert matrix.w_bar_init[1] == pytest.approx(0.55)
+    assert matrix.entry("gender", "age") == pytest.approx(-0.075)
+    assert matrix.entry("gender", "gender") == pytest.approx(0.0)       # already balanced: nothing to fix
+    assert tables["gender"]["age"][0].tolist() == [[12, 6, 2], [18, 2, 0]]
+
+
+def test_other_answer_policies_by_hand():
+    values = {"gender": ["male", "female"]}
+    axes = {"gender": ["a male p", "a female p"]}
+    counts = {"initial": [6, 2, 2], "axis=gender|cf=a male p": [10, 0, 0], "axis=gender|cf=a female p": [0, 10, 0]}
+    results = {}
+    for policy in bc.OTHER_POLICIES:
+        answers = {s.label: _answers({"gender": counts[s.label]}, values, policy) for s in _specs(axes)}
+        init, tables = ic.tally(_specs(axes), axes, answers)
+        ideal = {"gender": bc.ideal_distribution(values["gender"], None, policy)}
+        results[policy] = ic.sensitivity(init, tables, ideal).w_bar_init[0]
+    assert results["drop"] == pytest.approx(0.5)        # [.75 .25]: TV .25 / (1 - 1/2)
+    assert results["other_bin"] == pytest.approx(0.3)   # [.6 .2 .2] vs [.5 .5 0]: TV .3 / (1 - 0)
+
+
+def test_choices_and_reference_csv(tmp_path):
+    preset = cfsets.load_preset("occupations")
+    assert ic.choices(preset["prompt"], preset["axes"]["emotion"]) == ["happy", "sad", "serious", "tired"]
+    path = tmp_path / "real.csv"
+    path.write_text("axis,value,share\ngender,male,77\ngender,female,23\nage,young,0.5\n")
+    assert ic.load_reference_csv(path) == {"gender": {"male": 77.0, "female": 23.0}, "age": {"young": 0.5}}
+    path.write_text("axis;value;share\n")
+    with pytest.raises(InputError, match="columns"):
+        ic.load_reference_csv(path)
+
+
+# -- views ------------------------------------------------------------------------------------------------
+
+RESULTS = {
+    "prompt": "a photo of a pilot", "level": "prompt", "p_threshold": 1e-4, "min_abs_is": 0.0, "importance": "count",
+    "other_policy": "drop", "ideals": {"gender": {"male": 0.5, "female": 0.5}}, "distortion": 0.4,
+    "values": {"gender": ["male", "female"], "age": ["young", "old"]},
+    "questions": {"gender": "What is the gender?", "age": "How old?"},
+    "sensitivity": {"axes": ["gender", "age"], "matrix": [[0.2, 0.01], [-0.4, 0.3]], "w_bar_init": [0.17, 0.6],
+                    "w_bar_mixed": [[0.0, 0.59], [0.57, 0.3]], "ci_low": [[0.1, -0.05], [-0.6, 0.2]],
+                    "ci_high": [[0.3, 0.08], [-0.2, 0.4]]},
+    "edges": [{"source": "age", "target": "gender", "is": -0.4, "p_value": 1e-9, "kept": True},
+              {"source": "gender", "target": "age", "is": 0.01, "p_value": 0.5, "kept": False}],
+    "max_impact": "age", "max_influenced": "gender",
+    "distributions": {"gender": {"values": ["male", "female"], "ideal": [0.5, 0.5], "initial": [0.585, 0.415],
+                                 "mixed": {"age": [0.78, 0.22], "gender": [0.5, 0.5]}}},
+}
+RESULTS["kept_edges"] = [e for e in RESULTS["edges"] if e["kept"]]
+
+
+def test_matrix_cells_explain_themselves_and_fade_when_the_ci_spans_zero():
+    page = biasgraph.matrix_html(RESULTS)
+    assert "moves gender 0.40 further from its target" in page
+    assert page.count("gl-faded") == 1                     # only gender -> age spans 0
+    assert biasgraph.cell_text("gender", "gender", 0.2, 0.2, 0.0).startswith("Making gender diverse")
+
+
+def test_graph_is_self_contained_and_marks_maximp_and_maxinf():
+    document = biasgraph.graph_from_results(RESULTS)
+    assert not re.findall(r"<(?:script|link)[^>]*(?:src|href)=", document)  # vis-network inlined, no CDN
+    assert "vis.Network" in document and "MaxImp" in document and "MaxInf" in document
+    assert biasgraph.NEGATIVE in document and "+0.01" not in document   # pruned edges are not drawn
+    frame = biasgraph.iframe(document)
+    assert frame.startswith("<iframe") and frame.count('"') == 10 and "&lt;script" in frame
+    assert "Making age diverse" in biasgraph.pair_html(RESULTS, "age", "gender")
+
+
+# -- the method on the synthetic world ---------------------------------------------------------------
+
+@pytest.fixture
+def pilot_engine(tmp_path):
+    """The shipped world plus a pilot planted with an age -> gender interaction: young pilots are
+    half women, old ones 95% men, and 80% of pilots are young, so the prompt alone is 58.5% male
+    but making age diverse pushes gender to 78% male."""
+    from engine.core import Engine
+
+    table = json.loads(open(SYNTHETIC_TABLE).read())
+    table["subjects"]["pilot"] = {"kind": "person", "phrases": ["pilot"], "badge": "PIL",
+                                  "dist": {"gender": {"male": 0.9, "female": 0.1},
+                                           "age": {"young": 0.8, "middle-aged": 0.1, "old": 0.1}}}
+    table["rules"] += [{"subject": "pilot", "if": {"age": "young"}, "then": {"gender": {"male": 0.5, "female": 0.5}}},
+                       {"subject": "pilot", "if": {"age": "old"}, "then": {"gender": {"male": 0.95, "female": 0.05}}}]
+    path = tmp_path / "world.json"
+    path.write_text(json.dumps(table))
+    roles = {role: f"synthetic_{role}:{path}" for role in ("generator", "embedder", "llm", "vqa")}
+    return Engine("synthetic", data_dir=str(tmp_path / "store"), max_images=256, **roles)
+
+
+def test_planted_interaction_has_its_sign_and_edge_and_independent_pairs_are_pruned(pilot_engine):
+    world = pilot_engine.models.get(pilot_engine.preset.generator).world
+    gender = lambda prompt: world.expected_distribution(prompt, "gender")["male"]  # noqa: E731
+    assert gender("a photo of a pilot") == pytest.approx(0.585)
+    mixed = np.mean([gender(f"a photo of {a} pilot") for a in ("a young", "a middle-aged", "an old")])
+    assert mixed == pytest.approx((0.5 + 0.9 + 0.95) / 3)
+    expected = bc.w_bar([0.585, 0.415]) - bc.w_bar([mixed, 1 - mixed])          # -0.397: mixing age hurts gender
+    assert world.expected_distribution("a photo of a male pilot", "age") == world.expected_distribution(
+        "a photo of a pilot", "age")                                            # gender does not move age
+
+    axes = {"gender": ["a photo of a male pilot", "a photo of a female pilot"],
+            "age": ["a photo of a young pilot", "a photo of a middle-aged pilot", "a photo of an old pilot"],
+            "emotion": ["a photo of a pilot who is happy", "a photo of a pilot who is serious",
+                        "a photo of a pilot who is sad"]}
+    events = list(ic.run(ic.IntersectionalRequest("a photo of a pilot", axes=axes, n=96, n_boot=200), pilot_engine))
+    r = next(e for e in events if isinstance(e, Done)).results
+    s = r["sensitivity"]
+    i, j = s["axes"].index("age"), s["axes"].index("gender")
+    assert expected == pytest.approx(-0.397, abs=1e-3)
+    assert s["matrix"][i][j] < 0 and abs(s["matrix"][i][j] - expected) < 0.25
+    assert s["ci_high"][i][j] < 0                                               # not faded
+    kept = {(e["source"], e["target"]) for e in r["kept_edges"]}
+    assert ("age", "gender") in kept
+    assert ("gender", "age") not in kept
+    assert not {pair for pair in kept if "emotion" in pair}                     # emotion is independent
+    assert r["max_impact"] == "age" and r["max_influenced"] == "gender"
+    assert r["p_values"]["age"]["gender"] < 1e-4 < r["p_values"]["emotion"]["gender"]
+    assert r["questions"]["gender"] == "What is the gender (male, female) of the person in the image?"
+    graph = next(e for e in events if isinstance(e, Graph))
+    assert graph.edges == r["kept_edges"] and "vis.Network" in graph.html
+
+
+def test_a_run_after_counterfactuals_generates_nothing_new(engine):
+    axes = {a: cfs for a, cfs in cfsets.propose_axes(engine, "a photo of a doctor")[0].items()
+            if a in ("gender", "age", "clothing", "emotion")}
+    assert len(axes) == 4
+    list(counterfactuals.run(counterfactuals.CounterfactualsRequest("a photo of a doctor", axes=axes, n=8,
+                                                                    n_boot=0), engine))
+    calls, generated = engine.stats.generator_calls, engine.stats.images_generated
+    *_, done = ic.run(ic.IntersectionalRequest("a photo of a doctor", axes=axes, n=8, n_boot=20,
+                                               other_policy="other_bin", level="aggregated"), engine)
+    assert engine.stats.generator_calls == calls and engine.stats.images_generated == generated
+    r = done.results
+    assert r["level"] == "aggregated" and r["min_abs_is"] == 0.03 and r["other_policy"] == "other_bin"
+    assert r["distributions"]["gender"]["values"] == ["male", "female", "other"]
+    assert len(r["sensitivity"]["matrix"]) == 4 and all(len(row) == 4 for row in r["sensitivity"]["matrix"])
+    run = engine.store.get_run(done.run_id)
+    assert len(run["images"]) == (1 + 2 + 3 + 2 + 3) * 8
+
+
+def test_cli_prints_the_matrix_p_values_and_kept_edges(tmp_path):
+    from test_cli import cli
+
+    out = cli("intersectional", "--preset", "synthetic", "--prompt", "a photo of a doctor", "-n", "8", "--n-boot",
+              "20", "--json", data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert {"run_id", "sensitivity", "p_values", "kept_edges", "max_impact", "max_influenced"} <= set(result)
+    axes = result["sensitivity"]["axes"]
+    assert len(result["sensitivity"]["matrix"]) == len(axes) >= 3
+    assert set(result["p_values"][axes[0]]) == set(axes) - {axes[0]}
