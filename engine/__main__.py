@@ -86,6 +86,15 @@ class ProgressPrinter:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from . import distributed  # imports torch only when a launcher started several processes
+
+    cluster = distributed.cli_join(args)
+    if cluster is None:
+        return run_command(args)
+    return distributed.cli_run(cluster, args, run_command, make_engine)  # rank 0 runs it, the others generate
+
+
+def run_command(args) -> int:
     try:
         engine = make_engine(args)
         if args.method is None:

@@ -95,7 +95,8 @@ def graph_html(axes: list[str], edges: list[dict], max_impact: str | None = None
               f"<span style='color:{POSITIVE}'>blue</span> = making the source diverse helps the target, "
               f"<span style='color:{NEGATIVE}'>red</span> = it harms; width = |IS|. "
               f"{'No edge was kept.' if not any(e.get('kept') for e in edges) else ''}</div>")
-    return document.replace("<body>", "<body>" + legend, 1)
+    refit = "<script>window.addEventListener('resize', () => network.fit()); setTimeout(() => network.fit(), 300);</script>"
+    return document.replace("<body>", "<body>" + legend, 1).replace("</body>", refit + "</body>", 1)
 
 
 def graph_from_results(results: dict, height: int = 460) -> str:

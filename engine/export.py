@@ -257,6 +257,13 @@ def import_zip(store: Store, path: str | os.PathLike, replace: bool = False) -> 
     VQA answers, embeddings, run rows and image links. Runs already in the store are skipped
     unless `replace`. Image paths inside the results are rewritten to this store's files."""
     try:
+        return _import_zip(store, path, replace)
+    except (KeyError, ValueError, TypeError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{Path(path).name} is a damaged GapLens export ({type(exc).__name__}: {exc})") from None
+
+
+def _import_zip(store: Store, path, replace: bool) -> dict:
+    try:
         zf = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
         raise InputError(f"{Path(path).name} is not a readable zip file ({exc})") from None

@@ -126,13 +126,12 @@ def generic_html(results: dict) -> str:
     parts = []
     if results.get("prompt"):
         parts.append(f"<h3>{html.escape(str(results['prompt']))}</h3>")
-    with_ci = [s for s in rows if s.low is not None and s.high is not None][:24]
+    # bars start at 0: chart the (first 24) scores whose whole interval is non-negative
+    with_ci = [s for s in rows if s.low is not None and s.high is not None and s.low >= 0 and s.value >= 0][:24]
     if with_ci:
-        lo = min(0.0, *(s.low for s in with_ci))
-        if lo >= 0:
-            parts.append("<div class='gl-chart'>" + charts.bar_chart(
-                [s.name[-40:] for s in with_ci], [s.value for s in with_ci], ci=[(s.low, s.high) for s in with_ci],
-                title="scores with 95% intervals", chart_id="generic-scores", width=560) + "</div>")
+        parts.append("<div class='gl-chart'>" + charts.bar_chart(
+            [s.name[-40:] for s in with_ci], [s.value for s in with_ci], ci=[(s.low, s.high) for s in with_ci],
+            title="scores with 95% intervals", chart_id="generic-scores", width=560) + "</div>")
     if rows:
         body = "".join(f"<tr><td>{html.escape(s.group)}</td><td>{html.escape(s.metric)}</td>"
                        f"<td class='gl-metric'>{fmt_ci(s.value, (s.low, s.high)) if s.low is not None else fmt(s.value)}"
@@ -160,3 +159,9 @@ def intersectional_html(results: dict) -> str:
     from .biasgraph import intersectional_html as render_intersectional
 
     return render_intersectional(results)
+
+
+def mine_html(results: dict) -> str:
+    from .render_mine import mine_html as render_mine
+
+    return render_mine(results)

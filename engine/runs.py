@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from . import charts, render
+from . import render
 from .errors import InputError
 from .store import ImageRecord, Store
 
@@ -64,6 +64,11 @@ def _pair(x) -> tuple[float, float] | None:
     return None
 
 
+def _is_matrix(x) -> bool:
+    return (isinstance(x, list) and bool(x) and all(isinstance(r, list) and len(r) == len(x[0]) for r in x)
+            and all(v is None or _num(v) is not None for r in x for v in r))
+
+
 # Keys whose content is not a score (per-image data, settings, large matrices, free text).
 SKIP_KEYS = {"images", "settings", "labels", "answers", "captions", "similarity", "image_seeds", "request",
              "records", "keys", "key", "path", "seed", "seeds", "embedding", "embeddings", "vectors",
@@ -93,9 +98,22 @@ def flatten_scores(obj, prefix: str = "", limit: int = 2000) -> list[Score]:
                 emit(path, _num(node["value"]), _num(node.get("low")), _num(node.get("high")))
                 return
             ci = {**(outer_ci or {}), **(node["ci"] if isinstance(node.get("ci"), dict) else {})}
+            matrix = node.get("matrix")
+            if _is_matrix(matrix):  # a labelled matrix, its intervals in parallel ci_low / ci_high matrices
+                rows = node.get("rows") or node.get("axes") or list(range(len(matrix)))
+                cols = node.get("cols") or node.get("axes") or list(range(len(matrix[0])))
+                low, high = node.get("ci_low"), node.get("ci_high")
+                for i, row in enumerate(matrix):
+                    for j, v in enumerate(row):
+                        if _num(v) is not None:
+                            interval = ((_num(low[i][j]), _num(high[i][j])) if _is_matrix(low) and _is_matrix(high)
+                                        else (None, None))
+                            emit(f"{path}.matrix[{rows[i] if i < len(rows) else i} → {cols[j] if j < len(cols) else j}]",
+                                 _num(v), *interval)
             for k, v in node.items():
                 k = str(k)
-                if k in SKIP_KEYS or k == "ci" or k.endswith("_ci"):
+                if k in SKIP_KEYS or k == "ci" or k.endswith("_ci") or (
+                        _is_matrix(matrix) and k in ("matrix", "ci_low", "ci_high")):
                     continue
                 sub = f"{path}.{k}" if path else k
                 value = _num(v)

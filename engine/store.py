@@ -392,7 +392,9 @@ class Store:
     def import_image(self, row: dict, data: bytes) -> bool:
         """Add an image (its `images` row and PNG bytes) from an export. The file goes to this
         store's canonical place; an image already stored intact is kept. True when it was added."""
-        key = row["key"]
+        key = str(row["key"])
+        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):  # keys name files: no paths
+            raise StoreError(f"'{key[:80]}' is not an image key")
         if hashlib.sha256(data).hexdigest() != row["sha256"]:
             raise StoreError(f"image {key[:12]}… does not match its recorded sha256")
         if key in self.get_images([key]):

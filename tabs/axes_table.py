@@ -44,11 +44,7 @@ def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
 
     @user_errors
     def propose_axes(prompt_text, fill_text):
-        prompts = cfsets.expand(engine.check_prompt(prompt_text), parse_fill(fill_text))
-        axes, problems = cfsets.propose_axes(engine, prompts[0])
-        name = cfsets.placeholder(prompt_text)
-        if name:
-            axes = {a: cfs for a, cfs in cfsets.templatise(axes, parse_fill(fill_text)[0], name).items() if cfs}
+        axes, problems = cfsets.propose_for(engine, engine.check_prompt(prompt_text), parse_fill(fill_text))
         for problem in problems:
             gr.Warning(f"The LLM's counterfactual {problem}")
         return cfsets.rows_from_axes(axes)

@@ -60,11 +60,9 @@ class _View:
 
     NAMES = ("progress", "chart", "population", "archive", "pick", "state", "runs")
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self):
         self.values = {name: gr.skip() for name in self.NAMES}
         self.state: dict = {}
-        self.population: list[list] = []
 
     def update(self, **changes):
         for name, value in changes.items():
@@ -152,7 +150,7 @@ def build(engine) -> list:
             archive_table = gr.Dataframe(headers=mine.ARCHIVE_COLUMNS,
                                          label="Archive: the most biased prompts found (click one to open it)",
                                          interactive=False, wrap=True, max_height=360, elem_id="mine-archive")
-    pick = gr.Dropdown([], label="Open an archived prompt", elem_id="mine-pick")
+    pick = gr.Dropdown([], label="Open an archived prompt", elem_id="mine-pick", allow_custom_value=True)
     lineage = gr.HTML(NO_DETAILS, elem_id="mine-lineage")
     gallery = gr.Gallery(label="Images of the prompt", columns=8, height=240, elem_id="mine-gallery",
                          object_fit="contain", allow_preview=True)
@@ -179,7 +177,7 @@ def build(engine) -> list:
         """Run the method and map its events onto the live outputs (frequent ones throttled)."""
         stop_flag = _STOPS.setdefault(session, threading.Event())
         stop_flag.clear()
-        view = _View(engine)
+        view = _View()
         events = mine.run(request, engine)
         population: dict[str, list] = {}
         run_id, message, started, last = "", "", time.perf_counter(), 0.0
@@ -250,7 +248,7 @@ def build(engine) -> list:
         session = _session(request)
         _STOPS.setdefault(session, threading.Event()).set()
         run_id = _RUNNING.get(session) or (view_state or {}).get("run_id")
-        view = _View(engine)
+        view = _View()
         if not run_id:
             return view.update(progress="Nothing is running.")
         deadline = time.time() + 5
@@ -271,7 +269,7 @@ def build(engine) -> list:
             raise InputError("pick a stored run to open")
         record = mine.load_resumable(engine, run_id)
         results = record["results"]
-        view = _View(engine)
+        view = _View()
         view.show_results(run_id, results, f"Run {record['status']}", _baseline_for(engine, results))
         p = results["params"]
         return (*view.everything()[:-1], gr.update(value=p["T"]), NO_DETAILS, [], "")

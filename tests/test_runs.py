@@ -178,6 +178,9 @@ def test_methods_without_a_scorer_or_renderer_fall_back_to_their_numbers(engine)
                    "axes": [{"name": "gender", "mad": {"value": 0.4, "low": mad_low, "high": 0.6}},
                             {"name": "age", "mad": {"value": 0.2, "low": 0.1, "high": 0.3}}],
                    "cas": {"mean": cas, "ci": {"mean": [cas - 0.1, cas + 0.1]}, "per_prompt": [0.1, 0.2, cas]},
+                   "mad": {"gender": 0.3, "age": 0.1}, "mad_ci": {"gender": [0.2, 0.4], "age": [0.0, 0.2]},
+                   "sensitivity": {"axes": ["gender", "age"], "matrix": [[1.0, cas], [0.0, 1.0]],
+                                   "ci_low": [[1.0, 0.1], [-0.2, 1.0]], "ci_high": [[1.0, 0.9], [0.2, 1.0]]},
                    "images": [{"path": "/nowhere", "seed": 1}], "note": "text is skipped"}
         store.update_run(run_id, status="done", results=results, summary={"mean_cas": cas, "seconds": 3})
         return run_id
@@ -186,6 +189,9 @@ def test_methods_without_a_scorer_or_renderer_fall_back_to_their_numbers(engine)
     rows = {s.name: s for s in runs.scores(store.get_run(a))}
     assert rows["axes[gender] / mad"].low == 0.3 and rows["cas / mean"].high == pytest.approx(0.6)
     assert "summary / mean_cas" in rows and "cas / per_prompt[2]" in rows
+    assert (rows["mad / gender"].low, rows["mad / gender"].high) == (0.2, 0.4)  # parallel "<name>_ci" dict
+    cell = rows["sensitivity / matrix[gender → age]"]                        # labelled matrix + ci_low/ci_high
+    assert (cell.value, cell.low, cell.high) == (0.5, 0.1, 0.9)
     assert not any("seconds" in name or "images" in name for name in rows)
     comparison = runs.compare_runs(store, [a, b])
     mean = next(r for r in comparison["rows"] if r["group"] == "cas" and r["metric"] == "mean")
@@ -224,3 +230,32 @@ def test_cli_lists_shows_exports_deletes_and_imports(engine, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["imported"] == [run_id]
     assert main(["runs", "show", "no-such-run", "--data-dir", data]) == 2
     assert "no run 'no-such-run'" in capsys.readouterr().err
+
+
+def test_damaged_or_foreign_zips_are_clear_errors_and_write_nothing(engine, tmp_path):
+    sp = _generate(engine, "a photo of a judge", n=2)
+    export.export_zip(engine.store, [sp], tmp_path / "ok.zip")
+    with pytest.raises(InputError, match="not a readable zip"):
+        export.import_zip(engine.store, tmp_path / "missing.zip")
+    plain = tmp_path / "plain.zip"
+    with zipfile.ZipFile(plain, "w") as zf:
+        zf.writestr("hello.txt", "hi")
+    with pytest.raises(InputError, match="not a GapLens export"):
+        export.import_zip(engine.store, plain)
+    # An image key that tries to name a path outside the store is refused before anything is written.
+    evil = tmp_path / "evil.zip"
+    with zipfile.ZipFile(tmp_path / "ok.zip") as src, zipfile.ZipFile(evil, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name in ("gaplens/images.jsonl", "gaplens/run_images.jsonl"):
+                rows = [json.loads(line) for line in data.decode().splitlines()]
+                for r in rows:
+                    for field in ("key", "image_key"):
+                        if field in r:
+                            r[field] = "../../escaped"
+                data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+            dst.writestr(name, data)
+    runs.delete_runs(engine.store, [sp])
+    with pytest.raises(Exception, match="not an image key"):
+        export.import_zip(engine.store, evil)
+    assert engine.store.get_run(sp) is None and not list(tmp_path.glob("**/escaped*"))

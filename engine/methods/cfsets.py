@@ -21,11 +21,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..backends.llm_json import as_axis_dict
 from ..core import Engine, Run, stream_image_set
 from ..errors import InputError, LLMOutputError
 from ..events import Table, Warning
 from ..llm_prompts import tibet_turns
+from ..metrics.bootstrap import resample_indices
 from ..metrics.tibet import ENGLISH_STOPWORDS
 from ..presets import ASSETS
 
@@ -204,21 +207,33 @@ def placeholder(prompt: str) -> str | None:
     return names.pop() if names else None
 
 
+def fill_values(fill) -> list[str]:
+    return [f.strip() for f in fill or [] if f and f.strip()]
+
+
 def expand(prompt: str, fill: list[str]) -> list[str]:
     """The prompts of a run: `prompt`, or one per fill value of its placeholder."""
-    name = placeholder(prompt)
-    fill = [f.strip() for f in fill or [] if f and f.strip()]
-    if name and not fill:
+    name, values = placeholder(prompt), fill_values(fill)
+    if name and not values:
         raise InputError(f"the prompt has the placeholder {{{name}}}: give the values to fill in "
                          f"(e.g. a list of occupations), or write the prompt out")
-    if fill and not name:
+    if values and not name:
         raise InputError("fill values were given but the prompt has no {placeholder} to fill")
-    return [prompt.replace(f"{{{name}}}", value) for value in fill] if name else [prompt]
+    return [prompt.replace(f"{{{name}}}", value) for value in values] if name else [prompt]
 
 
-def templatise(axes: dict[str, list[str]], value: str, name: str) -> dict[str, list[str]]:
-    """Counterfactuals written for one filled prompt turned back into templates."""
-    return {a: [cf.replace(value, f"{{{name}}}") for cf in cfs if value in cf] for a, cfs in axes.items()}
+def propose_for(engine: Engine, prompt: str, fill: list[str], seed: int = 0,
+                max_length_change: int = MAX_LENGTH_CHANGE) -> tuple[dict[str, list[str]], list[str]]:
+    """`propose_axes` for the first prompt of a run; with a placeholder, the counterfactuals
+    are written back as templates (those not naming the fill value are left out)."""
+    first = expand(prompt, fill)[0]
+    axes, problems = propose_axes(engine, first, seed, max_length_change)
+    name = placeholder(prompt)
+    if name:
+        value = fill_values(fill)[0]
+        axes = {a: [cf.replace(value, f"{{{name}}}") for cf in cfs if value in cf] for a, cfs in axes.items()}
+        axes = {a: cfs for a, cfs in axes.items() if cfs}
+    return axes, problems
 
 
 def prepare(request: SetsRequest, engine: Engine):
@@ -229,31 +244,23 @@ def prepare(request: SetsRequest, engine: Engine):
     prompts = expand(template, request.fill)
     for p in prompts:
         engine.check_prompt(p)
-    name = placeholder(template)
     if request.axes:
         axes, problems = clean_axes(template, request.axes, request.max_length_change)
     else:
-        axes, problems = propose_axes(engine, prompts[0], request.llm_seed, request.max_length_change)
-        if name:
-            axes = {a: cfs for a, cfs in templatise(axes, request.fill[0].strip(), name).items() if cfs}
+        axes, problems = propose_for(engine, template, request.fill, request.llm_seed, request.max_length_change)
         yield Table("axes", ["axis", "counterfactual"], rows_from_axes(axes))
     for problem in problems:
         yield Warning(f"counterfactual {problem}")
     if not axes:
         raise InputError("no axis has a counterfactual: add rows (axis, counterfactual prompt) to the table")
-    aggregate = len(prompts) > 1
+    name, values = placeholder(template), fill_values(request.fill)
+    prefix = (lambda p: f"prompt={p}|") if len(prompts) > 1 else (lambda p: "")
     specs = []
     for i, p in enumerate(prompts):
-        prefix = f"prompt={p}|" if aggregate else ""
-        specs.append(SetSpec(prefix + "initial", p, i))
-        fill = {f"{{{name}}}": request.fill[i].strip()} if name else {}
-        for axis, cfs in axes.items():
-            for cf in cfs:
-                filled = cf
-                for key, value in fill.items():
-                    filled = filled.replace(key, value)
-                specs.append(SetSpec(f"{prefix}axis={axis}|cf={cf}", filled, i, axis, cf,
-                                     counterfactual_value(template, cf)))
+        specs.append(SetSpec(prefix(p) + "initial", p, i))
+        specs += [SetSpec(f"{prefix(p)}axis={axis}|cf={cf}", cf.replace(f"{{{name}}}", values[i]) if name else cf,
+                          i, axis, cf, counterfactual_value(template, cf))
+                  for axis, cfs in axes.items() for cf in cfs]
     return prompts, axes, specs
 
 
@@ -312,3 +319,12 @@ def set_request_fields(a) -> dict:
     return dict(prompt=prompt, axes=axes, fill=a.fill, n=a.n, seed=a.seed, llm_seed=a.llm_seed,
                 negative_prompt=a.negative_prompt, steps=a.steps, guidance=a.guidance, width=a.width,
                 height=a.height)
+
+
+def resample_weights(n: int, n_boot: int, run_seed: int, index: int) -> np.ndarray:
+    """(n_boot, n): how often each image of set `index` is drawn in each bootstrap resample
+    (independent per set, reproducible per run seed)."""
+    weights = np.zeros((n_boot, n))
+    if n_boot:
+        np.add.at(weights, (np.arange(n_boot)[:, None], resample_indices(n, n_boot, run_seed * 7919 + index)), 1.0)
+    return weights

@@ -5,8 +5,8 @@ VQA concept histograms, CAS per counterfactual, normalised MAD per axis, with bo
 Choices the spec leaves open (§8 items 3-6), each a request field:
 - `caption` (item 3): each image's caption joins its VQA answers, as the thesis says
   (the released code leaves it out); default on.
-- concepts (item 4): unigram words, punctuation deleted ("middle-aged" -> "middleaged"),
-  English stop words, "image" and the answers yes/no/none dropped, concepts below
+- concepts (item 4): unigram words (tibet.concept_words: punctuation deleted except inner
+  hyphens), English stop words, "image" and the answers yes/no/none dropped, concepts below
   `min_frequency` (0.01 per image, as the released code) dropped; `synonyms` merges
   WordNet synonyms (plus male->man, female->woman) with one grouping per compared pair.
 - `renormalise` (item 5): HistIoU on histograms scaled to sum 1 (released code); default on.
@@ -33,11 +33,12 @@ import numpy as np
 from ..core import Engine, Run, recorded
 from ..events import Progress, Scores, Table
 from ..metrics import tibet
-from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..metrics.bootstrap import percentile_interval
 from ..metrics.diversity import unit_rows
 from ..metrics.wordnet import wordnet_synonyms
 from ..presets import ASSETS
-from .cfsets import SetSpec, SetsRequest, add_set_arguments, generate_set, prepare, set_request_fields
+from .cfsets import (SetSpec, SetsRequest, add_set_arguments, generate_set, prepare, resample_weights,
+                     set_request_fields)
 from .generate import settings_for
 
 
@@ -104,16 +105,14 @@ class ConceptSet:
 
 
 def concept_set(spec: SetSpec, records, answers: list[list[str]], captions: list[str],
-                embeddings: np.ndarray, n_boot: int, boot_seed: int) -> ConceptSet:
-    """`answers[q][i]`: the answer to question q about image i; captions join them when given."""
+                embeddings: np.ndarray, weights: np.ndarray) -> ConceptSet:
+    """`answers[q][i]`: the answer to question q about image i; captions join them when given;
+    `weights`: the set's bootstrap resamples (cfsets.resample_weights)."""
     n = len(records)
     per_image = [[a[i] for a in answers] + ([captions[i]] if captions else []) for i in range(n)]
     counters = [Counter(w for answer in image for w in tibet.concept_words(answer)) for image in per_image]
     vocabulary = sorted(set().union(*counters))
     counts = np.array([[c[w] for w in vocabulary] for c in counters], float).reshape(n, len(vocabulary))
-    weights = np.zeros((n_boot, n))
-    if n_boot:
-        np.add.at(weights, (np.arange(n_boot)[:, None], resample_indices(n, n_boot, boot_seed)), 1.0)
     return ConceptSet(spec, records, vocabulary, counts, unit_rows(embeddings), weights)
 
 
@@ -216,7 +215,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
         by_question = {q: engine.ask(records, q) for q in unique_questions}
         captions = engine.caption(records) if request.caption else []
         s = concept_set(spec, records, list(by_question.values()), captions, engine.embed_images(records),
-                        request.n_boot, request.seed * 7919 + i)
+                        resample_weights(len(records), request.n_boot, request.seed, i))
         results["sets"][spec.label] = _set_json(s, {a: by_question[q] for a, q in questions.items()}, captions, request)
         return s
 

@@ -38,8 +38,9 @@ from ..errors import InputError, LLMOutputError
 from ..events import Graph, Progress, Scores, Table, Warning
 from ..llm_prompts import axis_question_prompt
 from ..metrics import biasconnect as bc
-from ..metrics.bootstrap import percentile_interval, resample_indices
-from .cfsets import SetSpec, SetsRequest, add_set_arguments, counterfactual_value, generate_set, prepare, set_request_fields
+from ..metrics.bootstrap import percentile_interval
+from .cfsets import (SetSpec, SetsRequest, add_set_arguments, counterfactual_value, generate_set, prepare,
+                     resample_weights, set_request_fields)
 from .generate import settings_for
 
 LEVELS = ("auto", "prompt", "aggregated")
@@ -105,17 +106,20 @@ def one_hot(labels: list[str], values: list[str], other_policy: str) -> np.ndarr
     return np.array([bc.value_counts([label], values, other_policy) for label in labels])
 
 
-def tally(specs: list[SetSpec], axes: dict[str, list[str]], answers: dict, weights: dict | None = None):
+def tally(specs: list[SetSpec], axes: dict[str, list[str]], answers: dict, weights: dict | None = None,
+          interventions: dict[str, list[str]] | None = None):
     """Counts behind the matrix: init {y: (m, K)} and tables {x: {y: (m, rows, K)}} summed over
     the prompts. `answers[label][y]` is a set's one-hot (n, K); with `weights[label]` (m, n)
-    every one of the m resamples is counted, else m = 1 (all images once)."""
+    every one of the m resamples is counted, else m = 1 (all images once). `interventions`
+    ({x: [cfs]}, default `axes`) limits the rows x to the axes whose sets were generated
+    (Mitigate measures only the axes not mitigated yet); the columns y stay `axes`."""
     def counts(spec, y):
         rows = answers[spec.label][y]
         return rows.sum(axis=0)[None] if weights is None else weights[spec.label] @ rows
 
     init = {y: sum(counts(s, y) for s in specs if s.axis is None) for y in axes}
     tables = {x: {y: np.stack([sum(counts(s, y) for s in specs if s.axis == x and s.cf == cf) for cf in cfs], axis=1)
-                  for y in axes} for x, cfs in axes.items()}
+                  for y in axes} for x, cfs in (axes if interventions is None else interventions).items()}
     return init, tables
 
 
@@ -124,8 +128,13 @@ def sensitivity(init: dict, tables: dict, ideals: dict, row: int = 0) -> bc.Sens
                                          {x: {y: t[row] for y, t in ys.items()} for x, ys in tables.items()}, ideals)
 
 
-def _matrix(values: np.ndarray) -> list:
-    return [[None if v != v else float(v) for v in row] for row in values]
+def _floats(values) -> list:
+    """JSON-safe numbers: nan (no answer among the choices) becomes None."""
+    return [None if v != v else float(v) for v in values]
+
+
+def _matrix(values) -> list:
+    return [_floats(row) for row in values]
 
 
 @recorded("intersectional")
@@ -140,6 +149,7 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
     seeds = request.seeds()
     policy = request.other_policy
     values = {axis: choices(template, cfs) for axis, cfs in axes.items()}
+    categories = {y: values[y] + (["other"] if policy == "other_bin" else []) for y in axes}
     short = [a for a, cfs in axes.items() if len(cfs) < 2]
     if short:
         yield Warning(f"axes with one counterfactual cannot be tested for edges: {', '.join(short)}")
@@ -169,11 +179,7 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
             labels = engine.ask(records, questions[y], values[y])
             answers[spec.label][y] = one_hot(labels, values[y], policy)
             outside[y] += len(labels) - int(bc.value_counts(labels, values[y], "drop").sum())
-        if request.n_boot:
-            w = np.zeros((request.n_boot, len(records)))
-            np.add.at(w, (np.arange(request.n_boot)[:, None],
-                          resample_indices(len(records), request.n_boot, request.seed * 7919 + i)), 1.0)
-            weights[spec.label] = w
+        weights[spec.label] = resample_weights(len(records), request.n_boot, request.seed, i)
     total = len(specs) * request.n
     for y, count in outside.items():
         if count:
@@ -197,22 +203,21 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
     results = {
         "prompt": template, "prompts": prompts, "aggregate": len(prompts) > 1, "n": request.n, "seeds": seeds,
         "settings": settings.__dict__, "axes": axes, "values": values, "questions": questions,
-        "other_policy": policy, "ideals": {y: dict(zip(values[y] + (["other"] if policy == "other_bin" else []),
-                                                     ideals[y].tolist())) for y in axes},
+        "other_policy": policy, "ideals": {y: dict(zip(categories[y], ideals[y].tolist())) for y in axes},
         "level": level, "p_threshold": bc.EDGE_THRESHOLDS[level][0] if request.p_threshold is None else request.p_threshold,
         "min_abs_is": bc.EDGE_THRESHOLDS[level][1] if request.min_abs_is is None else request.min_abs_is,
         "importance": request.importance,
-        "sensitivity": {"axes": matrix.axes, "matrix": _matrix(matrix.matrix),
-                        "w_bar_init": _matrix([matrix.w_bar_init])[0], "w_bar_mixed": _matrix(matrix.w_bar_mixed), "ci_low": low and _matrix(low),
+        "sensitivity": {"axes": matrix.axes, "matrix": _matrix(matrix.matrix), "w_bar_init": _floats(matrix.w_bar_init),
+                        "w_bar_mixed": _matrix(matrix.w_bar_mixed), "ci_low": low and _matrix(low),
                         "ci_high": high and _matrix(high)},
         "p_values": {x: {e["target"]: e["p_value"] for e in edge_rows if e["source"] == x} for x in axes},
         "edges": edge_rows, "kept_edges": [e for e in edge_rows if e["kept"]],
         "max_impact": bc.max_impact(edges, request.importance),
         "max_influenced": bc.max_influenced(edges, request.importance),
         "distortion": bc.intersectional_distortion(matrix),
-        "distributions": {y: {"values": values[y] + (["other"] if policy == "other_bin" else []),
-                              "ideal": ideals[y].tolist(), "initial": bc.mixed_distribution(init[y][0]).tolist(),
-                              "mixed": {x: bc.mixed_distribution(tables[x][y][0]).tolist() for x in axes}}
+        "distributions": {y: {"values": categories[y], "ideal": ideals[y].tolist(),
+                              "initial": _floats(bc.mixed_distribution(init[y][0])),
+                              "mixed": {x: _floats(bc.mixed_distribution(tables[x][y][0])) for x in axes}}
                           for y in axes},
         "outside_choices": outside,
     }

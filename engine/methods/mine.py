@@ -20,8 +20,9 @@ is generated again.
 from __future__ import annotations
 
 import hashlib
-import re
+import os
 import sys
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
@@ -105,6 +106,7 @@ def _llm_seed(*parts) -> int:
 # Gap results by everything that determines them (store, models, prompt, seeds, settings, score
 # parameters): a GA revisits prompts across iterations, seeds, resumes and baselines.
 _SCORE_MEMO: OrderedDict = OrderedDict()
+_MEMO_LOCK = threading.Lock()
 MEMO_SIZE = 20000
 
 # Measured speeds (seconds per generated image / per LLM call) by model id, for budget ETAs.
@@ -282,9 +284,12 @@ class Miner:
         memo_key = (str(engine.store.db_path), tuple(sorted(self.model_ids.items())), prompt, tuple(request.seeds()),
                     tuple(sorted(self.settings.__dict__.items())), request.n_variations, request.alpha,
                     request.combine, request.image_seed, self.axis)
-        if self.use_memo and memo_key in _SCORE_MEMO:
-            _SCORE_MEMO.move_to_end(memo_key)
-            rows, gap, skipped = _SCORE_MEMO[memo_key]
+        with _MEMO_LOCK:
+            hit = _SCORE_MEMO.get(memo_key) if self.use_memo else None
+            if hit is not None:
+                _SCORE_MEMO.move_to_end(memo_key)
+        if hit is not None and all(os.path.exists(row[3]) for row in hit[0]):   # images not deleted since
+            rows, gap, skipped = hit
             self.from_memory += len(rows)
             return [ImageRecord(*row, cached=True) for row in rows], gap, skipped
         made, start = engine.stats.images_generated, time.perf_counter()
@@ -304,9 +309,10 @@ class Miner:
                                           request.alpha, request.combine, seed=request.image_seed, axis=self.axis))
             if engine.stats.llm_calls > calls:
                 _measure(self.model_ids["llm"], time.perf_counter() - start, engine.stats.llm_calls - calls)
-        _SCORE_MEMO[memo_key] = ([(r.key, r.prompt, r.seed, r.path, r.nsfw) for r in records], gap, skipped)
-        while len(_SCORE_MEMO) > MEMO_SIZE:
-            _SCORE_MEMO.popitem(last=False)
+        with _MEMO_LOCK:
+            _SCORE_MEMO[memo_key] = ([(r.key, r.prompt, r.seed, r.path, r.nsfw) for r in records], gap, skipped)
+            while len(_SCORE_MEMO) > MEMO_SIZE:
+                _SCORE_MEMO.popitem(last=False)
         return records, gap, skipped
 
     def _finish_iteration(self, t: int, population: list[dict]):
@@ -443,9 +449,9 @@ class Miner:
 
     def summary(self) -> dict:
         archive = self.archive()
-        return {"iterations": len(self.iterations), "prompts_scored": self.scored_total(),
-                "best_score": archive[0]["score"] if archive else None,
+        return {"best_score": archive[0]["score"] if archive else None,
                 "best_prompt": archive[0]["prompt"] if archive else None,
+                "iterations": len(self.iterations), "prompts_scored": self.scored_total(),
                 "top": [f"{a['score']:.3f} {a['prompt']}" for a in archive[:3]],
                 "strategy": self.request.strategy}
 

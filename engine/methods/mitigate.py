@@ -1,0 +1,860 @@
+"""Mitigate (InterMit, thesis Ch. 7; spec §4): lower the priority-weighted bias τ of a prompt
+below ε by prompt modification, one bias axis at a time, picking each axis from the
+Intersectional Sensitivity matrix S so that intersections are taken into account.
+
+The loop (Alg. 4 with the spec §4.3 clarifications; each numbered one is marked `§4.3-k`):
+
+    p        = the priorities over B* scaled to ‖p‖₁ = 1
+    τ        = ⟨w̄_{B*}, p⟩ measured on the CURRENT image set (§4.3-1), w̄ = biasconnect.w_bar
+               against each axis' ideal distribution D*
+    if τ < ε before any step: nothing to do (§4.3-6)
+    repeat:  S  = the sensitivity matrix measured on top of the current prompt set: for every
+                  axis x not mitigated yet (rows; axes outside B* included, §4.3-5) and every
+                  axis y (columns), IS_xy = w̄_now(y) − w̄(y over x's counterfactual sets mixed
+                  in proportion to D*_x); the diagonal IS_xx is kept, so an axis can be chosen
+                  to fix itself (§4.3-4)
+             γ_x = ⟨S[x, B*], p⟩ (biasconnect.priority_alignment); x* = argmax over the axes
+                  not used yet (§4.3-2; ties: table order)
+             stop "no axis helps" when no γ_x > 0, "all axes used" when none is left
+                  (§4.3-3; at most |B| steps, spec §8 item 12)
+             mitigate x*: the prompt set becomes its product with x*'s counterfactuals,
+                  regenerate, recompute τ and every w̄; stop "threshold reached" when τ < ε
+    With |B*| = 1 only that axis is a candidate (the thesis skips BiasConnect then).
+
+Prompt modification (spec §4.4): the prompt set is the Cartesian product of the
+counterfactual values of the mitigated axes. A product prompt is the base prompt with the
+one-concept edit of each chosen counterfactual applied (`compose`; one counterfactual alone
+is used verbatim, so the first sets are the Intersectional tab's and come from the store).
+
+Non-uniform targets (spec §8 item 11): a product prompt's weight is the product over its
+axes of D*_x(value) / (the number of x's counterfactuals naming that value). The N images of
+a set are apportioned to the prompts by `allocate`: deterministic sequential apportionment
+(each image goes to the prompt furthest behind its quota, counting both its joint quota
+k·w and the quota of each of its values), so every value's count stays within rounding of
+N·D* (age 30/40/30 with N = 20 gives exactly 6/8/6). Prompt q with n_q images uses the
+seeds seed .. seed+n_q−1 (the same seeds policy as every other set), so sets repeat exactly
+and come from the store. The sensitivity rows mix x's counterfactual sets with the same D*_x
+weights, so S predicts what mitigating x to D*_x would do (uniform D* = BiasConnect's equal
+mix).
+
+Uncertainty: every distribution, w̄ and τ has a 95% bootstrap interval, images resampled
+within each prompt of a set (the allocation is fixed by design). A trade-off alert is raised
+when a step makes any axis' w̄ worse by more than `tradeoff_tolerance`, with the interval of
+the change ("significant" when it excludes 0).
+
+Preview (`preview`): from one sensitivity matrix only, no generation: the greedy order and
+predicted τ, composing effects additively (w̄ after mitigating x = w̄_mixed[x] for the first
+step, exact under S; later steps w̄(y) − IS_xy, clipped to [0, 1], a mitigated axis staying
+where its own row put it). The run's first choice is the preview's first step on the same S.
+
+Quality after mitigation (spec §4.5): IsP?, the share of images for which the VQA answers
+"yes" to "Is there a person in the image?"; and a CLIP-IQA-style score per attribute, the
+softmax (logit scale 100, CLIP's) of an image's cosine similarity to an antonym prompt pair,
+e.g. "Good photo." vs "Bad photo." (CLIP-IQA's pairs: quality, natural, colorfulness; "real"
+vs "abstract" as pyiqa has it), with the preset's embedder (reconstructed: CLIP-IQA proper
+uses a ResNet-50 CLIP without positional embedding). A warning when a score drops by more
+than `quality_tolerance` from the initial images. On the synthetic preset the pair prompts
+carry no attribute, so the score is 0.5 everywhere: a calibration check, not a measurement.
+
+Baseline `strategy="all"`: mitigate every axis of B* in order of priority without looking
+at S or stopping at ε (what ITI-GEN does; MitSteps = 100%), to compare with.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from ..core import Engine, Run, recorded, stream_image_set
+from ..errors import InputError
+from ..events import Progress, Scores, Table, Warning
+from ..metrics import biasconnect as bc
+from ..metrics.bootstrap import percentile_interval, resample_indices
+from . import intersectional
+from .cfsets import (ARTICLES, SetSpec, SetsRequest, add_set_arguments, axis_name, counterfactual_value, prepare,
+                     set_request_fields)
+from .generate import settings_for
+
+DEFAULT_EPSILON = 0.35
+STRATEGIES = ("intermit", "all")
+PERSON_QUESTION = "Is there a person in the image?"
+CLIP_LOGIT_SCALE = 100.0
+# CLIP-IQA antonym prompt pairs (Wang et al. 2023) for the attributes Table 7.1 reports.
+QUALITY_PAIRS = {"quality": ("Good photo.", "Bad photo."), "real": ("Real photo.", "Abstract photo."),
+                 "natural": ("Natural photo.", "Synthetic photo."), "colorfulness": ("Colorful photo.", "Dull photo.")}
+STOP_MESSAGES = {
+    "below_threshold": "τ is already below ε on the initial images: nothing to mitigate",
+    "threshold_reached": "τ fell below ε: mitigation succeeded",
+    "no_gain": "no remaining axis has γ > 0 (mitigating any of them would not lower τ): ε not reached",
+    "all_used": "every candidate axis has been mitigated: ε not reached",
+    "baseline_done": "every axis of B* mitigated (baseline: all axes, no sensitivity matrix, no early stop)",
+    "preview": "preview only: the sensitivity matrix was measured, nothing was mitigated",
+}
+
+
+@dataclass
+class MitigateRequest(SetsRequest):
+    mitigate: list[str] = field(default_factory=list)   # B*; empty: the axes with a priority, else every axis
+    priorities: dict = field(default_factory=dict)      # axis -> weight ≥ 0 (scaled to sum 1); empty: equal
+    ideals: dict = field(default_factory=dict)          # axis -> {value: share}: D*; a missing axis is uniform
+    select: list[str] = field(default_factory=list)     # keep only these axes of the table / the LLM's (B)
+    epsilon: float = DEFAULT_EPSILON
+    strategy: str = "intermit"                          # "intermit" | "all" (baseline)
+    preview_only: bool = False                          # measure S, predict the steps, generate nothing more
+    other_policy: str = "drop"
+    questions: dict = field(default_factory=dict)       # axis -> VQA question (overrides the default)
+    n_boot: int = 200                                   # bootstrap resamples for every interval; 0 = none
+    quality: bool = True                                # IsP? and CLIP-IQA-style scores, initial vs final
+    tradeoff_tolerance: float = 0.02                    # alert when an axis' w̄ rises by more than this
+    quality_tolerance: float = 0.05                     # warn when a quality score drops by more than this
+    export: str = ""                                    # write the mitigated prompt set (JSON) to this path
+
+
+# -- prompt sets ---------------------------------------------------------------------------------
+
+_TOKENS = re.compile(r"\{\w+\}|[\w'-]+|[^\w\s]")
+
+
+def _tokens(text: str) -> list[str]:
+    """Words (with inner hyphens and apostrophes) and punctuation marks, in order."""
+    return _TOKENS.findall(text)
+
+
+def _join(tokens: list[str]) -> str:
+    return re.sub(r"\s+([.,;:!?)])", r"\1", re.sub(r"([(])\s+", r"\1", " ".join(tokens)))
+
+
+def compose(base: str, counterfactuals: Sequence[str]) -> tuple[str, bool]:
+    """(prompt, clean) with the one-concept edit of every counterfactual applied to `base`
+    ('a photo of a doctor' + 'a photo of a male doctor' + 'a photo of an old doctor' ->
+    'a photo of a male old doctor'). One counterfactual is returned verbatim. Edits at the
+    same place are joined in the given order; articles next to an edit are made to agree
+    ('a'/'an'). `clean` is False when two edits replaced the same words: the later one's
+    words are then appended after a comma."""
+    cfs = [c for c in counterfactuals if c]
+    if not cfs:
+        return base, True
+    if len(cfs) == 1:
+        return cfs[0], True
+    tokens = _tokens(base)
+    keys = [t.lower() for t in tokens]
+    inserts: dict[int, list[str]] = defaultdict(list)
+    replaces: dict[int, tuple[int, list[str]]] = {}
+    covered: set[int] = set()
+    agree: set[int] = set()
+    appended: list[str] = []
+    for cf in cfs:
+        new_tokens = _tokens(cf)
+        matcher = difflib.SequenceMatcher(a=keys, b=[t.lower() for t in new_tokens], autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag == "equal":
+                continue
+            old, new = keys[i1:i2], new_tokens[j1:j2]
+            while old and new and old[0] in ARTICLES and new[0].lower() in ARTICLES:  # 'a' -> 'an old'
+                agree.add(i1)
+                i1, old, new = i1 + 1, old[1:], new[1:]
+            if not old and not new:
+                continue
+            if i1 - 1 >= 0 and keys[i1 - 1] in ARTICLES:
+                agree.add(i1 - 1)
+            if not old:
+                inserts[i1].extend(new)
+            elif covered & set(range(i1, i1 + len(old))):
+                appended.extend(new)
+            else:
+                replaces[i1] = (i1 + len(old), new)
+                covered.update(range(i1, i1 + len(old)))
+    out: list[str] = []
+    article_at: list[int] = []
+    i = 0
+    while i <= len(tokens):
+        out.extend(inserts.get(i, []))
+        if i == len(tokens):
+            break
+        if i in replaces:
+            end, new = replaces[i]
+            out.extend(new)
+            i = end
+            continue
+        if i in agree:
+            article_at.append(len(out))
+        out.append(tokens[i])
+        i += 1
+    for j in article_at:
+        if j + 1 < len(out) and out[j].lower() in ("a", "an"):
+            article = "an" if out[j + 1][:1].lower() in "aeiou" else "a"
+            out[j] = article.capitalize() if out[j][:1].isupper() else article
+    prompt = _join(out)
+    if appended:
+        prompt = prompt.rstrip(" .") + ", " + _join(appended)
+    return prompt, not appended
+
+
+def allocate(weights: Sequence[float], n: int, groups: Sequence[Sequence[Hashable]] = ()) -> list[int]:
+    """How many of `n` images each item (prompt) gets, for item weights (any scale).
+
+    Sequential apportionment, deterministic: image k = 1..n goes to the item furthest behind
+    its quota, the deficit being k·w_i − n_i plus, for every label the item carries in
+    `groups[i]` (e.g. ("age", "young")), that label's k·W_label − n_label; ties go to the
+    earlier item. Items of weight 0 get nothing. Each label's count stays within rounding
+    of n·W_label, so every mitigated axis meets its D* as closely as n allows."""
+    w = np.asarray(weights, dtype=float)
+    if len(w) == 0 or w.sum() <= 0:
+        raise ValueError("allocate needs at least one positive weight")
+    w = w / w.sum()
+    groups = list(groups) or [()] * len(w)
+    label_weight: dict = defaultdict(float)
+    for i, labels in enumerate(groups):
+        for label in labels:
+            label_weight[label] += w[i]
+    counts = [0] * len(w)
+    label_count: dict = defaultdict(int)
+    for k in range(1, n + 1):
+        best, best_score = None, -math.inf
+        for i, wi in enumerate(w):
+            if wi <= 0:
+                continue
+            score = k * wi - counts[i] + sum(k * label_weight[lab] - label_count[lab] for lab in groups[i])
+            if score > best_score + 1e-9:
+                best, best_score = i, score
+        counts[best] += 1
+        for lab in groups[best]:
+            label_count[lab] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class Component:
+    """One prompt of a prompt set: the counterfactual chosen for each mitigated axis."""
+
+    prompt: str
+    choice: tuple[tuple[str, str], ...]    # ((axis, counterfactual template), ...) in table order
+    weight: float
+
+
+@dataclass
+class Setup:
+    """What a run settles before generating: axes, values, questions, D*, B*, p."""
+
+    base: str
+    template: str
+    axes: dict[str, list[str]]
+    filled: dict[tuple[str, str], str]      # (axis, cf template) -> cf prompt
+    values: dict[str, list[str]]
+    cf_value: dict[tuple[str, str], str]
+    questions: dict[str, str]
+    ideals: dict[str, np.ndarray]
+    targets: list[str]                      # B*
+    priorities: dict[str, float]            # over B*, sum 1
+    mix: dict[str, dict[str, float]]        # axis -> cf -> sampling weight (D*_x per counterfactual)
+    policy: str
+    composition_warnings: set = field(default_factory=set)
+
+    def prompt_of(self, choice) -> str:
+        order = list(self.axes)
+        ordered = sorted(choice, key=lambda c: order.index(c[0]))
+        prompt, clean = compose(self.base, [self.filled[c] for c in ordered])
+        if not clean:
+            self.composition_warnings.add(prompt)
+        return prompt
+
+    def product(self, current: list[Component], axis: str) -> list[Component]:
+        """The prompt set after mitigating `axis`: every prompt × every counterfactual of it."""
+        out = []
+        for comp in current:
+            for cf in self.axes[axis]:
+                choice = comp.choice + ((axis, cf),)
+                out.append(Component(self.prompt_of(choice), choice, comp.weight * self.mix[axis][cf]))
+        return [c for c in out if c.weight > 0]
+
+    def counts(self, comps: list[Component], n: int) -> list[int]:
+        return allocate([c.weight for c in comps], n, [c.choice for c in comps])
+
+
+def _mix_weights(cfs: list[str], cf_value: dict, axis: str, values: list[str], ideal: np.ndarray) -> dict[str, float]:
+    """Sampling weight of each counterfactual: D*(its value) shared among the counterfactuals
+    naming that value."""
+    share = dict(zip(values, ideal[:len(values)].tolist()))
+    named = defaultdict(int)
+    for cf in cfs:
+        named[cf_value[(axis, cf)]] += 1
+    return {cf: share[cf_value[(axis, cf)]] / named[cf_value[(axis, cf)]] for cf in cfs}
+
+
+def normalise_priorities(targets: list[str], priorities: dict) -> dict[str, float]:
+    """p over B* with ‖p‖₁ = 1; equal when no priority is given, 0 for an axis left out."""
+    if not priorities:
+        return {a: 1.0 / len(targets) for a in targets}
+    try:
+        p = bc._priority_weights({a: float(priorities.get(a, 0.0)) for a in targets})
+    except ValueError as exc:
+        raise InputError(f"priorities: {exc}") from None
+    return p
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+def _one_hot(labels: list[str], values: list[str], policy: str) -> np.ndarray:
+    width = len(values) + (policy == "other_bin")
+    return intersectional.one_hot(labels, values, policy) if labels else np.zeros((0, width))
+
+
+def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
+    w = np.zeros((n_boot, n))
+    if n:
+        np.add.at(w, (np.arange(n_boot)[:, None], resample_indices(n, n_boot, seed)), 1.0)
+    return w
+
+
+def _est(value: float, draws: np.ndarray | None) -> dict:
+    low, high = percentile_interval(draws) if draws is not None and len(draws) else (math.nan, math.nan)
+    return {"value": _num(value), "low": _num(low), "high": _num(high)}
+
+
+def _num(x):
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+class Measurer:
+    """Generates sets through the store, asks every axis' question, keeps the answers."""
+
+    def __init__(self, engine: Engine, run: Run, setup: Setup, request: MitigateRequest, settings):
+        self.engine, self.run, self.setup, self.request, self.settings = engine, run, setup, request, settings
+        self.answers: dict[str, dict[str, np.ndarray]] = {}
+        self.weights: dict[str, np.ndarray] = {}
+        self.records: dict[str, list] = {}
+        self.outside = dict.fromkeys(setup.axes, 0)
+
+    def sets(self, specs: list[tuple[SetSpec, int]], stage: str):
+        """Generate and answer every (spec, number of images) (use `yield from`)."""
+        total = sum(k for _, k in specs)
+        done = 0
+        for spec, k in specs:
+            seeds = list(range(self.request.seed, self.request.seed + k))
+            records = yield from stream_image_set(self.engine, self.run, spec.prompt, seeds, self.settings,
+                                                  label=spec.label, progress_offset=done, progress_total=total)
+            done += k
+            valid = [r for r in records if not r.nsfw]
+            if len(valid) < len(records):
+                yield Warning(f"{len(records) - len(valid)} image(s) of '{spec.prompt}' were flagged by the safety "
+                              "checker and are excluded from every metric")
+            self.records[spec.label] = valid
+            yield Progress(done, total, stage, f"{stage}: asking the VQA about '{spec.prompt}'")
+            self.answers[spec.label] = {}
+            for y in self.setup.axes:
+                labels = self.engine.ask(valid, self.setup.questions[y], self.setup.values[y]) if valid else []
+                self.answers[spec.label][y] = _one_hot(labels, self.setup.values[y], self.setup.policy)
+                self.outside[y] += len(labels) - int(bc.value_counts(labels, self.setup.values[y], "drop").sum())
+            if self.request.n_boot:
+                self.weights[spec.label] = _boot_weights(len(valid), self.request.n_boot,
+                                                         self.request.seed * 7919 + len(self.weights))
+
+    def state(self, step: int, comps: list[Component], mitigated: list[str]):
+        """Generate the current prompt set and measure it (use `yield from`); returns the state
+        dict (w̄, τ, distributions with intervals) and its specs."""
+        counts = self.setup.counts(comps, self.request.n)
+        specs = [(SetSpec(f"step={step}|prompt={c.prompt}", c.prompt, 0), k) for c, k in zip(comps, counts) if k]
+        stage = "initial images" if step == 0 else f"step {step}: images of the mitigated prompt set"
+        yield from self.sets(specs, stage)
+        specs = [s for s, _ in specs]
+        if not any(self.records[s.label] for s in specs):
+            raise InputError("every image of the prompt set was flagged by the safety checker; nothing to measure")
+        return self._describe(step, comps, counts, mitigated, specs), specs
+
+    def _describe(self, step, comps, counts, mitigated, specs) -> dict:
+        setup = self.setup
+        init, _ = intersectional.tally(specs, setup.axes, self.answers, None, {})
+        boot = intersectional.tally(specs, setup.axes, self.answers, self.weights, {})[0] if self.request.n_boot else None
+        w_bar, w_ci, dists = {}, {}, {}
+        draws_w = {}
+        for y in setup.axes:
+            counts_y = init[y][0]
+            w_bar[y] = bc.w_bar(counts_y, setup.ideals[y]) if counts_y.sum() else math.nan
+            draws = None
+            share_draws = None
+            if boot is not None:
+                draws = np.array([bc.w_bar(row, setup.ideals[y]) if row.sum() else math.nan for row in boot[y]])
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    share_draws = boot[y] / boot[y].sum(axis=1, keepdims=True)
+            draws_w[y] = draws
+            w_ci[y] = _est(w_bar[y], draws)
+            shares = counts_y / counts_y.sum() if counts_y.sum() else np.full(len(counts_y), math.nan)
+            names = setup.values[y] + (["other"] if setup.policy == "other_bin" else [])
+            intervals = [percentile_interval(share_draws[:, k]) if share_draws is not None else (math.nan, math.nan)
+                         for k in range(len(names))]
+            dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [_num(s) for s in shares],
+                        "low": [_num(lo) for lo, _ in intervals], "high": [_num(hi) for _, hi in intervals],
+                        "ideal": setup.ideals[y].tolist()}
+        tau = bc.weighted_bias(w_bar, setup.priorities)
+        tau_draws = None
+        if boot is not None:
+            tau_draws = sum(setup.priorities[a] * draws_w[a] for a in setup.priorities)
+        tau_est = _est(tau, tau_draws)
+        return {"step": step, "mitigated": list(mitigated),
+                "prompt_set": [{"prompt": c.prompt, "weight": c.weight, "n": k,
+                                "values": {a: setup.cf_value[(a, cf)] for a, cf in c.choice}}
+                               for c, k in zip(comps, counts)],
+                "n_images": int(sum(len(self.records[s.label]) for s in specs)),
+                "w_bar": {y: _num(v) for y, v in w_bar.items()}, "w_bar_ci": {y: [e["low"], e["high"]] for y, e in w_ci.items()},
+                "tau": _num(tau), "tau_ci": [tau_est["low"], tau_est["high"]],
+                "distributions": dists, "_draws": {"w_bar": draws_w, "tau": tau_draws}}
+
+    def matrix(self, step: int, comps: list[Component], candidates: list[str], current_specs: list[SetSpec]):
+        """Generate the counterfactual sets of `candidates` on top of the prompt set and return
+        the sensitivity matrix (rows: candidates; others nan) (use `yield from`)."""
+        setup = self.setup
+        counts = setup.counts(comps, self.request.n)
+        specs = []
+        for x in candidates:
+            for cf in setup.axes[x]:
+                for c, k in zip(comps, counts):
+                    if k:
+                        prompt = setup.prompt_of(c.choice + ((x, cf),))
+                        specs.append((SetSpec(f"step={step}|axis={x}|cf={cf}|prompt={c.prompt}", prompt, 0, x, cf,
+                                              setup.cf_value[(x, cf)]), k))
+        yield Progress(0, 1, "sensitivity", f"step {step + 1}: measuring how each of {len(candidates)} axis(es) "
+                                            "would move every axis")
+        yield from self.sets(specs, f"step {step + 1}: counterfactual sets")
+        all_specs = current_specs + [s for s, _ in specs]
+        init, tables = intersectional.tally(all_specs, setup.axes, self.answers, None,
+                                            {x: setup.axes[x] for x in candidates})
+        mixed = {x: {y: _weighted_mix(tables[x][y][0], [setup.mix[x][cf] for cf in setup.axes[x]]) for y in setup.axes}
+                 for x in candidates}
+        return bc.intersectional_sensitivity({y: init[y][0] for y in setup.axes}, mixed, setup.ideals)
+
+
+def _weighted_mix(table: np.ndarray, weights: Sequence[float]) -> np.ndarray:
+    """D_{B_x}(B_y) with x's counterfactual sets (table rows) mixed in proportion to `weights`
+    (biasconnect.mixed_distribution when they are equal); rows without counts are left out."""
+    rows = np.asarray(table, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    keep = (rows.sum(axis=1) > 0) & (w > 0)
+    if not keep.any():
+        return np.full(rows.shape[1], np.nan)
+    rows, w = rows[keep], w[keep] / w[keep].sum()
+    return (rows / rows.sum(axis=1, keepdims=True) * w[:, None]).sum(axis=0)
+
+
+# -- choosing and predicting ----------------------------------------------------------------------
+
+def choose(gammas: dict[str, float], candidates: list[str]) -> str | None:
+    """argmax γ over the candidates (ties: the earlier candidate); None when no γ > 0."""
+    valid = [(gammas[x], -i, x) for i, x in enumerate(candidates) if gammas.get(x) is not None and gammas[x] == gammas[x]]
+    if not valid:
+        return None
+    g, _, x = max(valid)
+    return x if g > 1e-12 else None
+
+
+def matrix_dict(s: bc.SensitivityMatrix) -> dict:
+    return {"axes": list(s.axes), "matrix": _rows(s.matrix), "w_bar_init": _rows([s.w_bar_init])[0],
+            "w_bar_mixed": _rows(s.w_bar_mixed)}
+
+
+def _rows(m) -> list:
+    return [[_num(v) for v in row] for row in np.asarray(m, dtype=float)]
+
+
+def _as_matrix(s) -> bc.SensitivityMatrix:
+    if isinstance(s, bc.SensitivityMatrix):
+        return s
+    arr = lambda v: np.array([[math.nan if x is None else x for x in row] for row in v], dtype=float)  # noqa: E731
+    return bc.SensitivityMatrix(list(s["axes"]), arr(s["matrix"]), arr([s["w_bar_init"]])[0], arr(s["w_bar_mixed"]))
+
+
+def preview(sensitivity, priorities: dict[str, float], epsilon: float = DEFAULT_EPSILON,
+            candidates: Sequence[str] | None = None, mitigated: Sequence[str] = ()) -> dict:
+    """The predicted steps from one sensitivity matrix (a SensitivityMatrix or its dict), no
+    generation: {"tau0", "steps": [{"step", "axis", "gamma", "w_bar", "tau"}], "stop", "message"}.
+
+    Greedy like the run; effects compose additively: after mitigating x, axis y's w̄ becomes
+    w̄_mixed[x, y] at the first step (S itself) and clip(w̄(y) − IS_xy, 0, 1) later; the
+    mitigated axis itself takes its own row's diagonal value and then stays put. `priorities`
+    must already be normalised over B* (`normalise_priorities`)."""
+    s = _as_matrix(sensitivity)
+    axes = s.axes
+    candidates = [x for x in (candidates or axes) if x not in set(mitigated)]
+    cur = s.w_bar_init.copy()
+    pinned = {axes.index(a) for a in mitigated if a in axes}
+    tau0 = bc.weighted_bias(dict(zip(axes, cur.tolist())), priorities)
+    steps, stop = [], None
+    if tau0 < epsilon:
+        stop = "below_threshold"
+    while stop is None:
+        if not candidates:
+            stop = "all_used"
+            break
+        after = np.full((len(axes), len(axes)), np.nan)
+        for x in candidates:
+            i = axes.index(x)
+            for j in range(len(axes)):
+                if not steps:
+                    after[i, j] = s.w_bar_mixed[i, j]
+                elif j in pinned:
+                    after[i, j] = cur[j]
+                elif j == i:
+                    after[i, j] = s.w_bar_mixed[i, j]
+                else:
+                    after[i, j] = min(1.0, max(0.0, cur[j] - s.matrix[i, j]))
+        predicted = bc.SensitivityMatrix(axes, cur[None, :] - after, cur, after)
+        gammas = bc.priority_alignment(predicted, priorities)
+        x = choose(gammas, candidates)
+        if x is None:
+            stop = "no_gain"
+            break
+        i = axes.index(x)
+        cur = after[i].copy()
+        pinned.add(i)
+        candidates.remove(x)
+        w = dict(zip(axes, cur.tolist()))
+        tau = bc.weighted_bias(w, priorities)
+        steps.append({"step": len(steps) + 1, "axis": x, "gamma": {a: _num(gammas[a]) for a in gammas if a in axes},
+                      "w_bar": {a: _num(v) for a, v in w.items()}, "tau": _num(tau)})
+        if tau < epsilon:
+            stop = "threshold_reached"
+    return {"tau0": _num(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": STOP_MESSAGES[stop]}
+
+
+# -- quality ----------------------------------------------------------------------------------------
+
+def quality_scores(engine: Engine, records: list, n_boot: int = 200, seed: int = 0) -> dict:
+    """IsP? (share of VQA 'yes' to PERSON_QUESTION) and the CLIP-IQA-style score of each
+    attribute in QUALITY_PAIRS (mean over images of softmax(100·cos) of the positive
+    prompt), each {"value", "low", "high"}."""
+    if not records:
+        return {}
+    person = np.array([a == "yes" for a in engine.ask(records, PERSON_QUESTION, ["yes", "no"])], dtype=float)
+    images = engine.embed_images(records)
+    texts = engine.embed_texts([t for pair in QUALITY_PAIRS.values() for t in pair])
+    index = resample_indices(len(records), n_boot, seed) if n_boot else None
+    out = {"is_person": _est(person.mean(), person[index].mean(axis=1) if index is not None else None)}
+    for k, name in enumerate(QUALITY_PAIRS):
+        logits = CLIP_LOGIT_SCALE * images @ texts[2 * k:2 * k + 2].T
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits[:, 0]) / np.exp(logits).sum(axis=1)
+        out[name] = _est(p.mean(), p[index].mean(axis=1) if index is not None else None)
+    return out
+
+
+def quality_warnings(initial: dict, final: dict, tolerance: float) -> list[str]:
+    out = []
+    for name, before in initial.items():
+        after = final.get(name)
+        if after and before["value"] is not None and after["value"] is not None and \
+                before["value"] - after["value"] > tolerance:
+            label = "IsP? (share of images with a person)" if name == "is_person" else f"CLIP-IQA {name}"
+            out.append(f"quality dropped after mitigation: {label} {before['value']:.3f} → {after['value']:.3f} "
+                       f"[{after['low'] or math.nan:.3f}, {after['high'] or math.nan:.3f}]")
+    return out
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+def _settle(request: MitigateRequest, engine: Engine):
+    """Check the request and settle axes, questions, D*, B* and p (use `yield from`)."""
+    if request.strategy not in STRATEGIES:
+        raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}")
+    if request.other_policy not in bc.OTHER_POLICIES:
+        raise InputError(f"the other-answer policy must be one of {', '.join(bc.OTHER_POLICIES)}")
+    try:
+        epsilon = float(request.epsilon)
+    except (TypeError, ValueError):
+        raise InputError(f"ε must be a number, not {request.epsilon!r}") from None
+    if not 0 < epsilon <= 1:
+        raise InputError(f"ε must be in (0, 1] (w̄ and τ are), got {epsilon}")
+    prompts, axes, specs = yield from prepare(request, engine)
+    if len(prompts) > 1:
+        raise InputError(f"mitigation works on one prompt; the prompt's placeholder has {len(prompts)} fill values: "
+                         "give one")
+    if request.select:
+        keep = [axis_name(a) for a in request.select]
+        unknown = [a for a in keep if a not in axes]
+        if unknown:
+            raise InputError(f"axes {unknown} are not among the axes ({', '.join(axes)})")
+        axes = {a: axes[a] for a in keep}
+    template = request.prompt.strip()
+    filled = {(s.axis, s.cf): s.prompt for s in specs if s.axis and s.prompt_index == 0}
+    values = {x: intersectional.choices(template, cfs) for x, cfs in axes.items()}
+    cf_value = {(x, cf): counterfactual_value(template, cf) for x, cfs in axes.items() for cf in cfs}
+    single = [a for a, v in values.items() if len(v) < 2]
+    if single:
+        yield Warning(f"axes whose counterfactuals name one value can only be pinned, not balanced: {', '.join(single)}")
+    questions, sources = {}, {}
+    for axis in axes:
+        if axis in request.questions:
+            questions[axis], sources[axis] = request.questions[axis], "request"
+        else:
+            questions[axis], sources[axis] = intersectional.axis_question(engine, axis, values[axis], request.llm_seed)
+    ideals_in = {axis_name(a): {str(k).strip().lower(): v for k, v in (d or {}).items()}
+                 for a, d in (request.ideals or {}).items()}
+    unknown = set(ideals_in) - set(axes)
+    if unknown:
+        yield Warning(f"ideal distributions for axes not in the table are ignored: {', '.join(sorted(unknown))}")
+    try:
+        ideals = {y: bc.ideal_distribution(values[y], ideals_in.get(y) or None, request.other_policy) for y in axes}
+    except ValueError as exc:
+        raise InputError(f"ideal distribution: {exc}") from None
+    priorities_in = {axis_name(a): v for a, v in (request.priorities or {}).items()}
+    targets = [axis_name(a) for a in request.mitigate] or [a for a in axes if float(priorities_in.get(a, 0)) > 0] \
+        or list(axes)
+    unknown = [a for a in list(targets) + list(priorities_in) if a not in axes]
+    if unknown:
+        raise InputError(f"axes {sorted(set(unknown))} are not among the axes ({', '.join(axes)})")
+    outside = set(priorities_in) - set(targets)
+    if outside:
+        yield Warning(f"priorities of axes not mitigated are ignored: {', '.join(sorted(outside))}")
+    priorities = normalise_priorities(targets, {a: v for a, v in priorities_in.items() if a in targets})
+    mix = {x: _mix_weights(cfs, cf_value, x, values[x], ideals[x]) for x, cfs in axes.items()}
+    yield Table("questions", ["axis", "question", "choices", "source"],
+                [[a, questions[a], ", ".join(values[a]), sources[a]] for a in axes])
+    return Setup(prompts[0], template, axes, filled, values, cf_value, questions, ideals, targets, priorities, mix,
+                 request.other_policy), epsilon
+
+
+def export_prompt_set(results: dict) -> dict:
+    """The mitigated prompt set with its sampling weights, to reuse in a generation pipeline."""
+    final = (results.get("states") or [{}])[-1]
+    return {"base_prompt": results.get("prompt"), "mitigated_axes": results.get("mitigated", []),
+            "ideals": results.get("ideals", {}), "priorities": results.get("priorities", {}),
+            "epsilon": results.get("epsilon"), "tau_initial": (results.get("states") or [{}])[0].get("tau"),
+            "tau_final": final.get("tau"), "reached": (results.get("stop") or {}).get("reached"),
+            "prompts": [{"prompt": p["prompt"], "weight": p["weight"], "values": p["values"]}
+                        for p in final.get("prompt_set", [])],
+            "sampling": "draw each image's prompt with probability `weight` (or apportion N images by weight)",
+            "settings": results.get("settings"), "models": results.get("models")}
+
+
+def _public(state: dict) -> dict:
+    return {k: v for k, v in state.items() if not k.startswith("_")}
+
+
+def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[dict]:
+    alerts = []
+    for y, w0 in before["w_bar"].items():
+        w1 = after["w_bar"].get(y)
+        if w0 is None or w1 is None or w1 - w0 <= tolerance:
+            continue
+        d0, d1 = before["_draws"]["w_bar"].get(y), after["_draws"]["w_bar"].get(y)
+        low = high = None
+        if d0 is not None and d1 is not None:
+            low, high = (_num(v) for v in percentile_interval(d1 - d0))
+        alerts.append({"step": step, "axis": y, "before": w0, "after": w1, "change": w1 - w0,
+                       "change_ci": [low, high], "significant": low is not None and low > 0})
+    return alerts
+
+
+@recorded("mitigate")
+def run(request: MitigateRequest, engine: Engine, run: Run):
+    setup, epsilon = yield from _settle(request, engine)
+    settings = settings_for(request, engine)
+    measure = Measurer(engine, run, setup, request, settings)
+    targets = setup.targets
+    candidates_all = list(setup.axes) if len(targets) > 1 else list(targets)   # |B*| = 1: no BiasConnect step
+    results = {
+        "prompt": setup.base, "template": setup.template, "axes": setup.axes, "values": setup.values,
+        "questions": setup.questions, "targets": targets, "priorities": setup.priorities,
+        "ideals": {y: dict(zip(setup.values[y] + (["other"] if setup.policy == "other_bin" else []), v.tolist()))
+                   for y, v in setup.ideals.items()},
+        "sampling_weights": setup.mix, "epsilon": epsilon, "strategy": request.strategy, "n": request.n,
+        "seed": request.seed, "settings": settings.__dict__, "other_policy": setup.policy,
+        "models": {role: spec.label for role, spec in engine.preset.specs().items()},
+        "states": [], "sensitivity": [], "steps": [], "tradeoffs": [], "mitigated": [], "preview": None,
+    }
+    comps = [Component(setup.base, (), 1.0)]
+    mitigated: list[str] = []
+    state, specs = yield from measure.state(0, comps, mitigated)
+    states = [state]
+    results["states"].append(_public(state))
+    run.save(results)
+    yield Scores("results", results)
+
+    def stop(reason: str) -> dict:
+        return {"reason": reason, "message": STOP_MESSAGES[reason], "reached": states[-1]["tau"] < epsilon}
+
+    reason = "below_threshold" if state["tau"] < epsilon and request.strategy == "intermit" else None
+    baseline_order = sorted(targets, key=lambda a: (-setup.priorities[a], targets.index(a)))
+    while reason is None:
+        step = len(mitigated) + 1
+        before = states[-1]
+        if request.strategy == "all":
+            remaining = [a for a in baseline_order if a not in mitigated]
+            if not remaining:
+                reason = "baseline_done"
+                break
+            x, gammas, predicted = remaining[0], {}, None
+        else:
+            candidates = [a for a in candidates_all if a not in mitigated]
+            if not candidates:
+                reason = "all_used"
+                break
+            s = yield from measure.matrix(step - 1, comps, candidates, specs)
+            gammas = bc.priority_alignment(s, setup.priorities)
+            gammas = {a: _num(g) for a, g in gammas.items() if a in candidates}
+            results["sensitivity"].append({"step": step, "candidates": candidates, **matrix_dict(s),
+                                           "gamma": gammas})
+            if step == 1:
+                results["preview"] = preview(s, setup.priorities, epsilon, candidates)
+                yield Scores("preview", results["preview"])
+            if request.preview_only:
+                reason = "preview"
+                break
+            x = choose(gammas, candidates)
+            if x is None:
+                reason = "no_gain"
+                break
+            predicted = {y: _num(v) for y, v in zip(s.axes, s.w_bar_mixed[s.axes.index(x)])}
+        mitigated.append(x)
+        comps = setup.product(comps, x)
+        yield Progress(0, 1, "mitigate", f"step {step}: mitigating {x} with {len(comps)} prompt(s)")
+        state, specs = yield from measure.state(step, comps, mitigated)
+        states.append(state)
+        alerts = _tradeoffs(before, state, request.tradeoff_tolerance, step)
+        for a in alerts:
+            ci = a["change_ci"]
+            interval = f" [95% CI of the change {ci[0]:+.3f}, {ci[1]:+.3f}]" if ci[0] is not None else ""
+            yield Warning(f"trade-off at step {step} (mitigating {x}): {a['axis']} got worse, w̄ "
+                          f"{a['before']:.3f} → {a['after']:.3f}{interval}"
+                          + ("" if a["significant"] else " (within sampling noise)"))
+        record = {"step": step, "axis": x, "in_targets": x in targets, "gamma": gammas, "tau": state["tau"],
+                  "tau_ci": state["tau_ci"], "w_bar": state["w_bar"], "w_bar_ci": state["w_bar_ci"],
+                  "tau_before": before["tau"], "w_bar_before": before["w_bar"], "w_bar_before_ci": before["w_bar_ci"],
+                  "predicted_w_bar": predicted,
+                  "predicted_tau": _predicted_tau(predicted, setup.priorities),
+                  "mitigated": list(mitigated), "prompt_set": state["prompt_set"], "tradeoffs": alerts}
+        results["steps"].append(record)
+        results["tradeoffs"] += alerts
+        results["states"].append(_public(state))
+        results["mitigated"] = list(mitigated)
+        run.save(results)
+        yield Scores("step", record)
+        yield Scores("results", results)
+        if request.strategy == "intermit" and state["tau"] < epsilon:
+            reason = "threshold_reached"
+    for prompt in sorted(setup.composition_warnings):
+        yield Warning(f"two counterfactuals replace the same words; their product prompt is approximate: '{prompt}'")
+    results["stop"] = stop(reason)
+    final = states[-1]
+    results["final"] = {"tau": final["tau"], "tau_ci": final["tau_ci"], "w_bar": final["w_bar"],
+                        "w_bar_ci": final["w_bar_ci"]}
+    results["report"] = {y: {"values": states[0]["distributions"][y]["values"], "ideal": setup.ideals[y].tolist(),
+                             "initial": states[0]["distributions"][y], "final": final["distributions"][y],
+                             "w_bar_initial": states[0]["w_bar"][y], "w_bar_final": final["w_bar"][y],
+                             "in_targets": y in targets}
+                         for y in setup.axes}
+    results["mit_amt"] = final["tau"]
+    results["mit_steps"] = len(mitigated) / len(targets)
+    if request.quality and mitigated and not request.preview_only:
+        yield Progress(0, 1, "quality", "quality checks: IsP? and CLIP-IQA-style scores, initial vs final")
+        quality = {"initial": quality_scores(engine, _records(measure, 0), request.n_boot, request.seed),
+                   "final": quality_scores(engine, _records(measure, len(mitigated)), request.n_boot, request.seed)}
+        quality["warnings"] = quality_warnings(quality["initial"], quality["final"], request.quality_tolerance)
+        for message in quality["warnings"]:
+            yield Warning(message)
+        results["quality"] = quality
+    results["prompt_set"] = export_prompt_set(results)
+    if request.export:
+        try:
+            Path(request.export).write_text(json.dumps(results["prompt_set"], indent=2, ensure_ascii=False))
+        except OSError as exc:
+            yield Warning(f"could not write the prompt set to {request.export}: {exc}")
+    outside_answers = {y: c for y, c in measure.outside.items() if c}
+    if outside_answers:
+        yield Warning("answers outside the axes' choices (" + ", ".join(f"{y}: {c}" for y, c in outside_answers.items())
+                      + f"), {'dropped' if setup.policy == 'drop' else 'counted as other'}")
+    results["outside_choices"] = measure.outside
+    summary = {"axes": len(setup.axes), "targets": targets, "steps": len(mitigated), "mitigated": mitigated,
+               "tau_initial": round(states[0]["tau"], 3), "tau_final": round(final["tau"], 3),
+               "reached": results["stop"]["reached"], "stop": reason}
+    yield run.finish(results, summary)
+
+
+def _predicted_tau(predicted: dict | None, priorities: dict) -> float | None:
+    if not predicted or any(predicted.get(a) is None for a in priorities):
+        return None
+    return bc.weighted_bias(predicted, priorities)
+
+
+def _records(measure: Measurer, step: int) -> list:
+    prefix = f"step={step}|prompt="
+    return [r for label, recs in measure.records.items() if label.startswith(prefix) for r in recs]
+
+
+# -- command line -----------------------------------------------------------------------------------
+
+def parse_priorities(text: str) -> dict[str, float]:
+    """'gender=0.7,age=0.3' -> {'gender': 0.7, 'age': 0.3}."""
+    out = {}
+    for item in filter(None, (i.strip() for i in (text or "").split(","))):
+        axis, eq, value = item.rpartition("=")
+        try:
+            out[axis_name(axis)] = float(value)
+        except ValueError:
+            raise InputError(f"priority '{item}' is not 'axis=number'") from None
+        if not eq or not axis.strip():
+            raise InputError(f"priority '{item}' is not 'axis=number'")
+    return out
+
+
+def parse_target(text: str) -> tuple[str, dict[str, float]]:
+    """'age=young:0.3,middle-aged:0.4,old:0.3' -> ('age', {'young': 0.3, ...}) (shares or percentages)."""
+    axis, eq, body = (text or "").partition("=")
+    if not eq or not axis.strip():
+        raise InputError(f"target '{text}' is not 'axis=value:share,value:share'")
+    shares = {}
+    for item in filter(None, (i.strip() for i in body.split(","))):
+        value, colon, share = item.rpartition(":")
+        try:
+            shares[value.strip().lower()] = float(share.strip().rstrip("%"))
+        except ValueError:
+            raise InputError(f"target share '{item}' is not 'value:number'") from None
+        if not colon or not value.strip():
+            raise InputError(f"target share '{item}' is not 'value:number'")
+    return axis_name(axis), shares
+
+
+def _make_request(a) -> MitigateRequest:
+    select: list[str] = []
+    if a.axes and not a.axes.lstrip().startswith(("{", "@")):      # --axes gender,age: pick axes by name
+        select, a.axes = [s.strip() for s in a.axes.split(",") if s.strip()], None
+    ideals = intersectional.load_reference_csv(a.reference_csv) if a.reference_csv else {}
+    ideals.update(dict(parse_target(t) for t in a.target))
+    return MitigateRequest(**set_request_fields(a), select=select,
+                           mitigate=[s.strip() for s in (a.mitigate or "").split(",") if s.strip()],
+                           priorities=parse_priorities(a.priorities), ideals=ideals, epsilon=a.epsilon,
+                           strategy=a.strategy, preview_only=a.preview_only, other_policy=a.other_policy,
+                           n_boot=a.n_boot, quality=not a.no_quality, export=a.export or "")
+
+
+def add_cli(sub, common_arguments) -> None:
+    """`python -m engine mitigate --prompt ... -n 8 [--priorities gender=0.7,age=0.3] [--json]`"""
+    p = sub.add_parser("mitigate", help="InterMit: mitigate a prompt's biases axis by axis, guided by the "
+                                        "sensitivity matrix and priorities")
+    add_set_arguments(p, common_arguments)
+    p.epilog = ("--axes also takes axis names (--axes gender,age) to keep only those of the LLM's proposal "
+                "or the preset.")
+    p.add_argument("--mitigate", default="", metavar="AXIS,...",
+                   help="B*, the axes to mitigate (default: the axes given priorities, else every axis)")
+    p.add_argument("--priorities", default="", metavar="AXIS=W,...", help="priority per axis of B*, e.g. "
+                   "gender=0.7,age=0.3 (scaled to sum 1; default equal)")
+    p.add_argument("--target", action="append", default=[], metavar="AXIS=VALUE:SHARE,...",
+                   help="ideal distribution D* of an axis, e.g. age=young:0.3,middle-aged:0.4,old:0.3 "
+                        "(repeatable; default uniform)")
+    p.add_argument("--reference-csv", default=None, help="real-world D*: a CSV with the columns axis, value, share")
+    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="stop when τ < ε (default 0.35)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="intermit",
+                   help="intermit (default) or all: the baseline mitigating every axis of B*")
+    p.add_argument("--preview-only", action="store_true",
+                   help="measure the sensitivity matrix and print the predicted steps; mitigate nothing")
+    p.add_argument("--other-policy", choices=bc.OTHER_POLICIES, default="drop")
+    p.add_argument("--n-boot", type=int, default=200)
+    p.add_argument("--no-quality", action="store_true", help="skip the IsP? and CLIP-IQA-style checks")
+    p.add_argument("--export", default=None, metavar="PATH", help="write the mitigated prompt set (JSON) here")
+    p.set_defaults(method=run, make_request=_make_request)

@@ -1,0 +1,258 @@
+"""Scale out (engine/distributed.py): one CLI job on several processes under `accelerate launch`.
+
+The launched tests start real jobs of 2 CPU processes (gloo) on the synthetic world and on the
+tiny diffusers pipeline and compare their store with a 1-process run of the same job; the tiny
+pipeline's job is killed on one rank midway and relaunched. The in-process tests cover planning, dealing, the
+worker's shard and the merge without a launcher.
+"""
+import hashlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import distributed
+from engine.core import Engine
+from engine.distributed import deal, distributed_image_sets, merge_unmerged, plan_batches
+from tests import tiny_models
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [f"a photo of a {job}" for job in ("doctor", "nurse", "chef", "pilot", "farmer", "teacher", "judge", "baker")]
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
+          "--dynamo_backend", "no"]
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_env(data_dir) -> dict:
+    """Offline, one thread per process (images then hash alike in 1- and 2-process runs), no GPU."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false",
+            "GAPLENS_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT)}
+
+
+def launch_cmd(args, processes: int, cpu_flag: bool = False) -> list[str]:
+    """`accelerate launch` with 2+ processes: --multi_gpu, which on a machine without CUDA starts
+    the processes through torchrun and the engine joins them over gloo (`accelerate launch --cpu`
+    runs several processes only through mpirun)."""
+    kind = ["--cpu"] if cpu_flag else ["--multi_gpu"]
+    return [*LAUNCH, *kind, "--num_processes", str(processes), "--main_process_port", str(free_port()),
+            "-m", "engine", *args]
+
+
+def run(cmd, data_dir, timeout=300) -> subprocess.CompletedProcess:
+    out = subprocess.run(cmd, cwd=ROOT, env=job_env(data_dir), capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def generate_args(prompts_file, *extra) -> list[str]:
+    return ["generate", "--preset", "synthetic", "--prompts-file", str(prompts_file), *extra, "--json"]
+
+
+def snapshot(data_dir) -> dict:
+    """What a job leaves in the store: image rows (with each file re-hashed), the done run's
+    image links, every run's status."""
+    db = sqlite3.connect(Path(data_dir) / "gaplens.sqlite")
+    images = {}
+    for key, prompt, seed, sha, path in db.execute("SELECT key, prompt, seed, sha256, path FROM images"):
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha, key
+        images[key] = (prompt, seed, sha)
+    done = [r[0] for r in db.execute("SELECT id FROM runs WHERE status='done'")]
+    links = sorted(db.execute("SELECT image_key, label, position FROM run_images WHERE run_id=?", (done[-1],))
+                   ) if done else []
+    return {"images": images, "links": links, "statuses": sorted(r[0] for r in db.execute("SELECT status FROM runs")),
+            "summary": json.loads(db.execute("SELECT summary FROM runs WHERE id=?", (done[-1],)).fetchone()[0])
+            if done else None}
+
+
+def manifest_lines(data_dir) -> dict[Path, list[dict]]:
+    """Every shard manifest line by file (one line per generator call)."""
+    return {m: distributed.read_manifest(m) for m in sorted(Path(data_dir).glob("shards/*/*/rank-*.jsonl"))}
+
+
+def generated_keys(lines) -> list[str]:
+    return [row["key"] for entries in lines for e in entries for row in e["rows"]]
+
+
+@pytest.fixture(scope="module")
+def tiny_sd(tmp_path_factory):
+    return tiny_models.build_tiny_sd(tmp_path_factory.mktemp("tiny-sd"))
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    path.write_text("# occupations\n" + "\n".join(PROMPTS) + "\n\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tiny_sd, prompts_file, tmp_path_factory):
+    """The tiny-pipeline job (8 prompts x 2 images, 2 steps) and its store after a 1-process run:
+    the CLI's main() in this process, with one torch thread like each launched rank."""
+    import torch
+
+    from engine.__main__ import main
+
+    args = generate_args(prompts_file, "-n", "2", "--steps", "2", "--generator", f"diffusers:{tiny_sd.model}")
+    baseline = tmp_path_factory.mktemp("tiny-1proc")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main([*args, "--data-dir", str(baseline), "--quiet"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return args, snapshot(baseline)
+
+
+# -- launched jobs -------------------------------------------------------------------------------
+
+def test_synthetic_job_on_two_processes_matches_one_process(prompts_file, tmp_path):
+    args = generate_args(prompts_file, "-n", "4")
+    # The issue's command, verbatim: accelerate starts ONE process for --cpu without mpirun (noted on stderr).
+    one = run(launch_cmd(args, 2, cpu_flag=True), tmp_path / "cpu-flag")
+    assert "this is one process" in one.stderr
+    two = run(launch_cmd(args, 2), tmp_path / "two")
+    a, b = snapshot(tmp_path / "cpu-flag"), snapshot(tmp_path / "two")
+    assert len(a["images"]) == len(PROMPTS) * 4 and a["statuses"] == ["done"]
+    assert b["images"] == a["images"] and b["links"] == a["links"] and b["statuses"] == ["done"]
+    assert sorted({p for p, _, _ in b["images"].values()}) == sorted(PROMPTS)  # every prompt's images, once
+    job = b["summary"]["distributed"]
+    assert job["processes"] == 2 and job["images_generated"] == 32 and all(r["images"] > 0 for r in job["per_rank"])
+    result = json.loads(two.stdout)
+    assert [(i["prompt"], i["seed"]) for i in result["images"]] == [(p, s) for p in PROMPTS for s in range(4)]
+
+
+def test_killed_rank_relaunched_finishes_without_generating_an_image_twice(tiny_job, tmp_path):
+    """Rank 1 is SIGKILLed after its first generator call; the launcher stops rank 0. The relaunch
+    adopts rank 1's shard, generates only what neither attempt made, and the store ends identical
+    (sha256 of every image, run links) to the 1-process run."""
+    args, baseline = tiny_job
+    proc = subprocess.Popen(launch_cmd(args, 2), cwd=ROOT, env=job_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    victim, deadline = None, time.time() + 240
+    try:
+        while victim is None and proc.poll() is None and time.time() < deadline:
+            for entries in manifest_lines(tmp_path).values():
+                if entries and entries[0]["rank"] == 1:
+                    victim = entries[0]["pid"]  # rank 1 finished its first generator call
+            time.sleep(0.02)
+        assert victim is not None, "rank 1 never finished a generator call"
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, "the job finished before rank 1 was killed"
+    first_lines = manifest_lines(tmp_path)
+    stored = set(snapshot(tmp_path)["images"])
+    made_first = stored | set(generated_keys(first_lines.values()))
+    assert 0 < len(made_first) < 16
+
+    run(launch_cmd(args, 2), tmp_path)
+    final = snapshot(tmp_path)
+    second_lines = {m: e for m, e in manifest_lines(tmp_path).items() if m not in first_lines}
+    made_second = generated_keys(second_lines.values())
+    assert not set(made_second) & made_first  # nothing generated twice
+    assert len(made_second) == len(set(made_second)) and made_first | set(made_second) == set(baseline["images"])
+    job = final["summary"]["distributed"]
+    assert job["images_adopted_from_shards"] == len(set(generated_keys(first_lines.values())) - stored)
+    assert job["images_generated"] == 16 - len(made_first) == len(made_second)
+    assert job["generator_calls"] == sum(e["calls"] for entries in second_lines.values() for e in entries)
+    assert all(r["calls"] > 0 for r in job["per_rank"])
+    assert final["images"] == baseline["images"] and final["links"] == baseline["links"]
+    assert final["statuses"] == ["done", "running"]  # the killed attempt's record, and the finished one
+
+
+# -- in process ----------------------------------------------------------------------------------
+
+class OneRank:
+    """A stand-in for rank `rank` of a job whose other ranks contribute nothing."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world, self.busy = rank, world, False
+
+    is_main = property(lambda self: self.rank == 0)
+
+    def sum(self, values):
+        return list(values)
+
+    def gather(self, obj):
+        return [obj]
+
+
+def test_single_process_is_unchanged(engine):
+    stream = distributed_image_sets(engine, [("a photo of a doctor", range(4), None)])
+    with pytest.raises(StopIteration) as stop:
+        next(stream)
+    assert stop.value.value == {} and engine.stats.generator_calls == 0
+
+
+def test_plan_is_the_batches_a_single_process_runs(engine, data_dir):
+    engine.models.get(engine.generator_spec).batch_size = 3
+    settings = engine.default_settings()
+    engine.image_set("a photo of a nurse", [1], settings)
+    sets = [("a photo of a doctor", range(7), settings), ("a photo of a nurse", range(4), settings, "label"),
+            ("a photo of a doctor", range(5, 9), settings)]
+    batches, wanted = plan_batches(engine, sets)
+    assert wanted == 7 + 4 + 2
+    assert [(p, s) for p, s, _ in batches] == [("a photo of a doctor", [0, 1, 2]), ("a photo of a doctor", [3, 4, 5]),
+                                               ("a photo of a doctor", [6]), ("a photo of a nurse", [0, 2, 3]),
+                                               ("a photo of a doctor", [7, 8])]
+    calls = []
+    gen = engine.models.get(engine.generator_spec)
+    original = gen.generate
+    gen.generate = lambda prompt, seeds, s: calls.append((prompt, list(seeds))) or original(prompt, seeds, s)
+    for prompt, seeds, s, *_ in sets:
+        engine.image_set(prompt, seeds, s)
+    assert calls == [(p, s) for p, s, _ in batches]
+
+
+def test_deal_balances_images_deterministically():
+    batches = [("p", list(range(k)), {}) for k in (8, 8, 3, 8, 1, 8, 8)]
+    shares = deal(batches, 3)
+    assert shares == deal(batches, 3)
+    assert sorted(b for share in shares for b in share) == sorted(batches)
+    loads = [sum(len(b[1]) for b in share) for share in shares]
+    assert max(loads) - min(loads) <= 8 and sum(loads) == 44
+
+
+def test_a_workers_shard_is_adopted_once_and_a_damaged_line_is_not(data_dir, tmp_path):
+    main = Engine("synthetic", data_dir=data_dir)
+    worker = Engine("synthetic", data_dir=str(tmp_path / "scratch"))  # a worker's private scratch store
+    settings = main.default_settings()
+    batches, _ = plan_batches(main, [("a photo of a judge", range(6), settings)])
+    step = Path(data_dir) / "shards" / "session" / "00000"
+    step.mkdir(parents=True)
+    order = {"session": "session", "step": "00000", "dir": str(step), "images_dir": str(main.store.image_dir),
+             "generator": main.model_id("generator"), "shares": [[], batches], "rounds": len(batches)}
+    work = distributed._run_order(OneRank(1, 2), worker, order)
+    assert list(work) == [[6, 1]]
+    manifest = step / "rank-00001.jsonl"
+    (entry,) = distributed.read_manifest(manifest)
+    assert entry["rank"] == 1 and entry["calls"] == 1 and len(entry["rows"]) == 6
+    forged = {**entry, "rows": [{**entry["rows"][0], "key": "f" * 64}]}  # no such file: never adopted
+    with open(manifest, "a") as f:
+        f.write(json.dumps(forged) + "\n" + json.dumps(entry)[:50])  # and a line cut short by a kill
+    assert main.store.count("images") == 0
+    assert merge_unmerged(main.store) == 6 and merge_unmerged(main.store) == 0
+    records = main.image_set("a photo of a judge", range(6), settings)
+    assert all(r.cached for r in records) and main.stats.generator_calls == 0
+    direct = Engine("synthetic", data_dir=str(tmp_path / "direct")).image_set("a photo of a judge", range(6), settings)
+    assert [Path(r.path).read_bytes() for r in records] == [Path(r.path).read_bytes() for r in direct]
+    (step / distributed.MERGED).write_text("{}")
+    assert merge_unmerged(main.store) == 0
