@@ -16,6 +16,7 @@ import gradio as gr  # noqa: E402
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
 from tabs import mine, model_panel, runs, single_prompt  # noqa: E402
 from tabs import counterfactuals, intersectional  # noqa: E402
+from tabs import mitigate  # noqa: E402
 from tabs.common import not_built_yet  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
@@ -39,7 +40,7 @@ def build_app(engine: Engine) -> gr.Blocks:
             with gr.Tab("Mine Prompts", id="mine"):
                 load_hooks += mine.build(engine)
             with gr.Tab("Mitigate", id="mitigate"):
-                not_built_yet("Mitigate (InterMit)", "issue: Mitigate tab")
+                load_hooks += mitigate.build(engine)
             with gr.Tab("Runs", id="runs"):
                 load_hooks += runs.build(engine)
         for fn, outputs in load_hooks:

@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import runs
     from .methods import counterfactuals, intersectional
     from .methods import mine
+    from .methods import mitigate
 
     parser = argparse.ArgumentParser(prog="python -m engine", description="GapLens engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     mine.add_cli(sub, common_arguments)
     counterfactuals.add_cli(sub, common_arguments)
     intersectional.add_cli(sub, common_arguments)
+    mitigate.add_cli(sub, common_arguments)
 
     p = sub.add_parser("status", help="print the engine status (preset, models, store)")
     common_arguments(p)

@@ -165,3 +165,9 @@ def mine_html(results: dict) -> str:
     from .render_mine import mine_html as render_mine
 
     return render_mine(results)
+
+
+def mitigate_html(results: dict) -> str:
+    from .render_mitigate import mitigate_html as render_mitigate
+
+    return render_mitigate(results)

@@ -439,9 +439,10 @@ class Store:
                    "height", "scheduler", "path", "sha256", "nsfw", "created")
         add = []
         for row in rows:
-            if known.get(row["key"]) == row["sha256"]:
-                continue
-            path = self._image_path(row["key"])
+            key = str(row["key"])
+            if known.get(key) == row["sha256"] or len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+                continue  # already stored, or not an image key (keys name files: no paths)
+            path = self._image_path(key)
             try:
                 data = path.read_bytes()
             except OSError:
@@ -449,7 +450,7 @@ class Store:
             if hashlib.sha256(data).hexdigest() != row["sha256"]:
                 continue
             add.append([{**row, "path": str(path)}[c] for c in columns])
-            known[row["key"]] = row["sha256"]
+            known[key] = row["sha256"]
         if add:
             with self._write() as db:
                 db.executemany(f"INSERT OR REPLACE INTO images ({','.join(columns)}) "

@@ -11,7 +11,7 @@ import gradio as gr
 from engine.errors import InputError
 from engine.events import Done, Progress, Scores, Warning
 from engine.methods import mine
-from engine.render import gap_html
+from engine.render import fmt, gap_html
 from engine.render_mine import RECONSTRUCTED, lineage_html, mine_chart
 
 from .common import gallery_items, gpu, user_errors
@@ -242,7 +242,9 @@ def build(engine) -> list:
     def resume_mining(run_id, iterations, request: gr.Request = None):
         if not run_id:
             raise InputError("pick a stored run to resume")
-        yield from stream(mine.MineRequest(resume=run_id, iterations=int(iterations)), _session(request))
+        stored_T = mine.load_resumable(engine, run_id)["results"]["params"]["T"]   # T only ever grows here
+        yield from stream(mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T)),
+                          _session(request))
 
     def stop_mining(view_state, request: gr.Request = None):
         session = _session(request)
@@ -282,8 +284,7 @@ def build(engine) -> list:
         info = mine.prompt_details(engine, results, node_id)
         node = info["node"]
         head = (f"<h4 id='mine-selected'>{html.escape(node['prompt'])} "
-                f"<span class='gl-badge'>gap {node.get('score') if node.get('score') is None else round(node['score'], 4)}"
-                f"</span></h4><p><b>Lineage</b> (parent → child):</p>{lineage_html(info['lineage'])}")
+                f"<span class='gl-badge'>gap {fmt(node.get('score'), 4)}</span></h4><p><b>Lineage</b> (parent → child):</p>{lineage_html(info['lineage'])}")
         if info["missing_images"]:
             head += f"<p>{info['missing_images']} image(s) are no longer in the store.</p>"
         gap = gap_html(info["gap"]) if info["gap"] else f"<p>{html.escape(info['note'] or 'not scored')}</p>"

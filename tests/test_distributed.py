@@ -175,7 +175,8 @@ def test_killed_rank_relaunched_finishes_without_generating_an_image_twice(tiny_
     assert job["generator_calls"] == sum(e["calls"] for entries in second_lines.values() for e in entries)
     assert all(r["calls"] > 0 for r in job["per_rank"])
     assert final["images"] == baseline["images"] and final["links"] == baseline["links"]
-    assert final["statuses"] == ["done", "running"]  # the killed attempt's record, and the finished one
+    # the killed attempt's record: "failed" when rank 0 saw its peer vanish, "running" when SIGTERM came first
+    assert final["statuses"][0] == "done" and final["statuses"][1] in ("failed", "running")
 
 
 # -- in process ----------------------------------------------------------------------------------
