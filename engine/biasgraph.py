@@ -55,7 +55,8 @@ def matrix_html(results: dict, table_id: str = "is-matrix") -> str:
     hover = [[cell_text(axes[i], axes[j], matrix[i][j], s["w_bar_init"][j], s["w_bar_mixed"][i][j], ci[i][j])
               for j in range(n)] for i in range(n)]
     faded = [[bool(c and c[0] is not None and c[0] <= 0 <= c[1]) for c in row] for row in ci]
-    return charts.heatmap(matrix, axes, axes, diverging=True, hover=hover, faded=faded, digits=2,
+    values = [[math.nan if v is None else v for v in row] for row in matrix]   # None: no answers to measure
+    return charts.heatmap(values, axes, axes, diverging=True, hover=hover, faded=faded, digits=2,
                           title="Intersectional Sensitivity IS (row made diverse → column's distance from its target)",
                           row_title="made diverse", col_title="affected", table_id=table_id)
 

@@ -95,13 +95,10 @@ class Cluster:
         self.state = PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
         self.rank = int(self.state.process_index)
         self.world = int(self.state.num_processes)
-        self.local_rank = int(self.state.local_process_index)
-        self.device = str(self.state.device)
-        self.backend = str(self.state.backend)
+        self.device = str(self.state.device)  # cuda:LOCAL_RANK on GPUs
         self._dist, self._torch = dist, torch
         self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.busy = False  # rank 0 between broadcasting an order and its last collective
-
 
     @property
     def is_main(self) -> bool:
@@ -183,7 +180,7 @@ def plan_batches(engine, sets: Iterable[Sequence]) -> tuple[list[tuple[str, list
 
 def deal(batches: Sequence[tuple], world: int) -> list[list[tuple]]:
     """Each rank's share of `batches`: every batch in turn goes to the rank with the fewest
-    images so far (the lowest rank on ties). Deterministic; shares differ by at most one batch."""
+    images so far (the lowest rank on ties). Deterministic; loads differ by at most one batch."""
     shares: list[list[tuple]] = [[] for _ in range(world)]
     load = [0] * world
     for batch in batches:
@@ -223,14 +220,14 @@ def merge_step(store: Store, step_dir: Path) -> int:
     return store.adopt_images(rows) if rows else 0
 
 
-def merge_unmerged(store: Store, skip: Path | None = None) -> int:
+def merge_unmerged(store: Store) -> int:
     """Adopt the shards of every step not marked merged (interrupted jobs, or one running
     now elsewhere: adopting is idempotent). Returns rows added."""
     root = shards_root(store)
     if not root.is_dir():
         return 0
     return sum(merge_step(store, step) for step in sorted(root.glob("*/*"))
-               if step.is_dir() and step != skip and not (step / MERGED).exists())
+               if step.is_dir() and not (step / MERGED).exists())
 
 
 def _append_line(path: Path, entry: dict) -> None:
@@ -279,7 +276,7 @@ def _run_order(cluster: Cluster, engine, order: dict):
             "busy_seconds": round(busy, 3)}
 
 
-def distributed_image_sets(engine, sets: Iterable[Sequence], what: str = "images"):
+def distributed_image_sets(engine, sets: Iterable[Sequence]):
     """Make sure the store holds every image of `sets` (each `(prompt, seeds, settings[, label])`),
     generating the missing ones across all ranks of a launched job; use with `yield from`.
     Yields Progress events (global count, ETA) and returns a summary dict. In a single process
@@ -293,7 +290,7 @@ def distributed_image_sets(engine, sets: Iterable[Sequence], what: str = "images
     batches, wanted = plan_batches(engine, list(sets))
     total = sum(len(b[1]) for b in batches)
     summary = {"processes": cluster.world, "images_wanted": wanted, "images_planned": total,
-               "images_adopted_from_shards": adopted, "images_generated": 0, "generator_calls": 0}
+               "images_from_earlier_shards": adopted, "images_generated": 0, "generator_calls": 0}
     if not batches:
         return summary
     shares = deal(batches, cluster.world)
@@ -306,7 +303,7 @@ def distributed_image_sets(engine, sets: Iterable[Sequence], what: str = "images
              "shares": shares, "rounds": max(len(s) for s in shares)}
     cluster.broadcast(order)
     cluster.busy = True
-    yield Progress(0, total, what, f"0/{total} {what} to generate on {cluster.world} processes")
+    yield Progress(0, total, "images", f"0/{total} images to generate on {cluster.world} processes")
     gen_start = time.perf_counter()
     work = _run_order(cluster, engine, order)
     done = calls = 0
@@ -319,13 +316,13 @@ def distributed_image_sets(engine, sets: Iterable[Sequence], what: str = "images
         elapsed = time.perf_counter() - gen_start
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else None
-        yield Progress(done, total, what, f"{done}/{total} {what} generated on {cluster.world} processes"
+        yield Progress(done, total, "images", f"{done}/{total} images generated on {cluster.world} processes"
                        + (f" ({rate:.2f}/s)" if rate else ""), eta)
     generate_seconds = time.perf_counter() - gen_start
     per_rank = cluster.gather(mine)
     cluster.busy = False
-    adopted_now = merge_step(store, step_dir)
-    summary.update(images_generated=done, generator_calls=calls, images_adopted=adopted_now,
+    merged = merge_step(store, step_dir)  # the other ranks' images (rank 0's are stored already)
+    summary.update(images_generated=done, generator_calls=calls, images_merged=merged,
                    generate_seconds=round(generate_seconds, 3), seconds=round(time.perf_counter() - started, 3),
                    images_per_second=round(done / generate_seconds, 3) if generate_seconds > 0 else None,
                    per_rank=per_rank, shards=str(step_dir))

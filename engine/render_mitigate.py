@@ -32,12 +32,12 @@ def w_bar_chart(state: dict, axes: list[str], mitigated: list[str], title: str, 
 def tau_chart(results: dict) -> str:
     states = results.get("states", [])
     taus = [s.get("tau") if s.get("tau") is not None else float("nan") for s in states]
-    series = {"τ measured": taus}
+    series = {"measured": taus}
     preview = results.get("preview") or {}
     if preview.get("steps"):
-        series["τ predicted (preview)"] = [preview.get("tau0")] + [s["tau"] for s in preview["steps"]]
+        series["preview"] = [preview.get("tau0")] + [s["tau"] for s in preview["steps"]]
     n = max(len(v) for v in series.values())
-    series["ε threshold"] = [results.get("epsilon")] * max(n, 2)
+    series[f"ε = {results.get('epsilon'):g}"] = [results.get("epsilon")] * max(n, 2)
     return charts.line_chart(series, title="τ = ⟨w̄_B*, p⟩ per step (dots) against ε", x_label="step",
                              chart_id="mitigate-tau", width=460)
 
@@ -59,24 +59,31 @@ def _alerts(alerts: list[dict]) -> str:
 
 
 def step_html(results: dict, step: dict, before: dict, after: dict) -> str:
+    """One step: γ per candidate, w̄ bars before and after, S's prediction, the prompt set, alerts."""
     axes = list(results.get("axes", {}))
-    t = step["step"]
+    t, axis = step["step"], step["axis"]
+    mitigated = step.get("mitigated", [])
     outside = "" if step.get("in_targets", True) else " <span class='gl-badge'>outside B*</span>"
-    gammas = ", ".join(f"{ESC(a)} {fmt(g)}" for a, g in sorted((step.get("gamma") or {}).items(),
-                                                                 key=lambda kv: -(kv[1] if kv[1] is not None else -9)))
+    ranked = sorted((step.get("gamma") or {}).items(), key=lambda kv: -(kv[1] if kv[1] is not None else -9))
+    gammas = ", ".join(f"{ESC(a)} {fmt(g)}" for a, g in ranked)
+    small = "<p style='font-size:12px'>"
+    parts = [f"<div class='gl-mit-step' id='mt-step-{t}' data-step='{t}' data-axis='{ESC(axis)}'>",
+             f"<h4>Step {t}: mitigated <b>{ESC(axis)}</b>{outside}: τ {fmt(step.get('tau_before'))} → "
+             f"<b>{fmt(step.get('tau'))}</b> {_ci(step.get('tau_ci'))}</h4>"]
+    if gammas:
+        parts.append(f"{small}γ (alignment of each candidate's row of S with p): {gammas}</p>")
+    before_chart = w_bar_chart(before, axes, mitigated[:-1], f"w̄ before step {t}", f"mitigate-step-{t}-before")
+    after_chart = w_bar_chart(after, axes, mitigated, f"w̄ after step {t}", f"mitigate-step-{t}-after")
+    parts.append(f"<div style='display:flex;flex-wrap:wrap;gap:12px'><div class='gl-chart'>{before_chart}</div>"
+                 f"<div class='gl-chart'>{after_chart}</div></div>")
     predicted = step.get("predicted_w_bar")
-    pred = (f"<p style='font-size:12px'>Predicted by S (w̄ after, row {ESC(step['axis'])}): "
-            + ", ".join(f"{ESC(a)} {fmt(v)}" for a, v in predicted.items()) + f"; τ {fmt(step.get('predicted_tau'))}</p>"
-            if predicted else "")
-    return (f"<div class='gl-mit-step' id='mt-step-{t}' data-step='{t}' data-axis='{ESC(step['axis'])}'>"
-            f"<h4>Step {t}: mitigated <b>{ESC(step['axis'])}</b>{outside}: τ {fmt(step.get('tau_before'))} → "
-            f"<b>{fmt(step.get('tau'))}</b> {_ci(step.get('tau_ci'))}</h4>"
-            + (f"<p style='font-size:12px'>γ (alignment of each candidate's row of S with p): {gammas}</p>" if gammas else "")
-            + "<div style='display:flex;flex-wrap:wrap;gap:12px'>"
-            f"<div class='gl-chart'>{w_bar_chart(before, axes, step.get('mitigated', [])[:-1], f'w̄ before step {t}', f'mitigate-step-{t}-before')}</div>"
-            f"<div class='gl-chart'>{w_bar_chart(after, axes, step.get('mitigated', []), f'w̄ after step {t}', f'mitigate-step-{t}-after')}</div>"
-            f"</div>{pred}{prompt_set_table(step.get('prompt_set', []))}"
-            f"<p style='font-size:12px'><b>Trade-offs:</b></p>{_alerts(step.get('tradeoffs', []))}</div>")
+    if predicted:
+        values = ", ".join(f"{ESC(a)} {fmt(v)}" for a, v in predicted.items())
+        parts.append(f"{small}Predicted by S (w̄ after, row {ESC(axis)}): {values}; "
+                     f"τ {fmt(step.get('predicted_tau'))}</p>")
+    parts += [prompt_set_table(step.get("prompt_set", [])), f"{small}<b>Trade-offs:</b></p>",
+              _alerts(step.get("tradeoffs", [])), "</div>"]
+    return "".join(parts)
 
 
 def preview_html(preview: dict | None) -> str:
@@ -85,12 +92,13 @@ def preview_html(preview: dict | None) -> str:
     rows = "".join(f"<tr data-axis='{ESC(s['axis'])}'><td>{s['step']}</td><td>{ESC(s['axis'])}</td>"
                    f"<td>{fmt((s.get('gamma') or {}).get(s['axis']))}</td><td>{fmt(s['tau'])}</td></tr>"
                    for s in preview.get("steps", []))
+    stop = f"<span id='mt-preview-stop' data-reason='{ESC(str(preview.get('stop')))}'>" \
+           f"{ESC(preview.get('message', ''))}</span>"
     return (f"<div id='mt-preview'><h4>Preview (from the sensitivity matrix only, no mitigated image)</h4>"
-            f"<p>τ now {fmt(preview.get('tau0'))}, ε = {fmt(preview.get('epsilon'), 2)}. Predicted: "
-            f"<span id='mt-preview-stop' data-reason='{ESC(str(preview.get('stop')))}'>{ESC(preview.get('message', ''))}"
-            f"</span>.</p><table style='font-size:13px'><tr><th>step</th><th>axis</th><th>γ</th><th>predicted τ</th></tr>"
+            f"<p>τ now {fmt(preview.get('tau0'))}, ε = {fmt(preview.get('epsilon'), 2)}. Predicted: {stop}.</p>"
+            f"<table style='font-size:13px'><tr><th>step</th><th>axis</th><th>γ</th><th>predicted τ</th></tr>"
             f"{rows}</table><p style='font-size:12px'>Later steps compose the first step's effects additively "
-            f"(w̄ − IS, clipped to [0, 1]); the run re-measures S after every step.</p></div>")
+            f"(w̄ − IS, clipped to [0, 1]); the run re-measures S before every further step.</p></div>")
 
 
 def report_html(results: dict) -> str:
@@ -121,9 +129,9 @@ def quality_html(quality: dict | None) -> str:
         return ""
     names = {"is_person": "IsP? (VQA finds a person)", "quality": "CLIP-IQA quality", "real": "CLIP-IQA real",
              "natural": "CLIP-IQA natural", "colorfulness": "CLIP-IQA colorfulness"}
-    rows = "".join(f"<tr><td>{names.get(k, k)}</td><td>{fmt(v['value'])} {_ci((v['low'], v['high']))}</td>"
-                   f"<td>{fmt(quality['final'].get(k, {}).get('value'))} "
-                   f"{_ci((quality['final'].get(k, {}).get('low'), quality['final'].get(k, {}).get('high')))}</td></tr>"
+    final = quality.get("final", {})
+    cell = lambda e: f"{fmt(e.get('value'))} {_ci((e.get('low'), e.get('high')))}"  # noqa: E731
+    rows = "".join(f"<tr><td>{names.get(k, k)}</td><td>{cell(v)}</td><td>{cell(final.get(k, {}))}</td></tr>"
                    for k, v in quality.get("initial", {}).items())
     warnings = "".join(f"<li>{ESC(w)}</li>" for w in quality.get("warnings", []))
     return (f"<div id='mt-quality'><h4>Quality checks (spec §4.5)</h4><table style='font-size:13px'><tr><th>score</th>"
@@ -133,13 +141,13 @@ def quality_html(quality: dict | None) -> str:
               "(e.g. 'Good photo.' vs 'Bad photo.') under the preset's embedder, averaged over images.</p></div>")
 
 
-def mitigate_html(results: dict) -> str:
-    """A whole Mitigate run (or the part of it finished so far)."""
+def mitigate_html(results: dict, with_preview: bool = True) -> str:
+    """A whole Mitigate run (or the part of it finished so far); `with_preview=False` leaves
+    the preview table out (the tab shows it in a box of its own)."""
     axes = list(results.get("axes", {}))
     priorities = results.get("priorities", {})
     ideals = results.get("ideals", {})
-    custom = [a for a, d in ideals.items() if d and len({round(v, 6) for v in d.values() if v}) > 1
-              or any(v == 0 for v in (d or {}).values())]
+    custom = [a for a, d in ideals.items() if d and max(d.values()) - min(d.values()) > 1e-9]   # not uniform
     targets = ", ".join(f"{ESC(a)} <b>{priorities.get(a, 0):.2f}</b>" for a in results.get("targets", []))
     d_star = "; ".join(f"{ESC(a)}: " + ", ".join(f"{ESC(v)} {s:.0%}" for v, s in ideals[a].items()) for a in custom)
     stop = results.get("stop")
@@ -155,12 +163,13 @@ def mitigate_html(results: dict) -> str:
     if states:
         taus = " → ".join(fmt(s.get("tau")) for s in states)
         amount = f", MitAmt {fmt(states[-1].get('tau'))}" if stop else ""
-        parts.append(f"<p id='mt-taus'>τ per step: {taus} (MitSteps {len(steps)}/{len(results.get('targets', [])) or 1}"
-                     f"{amount})</p>")
-        parts.append(f"<div style='display:flex;flex-wrap:wrap;gap:12px'><div class='gl-chart'>{tau_chart(results)}</div>"
-                     f"<div class='gl-chart'>{w_bar_chart(states[0], axes, [], 'w̄ on the initial images', 'mitigate-initial')}"
-                     f"</div></div>")
-    parts.append(preview_html(results.get("preview")))
+        used = f"MitSteps {len(steps)}/{len(results.get('targets', [])) or 1}"
+        parts.append(f"<p id='mt-taus'>τ per step: {taus} ({used}{amount})</p>")
+        initial = w_bar_chart(states[0], axes, [], "w̄ on the initial images", "mitigate-initial")
+        parts.append(f"<div style='display:flex;flex-wrap:wrap;gap:12px'><div class='gl-chart'>{tau_chart(results)}"
+                     f"</div><div class='gl-chart'>{initial}</div></div>")
+    if with_preview:
+        parts.append(preview_html(results.get("preview")))
     for k, step in enumerate(steps):
         if k + 1 < len(states):
             parts.append(step_html(results, step, states[k], states[k + 1]))

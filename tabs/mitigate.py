@@ -41,7 +41,7 @@ class Slot:
     group: gr.Group
     title: gr.Markdown
     priority: gr.Slider
-    mode: gr.Radio
+    mode: gr.Dropdown
     shares: gr.Textbox
 
 
@@ -119,11 +119,11 @@ def build(engine) -> list:
                     title = gr.Markdown(elem_id=f"mt-axis-title-{i}")
                     with gr.Row():
                         priority = gr.Slider(0, 1, value=DEFAULT_PRIORITY, step=0.05, label="priority",
-                                             elem_id=f"mt-priority-{i}", min_width=160)
-                        mode = gr.Radio(MODES, value="uniform", label="ideal distribution D*",
-                                        elem_id=f"mt-mode-{i}", min_width=200)
-                    shares = gr.Textbox(label="D* shares (value=percent, …; used unless uniform)", lines=1,
-                                        elem_id=f"mt-shares-{i}")
+                                             elem_id=f"mt-priority-{i}", min_width=140)
+                        mode = gr.Dropdown(MODES, value="uniform", label="ideal distribution D*",
+                                           elem_id=f"mt-mode-{i}", min_width=140)
+                        shares = gr.Textbox(label="D* shares (value=percent, …)", lines=1, min_width=160,
+                                            elem_id=f"mt-shares-{i}")
                 slots.append(Slot(group, title, priority, mode, shares))
             with gr.Row():
                 epsilon = gr.Slider(0.01, 1.0, value=mitigate.DEFAULT_EPSILON, step=0.01, label="Threshold ε",
@@ -261,7 +261,7 @@ def build(engine) -> list:
             elif isinstance(event, Scores) and event.name == "preview":
                 yield update(preview=preview_html(event.values))
             elif isinstance(event, Scores) and event.name == "results":
-                yield update(view=mitigate_html(event.values))
+                yield update(view=mitigate_html(event.values, with_preview=False))
             elif isinstance(event, Done):
                 r = event.results
                 generated = engine.stats.images_generated - before
@@ -270,7 +270,7 @@ def build(engine) -> list:
                         f"{len(r['steps'])} step(s), τ {r['states'][0]['tau']:.3f} → {r['states'][-1]['tau']:.3f}; "
                         f"{generated} image(s) generated, the rest from the store; "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-                update(progress=text, view=mitigate_html(r), preview=preview_html(r.get("preview")),
+                update(progress=text, view=mitigate_html(r, with_preview=False), preview=preview_html(r.get("preview")),
                        export=_export_file(r, event.run_id) if not request.preview_only else None)
                 yield tuple(latest)
 

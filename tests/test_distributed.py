@@ -133,6 +133,7 @@ def test_synthetic_job_on_two_processes_matches_one_process(prompts_file, tmp_pa
     assert sorted({p for p, _, _ in b["images"].values()}) == sorted(PROMPTS)  # every prompt's images, once
     job = b["summary"]["distributed"]
     assert job["processes"] == 2 and job["images_generated"] == 32 and all(r["images"] > 0 for r in job["per_rank"])
+    assert job["images_merged"] == job["per_rank"][1]["images"]  # rank 1's rows, adopted from its shard
     result = json.loads(two.stdout)
     assert [(i["prompt"], i["seed"]) for i in result["images"]] == [(p, s) for p in PROMPTS for s in range(4)]
 
@@ -170,13 +171,33 @@ def test_killed_rank_relaunched_finishes_without_generating_an_image_twice(tiny_
     assert not set(made_second) & made_first  # nothing generated twice
     assert len(made_second) == len(set(made_second)) and made_first | set(made_second) == set(baseline["images"])
     job = final["summary"]["distributed"]
-    assert job["images_adopted_from_shards"] == len(set(generated_keys(first_lines.values())) - stored)
+    assert job["images_from_earlier_shards"] == len(set(generated_keys(first_lines.values())) - stored)
     assert job["images_generated"] == 16 - len(made_first) == len(made_second)
     assert job["generator_calls"] == sum(e["calls"] for entries in second_lines.values() for e in entries)
     assert all(r["calls"] > 0 for r in job["per_rank"])
     assert final["images"] == baseline["images"] and final["links"] == baseline["links"]
     # the killed attempt's record: "failed" when rank 0 saw its peer vanish, "running" when SIGTERM came first
     assert final["statuses"][0] == "done" and final["statuses"][1] in ("failed", "running")
+
+
+def test_mining_run_on_two_processes_finds_what_one_process_finds(tmp_path):
+    """Mine Prompts sends one order per GA iteration; the workers serve them all."""
+    from engine.__main__ import main
+
+    args = ["mine", "--preset", "synthetic", "--iterations", "3", "-n", "4", "--population", "6", "--select", "2",
+            "--mutations", "2", "--quiet"]
+    assert main([*args, "--data-dir", str(tmp_path / "one")]) == 0
+    run(launch_cmd([*args, "--json"], 2), tmp_path / "two")
+    one, two = snapshot(tmp_path / "one"), snapshot(tmp_path / "two")
+    assert two["images"] == one["images"] and two["links"] == one["links"] and len(one["images"]) == 3 * 6 * 4
+    db = [sqlite3.connect(tmp_path / d / "gaplens.sqlite") for d in ("one", "two")]
+    results = [json.loads(c.execute("SELECT results FROM runs").fetchone()[0]) for c in db]
+    for key in ("archive", "nodes", "iterations", "best_per_iteration"):
+        assert results[0][key] == results[1][key], key
+    steps = sorted(Path(tmp_path / "two").glob("shards/*/*"))
+    assert len(steps) == 3 and all((s / distributed.MERGED).exists() for s in steps)  # one order per iteration
+    made_by = {m.name for m, e in manifest_lines(tmp_path / "two").items() if e}
+    assert made_by == {"rank-00000.jsonl", "rank-00001.jsonl"}
 
 
 # -- in process ----------------------------------------------------------------------------------
@@ -246,7 +267,8 @@ def test_a_workers_shard_is_adopted_once_and_a_damaged_line_is_not(data_dir, tmp
     manifest = step / "rank-00001.jsonl"
     (entry,) = distributed.read_manifest(manifest)
     assert entry["rank"] == 1 and entry["calls"] == 1 and len(entry["rows"]) == 6
-    forged = {**entry, "rows": [{**entry["rows"][0], "key": "f" * 64}]}  # no such file: never adopted
+    forged = {**entry, "rows": [{**entry["rows"][0], "key": "f" * 64},  # no such file
+                                {**entry["rows"][1], "key": "../" + entry["rows"][1]["key"]}]}  # not a key
     with open(manifest, "a") as f:
         f.write(json.dumps(forged) + "\n" + json.dumps(entry)[:50])  # and a line cut short by a kill
     assert main.store.count("images") == 0

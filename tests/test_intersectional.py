@@ -94,6 +94,9 @@ def test_matrix_cells_explain_themselves_and_fade_when_the_ci_spans_zero():
     assert "moves gender 0.40 further from its target" in page
     assert page.count("gl-faded") == 1                     # only gender -> age spans 0
     assert biasgraph.cell_text("gender", "gender", 0.2, 0.2, 0.0).startswith("Making gender diverse")
+    unanswered = json.loads(json.dumps(RESULTS))       # an axis whose answers all fell outside its choices
+    unanswered["sensitivity"]["matrix"][0][1] = unanswered["sensitivity"]["ci_low"][0][1] = None
+    assert "no answers among its choices" in biasgraph.matrix_html(unanswered)
 
 
 def test_graph_is_self_contained_and_marks_maximp_and_maxinf():

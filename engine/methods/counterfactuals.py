@@ -25,12 +25,13 @@ import functools
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import groupby
 
 import numpy as np
 
 from ..core import Engine, Run, recorded
+from ..distributed import distributed_image_sets
 from ..events import Progress, Scores, Table
 from ..metrics import tibet
 from ..metrics.bootstrap import percentile_interval
@@ -197,6 +198,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
     prompts, axes, specs = yield from prepare(request, engine)
     settings = settings_for(request, engine)
     seeds = request.seeds()
+    yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
     questions = {axis: tibet_question(axis) for axis in axes}
     unique_questions = list(dict.fromkeys(questions.values()))
     results: dict = {"prompt": request.prompt.strip(), "prompts": prompts, "aggregate": len(prompts) > 1,

@@ -34,6 +34,7 @@ import numpy as np
 from ..axes import known_axes
 from ..biasgraph import graph_from_results
 from ..core import Engine, Run, recorded
+from ..distributed import distributed_image_sets
 from ..errors import InputError, LLMOutputError
 from ..events import Graph, Progress, Scores, Table, Warning
 from ..llm_prompts import axis_question_prompt
@@ -147,6 +148,7 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
     template = request.prompt.strip()
     settings = settings_for(request, engine)
     seeds = request.seeds()
+    yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
     policy = request.other_policy
     values = {axis: choices(template, cfs) for axis, cfs in axes.items()}
     categories = {y: values[y] + (["other"] if policy == "other_bin" else []) for y in axes}

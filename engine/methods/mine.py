@@ -32,6 +32,7 @@ import numpy as np
 from ..backends.base import GenerationSettings
 from ..backends.llm_json import as_string_list
 from ..core import Engine, EngineStats, Run, recorded
+from ..distributed import distributed_image_sets
 from ..errors import GapLensError, InputError, LLMOutputError
 from ..events import Images, Progress, Scores, Table, Warning
 from ..llm_prompts import mutations_prompt, random_prompts_prompt
@@ -243,6 +244,9 @@ class Miner:
             if not population:
                 yield Warning(f"iteration {t + 1}: the LLM gave no new prompt; the search stops here")
                 break
+            todo = [n for n in population if n.get("score") is None and not n.get("skipped")]
+            yield from distributed_image_sets(self.engine, [(n["prompt"], self.request.seeds(), self.settings)
+                                                            for n in todo])  # launched: every process
             for k, node in enumerate(population):
                 if node.get("score") is None and not node.get("skipped"):
                     yield from self._score(node, t)

@@ -76,6 +76,7 @@ from ..core import Engine, Run, recorded, stream_image_set
 from ..errors import InputError
 from ..events import Progress, Scores, Table, Warning
 from ..metrics import biasconnect as bc
+from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
 from . import intersectional
 from .cfsets import (ARTICLES, SetSpec, SetsRequest, add_set_arguments, axis_name, counterfactual_value, prepare,
@@ -293,10 +294,10 @@ def normalise_priorities(targets: list[str], priorities: dict) -> dict[str, floa
     if not priorities:
         return {a: 1.0 / len(targets) for a in targets}
     try:
-        p = bc._priority_weights({a: float(priorities.get(a, 0.0)) for a in targets})
+        p = normalised_weights(targets, {a: float(priorities.get(a, 0.0)) for a in targets}, "the priority vector")
     except ValueError as exc:
         raise InputError(f"priorities: {exc}") from None
-    return p
+    return dict(zip(targets, p.tolist()))
 
 
 # -- measuring ------------------------------------------------------------------------------------
@@ -372,7 +373,8 @@ class Measurer:
     def _describe(self, step, comps, counts, mitigated, specs) -> dict:
         setup = self.setup
         init, _ = intersectional.tally(specs, setup.axes, self.answers, None, {})
-        boot = intersectional.tally(specs, setup.axes, self.answers, self.weights, {})[0] if self.request.n_boot else None
+        boot = (intersectional.tally(specs, setup.axes, self.answers, self.weights, {})[0]
+                if self.request.n_boot else None)
         w_bar, w_ci, dists = {}, {}, {}
         draws_w = {}
         for y in setup.axes:
@@ -393,6 +395,10 @@ class Measurer:
             dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [_num(s) for s in shares],
                         "low": [_num(lo) for lo, _ in intervals], "high": [_num(hi) for _, hi in intervals],
                         "ideal": setup.ideals[y].tolist()}
+        unmeasured = [a for a in setup.priorities if math.isnan(w_bar[a])]
+        if unmeasured:
+            raise InputError(f"no VQA answer about {', '.join(unmeasured)} fell within its choices on the images of "
+                             f"step {step}: τ cannot be measured (check the axis' question and counterfactuals)")
         tau = bc.weighted_bias(w_bar, setup.priorities)
         tau_draws = None
         if boot is not None:
@@ -403,7 +409,8 @@ class Measurer:
                                 "values": {a: setup.cf_value[(a, cf)] for a, cf in c.choice}}
                                for c, k in zip(comps, counts)],
                 "n_images": int(sum(len(self.records[s.label]) for s in specs)),
-                "w_bar": {y: _num(v) for y, v in w_bar.items()}, "w_bar_ci": {y: [e["low"], e["high"]] for y, e in w_ci.items()},
+                "w_bar": {y: _num(v) for y, v in w_bar.items()},
+                "w_bar_ci": {y: [e["low"], e["high"]] for y, e in w_ci.items()},
                 "tau": _num(tau), "tau_ci": [tau_est["low"], tau_est["high"]],
                 "distributions": dists, "_draws": {"w_bar": draws_w, "tau": tau_draws}}
 
@@ -447,7 +454,8 @@ def _weighted_mix(table: np.ndarray, weights: Sequence[float]) -> np.ndarray:
 
 def choose(gammas: dict[str, float], candidates: list[str]) -> str | None:
     """argmax γ over the candidates (ties: the earlier candidate); None when no γ > 0."""
-    valid = [(gammas[x], -i, x) for i, x in enumerate(candidates) if gammas.get(x) is not None and gammas[x] == gammas[x]]
+    valid = [(gammas[x], -i, x) for i, x in enumerate(candidates)
+             if gammas.get(x) is not None and not math.isnan(gammas[x])]
     if not valid:
         return None
     g, _, x = max(valid)
@@ -570,6 +578,8 @@ def _settle(request: MitigateRequest, engine: Engine):
         raise InputError(f"ε must be a number, not {request.epsilon!r}") from None
     if not 0 < epsilon <= 1:
         raise InputError(f"ε must be in (0, 1] (w̄ and τ are), got {epsilon}")
+    if request.preview_only and request.strategy != "intermit":
+        raise InputError("the preview predicts InterMit's steps: use the strategy 'intermit' with it")
     prompts, axes, specs = yield from prepare(request, engine)
     if len(prompts) > 1:
         raise InputError(f"mitigation works on one prompt; the prompt's placeholder has {len(prompts)} fill values: "
@@ -586,7 +596,8 @@ def _settle(request: MitigateRequest, engine: Engine):
     cf_value = {(x, cf): counterfactual_value(template, cf) for x, cfs in axes.items() for cf in cfs}
     single = [a for a, v in values.items() if len(v) < 2]
     if single:
-        yield Warning(f"axes whose counterfactuals name one value can only be pinned, not balanced: {', '.join(single)}")
+        yield Warning("axes whose counterfactuals name one value can only be pinned, not balanced: "
+                      + ", ".join(single))
     questions, sources = {}, {}
     for axis in axes:
         if axis in request.questions:
@@ -603,8 +614,8 @@ def _settle(request: MitigateRequest, engine: Engine):
     except ValueError as exc:
         raise InputError(f"ideal distribution: {exc}") from None
     priorities_in = {axis_name(a): v for a, v in (request.priorities or {}).items()}
-    targets = [axis_name(a) for a in request.mitigate] or [a for a in axes if float(priorities_in.get(a, 0)) > 0] \
-        or list(axes)
+    targets = list(dict.fromkeys(axis_name(a) for a in request.mitigate)) \
+        or [a for a in axes if float(priorities_in.get(a, 0)) > 0] or list(axes)
     unknown = [a for a in list(targets) + list(priorities_in) if a not in axes]
     if unknown:
         raise InputError(f"axes {sorted(set(unknown))} are not among the axes ({', '.join(axes)})")
@@ -680,6 +691,9 @@ def run(request: MitigateRequest, engine: Engine, run: Run):
         return {"reason": reason, "message": STOP_MESSAGES[reason], "reached": states[-1]["tau"] < epsilon}
 
     reason = "below_threshold" if state["tau"] < epsilon and request.strategy == "intermit" else None
+    if reason:
+        results["preview"] = {"tau0": state["tau"], "epsilon": epsilon, "steps": [], "stop": reason,
+                              "message": STOP_MESSAGES[reason]}
     baseline_order = sorted(targets, key=lambda a: (-setup.priorities[a], targets.index(a)))
     while reason is None:
         step = len(mitigated) + 1

@@ -1,0 +1,79 @@
+"""The Mitigate tab as users drive it: gradio_client for the API (preview, then a run served
+from the store, the JSON export), headless Chromium for the page (a priority slider moves the
+normalised weights live; a run on the synthetic preset draws the step bars)."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from apphelpers import browser_page, running_app, screenshot
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROWS = [["gender", "a photo of a male doctor"], ["", "a photo of a female doctor"],
+        ["age", "a photo of a young doctor"], ["", "a photo of a middle-aged doctor"], ["", "a photo of an old doctor"]]
+# per axis slot: priority, D* mode, shares (8 slots; the table's axes fill the first ones)
+SLOTS = [0.7, "uniform", "", 0.3, "typed percentages", "young=30, middle-aged=40, old=30"] + [0.5, "uniform", ""] * 6
+
+
+def args(n=24, epsilon=0.35):
+    table = {"headers": ["axis", "counterfactual"], "data": ROWS}
+    return ["a photo of a doctor", "", table, ["gender", "age"], n, 1, epsilon, "intermit", "drop", 50, 0.02, "",
+            None, None, *SLOTS]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """One app for the module (building and launching it is the slow part)."""
+    from engine.core import Engine
+
+    engine = Engine("synthetic", data_dir=str(tmp_path_factory.mktemp("store")), max_images=256)
+    with running_app(engine) as url:
+        yield url, engine
+
+
+def test_api_previews_then_mitigates_from_the_store_and_exports_the_prompt_set(app):
+    from gradio_client import Client
+
+    app_url, engine = app
+    client = Client(app_url, verbose=False, download_files=False)
+    progress, preview, view, *_ = client.predict(*args(), api_name="/mitigate_preview")
+    assert "preview only" in progress and "mt-preview" in preview and 'data-axis="gender"' not in view
+    assert "<td>gender</td>" in preview                        # predicted first step
+    generated = engine.stats.images_generated
+    progress, preview, view, gallery, export, _ = client.predict(*args(), api_name="/mitigate")
+    assert engine.stats.images_generated == generated          # step 0 and the gender sets came from the store
+    assert "Done" in progress and "reached" in progress
+    assert 'data-chart="mitigate-step-1-after"' in view and "mt-report" in view and gallery
+    prompt_set = json.loads(Path(export["path"] if isinstance(export, dict) else export).read_text())
+    assert [p["values"] for p in prompt_set["prompts"]] == [{"gender": "male"}, {"gender": "female"}]
+    assert prompt_set["ideals"]["age"] == pytest.approx({"young": 0.3, "middle-aged": 0.4, "old": 0.3})
+
+
+@pytest.mark.browser
+def test_mitigate_page_priorities_normalise_live_and_a_run_draws_step_bars(app):
+    app_url, _ = app
+    with browser_page() as page:
+        page.goto(app_url, wait_until="load")
+        page.get_by_role("tab", name="Mitigate").click()
+        page.fill("#mt-prompt textarea", "a photo of a doctor")
+        page.click("#mt-propose")                                  # the LLM's 7 axes fill the slots
+        page.wait_for_selector("#mt-axis-6", state="visible", timeout=60_000)
+        weights = page.locator("#mt-weights")
+        assert "emotion 0.14" in weights.inner_text()            # 7 equal priorities
+        page.locator("#mt-priority-0 input[type=range]").fill("1")
+        page.wait_for_function("document.querySelector('#mt-weights').innerText.includes('emotion 0.25')",
+                               timeout=30_000)
+        assert "age 0.12" in weights.inner_text()
+        n = page.locator("#mt-n input[type=number]")
+        n.fill("4")
+        n.press("Enter")
+        page.click("#mt-run")
+        page.wait_for_selector("svg[data-chart='mitigate-step-1-after']", timeout=120_000)
+        page.wait_for_function("document.querySelector('#mt-progress').innerText.includes('Done')", timeout=120_000)
+        assert page.locator("#mt-preview td").count() >= 4
+        assert page.locator("#mt-report .gl-mit-axis").count() == 7
+        assert page.locator("#mt-export a, #mt-export .file-preview").count() >= 1
+        shot = screenshot(page, "mitigate")
+    if not (DOCS / "mitigate.png").exists():
+        shutil.copy(shot, DOCS / "mitigate.png")
