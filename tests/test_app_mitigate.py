@@ -10,8 +10,9 @@ import pytest
 from apphelpers import browser_page, running_app, screenshot
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-ROWS = [["gender", "a photo of a male doctor"], ["", "a photo of a female doctor"],
-        ["age", "a photo of a young doctor"], ["", "a photo of a middle-aged doctor"], ["", "a photo of an old doctor"]]
+AXES = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
+        "age": ["a photo of a young doctor", "a photo of a middle-aged doctor", "a photo of an old doctor"]}
+ROWS = [[axis, cf] for axis, cfs in AXES.items() for cf in cfs]
 # per axis slot: priority, D* mode, shares (8 slots; the table's axes fill the first ones)
 SLOTS = [0.7, "uniform", "", 0.3, "typed percentages", "young=30, middle-aged=40, old=30"] + [0.5, "uniform", ""] * 6
 
@@ -52,28 +53,36 @@ def test_api_previews_then_mitigates_from_the_store_and_exports_the_prompt_set(a
 
 @pytest.mark.browser
 def test_mitigate_page_priorities_normalise_live_and_a_run_draws_step_bars(app):
-    app_url, _ = app
+    from engine.methods import intersectional
+
+    app_url, engine = app
+    list(intersectional.run(intersectional.IntersectionalRequest(
+        "a photo of a doctor", axes=AXES, n=8, n_boot=0, ideals={"age": {"young": 30, "middle-aged": 40, "old": 30}}),
+        engine))
     with browser_page() as page:
         page.goto(app_url, wait_until="load")
         page.get_by_role("tab", name="Mitigate").click()
-        page.fill("#mt-prompt textarea", "a photo of a doctor")
-        page.click("#mt-propose")                                  # the LLM's 7 axes fill the slots
-        page.wait_for_selector("#mt-axis-6", state="visible", timeout=60_000)
+        page.click("#mt-from-ic")                           # prompt, axes and targets of that run
+        page.wait_for_selector("#mt-axis-1", state="visible", timeout=60_000)
+        assert not page.locator("#mt-axis-2").is_visible()
+        assert "young=0.3" in page.locator("#mt-shares-1 textarea, #mt-shares-1 input").first.input_value()
         weights = page.locator("#mt-weights")
-        assert "emotion 0.14" in weights.inner_text()            # 7 equal priorities
-        page.locator("#mt-priority-0 input[type=range]").fill("1")
-        page.wait_for_function("document.querySelector('#mt-weights').innerText.includes('emotion 0.25')",
+        page.wait_for_function("document.querySelector('#mt-weights').innerText.includes('gender 0.50')",
                                timeout=30_000)
-        assert "age 0.12" in weights.inner_text()
-        n = page.locator("#mt-n input[type=number]")
-        n.fill("4")
-        n.press("Enter")
+        page.locator("#mt-priority-0 input[type=range]").fill("0.7")
+        page.locator("#mt-priority-1 input[type=range]").fill("0.3")
+        page.wait_for_function("document.querySelector('#mt-weights').innerText.includes('gender 0.70')",
+                               timeout=30_000)
+        assert "age 0.30" in weights.inner_text()
+        page.click("#mt-preview-btn")
+        page.wait_for_selector("#mt-preview tr[data-axis]", timeout=120_000)
         page.click("#mt-run")
         page.wait_for_selector("svg[data-chart='mitigate-step-1-after']", timeout=120_000)
         page.wait_for_function("document.querySelector('#mt-progress').innerText.includes('Done')", timeout=120_000)
-        assert page.locator("#mt-preview td").count() >= 4
-        assert page.locator("#mt-report .gl-mit-axis").count() == 7
-        assert page.locator("#mt-export a, #mt-export .file-preview").count() >= 1
+        first = page.locator("#mt-view .gl-mit-step").first.get_attribute("data-axis")
+        assert first == page.locator("#mt-preview tr[data-axis]").first.get_attribute("data-axis")
+        assert page.locator("#mt-report .gl-mit-axis").count() == 2
+        assert page.locator("#mt-export a").count() >= 1
         shot = screenshot(page, "mitigate")
     if not (DOCS / "mitigate.png").exists():
         shutil.copy(shot, DOCS / "mitigate.png")
