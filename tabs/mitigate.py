@@ -146,9 +146,9 @@ def build(engine) -> list:
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="mt-progress")
             preview_box = gr.HTML(elem_id="mt-preview-box")
-            view = gr.HTML(elem_id="mt-view")
             gallery = gr.Gallery(label="Sample images of the prompt set in use", columns=8, height=240,
                                  elem_id="mt-gallery", object_fit="contain", allow_preview=True)
+            view = gr.HTML(elem_id="mt-view")
             export = gr.File(label="Mitigated prompt set with weights (JSON)", interactive=False, elem_id="mt-export",
                              height=90)
     axes_state = gr.State([])
@@ -166,6 +166,10 @@ def build(engine) -> list:
             gr.Warning(f"only the first {MAX_AXES} axes get a priority and target; the others stay uniform and are "
                        "not mitigated")
         names = list(found)[:MAX_AXES]
+        if names == list(axes or []):
+            # the same axes (a cell edit, or a button that already filled the slots): keep every
+            # setting; the slot values this event carries may predate that button's update
+            return (gr.skip(), gr.skip(), *[gr.skip()] * len(slot_components), gr.skip())
         kept = kept_values(axes, values)
         chosen = [a for a in (chosen or []) if a in names] if axes else []
         chosen = chosen or names
