@@ -18,7 +18,8 @@ The loop (Alg. 4 with the spec §4.3 clarifications; each numbered one is marked
              stop "no axis helps" when no γ_x > 0, "all axes used" when none is left
                   (§4.3-3; at most |B| steps, spec §8 item 12)
              mitigate x*: the prompt set becomes its product with x*'s counterfactuals,
-                  regenerate, recompute τ and every w̄; stop "threshold reached" when τ < ε
+                  regenerate, recompute τ and every w̄; stop "threshold reached" when τ < ε,
+                  else loop: S is re-measured on the new prompt set (Sec 7.6)
     With |B*| = 1 only that axis is a candidate (the thesis skips BiasConnect then).
 
 Prompt modification (spec §4.4): the prompt set is the Cartesian product of the
@@ -30,8 +31,8 @@ Non-uniform targets (spec §8 item 11): a product prompt's weight is the product
 axes of D*_x(value) / (the number of x's counterfactuals naming that value). The N images of
 a set are apportioned to the prompts by `allocate`: deterministic sequential apportionment
 (each image goes to the prompt furthest behind its quota, counting both its joint quota
-k·w and the quota of each of its values), so every value's count stays within rounding of
-N·D* (age 30/40/30 with N = 20 gives exactly 6/8/6). Prompt q with n_q images uses the
+k·w and the quota of each of its values), so every value's count stays within about one
+image of N·D* (age 30/40/30 with N = 20 gives exactly 6/8/6). Prompt q with n_q images uses the
 seeds seed .. seed+n_q−1 (the same seeds policy as every other set), so sets repeat exactly
 and come from the store. The sensitivity rows mix x's counterfactual sets with the same D*_x
 weights, so S predicts what mitigating x to D*_x would do (uniform D* = BiasConnect's equal
@@ -50,8 +51,9 @@ where its own row put it). The run's first choice is the preview's first step on
 Quality after mitigation (spec §4.5): IsP?, the share of images for which the VQA answers
 "yes" to "Is there a person in the image?"; and a CLIP-IQA-style score per attribute, the
 softmax (logit scale 100, CLIP's) of an image's cosine similarity to an antonym prompt pair,
-e.g. "Good photo." vs "Bad photo." (CLIP-IQA's pairs: quality, natural, colorfulness; "real"
-vs "abstract" as pyiqa has it), with the preset's embedder (reconstructed: CLIP-IQA proper
+e.g. "Good photo." vs "Bad photo." (CLIP-IQA's own pairs for quality, natural and
+colorfulness; for "real", which the thesis names without its prompts, "Real photo." vs
+"Abstract photo." is our choice), with the preset's embedder (reconstructed: CLIP-IQA proper
 uses a ResNet-50 CLIP without positional embedding). A warning when a score drops by more
 than `quality_tolerance` from the initial images. On the synthetic preset the pair prompts
 carry no attribute, so the score is 0.5 everywhere: a calibration check, not a measurement.
@@ -87,7 +89,8 @@ DEFAULT_EPSILON = 0.35
 STRATEGIES = ("intermit", "all")
 PERSON_QUESTION = "Is there a person in the image?"
 CLIP_LOGIT_SCALE = 100.0
-# CLIP-IQA antonym prompt pairs (Wang et al. 2023) for the attributes Table 7.1 reports.
+# Antonym prompt pairs for the attributes Table 7.1 reports: CLIP-IQA's (Wang et al. 2023) for
+# quality, natural and colorfulness; the "real" pair is ours (the thesis names no prompts).
 QUALITY_PAIRS = {"quality": ("Good photo.", "Bad photo."), "real": ("Real photo.", "Abstract photo."),
                  "natural": ("Natural photo.", "Synthetic photo."), "colorfulness": ("Colorful photo.", "Dull photo.")}
 STOP_MESSAGES = {
@@ -553,14 +556,17 @@ def quality_scores(engine: Engine, records: list, n_boot: int = 200, seed: int =
 
 
 def quality_warnings(initial: dict, final: dict, tolerance: float) -> list[str]:
+    """One message per score that dropped by more than `tolerance` from the initial images."""
     out = []
     for name, before in initial.items():
         after = final.get(name)
-        if after and before["value"] is not None and after["value"] is not None and \
-                before["value"] - after["value"] > tolerance:
-            label = "IsP? (share of images with a person)" if name == "is_person" else f"CLIP-IQA {name}"
-            out.append(f"quality dropped after mitigation: {label} {before['value']:.3f} → {after['value']:.3f} "
-                       f"[{after['low'] or math.nan:.3f}, {after['high'] or math.nan:.3f}]")
+        if not after or before["value"] is None or after["value"] is None \
+                or before["value"] - after["value"] <= tolerance:
+            continue
+        label = "IsP? (share of images with a person)" if name == "is_person" else f"CLIP-IQA {name}"
+        interval = (f" [95% CI {after['low']:.3f}, {after['high']:.3f}]"
+                    if after.get("low") is not None and after.get("high") is not None else "")
+        out.append(f"quality dropped after mitigation: {label} {before['value']:.3f} → {after['value']:.3f}{interval}")
     return out
 
 
