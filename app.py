@@ -17,7 +17,6 @@ from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
 from tabs import mine, model_panel, runs, single_prompt  # noqa: E402
 from tabs import counterfactuals, intersectional  # noqa: E402
 from tabs import mitigate  # noqa: E402
-from tabs.common import not_built_yet  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
 HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure with confidence "

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .errors import InputError
 from .presets import ASSETS
 
 
@@ -50,3 +51,34 @@ def normalise_free_answer(answer: str) -> str:
     text = re.sub(r"[^\w\s-]", "", (answer or "").lower()).strip()
     text = re.sub(r"^(a|an|the)\s+", "", text)
     return text or "other"
+
+
+def parse_shares(body: str, separator: str = "=") -> dict[str, float]:
+    """'male=50, female=50' (or with separator ':') -> {'male': 50.0, 'female': 50.0}; a trailing
+    '%' is allowed. Not normalised."""
+    shares = {}
+    for item in filter(None, (i.strip() for i in body.split(","))):
+        value, sep, share = item.rpartition(separator)
+        try:
+            if not sep or not value.strip():
+                raise ValueError
+            shares[value.strip().lower()] = float(share.strip().rstrip("%"))
+        except ValueError:
+            raise InputError(f"target share '{item}' is not 'value{separator}number'") from None
+    return shares
+
+
+def parse_targets(text: str) -> dict[str, dict[str, float]]:
+    """'gender: male=50, female=50; age: young=30, middle-aged=40, old=30' -> target shares per
+    axis (percentages or fractions), each normalised to sum 1. Empty text -> {} (uniform)."""
+    targets = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(";"))):
+        axis, sep, body = part.partition(":")
+        if not sep:
+            raise InputError(f"target '{part}' must look like 'axis: value=share, value=share'")
+        shares = parse_shares(body)
+        total = sum(shares.values())
+        if total <= 0:
+            raise InputError(f"the target shares of '{axis.strip()}' add up to {total}")
+        targets[axis.strip().lower()] = {k: v / total for k, v in shares.items()}
+    return targets

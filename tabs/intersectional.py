@@ -7,13 +7,13 @@ import time
 import gradio as gr
 
 from engine import biasgraph
+from engine.axes import parse_targets
 from engine.errors import InputError
 from engine.events import Done, Progress, Table, Warning
 from engine.methods import cfsets, intersectional
 
 from . import axes_table
 from .common import gpu, user_errors
-from .single_prompt import parse_references
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
 POLICIES = [("drop them (renormalise over the choices)", "drop"),
@@ -100,7 +100,7 @@ def build(engine) -> list:
                 negative, steps, guidance):
         request = intersectional.IntersectionalRequest(
             prompt=prompt, axes=axes_table.axes_of(rows), fill=axes_table.parse_fill(fill), n=int(n),
-            seed=int(seed or 0), ideals=parse_references(targets), other_policy=policy, level=level,
+            seed=int(seed or 0), ideals=parse_targets(targets), other_policy=policy, level=level,
             p_threshold=None if p_threshold in (None, "") else float(p_threshold),
             min_abs_is=None if min_abs_is in (None, "") else float(min_abs_is), importance=importance,
             n_boot=int(n_boot), negative_prompt=negative or "", steps=None if steps in (None, "") else int(steps),

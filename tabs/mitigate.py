@@ -12,7 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.axes import known_axes
+from engine.axes import known_axes, parse_targets
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import cfsets, intersectional, mitigate
@@ -21,7 +21,6 @@ from engine.render_mitigate import mitigate_html, preview_html
 from . import axes_table
 from .common import gallery_items, gpu, user_errors
 from .intersectional import reference_text
-from .single_prompt import parse_references
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a ceo"]
 MAX_AXES = 8
@@ -88,7 +87,7 @@ def request_parts(axes: list[str], bstar: list[str], values: list) -> tuple[dict
         if axis in (bstar or []):
             priorities[axis] = float(priority or 0)
         if mode != "uniform" and (shares or "").strip():
-            ideals.update(parse_references(f"{axis}: {shares}"))
+            ideals.update(parse_targets(f"{axis}: {shares}"))
     return priorities, ideals
 
 

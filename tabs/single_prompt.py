@@ -5,7 +5,7 @@ import time
 
 import gradio as gr
 
-from engine.axes import known_axes
+from engine.axes import known_axes, parse_targets
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import single_prompt
@@ -16,30 +16,6 @@ from .common import gallery_items, gpu, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
             "a photo of a ceo", "a red balloon"]
-
-
-def parse_references(text: str) -> dict:
-    """'gender: male=0.5, female=0.5; age: young=30, middle-aged=40, old=30' -> shares per axis
-    (percentages or fractions, normalised to sum 1)."""
-    references = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(";"))):
-        axis, sep, body = part.partition(":")
-        if not sep:
-            raise InputError(f"target '{part}' must look like 'axis: value=share, value=share'")
-        shares = {}
-        for item in filter(None, (i.strip() for i in body.split(","))):
-            value, eq, share = item.partition("=")
-            try:
-                shares[value.strip().lower()] = float(share.strip().rstrip("%"))
-            except ValueError:
-                raise InputError(f"target share '{item}' is not 'value=number'") from None
-            if not eq:
-                raise InputError(f"target share '{item}' is not 'value=number'")
-        total = sum(shares.values())
-        if total <= 0:
-            raise InputError(f"the target shares of '{axis.strip()}' add up to {total}")
-        references[axis.strip().lower()] = {k: v / total for k, v in shares.items()}
-    return references
 
 
 def build(engine) -> list:
@@ -98,7 +74,7 @@ def build(engine) -> list:
             prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative or "",
             steps=_int(steps), guidance=_float(guidance), width=_int(width), height=_int(height),
             axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
-            references=parse_references(references), mode=mode, alpha=float(alpha), combine=combine)
+            references=parse_targets(references), mode=mode, alpha=float(alpha), combine=combine)
         records, axis_blocks, started = [], {}, time.perf_counter()
         view = {"records": {}}
         # latest value of every output; each event changes one and the others are skipped, the

@@ -74,6 +74,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from ..axes import parse_shares
 from ..core import Engine, Run, recorded, stream_image_set
 from ..errors import InputError
 from ..events import Progress, Scores, Table, Warning
@@ -828,16 +829,7 @@ def parse_target(text: str) -> tuple[str, dict[str, float]]:
     axis, eq, body = (text or "").partition("=")
     if not eq or not axis.strip():
         raise InputError(f"target '{text}' is not 'axis=value:share,value:share'")
-    shares = {}
-    for item in filter(None, (i.strip() for i in body.split(","))):
-        value, colon, share = item.rpartition(":")
-        try:
-            shares[value.strip().lower()] = float(share.strip().rstrip("%"))
-        except ValueError:
-            raise InputError(f"target share '{item}' is not 'value:number'") from None
-        if not colon or not value.strip():
-            raise InputError(f"target share '{item}' is not 'value:number'")
-    return axis_name(axis), shares
+    return axis_name(axis), parse_shares(body, ":")
 
 
 def _make_request(a) -> MitigateRequest:
