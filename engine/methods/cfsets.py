@@ -31,6 +31,7 @@ from ..llm_prompts import tibet_turns
 from ..metrics.bootstrap import resample_indices
 from ..metrics.tibet import ENGLISH_STOPWORDS
 from ..presets import ASSETS
+from .generate import add_generation_arguments
 
 MAX_LENGTH_CHANGE = 5
 ARTICLES = frozenset({"a", "an", "the"})
@@ -293,11 +294,7 @@ def add_set_arguments(p, common_arguments) -> None:
     p.add_argument("-n", type=int, default=16, help="images per set")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--llm-seed", type=int, default=0)
-    p.add_argument("--negative-prompt", default="")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--guidance", type=float, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--height", type=int, default=None)
+    add_generation_arguments(p)
 
 
 def set_request_fields(a) -> dict:

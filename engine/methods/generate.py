@@ -79,6 +79,15 @@ def read_prompts_file(path: str) -> list[str]:
     return prompts
 
 
+def add_generation_arguments(p) -> None:
+    """The CLI options every method shares to override the generator's family defaults."""
+    p.add_argument("--negative-prompt", default="")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--guidance", type=float, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--height", type=int, default=None)
+
+
 def add_cli(sub, common_arguments) -> None:
     """`python -m engine generate --prompt ... -n 8 [--json]` (or --prompts-file FILE: N images per line)"""
     p = sub.add_parser("generate", help="generate N images for a prompt and store them as a run")
@@ -88,11 +97,7 @@ def add_cli(sub, common_arguments) -> None:
     which.add_argument("--prompts-file", metavar="FILE", help="one prompt per line: N images of each, one run")
     p.add_argument("-n", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--negative-prompt", default="")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--guidance", type=float, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--height", type=int, default=None)
+    add_generation_arguments(p)
     p.set_defaults(method=run, make_request=lambda a: GenerateRequest(
         a.prompt or "", a.n, a.seed, a.negative_prompt, a.steps, a.guidance, a.width, a.height,
         read_prompts_file(a.prompts_file) if a.prompts_file else []))

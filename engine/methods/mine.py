@@ -37,7 +37,7 @@ from ..errors import GapLensError, InputError, LLMOutputError
 from ..events import Images, Progress, Scores, Table, Warning
 from ..llm_prompts import mutations_prompt, random_prompts_prompt
 from ..store import ImageRecord, image_key
-from .generate import settings_for
+from .generate import add_generation_arguments, settings_for
 from .single_prompt import gap_for_images
 
 DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
@@ -696,11 +696,7 @@ def add_cli(sub, common_arguments) -> None:
                    help="ga, or random: the same budget spent on random LLM prompts (baseline)")
     p.add_argument("--seed", type=int, default=0, help="GA seed (LLM mutation and random-prompt calls)")
     p.add_argument("--image-seed", type=int, default=0, help="first image seed (and the variations' LLM seed)")
-    p.add_argument("--negative-prompt", default="")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--guidance", type=float, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--height", type=int, default=None)
+    add_generation_arguments(p)
     p.add_argument("--resume", default=None, metavar="RUN_ID", help="continue a stopped run")
     p.set_defaults(method=_cli_run, make_request=_request_from_args)
 
