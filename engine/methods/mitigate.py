@@ -76,6 +76,7 @@ import numpy as np
 
 from ..axes import parse_shares
 from ..core import Engine, Run, recorded, stream_image_set
+from ..distributed import distributed_image_sets
 from ..errors import InputError
 from ..events import Progress, Scores, Table, Warning
 from ..metrics import biasconnect as bc
@@ -342,6 +343,9 @@ class Measurer:
         """Generate and answer every (spec, number of images) (use `yield from`)."""
         total = sum(k for _, k in specs)
         done = 0
+        # Under `accelerate launch` every rank generates its share of the missing images first.
+        yield from distributed_image_sets(self.engine, [
+            (spec.prompt, list(range(self.request.seed, self.request.seed + k)), self.settings) for spec, k in specs])
         for spec, k in specs:
             seeds = list(range(self.request.seed, self.request.seed + k))
             records = yield from stream_image_set(self.engine, self.run, spec.prompt, seeds, self.settings,
