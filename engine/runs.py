@@ -199,7 +199,8 @@ def run_prompt(run: dict) -> str:
             if isinstance(source.get(key), list) and source[key]:
                 first = str(source[key][0])
                 return first + (f" (+{len(source[key]) - 1} more)" if len(source[key]) > 1 else "")
-    return ""
+    best = (run.get("summary") or {}).get("best_prompt")  # a mining run has no single prompt
+    return f"mined; best: {best}" if best else ""
 
 
 def short_model(label: str) -> str:
