@@ -14,9 +14,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
-from tabs import mine, model_panel, runs, single_prompt  # noqa: E402
-from tabs import counterfactuals, intersectional  # noqa: E402
-from tabs import mitigate  # noqa: E402
+from tabs import counterfactuals, intersectional, mine, mitigate, model_panel, runs, single_prompt  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
 HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure with confidence "

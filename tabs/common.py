@@ -50,11 +50,6 @@ def gallery_items(records, captions=None) -> list[tuple[str, str]]:
     return items
 
 
-def not_built_yet(name: str, issue: str) -> None:
-    gr.Markdown(f"### {name}\nThis tab is not built yet ({issue}). The engine and the Single Prompt "
-                f"tab work today; this one arrives in a coming release.", elem_classes=["gl-placeholder"])
-
-
 def status_markdown(status: dict) -> str:
     models = "\n".join(f"| {role} | `{label}` |" for role, label in status["models"].items())
     loaded = ", ".join(m["model"] for m in status["loaded"]) or "none yet (models load on first use)"
