@@ -120,7 +120,7 @@ def heatmap(matrix: Sequence[Sequence[float]], row_labels: Sequence[str], col_la
 
 
 def line_chart(series: dict[str, Sequence[float]], *, title: str = "", x_label: str = "iteration",
-               y_label: str = "", width: int = 420, height: int = 220, chart_id: str = "") -> str:
+               width: int = 420, height: int = 220, chart_id: str = "") -> str:
     """Lines over x = 0, 1, 2, ... with dots and values on hover."""
     pts = [v for ys in series.values() for v in ys if v == v]
     if not pts:

@@ -21,13 +21,12 @@ from .backends.base import GenerationSettings, ModelSpec
 from .errors import GapLensError, InputError
 from .events import Done, Images, Progress
 from .models import ModelManager
-from .presets import Preset, resolve_preset
+from .presets import resolve_preset
 from .store import ImageRecord, Store, content_key, image_key
 
 DEFAULT_DATA_DIR = "~/.cache/gaplens"
 DEFAULT_MAX_IMAGES = 128
 MAX_PROMPT_CHARS = 1000
-CLIP_TOKEN_LIMIT = 77
 
 
 def default_data_dir() -> str:

@@ -318,14 +318,6 @@ class Store:
             out.append(d)
         return out
 
-    def find_run(self, method: str, request: dict) -> dict | None:
-        """The newest finished run of `method` with exactly this request (for instant reruns)."""
-        blob = json.dumps(request, default=str)
-        rows = self._read("SELECT id FROM runs WHERE method=? AND request=? AND status='done' "
-                          "ORDER BY created DESC LIMIT 1", (method, blob))
-        return self.get_run(rows[0]["id"]) if rows else None
-
-    # -- run history: delete, export, import (engine/runs.py, engine/export.py) ----------------
     def image_path_for(self, key: str) -> Path:
         """Where this store keeps (or would keep) the PNG of image `key`."""
         return self._image_path(key)

@@ -7,7 +7,6 @@ Part C (wiring); thesis §2.8 (Top-K concepts).
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -192,7 +191,3 @@ def image_details(engine: Engine, image_key: str) -> dict:
     """What the gallery shows for one clicked image: its row in the store and every VQA answer."""
     rows = engine.store.image_rows([image_key])
     return {"image": rows[0] if rows else None, "answers": engine.store.answers_for_image(image_key)}
-
-
-def top_answer_counts(labels: list[str]) -> list[tuple[str, int]]:
-    return Counter(labels).most_common()
