@@ -62,16 +62,20 @@ class Engine:
     def generator_spec(self) -> ModelSpec:
         return self.preset.generator
 
-    def _backend(self, role: str):
+    def _spec_and_context(self, role: str) -> tuple[ModelSpec, dict]:
+        """The role's spec and what its loader needs: CLIP zero-shot VQA answers through the
+        preset's embedder, so it gets the loaded one instead of loading a second copy."""
         spec = self.preset.specs()[role]
-        context = {"embedder": self.models.get(self.preset.embedder)} if spec.backend == "clip_vqa" else {}
+        return spec, ({"embedder": self.models.get(self.preset.embedder)} if spec.backend == "clip_vqa" else {})
+
+    def _backend(self, role: str):
+        spec, context = self._spec_and_context(role)
         return self.models.use(spec, **context)
 
     def model_id(self, role: str) -> str:
         """The loaded backend's id (part of cache keys); loads the model if needed."""
-        return self.models.get(self.preset.specs()[role],
-                               **({"embedder": self.models.get(self.preset.embedder)}
-                                  if self.preset.specs()[role].backend == "clip_vqa" else {})).id
+        spec, context = self._spec_and_context(role)
+        return self.models.get(spec, **context).id
 
     def default_settings(self) -> GenerationSettings:
         with self._backend("generator") as gen:

@@ -151,6 +151,16 @@ class Store:
     def _read(self, sql: str, args: Sequence = ()) -> list[sqlite3.Row]:
         return self._conn().execute(sql, args).fetchall()
 
+    def _read_in(self, select: str, column: str, values: Sequence, order: str = "") -> list[sqlite3.Row]:
+        """Rows of `select ... WHERE column IN (values)`, queried in chunks that stay under
+        SQLite's limit on bound variables (each chunk sorted by `order`)."""
+        rows: list[sqlite3.Row] = []
+        for chunk in _chunks(list(values), 500):
+            marks = ",".join("?" * len(chunk))
+            rows += self._read(f"{select} WHERE {column} IN ({marks})" + (f" ORDER BY {order}" if order else ""),
+                               chunk)
+        return rows
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
@@ -183,29 +193,22 @@ class Store:
     def get_images(self, keys: Sequence[str], verify: bool = True) -> dict[str, ImageRecord]:
         """The stored images among `keys` whose files exist and (with `verify`) match their hash."""
         found: dict[str, ImageRecord] = {}
-        for chunk in _chunks(list(keys), 500):
-            marks = ",".join("?" * len(chunk))
-            for row in self._read(f"SELECT key, prompt, seed, path, sha256, nsfw FROM images "
-                                  f"WHERE key IN ({marks})", chunk):
-                path = Path(row["path"])
-                if not path.is_absolute() or not path.exists():
-                    path = self._image_path(row["key"])  # data dir moved or imported elsewhere
-                try:
-                    data = path.read_bytes()
-                except OSError:
-                    continue
-                if verify and hashlib.sha256(data).hexdigest() != row["sha256"]:
-                    continue
-                found[row["key"]] = ImageRecord(row["key"], row["prompt"], row["seed"], str(path),
-                                                bool(row["nsfw"]), True)
+        for row in self._read_in("SELECT key, prompt, seed, path, sha256, nsfw FROM images", "key", keys):
+            path = Path(row["path"])
+            if not path.is_absolute() or not path.exists():
+                path = self._image_path(row["key"])  # data dir moved or imported elsewhere
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if verify and hashlib.sha256(data).hexdigest() != row["sha256"]:
+                continue
+            found[row["key"]] = ImageRecord(row["key"], row["prompt"], row["seed"], str(path),
+                                            bool(row["nsfw"]), True)
         return found
 
     def image_rows(self, keys: Sequence[str]) -> list[dict]:
-        rows = []
-        for chunk in _chunks(list(keys), 500):
-            marks = ",".join("?" * len(chunk))
-            rows += [dict(r) for r in self._read(f"SELECT * FROM images WHERE key IN ({marks})", chunk)]
-        return rows
+        return [dict(r) for r in self._read_in("SELECT * FROM images", "key", keys)]
 
     def count(self, table: str) -> int:
         if table not in {"images", "embeddings", "answers", "llm_replies", "runs", "run_images"}:
@@ -214,12 +217,8 @@ class Store:
 
     # -- embeddings ----------------------------------------------------------------------------
     def get_embeddings(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
-        out = {}
-        for chunk in _chunks(list(keys), 500):
-            marks = ",".join("?" * len(chunk))
-            for row in self._read(f"SELECT key, dim, vector FROM embeddings WHERE key IN ({marks})", chunk):
-                out[row["key"]] = np.frombuffer(row["vector"], dtype=np.float32).copy()
-        return out
+        return {row["key"]: np.frombuffer(row["vector"], dtype=np.float32).copy()
+                for row in self._read_in("SELECT key, vector FROM embeddings", "key", keys)}
 
     def put_embeddings(self, rows: Iterable[tuple[str, str, str, np.ndarray]]) -> None:
         """rows: (key, subject, evaluator, vector)."""
@@ -231,12 +230,7 @@ class Store:
 
     # -- VQA answers ---------------------------------------------------------------------------
     def get_answers(self, keys: Sequence[str]) -> dict[str, str]:
-        out = {}
-        for chunk in _chunks(list(keys), 500):
-            marks = ",".join("?" * len(chunk))
-            for row in self._read(f"SELECT key, answer FROM answers WHERE key IN ({marks})", chunk):
-                out[row["key"]] = row["answer"]
-        return out
+        return {row["key"]: row["answer"] for row in self._read_in("SELECT key, answer FROM answers", "key", keys)}
 
     def put_answers(self, rows: Iterable[tuple[str, str, str, str, str, str]]) -> None:
         """rows: (key, image_key, evaluator, question, choices_json, answer)."""
@@ -324,37 +318,19 @@ class Store:
 
     def run_rows(self, run_ids: Sequence[str]) -> list[dict]:
         """The raw `runs` rows (JSON columns left as text), in the order of `run_ids`."""
-        by_id = {}
-        for chunk in _chunks(list(run_ids), 500):
-            marks = ",".join("?" * len(chunk))
-            by_id.update({r["id"]: dict(r) for r in self._read(f"SELECT * FROM runs WHERE id IN ({marks})", chunk)})
+        by_id = {r["id"]: dict(r) for r in self._read_in("SELECT * FROM runs", "id", run_ids)}
         return [by_id[i] for i in run_ids if i in by_id]
 
     def run_image_rows(self, run_ids: Sequence[str]) -> list[dict]:
-        rows = []
-        for chunk in _chunks(list(run_ids), 500):
-            marks = ",".join("?" * len(chunk))
-            rows += [dict(r) for r in self._read(
-                f"SELECT * FROM run_images WHERE run_id IN ({marks}) ORDER BY run_id, position", chunk)]
-        return rows
+        return [dict(r) for r in self._read_in("SELECT * FROM run_images", "run_id", run_ids, "run_id, position")]
 
     def answer_rows(self, image_keys: Sequence[str]) -> list[dict]:
         """Every stored VQA answer / caption row of these images."""
-        rows = []
-        for chunk in _chunks(list(image_keys), 500):
-            marks = ",".join("?" * len(chunk))
-            rows += [dict(r) for r in self._read(
-                f"SELECT * FROM answers WHERE image_key IN ({marks}) ORDER BY created, key", chunk)]
-        return rows
+        return [dict(r) for r in self._read_in("SELECT * FROM answers", "image_key", image_keys, "created, key")]
 
     def embedding_rows(self, subjects: Sequence[str]) -> list[dict]:
         """Every stored embedding whose subject (an image key or a text) is among `subjects`."""
-        rows = []
-        for chunk in _chunks(list(subjects), 500):
-            marks = ",".join("?" * len(chunk))
-            rows += [dict(r) for r in self._read(
-                f"SELECT * FROM embeddings WHERE subject IN ({marks}) ORDER BY key", chunk)]
-        return rows
+        return [dict(r) for r in self._read_in("SELECT * FROM embeddings", "subject", subjects, "key")]
 
     def delete_run(self, run_id: str, keep_images: bool = False) -> dict:
         """Delete a run and its image links; unless `keep_images`, also the images no other run
@@ -408,13 +384,8 @@ class Store:
     def present_image_keys(self, keys: Sequence[str]) -> set[str]:
         """The keys among `keys` that have a row and a file (a stat, no hashing): a cheap check
         for planning work. `get_images` still verifies every file before it is used."""
-        present: set[str] = set()
-        for chunk in _chunks(list(dict.fromkeys(keys)), 500):
-            marks = ",".join("?" * len(chunk))
-            for row in self._read(f"SELECT key, path FROM images WHERE key IN ({marks})", chunk):
-                if Path(row["path"]).is_file() or self._image_path(row["key"]).is_file():
-                    present.add(row["key"])
-        return present
+        return {row["key"] for row in self._read_in("SELECT key, path FROM images", "key", list(dict.fromkeys(keys)))
+                if Path(row["path"]).is_file() or self._image_path(row["key"]).is_file()}
 
     def adopt_images(self, rows: Iterable[dict]) -> int:
         """Add the `images` rows of PNGs another process already wrote to this store's canonical
@@ -422,11 +393,8 @@ class Store:
         sha256; a key already stored with that sha256 is left alone; a stored row whose sha256
         differs is replaced (its file was rewritten). Returns how many rows were added."""
         rows = list(rows)
-        known: dict[str, str] = {}
-        for chunk in _chunks(list(dict.fromkeys(r["key"] for r in rows)), 500):
-            marks = ",".join("?" * len(chunk))
-            known.update({r["key"]: r["sha256"] for r in self._read(
-                f"SELECT key, sha256 FROM images WHERE key IN ({marks})", chunk)})
+        known = {r["key"]: r["sha256"] for r in self._read_in(
+            "SELECT key, sha256 FROM images", "key", list(dict.fromkeys(r["key"] for r in rows)))}
         columns = ("key", "generator", "prompt", "negative_prompt", "seed", "steps", "guidance", "width",
                    "height", "scheduler", "path", "sha256", "nsfw", "created")
         add = []

@@ -13,10 +13,10 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from engine import distributed
 from engine.core import Engine
@@ -145,14 +145,13 @@ def test_killed_rank_relaunched_finishes_without_generating_an_image_twice(tiny_
     args, baseline = tiny_job
     proc = subprocess.Popen(launch_cmd(args, 2), cwd=ROOT, env=job_env(tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    victim, deadline = None, time.time() + 240
+    def rank1_pid():  # rank 1 finished its first generator call (or the job ended: fail below)
+        first = [e[0] for e in manifest_lines(tmp_path).values() if e and e[0]["rank"] == 1]
+        return first[0]["pid"] if first else proc.poll() is not None and -1
+
     try:
-        while victim is None and proc.poll() is None and time.time() < deadline:
-            for entries in manifest_lines(tmp_path).values():
-                if entries and entries[0]["rank"] == 1:
-                    victim = entries[0]["pid"]  # rank 1 finished its first generator call
-            time.sleep(0.02)
-        assert victim is not None, "rank 1 never finished a generator call"
+        victim = wait_until(rank1_pid, 240, "rank 1's first generator call")
+        assert victim != -1, "the job ended before rank 1 finished a generator call"
         os.kill(victim, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
     finally:

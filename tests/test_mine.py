@@ -5,10 +5,10 @@ The score's own properties (permutation invariance, biased < balanced, shift inv
 tested in test_metrics_gap.py."""
 import json
 import re
-import time
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from engine.core import Engine
 from engine.events import Done, Scores
@@ -303,11 +303,8 @@ def test_mine_page_streams_iterations_stops_and_reopens_an_archived_prompt(app_u
         page.locator("#mine-stop").dispatch_event("click")   # no wait for a busy page to settle
         page.wait_for_function("document.querySelector('#mine-progress').innerText.includes('Stopped')",
                                timeout=30_000)
-        run = mine.list_runs(engine)[0]
-        deadline = time.time() + 10
-        while run["status"] == "running" and time.time() < deadline:
-            time.sleep(0.2)
-            run = mine.list_runs(engine)[0]
+        run = wait_until(lambda: next((r for r in mine.list_runs(engine)[:1] if r["status"] != "running"), None),
+                         10, "the stopped run's status")
         assert run["status"] == "stopped"
         done = len(engine.store.get_run(run["id"])["results"]["iterations"])
         assert 2 <= done < 30

@@ -1,6 +1,5 @@
 """The model manager: load once, LRU eviction under a memory budget, one lock per model, unload."""
 import threading
-import time
 
 import pytest
 
@@ -58,16 +57,23 @@ def test_a_busy_model_is_never_evicted(loads):
 
 def test_one_call_at_a_time_per_model(loads):
     manager = ModelManager("cpu")
-    backend = manager.get(spec("a", 1))
+    first_in, release, second_in = threading.Event(), threading.Event(), threading.Event()
 
-    def work():
-        with manager.use(spec("a", 1)) as b:
-            b.active += 1
-            b.max_active = max(b.max_active, b.active)
-            time.sleep(0.01)
-            b.active -= 1
+    def first():
+        with manager.use(spec("a", 1)):
+            first_in.set()
+            release.wait(30)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    assert backend.max_active == 1
+    def second():
+        with manager.use(spec("a", 1)):
+            second_in.set()
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert first_in.wait(30)
+    b = threading.Thread(target=second)
+    b.start()
+    assert not second_in.wait(0.3)   # blocked while the first call holds the model
+    release.set()
+    assert second_in.wait(30)        # and let in as soon as it is released
+    a.join(), b.join()
