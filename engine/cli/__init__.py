@@ -1,0 +1,124 @@
+"""Command line: `python -m engine <command> [options]`.
+
+One module per command in this package (like diffusers' `commands/`); each exposes
+`add_parser(sub, common_arguments)`, which adds its sub-parser and sets `method` (a generator
+`fn(request, engine)`, or None for `status`) and `make_request` (args -> request) as defaults.
+`COMMANDS` lists them in the order `--help` shows them.
+
+Progress goes to stderr; with --json the results go to stdout as one JSON document.
+Errors a user can fix print 'error: ...' and exit with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+
+from ..errors import GapLensError
+from ..events import Done, Progress, Scores, Warning
+
+# engine/cli/<name>.py for each command, in --help order
+COMMANDS = ["generate", "counterfactuals", "intersectional", "mine", "mitigate", "runs", "status"]
+
+
+def common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="auto", help="synthetic, sd-turbo, sd15, sdxl-turbo, flux-schnell or auto")
+    parser.add_argument("--data-dir", default=None, help="store location (default $GAPLENS_DATA_DIR or ~/.cache/gaplens)")
+    parser.add_argument("--max-images", type=int, default=None, help="largest N accepted per image set")
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    for role in ("generator", "embedder", "llm", "vqa"):
+        parser.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL",
+                            help=f"replace the preset's {role}, e.g. diffusers:/path/to/model")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One sub-command per module in COMMANDS."""
+    parser = argparse.ArgumentParser(prog="python -m engine", description="GapLens engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").add_parser(sub, common_arguments)
+    return parser
+
+
+def make_engine(args):
+    from ..core import DEFAULT_MAX_IMAGES, Engine
+
+    return Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images or DEFAULT_MAX_IMAGES,
+                  device=args.device, generator=args.generator, embedder=args.embedder,
+                  llm=args.llm, vqa=args.vqa)
+
+
+class ProgressPrinter:
+    """One updating line on stderr: stage, count, ETA."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet or not sys.stderr
+        self.last = 0.0
+
+    def __call__(self, event) -> None:
+        if self.quiet:
+            return
+        if isinstance(event, Progress):
+            now = time.perf_counter()
+            if now - self.last < 0.2 and event.done < event.total:
+                return
+            self.last = now
+            width = 30
+            filled = int(width * event.done / max(1, event.total))
+            eta = f" ETA {event.eta_s:.0f}s" if event.eta_s else ""
+            line = f"\r[{'#' * filled}{'.' * (width - filled)}] {event.message or event.stage}{eta}"
+            sys.stderr.write(line.ljust(90)[:120])
+            if event.done >= event.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+        elif isinstance(event, Warning):
+            sys.stderr.write(f"\nwarning: {event.message}\n")
+        elif isinstance(event, Scores) and not isinstance(event.values, dict):
+            pass
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .. import distributed  # imports torch only when a launcher started several processes
+
+    cluster = distributed.cli_join(args)
+    if cluster is None:
+        return run_command(args)
+    return distributed.cli_run(cluster, args, run_command, make_engine)  # rank 0 runs it, the others generate
+
+
+def run_command(args) -> int:
+    try:
+        engine = make_engine(args)
+        if args.method is None:
+            print(json.dumps(engine.status(), indent=2, default=str))
+            return 0
+        show = ProgressPrinter(args.quiet)
+        done = None
+        for event in args.method(args.make_request(args), engine):
+            show(event)
+            if isinstance(event, Done):
+                done = event
+    except GapLensError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nstopped; everything computed so far is in the store", file=sys.stderr)
+        return 130
+    if done is not None:
+        if args.json:
+            print(json.dumps({"run_id": done.run_id, **done.results}, indent=2, default=_json_default))
+        else:
+            print(f"run {done.run_id} done: {json.dumps(done.summary, default=str)}", file=sys.stderr)
+    return 0
+
+
+def _json_default(obj):
+    from ..store import _json_default as store_default
+
+    return store_default(obj)
+
