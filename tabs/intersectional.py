@@ -6,7 +6,7 @@ import time
 
 import gradio as gr
 
-from engine import biasgraph
+from engine.report import intersectional as report
 from engine.axes import parse_targets
 from engine.errors import InputError
 from engine.events import Done, Progress, Table, Warning
@@ -126,8 +126,8 @@ def build(engine) -> list:
                 best = max(r["kept_edges"] or r["edges"], key=lambda e: abs(e["is"] or 0), default=None)
                 text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-                yield (text, biasgraph.summary_html(r), biasgraph.matrix_html(r),
-                       biasgraph.iframe(biasgraph.graph_from_results(r), elem_id="ic-graph-frame"),
+                yield (text, report.summary_html(r), report.matrix_html(r),
+                       report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame"),
                        edge_rows(r), skip, skip,
                        gr.update(choices=pairs, value=f"{best['source']}|{best['target']}" if best else None),
                        {"results": r, "run_id": event.run_id})
@@ -137,7 +137,7 @@ def build(engine) -> list:
         if not results or not value:
             return ""
         x, y = value.split("|")
-        return biasgraph.pair_html(results, x, y)
+        return report.pair_html(results, x, y)
 
     reference.upload(load_reference, [reference], [targets], api_name=False)
     from_cf.click(latest_counterfactuals, None, [editor.prompt, editor.fill, editor.table, n, seed], api_name=False)

@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 from ..axes import known_axes
-from ..biasgraph import graph_from_results
 from ..core import Engine, Run, recorded
 from ..distributed import distributed_image_sets
 from ..errors import InputError, LLMOutputError
@@ -228,7 +227,7 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
         results["per_prompt"] = {p: _matrix(sensitivity(*tally(own[k], axes, answers), ideals).matrix)
                                  for k, p in enumerate(prompts)}
     yield Scores("sensitivity", results)
-    yield Graph("biasgraph", [{"id": a} for a in axes], results["kept_edges"], graph_from_results(results))
+    yield Graph("biasgraph", [{"id": a} for a in axes], results["kept_edges"])
     summary = {"prompts": len(prompts), "axes": len(axes), "n": request.n, "kept_edges": len(results["kept_edges"]),
                "max_impact": results["max_impact"], "max_influenced": results["max_influenced"],
                "distortion": round(results["distortion"], 3)}
