@@ -264,6 +264,7 @@ def test_the_app_shows_a_hostile_prompt_and_axis_as_text(engine, browser):
         run_id = engine.store.list_runs()[0]["id"]
 
         page.get_by_role("tab", name="Runs").click()
+        page.click("#runs-refresh")  # the run was made after the page loaded
         page.wait_for_function("document.querySelector('#runs-table').innerText.includes('img src=x')",
                                timeout=30_000)
         page.locator("#runs-table").get_by_text(run_id).filter(visible=True).first.click()
