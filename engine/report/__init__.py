@@ -53,10 +53,14 @@ def signed(value, digits: int = 3) -> str:
     return text if text.startswith("-") else "+" + text
 
 
-def clip(text, length: int = 80) -> str:
-    """`text` cut to `length` characters, with "…" when something was cut (never silently)."""
+def clip(text, length: int = 80, keep: str = "start") -> str:
+    """`text` cut to `length` characters, keeping its start (or its end, `keep="end"`), with
+    "…" where something was cut (never silently)."""
     text = "" if text is None else str(text)
-    return text if len(text) <= length else text[:max(0, length - 1)] + "…"
+    if len(text) <= length:
+        return text
+    n = max(0, length - 1)
+    return "…" + text[len(text) - n:] if keep == "end" else text[:n] + "…"
 
 
 def percent(value, digits: int = 0) -> str:

@@ -17,7 +17,7 @@ def page(results: dict) -> Markup:
     rows = flatten_scores(results)
     # bars start at 0: chart the scores whose whole interval is non-negative
     with_ci = [s for s in rows if s.low is not None and s.high is not None and s.low >= 0 and s.value >= 0][:24]
-    chart = (charts.bar_chart([clip(s.name, 40) for s in with_ci], [s.value for s in with_ci],
+    chart = (charts.bar_chart([clip(s.name, 40, keep="end") for s in with_ci], [s.value for s in with_ci],
                               ci=[(s.low, s.high) for s in with_ci], title="scores with 95% intervals",
                               chart_id="generic-scores", width=560) if with_ci else "")
     dump = json.dumps(results, indent=1, default=str, ensure_ascii=False)
