@@ -84,9 +84,10 @@ def _csv_number(x) -> str:
 
 
 # -- (c) HTML report -------------------------------------------------------------------------
-def page(title: str, body: str) -> Markup:
-    """A standalone HTML document (no script, no external resource) around `body` (safe HTML)."""
-    return render("report.html", title=title, body=Markup(body), css=Markup(static("report.css")),
+def page(title: str, body: Markup) -> Markup:
+    """A standalone HTML document (no script, no external resource) around `body` (Markup from
+    this package; a plain string is escaped, i.e. shown as text)."""
+    return render("report.html", title=title, body=body, css=Markup(static("report.css")),
                   version=__version__, date=time.strftime("%Y-%m-%d %H:%M"))
 
 
