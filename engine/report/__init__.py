@@ -98,7 +98,7 @@ def macro(template: str, name: str) -> Callable[..., Markup]:
 def page_for(method: str) -> Callable[[dict], Markup]:
     """The `page(results) -> Markup` function of `method`: the module `METHODS[method].page`
     names when engine.methods has that table, else engine/report/<method>.py for a method in
-    PAGES; the generic page for any other method."""
+    PAGES; the generic page for any other method (or one whose page module does not exist)."""
     module = None
     try:
         from engine.methods import METHODS  # type: ignore[attr-defined]
@@ -107,4 +107,9 @@ def page_for(method: str) -> Callable[[dict], Markup]:
         module = getattr(entry, "page", None) if entry is not None else None
     except ImportError:
         module = f"{__name__}.{method}" if method in PAGES else None
-    return importlib.import_module(module or f"{__name__}.generic").page
+    try:
+        return importlib.import_module(module or f"{__name__}.generic").page
+    except ModuleNotFoundError as exc:
+        if exc.name != module:  # a page that exists but fails to import is a bug: say so
+            raise
+        return importlib.import_module(f"{__name__}.generic").page
