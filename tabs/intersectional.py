@@ -6,11 +6,11 @@ import time
 
 import gradio as gr
 
-from engine.report import intersectional as report
 from engine.axes import parse_targets
 from engine.errors import InputError
 from engine.events import Done, Progress, Table, Warning
 from engine.methods import cfsets, intersectional
+from engine.report import intersectional as report
 
 from . import axes_table
 from .common import gpu, user_errors
