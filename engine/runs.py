@@ -1,9 +1,10 @@
 """Run history: list, search, sort, open, delete and compare the runs in the store.
 
-Any method's run works here. A method can register a *scorer* (its results -> score rows,
-each a value with an optional 95% interval) in `SCORERS`; runs of methods without one are
-scored by flattening the numbers of their `summary` and `results` (`flatten_scores`), so
-comparison and export work for every method, including ones written after this module.
+Any method's run works here. A method's row in `engine.methods.METHODS` gives its *scores*
+(its results -> score rows, each a value with an optional 95% interval) and its headline;
+runs of methods without scores are scored by flattening the numbers of their `summary` and
+`results` (`flatten_scores`), so comparison and export work for every method, including
+ones written after this module.
 
 Rendering of a stored run goes through `engine/render.py`: `<method>_html(results)` when
 the method has a renderer, else `generic_html(results)`. Nothing here recomputes a result.
@@ -18,11 +19,12 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from . import render
 from .errors import InputError
+from .methods import METHODS
+from .scores import Score, interval, number, short_number
 from .store import ImageRecord, Store
 
 STATUSES = ("done", "running", "stopped", "failed")
@@ -30,43 +32,9 @@ SORTS = ("newest", "oldest", "method", "prompt", "score", "status")
 
 
 # -- score rows ------------------------------------------------------------------------------
-@dataclass
-class Score:
-    """One number of a run: `group` (e.g. an axis) and `metric` name it; `low`/`high` is its
-    95% interval when the method computed one."""
-
-    group: str
-    metric: str
-    value: float
-    low: float | None = None
-    high: float | None = None
-
-    @property
-    def name(self) -> str:
-        return f"{self.group} / {self.metric}" if self.group else self.metric
-
-    def to_json(self) -> dict:
-        return {"group": self.group, "metric": self.metric, "value": self.value, "low": self.low,
-                "high": self.high}
-
-
-def _num(x) -> float | None:
-    if isinstance(x, bool) or x is None:
-        return None
-    if isinstance(x, (int, float)):
-        return float(x)
-    return None
-
-
-def _pair(x) -> tuple[float, float] | None:
-    if isinstance(x, (list, tuple)) and len(x) == 2 and all(_num(v) is not None for v in x):
-        return float(x[0]), float(x[1])
-    return None
-
-
 def _is_matrix(x) -> bool:
     return (isinstance(x, list) and bool(x) and all(isinstance(r, list) and len(r) == len(x[0]) for r in x)
-            and all(v is None or _num(v) is not None for r in x for v in r))
+            and all(v is None or number(v) is not None for r in x for v in r))
 
 
 # Keys whose content is not a score (per-image data, settings, large matrices, free text).
@@ -94,8 +62,8 @@ def flatten_scores(obj, prefix: str = "", limit: int = 2000) -> list[Score]:
         if len(out) >= limit:
             return
         if isinstance(node, dict):
-            if "value" in node and _num(node.get("value")) is not None and ("low" in node or "high" in node):
-                emit(path, _num(node["value"]), _num(node.get("low")), _num(node.get("high")))
+            if "value" in node and number(node.get("value")) is not None and ("low" in node or "high" in node):
+                emit(path, number(node["value"]), number(node.get("low")), number(node.get("high")))
                 return
             ci = {**(outer_ci or {}), **(node["ci"] if isinstance(node.get("ci"), dict) else {})}
             matrix = node.get("matrix")
@@ -105,80 +73,47 @@ def flatten_scores(obj, prefix: str = "", limit: int = 2000) -> list[Score]:
                 low, high = node.get("ci_low"), node.get("ci_high")
                 for i, row in enumerate(matrix):
                     for j, v in enumerate(row):
-                        if _num(v) is not None:
-                            interval = ((_num(low[i][j]), _num(high[i][j])) if _is_matrix(low) and _is_matrix(high)
+                        if number(v) is not None:
+                            interval = ((number(low[i][j]), number(high[i][j])) if _is_matrix(low) and _is_matrix(high)
                                         else (None, None))
                             emit(f"{path}.matrix[{rows[i] if i < len(rows) else i} → {cols[j] if j < len(cols) else j}]",
-                                 _num(v), *interval)
+                                 number(v), *interval)
             for k, v in node.items():
                 k = str(k)
                 if k in SKIP_KEYS or k == "ci" or k.endswith("_ci") or (
                         _is_matrix(matrix) and k in ("matrix", "ci_low", "ci_high")):
                     continue
                 sub = f"{path}.{k}" if path else k
-                value = _num(v)
+                value = number(v)
                 if value is not None:
-                    interval = _pair(ci.get(k)) or _pair(node.get(f"{k}_ci"))
+                    interval = interval(ci.get(k)) or interval(node.get(f"{k}_ci"))
                     emit(sub, value, *(interval or (None, None)))
                 elif isinstance(v, (dict, list)):
                     parallel = node.get(f"{k}_ci")
                     walk(v, sub, parallel if isinstance(parallel, dict) else None)
         elif isinstance(node, list) and node and len(node) <= MAX_LIST * 4:
-            if all(_num(v) is not None for v in node):
+            if all(number(v) is not None for v in node):
                 if len(node) <= MAX_LIST:
                     for i, v in enumerate(node):
-                        emit(f"{path}[{i}]", _num(v))
+                        emit(f"{path}[{i}]", number(v))
                 return
             for i, item in enumerate(node[:MAX_LIST * 4]):
                 if isinstance(item, dict):
                     name = next((str(item[k]) for k in NAME_KEYS if isinstance(item.get(k), str)), str(i))
                     walk(item, f"{path}[{name[:60]}]")
-                elif isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and _num(item[1]) is not None:
-                    emit(f"{path}[{item[0][:60]}]", _num(item[1]))  # [name, number] pairs, e.g. Top-K
+                elif isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and number(item[1]) is not None:
+                    emit(f"{path}[{item[0][:60]}]", number(item[1]))  # [name, number] pairs, e.g. Top-K
 
     walk(obj, prefix)
     return out
 
 
-def _single_prompt_scores(results: dict, summary: dict) -> list[Score]:
-    rows = []
-    for axis, m in results.get("axes", {}).items():
-        ci = m.get("ci", {})
-        for key in ("composite_bias_score", "parity_difference", "normalised_entropy", "kl_divergence",
-                    "bias_amplification"):
-            if _num(m.get(key)) is not None:
-                rows.append(Score(axis, key, float(m[key]), *(_pair(ci.get(key)) or (None, None))))
-        for c in m.get("classes", []):
-            share = m.get("representation_parity", {}).get(c, 0.0)
-            rows.append(Score(axis, f"share: {c}", float(share), *(_pair(m.get("share_ci", {}).get(c)) or (None, None))))
-    d = results.get("diversity") or {}
-    for key in ("vendi", "vendi_normalised", "mean_pairwise_similarity"):
-        if _num(d.get(key)) is not None:
-            rows.append(Score("diversity", key, float(d[key])))
-    g = results.get("gap") or {}
-    for key in ("score", "coverage_term", "alignment_term"):
-        if _num(g.get(key)) is not None:
-            rows.append(Score("gap", key, float(g[key])))
-    for concept, freq in results.get("top_concepts") or []:
-        rows.append(Score("top concepts", str(concept), float(freq)))
-    return rows
-
-
-def _generate_scores(results: dict, summary: dict) -> list[Score]:
-    return [Score("images", k, float(summary[k])) for k in ("n", "flagged") if _num(summary.get(k)) is not None]
-
-
-# method -> fn(results, summary) -> list[Score]. Other methods may register theirs here.
-SCORERS: dict[str, Callable[[dict, dict], list[Score]]] = {
-    "single_prompt": _single_prompt_scores,
-    "generate": _generate_scores,
-}
-
-
 def scores(run: dict) -> list[Score]:
-    """Every score of a stored run (method scorer, else the flattened summary and results)."""
+    """Every score of a stored run: its method's `scores` (METHODS), else the flattened
+    summary and results."""
     results, summary = run.get("results") or {}, run.get("summary") or {}
-    scorer = SCORERS.get(run["method"])
+    method = METHODS.get(run["method"])
+    scorer = method.scores if method else None
     if scorer is not None:
         try:
             return scorer(results, summary)
@@ -212,32 +147,18 @@ def short_model(label: str) -> str:
 
 
 def headline(run: dict) -> tuple[str, float | None]:
-    """A one-line headline score for the runs table and the number it sorts by."""
+    """A one-line headline score for the runs table and the number it sorts by: the method's
+    own (METHODS), else the first numbers of the summary."""
+    method = METHODS.get(run["method"])
+    if method is not None:
+        try:
+            return method.headline(run)
+        except Exception:  # noqa: BLE001 - a partial/failed run's summary may be incomplete
+            pass
     summary = run.get("summary") or {}
-    method = run["method"]
-    if method == "single_prompt":
-        cbs = {k[4:]: v for k, v in summary.items() if k.startswith("cbs_") and _num(v) is not None}
-        parts, value = [], None
-        if cbs:
-            axis = max(cbs, key=cbs.get)
-            value = float(cbs[axis])
-            parts.append(f"max CBS {value:.3f} ({axis})")
-        if _num(summary.get("vendi")) is not None:
-            parts.append(f"Vendi {summary['vendi']:.2f}")
-        if _num(summary.get("gap_score")) is not None:
-            parts.append(f"gap {summary['gap_score']:.3f}")
-        return " · ".join(parts), value
-    if method == "generate":
-        n = summary.get("n")
-        return (f"{n} images" if n is not None else ""), _num(n)
-    items = [(k, v) for k, v in summary.items() if k not in ("seconds", "n") and _num(v) is not None]
-    text = " · ".join(f"{k} {_short_number(v)}" for k, v in items[:3])
+    items = [(k, v) for k, v in summary.items() if k not in ("seconds", "n") and number(v) is not None]
+    text = " · ".join(f"{k} {short_number(v)}" for k, v in items[:3])
     return text, (float(items[0][1]) if items else None)
-
-
-def _short_number(v) -> str:
-    v = float(v)
-    return f"{v:.0f}" if v.is_integer() and abs(v) < 1e6 else f"{v:.3g}"
 
 
 def list_runs(store: Store, search: str = "", method: str | None = None, status: str | None = None,

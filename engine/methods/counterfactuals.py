@@ -38,6 +38,7 @@ from ..metrics.bootstrap import percentile_interval
 from ..metrics.diversity import unit_rows
 from ..metrics.wordnet import wordnet_synonyms
 from ..presets import ASSETS
+from ..scores import number
 from .cfsets import (SetSpec, SetsRequest, add_set_arguments, generate_set, prepare, resample_weights,
                      set_request_fields)
 from .generate import settings_for
@@ -259,6 +260,17 @@ def _average(per_prompt: list[list[dict]]) -> list[dict]:
              **{key: float(np.mean([p[k][key] for p in per_prompt])) for key in ("cas", "cas_clip")},
              **{key: np.mean([p[k][key] for p in per_prompt], axis=0) for key in ("_cas", "_cas_clip")}}
             for k, cf in enumerate(per_prompt[0])]
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("max MAD 0.412 (gender) · 3 sets", the largest normalised MAD) of a stored run."""
+    summary = record.get("summary") or {}
+    mads = {k[4:]: float(v) for k, v in summary.items() if k.startswith("mad_") and number(v) is not None}
+    if not mads:
+        return "", None
+    axis = max(mads, key=mads.get)
+    sets = f" · {summary['sets']} sets" if number(summary.get("sets")) is not None else ""
+    return f"max MAD {mads[axis]:.3f} ({axis}){sets}", mads[axis]
 
 
 def add_cli(sub, common_arguments) -> None:

@@ -10,6 +10,7 @@ from ..core import Engine, Run, recorded, stream_image_set
 from ..distributed import distributed_image_sets
 from ..errors import InputError
 from ..events import Warning
+from ..scores import Score, number
 
 
 @dataclass
@@ -77,6 +78,17 @@ def read_prompts_file(path: str) -> list[str]:
     if not prompts:
         raise InputError(f"the prompts file {path} holds no prompt (one per line)")
     return prompts
+
+
+def scores(results: dict, summary: dict) -> list[Score]:
+    """The number of images and how many the safety checker flagged."""
+    return [Score("images", k, float(summary[k])) for k in ("n", "flagged") if number(summary.get(k)) is not None]
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("8 images", 8) of a stored run."""
+    n = (record.get("summary") or {}).get("n")
+    return (f"{n} images" if n is not None else ""), number(n)
 
 
 def add_generation_arguments(p) -> None:

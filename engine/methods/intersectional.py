@@ -40,6 +40,7 @@ from ..events import Graph, Progress, Scores, Table, Warning
 from ..llm_prompts import axis_question_prompt
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
+from ..scores import number
 from .cfsets import (SetSpec, SetsRequest, add_set_arguments, counterfactual_value, generate_set, prepare,
                      resample_weights, set_request_fields)
 from .generate import settings_for
@@ -233,6 +234,18 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
                "max_impact": results["max_impact"], "max_influenced": results["max_influenced"],
                "distortion": round(results["distortion"], 3)}
     yield run.finish(results, summary)
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("distortion 0.120 · 2 bias edges · most impact: gender", the distortion 𝓘) of a stored run."""
+    summary = record.get("summary") or {}
+    distortion = number(summary.get("distortion"))
+    parts = [f"distortion {distortion:.3f}"] if distortion is not None else []
+    if number(summary.get("kept_edges")) is not None:
+        parts.append(f"{summary['kept_edges']} bias edge{'' if summary['kept_edges'] == 1 else 's'}")
+    if summary.get("max_impact"):
+        parts.append(f"most impact: {summary['max_impact']}")
+    return " · ".join(parts), distortion
 
 
 def add_cli(sub, common_arguments) -> None:

@@ -36,6 +36,7 @@ from ..distributed import distributed_image_sets
 from ..errors import GapLensError, InputError, LLMOutputError
 from ..events import Images, Progress, Scores, Table, Warning
 from ..llm_prompts import mutations_prompt, random_prompts_prompt
+from ..scores import number
 from ..store import ImageRecord, image_key
 from .generate import add_generation_arguments, settings_for
 from .single_prompt import gap_for_images
@@ -666,6 +667,18 @@ def prompt_details(engine: Engine, results: dict, node_id: str) -> dict:
             note = "this run used other models than the engine has now; only archived prompts keep their details"
     return {"node": node, "lineage": ancestry(by_id, node_id), "images": records, "gap": gap, "note": note,
             "missing_images": len(keys) - len(records)}
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("best gap 0.120: 'a photo of …' · 12 prompts", the best (lowest) gap score) of a stored run."""
+    summary = record.get("summary") or {}
+    best = number(summary.get("best_score"))
+    if best is None:
+        return "", None
+    prompt = str(summary.get("best_prompt") or "")
+    prompt = prompt if len(prompt) <= 40 else prompt[:39] + "…"
+    scored = f" · {summary['prompts_scored']} prompts" if number(summary.get("prompts_scored")) is not None else ""
+    return f"best gap {best:.3f}: '{prompt}'{scored}", best
 
 
 # -- command line ---------------------------------------------------------------------------------

@@ -82,6 +82,7 @@ from ..events import Progress, Scores, Table, Warning
 from ..metrics import biasconnect as bc
 from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..scores import number
 from . import intersectional
 from .cfsets import (ARTICLES, SetSpec, SetsRequest, add_set_arguments, axis_name, counterfactual_value, prepare,
                      set_request_fields)
@@ -810,6 +811,20 @@ def _predicted_tau(predicted: dict | None, priorities: dict) -> float | None:
 def _records(measure: Measurer, step: int) -> list:
     prefix = f"step={step}|prompt="
     return [r for label, recs in measure.records.items() if label.startswith(prefix) for r in recs]
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("τ 0.385 (initial) → 0.210 (final) · 2 steps · ε reached", the final τ) of a stored run."""
+    summary = record.get("summary") or {}
+    initial, final = number(summary.get("tau_initial")), number(summary.get("tau_final"))
+    if initial is None:
+        return "", None
+    parts = [f"τ {initial:.3f} (initial)" + (f" → {final:.3f} (final)" if final is not None else "")]
+    if number(summary.get("steps")) is not None:
+        parts.append(f"{summary['steps']} step{'' if summary['steps'] == 1 else 's'}")
+    if summary.get("reached") is not None:
+        parts.append("ε reached" if summary["reached"] else "ε not reached")
+    return " · ".join(parts), final if final is not None else initial
 
 
 # -- command line -----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import gap_score_from_similarity
 from ..metrics.tibet import concept_histogram, top_k_concepts
+from ..scores import Score, interval, number
 from .generate import settings_for
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -191,3 +192,45 @@ def image_details(engine: Engine, image_key: str) -> dict:
     """What the gallery shows for one clicked image: its row in the store and every VQA answer."""
     rows = engine.store.image_rows([image_key])
     return {"image": rows[0] if rows else None, "answers": engine.store.answers_for_image(image_key)}
+
+
+def scores(results: dict, summary: dict) -> list[Score]:
+    """Per axis the T2I-BiasBench scalars and each class' share (with their bootstrap
+    intervals), then diversity, the gap score and the Top-K concept frequencies."""
+    rows = []
+    for axis, m in results.get("axes", {}).items():
+        ci = m.get("ci", {})
+        for key in ("composite_bias_score", *SCALAR_METRICS[:-1]):
+            if number(m.get(key)) is not None:
+                rows.append(Score(axis, key, float(m[key]), *(interval(ci.get(key)) or (None, None))))
+        for c in m.get("classes", []):
+            share = m.get("representation_parity", {}).get(c, 0.0)
+            rows.append(Score(axis, f"share: {c}", float(share),
+                              *(interval(m.get("share_ci", {}).get(c)) or (None, None))))
+    d = results.get("diversity") or {}
+    for key in ("vendi", "vendi_normalised", "mean_pairwise_similarity"):
+        if number(d.get(key)) is not None:
+            rows.append(Score("diversity", key, float(d[key])))
+    g = results.get("gap") or {}
+    for key in ("score", "coverage_term", "alignment_term"):
+        if number(g.get(key)) is not None:
+            rows.append(Score("gap", key, float(g[key])))
+    for concept, freq in results.get("top_concepts") or []:
+        rows.append(Score("top concepts", str(concept), float(freq)))
+    return rows
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("max CBS 0.412 (gender) · Vendi 3.10 · gap 0.120", the largest CBS) of a stored run."""
+    summary = record.get("summary") or {}
+    cbs = {k[4:]: v for k, v in summary.items() if k.startswith("cbs_") and number(v) is not None}
+    parts, value = [], None
+    if cbs:
+        axis = max(cbs, key=cbs.get)
+        value = float(cbs[axis])
+        parts.append(f"max CBS {value:.3f} ({axis})")
+    if number(summary.get("vendi")) is not None:
+        parts.append(f"Vendi {summary['vendi']:.2f}")
+    if number(summary.get("gap_score")) is not None:
+        parts.append(f"gap {summary['gap_score']:.3f}")
+    return " · ".join(parts), value
