@@ -41,7 +41,7 @@ def number(x) -> float | None:
     return None
 
 
-def interval(x) -> tuple[float, float] | None:
+def as_interval(x) -> tuple[float, float] | None:
     """[low, high] (two numbers) as a tuple of floats, else None."""
     if isinstance(x, (list, tuple)) and len(x) == 2 and all(number(v) is not None for v in x):
         return float(x[0]), float(x[1])

@@ -25,7 +25,7 @@ import functools
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 
 import numpy as np
@@ -39,20 +39,24 @@ from ..metrics.diversity import unit_rows
 from ..metrics.wordnet import wordnet_synonyms
 from ..presets import ASSETS
 from ..scores import number
-from .cfsets import (SetSpec, SetsRequest, add_set_arguments, generate_set, prepare, resample_weights,
-                     set_request_fields)
+from .cfsets import SetSpec, SetsRequest, generate_set, prepare, resample_weights
 from .generate import settings_for
 
 
 @dataclass
 class CounterfactualsRequest(SetsRequest):
-    caption: bool = True             # add each image's caption to its concepts (thesis; §8 item 3)
-    synonyms: bool = True            # merge WordNet synonyms before CAS (Alg. 3 step 1)
-    min_frequency: float = 0.01      # concepts rarer than this per image are dropped (§8 item 4)
-    renormalise: bool = True         # HistIoU on histograms scaled to sum 1 (§8 item 5)
-    sum_normalise: bool = True       # CAS / sum(CAS) before MAD (§8 item 6)
-    n_boot: int = 500                # bootstrap resamples of the images; 0 = no intervals
-    top_k: int = 5
+    caption: bool = field(default=True, metadata={  # thesis; spec §8 item 3
+        "help": "leave captions out of the concepts", "flag": "--no-caption"})
+    synonyms: bool = field(default=True, metadata={  # Alg. 3 step 1
+        "help": "do not merge WordNet synonyms before CAS", "flag": "--no-synonyms"})
+    min_frequency: float = field(default=0.01, metadata={  # spec §8 item 4
+        "help": "concepts rarer than this per image are dropped"})
+    renormalise: bool = field(default=True, metadata={  # spec §8 item 5
+        "help": "HistIoU without rescaling both histograms to sum 1", "flag": "--raw-histograms"})
+    sum_normalise: bool = field(default=True, metadata={  # spec §8 item 6
+        "help": "MAD of the raw CAS values (not CAS / sum CAS)", "flag": "--no-sum-normalise"})
+    n_boot: int = field(default=500, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
+    top_k: int = field(default=5, metadata={"help": "concepts listed per image set"})
 
 
 @functools.lru_cache(maxsize=1)
@@ -271,20 +275,3 @@ def headline(record: dict) -> tuple[str, float | None]:
     axis = max(mads, key=mads.get)
     sets = f" · {summary['sets']} sets" if number(summary.get("sets")) is not None else ""
     return f"max MAD {mads[axis]:.3f} ({axis}){sets}", mads[axis]
-
-
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine counterfactuals --prompt ... -n 8 [--axes JSON] [--json]`"""
-    p = sub.add_parser("counterfactuals", help="TIBET: counterfactual prompts, CAS per counterfactual, MAD per axis")
-    add_set_arguments(p, common_arguments)
-    p.add_argument("--no-caption", action="store_true", help="leave captions out of the concepts")
-    p.add_argument("--no-synonyms", action="store_true", help="do not merge WordNet synonyms")
-    p.add_argument("--min-frequency", type=float, default=0.01)
-    p.add_argument("--raw-histograms", action="store_true", help="HistIoU without rescaling both to sum 1")
-    p.add_argument("--no-sum-normalise", action="store_true", help="MAD of the raw CAS values")
-    p.add_argument("--n-boot", type=int, default=500)
-    p.add_argument("--top-k", type=int, default=5)
-    p.set_defaults(method=run, make_request=lambda a: CounterfactualsRequest(
-        **set_request_fields(a), caption=not a.no_caption, synonyms=not a.no_synonyms,
-        min_frequency=a.min_frequency, renormalise=not a.raw_histograms, sum_normalise=not a.no_sum_normalise,
-        n_boot=a.n_boot, top_k=a.top_k))

@@ -13,16 +13,24 @@ from ..events import Warning
 from ..scores import Score, number
 
 
+@dataclass(kw_only=True)
+class GenerationOptions:
+    """The generator settings every request may override (None: the model family's default,
+    `settings_for`). A base of every method's request; keyword-only, so a request's own fields
+    keep their positions."""
+
+    negative_prompt: str = field(default="", metadata={"help": "what the images should not show"})
+    steps: int | None = field(default=None, metadata={"help": "denoising steps (default: the model family's)"})
+    guidance: float | None = field(default=None, metadata={"help": "guidance scale (default: the model family's)"})
+    width: int | None = field(default=None, metadata={"help": "image width in pixels (default: the model family's)"})
+    height: int | None = field(default=None, metadata={"help": "image height in pixels (default: the model family's)"})
+
+
 @dataclass
-class GenerateRequest:
+class GenerateRequest(GenerationOptions):
     prompt: str
-    n: int = 8
-    seed: int = 0                 # images use seeds seed, seed+1, ..., seed+n-1
-    negative_prompt: str = ""
-    steps: int | None = None      # None: the generator family's default
-    guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
+    n: int = field(default=8, metadata={"help": "images per prompt"})
+    seed: int = field(default=0, metadata={"help": "images use the seeds seed, seed+1, ..., seed+n-1"})
     prompts: list[str] = field(default_factory=list)  # several prompts in one run (then `prompt` is unused)
 
     def seeds(self) -> list[int]:
@@ -89,27 +97,3 @@ def headline(record: dict) -> tuple[str, float | None]:
     """("8 images", 8) of a stored run."""
     n = (record.get("summary") or {}).get("n")
     return (f"{n} images" if n is not None else ""), number(n)
-
-
-def add_generation_arguments(p) -> None:
-    """The CLI options every method shares to override the generator's family defaults."""
-    p.add_argument("--negative-prompt", default="")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--guidance", type=float, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--height", type=int, default=None)
-
-
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine generate --prompt ... -n 8 [--json]` (or --prompts-file FILE: N images per line)"""
-    p = sub.add_parser("generate", help="generate N images for a prompt and store them as a run")
-    common_arguments(p)
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--prompt")
-    which.add_argument("--prompts-file", metavar="FILE", help="one prompt per line: N images of each, one run")
-    p.add_argument("-n", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    add_generation_arguments(p)
-    p.set_defaults(method=run, make_request=lambda a: GenerateRequest(
-        a.prompt or "", a.n, a.seed, a.negative_prompt, a.steps, a.guidance, a.width, a.height,
-        read_prompts_file(a.prompts_file) if a.prompts_file else []))

@@ -41,8 +41,7 @@ from ..llm_prompts import axis_question_prompt
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
 from ..scores import number
-from .cfsets import (SetSpec, SetsRequest, add_set_arguments, counterfactual_value, generate_set, prepare,
-                     resample_weights, set_request_fields)
+from .cfsets import SetSpec, SetsRequest, counterfactual_value, generate_set, prepare, resample_weights
 from .generate import settings_for
 
 LEVELS = ("auto", "prompt", "aggregated")
@@ -52,13 +51,19 @@ IMPORTANCE = ("count", "abs_is")
 @dataclass
 class IntersectionalRequest(SetsRequest):
     ideals: dict = field(default_factory=dict)       # axis -> {value: weight}: D*; missing axis = uniform
-    other_policy: str = "drop"                        # "drop" | "other_bin"
-    level: str = "auto"                               # edge thresholds: "prompt" | "aggregated" | "auto"
-    p_threshold: float | None = None                  # None: 1e-4 (prompt) / 5e-5 (aggregated)
-    min_abs_is: float | None = None                   # None: 0 (prompt) / 0.03 (aggregated)
-    importance: str = "count"                         # MaxImp/MaxInf by edge "count" or "abs_is"
+    other_policy: str = field(default="drop", metadata={
+        "help": "answers outside an axis' choices: drop them, or count them in an 'other' bin D* gives 0",
+        "choices": bc.OTHER_POLICIES})
+    level: str = field(default="auto", metadata={
+        "help": "edge thresholds (auto: aggregated with --fill)", "choices": LEVELS})
+    p_threshold: float | None = field(default=None, metadata={
+        "help": "χ² p-value below which an edge is kept (default: 1e-4 per prompt, 5e-5 aggregated)"})
+    min_abs_is: float | None = field(default=None, metadata={
+        "help": "smallest |IS| of a kept edge (default: 0 per prompt, 0.03 aggregated)"})
+    importance: str = field(default="count", metadata={
+        "help": "MaxImp/MaxInf by edge count or sum of |IS|", "choices": IMPORTANCE})
     questions: dict = field(default_factory=dict)     # axis -> VQA question (overrides the default)
-    n_boot: int = 300                                 # bootstrap resamples; 0 = no intervals
+    n_boot: int = field(default=300, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
 
 
 def choices(template: str, cfs: list[str]) -> list[str]:
@@ -246,21 +251,3 @@ def headline(record: dict) -> tuple[str, float | None]:
     if summary.get("max_impact"):
         parts.append(f"most impact: {summary['max_impact']}")
     return " · ".join(parts), distortion
-
-
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine intersectional --prompt ... -n 8 [--axes JSON] [--json]`"""
-    p = sub.add_parser("intersectional", help="BiasConnect: intersectional sensitivity matrix and χ² bias graph")
-    add_set_arguments(p, common_arguments)
-    p.add_argument("--other-policy", choices=bc.OTHER_POLICIES, default="drop",
-                   help="answers outside an axis' choices: drop them, or count them in an 'other' bin D* gives 0")
-    p.add_argument("--level", choices=LEVELS, default="auto", help="edge thresholds (auto: aggregated with --fill)")
-    p.add_argument("--p-threshold", type=float, default=None)
-    p.add_argument("--min-abs-is", type=float, default=None)
-    p.add_argument("--importance", choices=IMPORTANCE, default="count", help="MaxImp/MaxInf by edge count or sum |IS|")
-    p.add_argument("--reference-csv", default=None, help="real-world D*: a CSV with the columns axis, value, share")
-    p.add_argument("--n-boot", type=int, default=300)
-    p.set_defaults(method=run, make_request=lambda a: IntersectionalRequest(
-        **set_request_fields(a), other_policy=a.other_policy, level=a.level, p_threshold=a.p_threshold,
-        min_abs_is=a.min_abs_is, importance=a.importance, n_boot=a.n_boot,
-        ideals=load_reference_csv(a.reference_csv) if a.reference_csv else {}))

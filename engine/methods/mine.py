@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -38,7 +37,7 @@ from ..events import Images, Progress, Scores, Table, Warning
 from ..llm_prompts import mutations_prompt, random_prompts_prompt
 from ..scores import number
 from ..store import ImageRecord, image_key
-from .generate import add_generation_arguments, settings_for
+from .generate import GenerationOptions, settings_for
 from .single_prompt import gap_for_images
 
 DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
@@ -57,27 +56,30 @@ BIAS_MODES = {
 
 
 @dataclass
-class MineRequest:
-    iterations: int | None = None   # T; None: DEFAULT_ITERATIONS, or the resumed run's T
-    population: int = 12            # b
-    select: int = 3                 # s: most biased prompts kept (archived) per iteration
-    mutations: int = 3              # m: LLM mutations per selected prompt; r = b - s*m random ones
-    n: int = 16                     # images per prompt
-    n_variations: int | None = None  # LLM text variations per prompt (default n)
-    alpha: float = 25.0             # gap-score percentile (spec A.3)
-    combine: str = "diff"           # "diff" | "missed_only" | "mean"
-    keep_parents: bool = False      # elitism: the selected prompts stay in the next population
-    bias: str = "open"              # "open", "socio-demographic", "style", "objects" or an axis in words
-    strategy: str = "ga"            # "ga" | "random" (the same budget spent on random LLM prompts)
-    seed: int = 0                   # GA seed: LLM seeds of the mutation and random-prompt calls
-    image_seed: int = 0             # images use seeds image_seed..image_seed+n-1
+class MineRequest(GenerationOptions):
+    iterations: int | None = field(default=None, metadata={"short": "-T", "help": (
+        f"T, iterations (default {DEFAULT_ITERATIONS}; the paper's budget is 30; on --resume: keep the run's)")})
+    population: int = field(default=12, metadata={"short": "-b", "help": "b, prompts scored per iteration"})
+    select: int = field(default=3, metadata={"short": "-s", "help": "s, most biased prompts kept per iteration"})
+    mutations: int = field(default=3, metadata={
+        "short": "-m", "help": "m, LLM mutations per selected prompt (r = b - s*m random prompts)"})
+    n: int = field(default=16, metadata={"help": "images per prompt"})
+    n_variations: int | None = field(default=None, metadata={
+        "flag": "--variations", "help": "LLM text variations per prompt (default: n)"})
+    alpha: float = field(default=25.0, metadata={"help": "gap-score percentile (spec A.3)"})
+    combine: str = field(default="diff", metadata={"help": "how the gap score combines its terms",
+                                                   "choices": ("diff", "missed_only", "mean")})
+    keep_parents: bool = field(default=False, metadata={"help": "elitism: keep the selected prompts"})
+    bias: str = field(default="open", metadata={
+        "help": "open, socio-demographic, style, objects, or an axis in words (specific-bias mode)"})
+    strategy: str = field(default="ga", metadata={
+        "help": "ga, or random: the same budget spent on random LLM prompts (baseline)", "choices": STRATEGIES})
+    seed: int = field(default=0, metadata={"help": "GA seed (LLM mutation and random-prompt calls)"})
+    image_seed: int = field(default=0, metadata={
+        "help": "first image seed (images use image_seed..image_seed+n-1; also the variations' LLM seed)"})
     max_requery: int = 3            # extra LLM calls when a reply repeats prompts already seen
-    negative_prompt: str = ""
-    steps: int | None = None
-    guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
-    resume: str | None = None       # a stopped run's id: continue it (its settings; T may grow)
+    resume: str | None = field(default=None, metadata={
+        "metavar": "RUN_ID", "help": "continue a stopped run (its settings; T may grow)"})
 
     @property
     def random_count(self) -> int:
@@ -679,46 +681,3 @@ def headline(record: dict) -> tuple[str, float | None]:
     prompt = prompt if len(prompt) <= 40 else prompt[:39] + "…"
     scored = f" · {summary['prompts_scored']} prompts" if number(summary.get("prompts_scored")) is not None else ""
     return f"best gap {best:.3f}: '{prompt}'{scored}", best
-
-
-# -- command line ---------------------------------------------------------------------------------
-def _cli_run(request: MineRequest, engine: Engine):
-    """The CLI prints the budget estimate on stderr before starting."""
-    if not getattr(request, "cli_quiet", True):
-        sys.stderr.write("budget: " + budget_text(estimate_budget(request, engine)) + "\n")
-    yield from run(request, engine)
-
-
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine mine --preset synthetic --iterations 2 -n 8 --json` (--resume RUN_ID)."""
-    p = sub.add_parser("mine", help="MineTheGap: mine the prompts the model is most biased on (genetic search)")
-    common_arguments(p)
-    p.add_argument("--iterations", "-T", type=int, default=None,
-                   help=f"T (default {DEFAULT_ITERATIONS}; the paper's budget is 30; on --resume: keep the run's)")
-    p.add_argument("--population", "-b", type=int, default=12, help="b, prompts scored per iteration")
-    p.add_argument("--select", "-s", type=int, default=3, help="s, most biased prompts kept per iteration")
-    p.add_argument("--mutations", "-m", type=int, default=3, help="m, LLM mutations per selected prompt")
-    p.add_argument("-n", type=int, default=16, help="images per prompt")
-    p.add_argument("--variations", type=int, default=None, help="LLM text variations per prompt (default n)")
-    p.add_argument("--alpha", type=float, default=25.0)
-    p.add_argument("--combine", choices=["diff", "missed_only", "mean"], default="diff")
-    p.add_argument("--keep-parents", action="store_true", help="elitism: keep the selected prompts")
-    p.add_argument("--bias", default="open",
-                   help="open, socio-demographic, style, objects, or an axis in words (specific-bias mode)")
-    p.add_argument("--strategy", choices=list(STRATEGIES), default="ga",
-                   help="ga, or random: the same budget spent on random LLM prompts (baseline)")
-    p.add_argument("--seed", type=int, default=0, help="GA seed (LLM mutation and random-prompt calls)")
-    p.add_argument("--image-seed", type=int, default=0, help="first image seed (and the variations' LLM seed)")
-    add_generation_arguments(p)
-    p.add_argument("--resume", default=None, metavar="RUN_ID", help="continue a stopped run")
-    p.set_defaults(method=_cli_run, make_request=_request_from_args)
-
-
-def _request_from_args(a) -> MineRequest:
-    request = MineRequest(
-        iterations=a.iterations, population=a.population, select=a.select, mutations=a.mutations, n=a.n,
-        n_variations=a.variations, alpha=a.alpha, combine=a.combine, keep_parents=a.keep_parents, bias=a.bias,
-        strategy=a.strategy, seed=a.seed, image_seed=a.image_seed, negative_prompt=a.negative_prompt,
-        steps=a.steps, guidance=a.guidance, width=a.width, height=a.height, resume=a.resume)
-    request.cli_quiet = a.quiet   # not a field: not part of the stored request
-    return request

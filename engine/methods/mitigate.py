@@ -84,8 +84,7 @@ from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..scores import number
 from . import intersectional
-from .cfsets import (ARTICLES, SetSpec, SetsRequest, add_set_arguments, axis_name, counterfactual_value, prepare,
-                     set_request_fields)
+from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
 from .generate import settings_for
 
 DEFAULT_EPSILON = 0.35
@@ -112,16 +111,23 @@ class MitigateRequest(SetsRequest):
     priorities: dict = field(default_factory=dict)      # axis -> weight ≥ 0 (scaled to sum 1); empty: equal
     ideals: dict = field(default_factory=dict)          # axis -> {value: share}: D*; a missing axis is uniform
     select: list[str] = field(default_factory=list)     # keep only these axes of the table / the LLM's (B)
-    epsilon: float = DEFAULT_EPSILON
-    strategy: str = "intermit"                          # "intermit" | "all" (baseline)
-    preview_only: bool = False                          # measure S, predict the steps, generate nothing more
-    other_policy: str = "drop"
+    epsilon: float = field(default=DEFAULT_EPSILON, metadata={"help": "stop when τ < ε"})
+    strategy: str = field(default="intermit", metadata={
+        "help": "intermit, or all: the baseline mitigating every axis of B*", "choices": STRATEGIES})
+    preview_only: bool = field(default=False, metadata={
+        "help": "measure the sensitivity matrix and print the predicted steps; mitigate nothing"})
+    other_policy: str = field(default="drop", metadata={
+        "help": "answers outside an axis' choices: drop them, or count them in an 'other' bin D* gives 0",
+        "choices": bc.OTHER_POLICIES})
     questions: dict = field(default_factory=dict)       # axis -> VQA question (overrides the default)
-    n_boot: int = 200                                   # bootstrap resamples for every interval; 0 = none
-    quality: bool = True                                # IsP? and CLIP-IQA-style scores, initial vs final
-    tradeoff_tolerance: float = 0.02                    # alert when an axis' w̄ rises by more than this
-    quality_tolerance: float = 0.05                     # warn when a quality score drops by more than this
-    export: str = ""                                    # write the mitigated prompt set (JSON) to this path
+    n_boot: int = field(default=200, metadata={"help": "bootstrap resamples for every interval; 0: none"})
+    quality: bool = field(default=True, metadata={
+        "help": "skip the IsP? and CLIP-IQA-style checks", "flag": "--no-quality"})
+    tradeoff_tolerance: float = field(default=0.02, metadata={
+        "help": "alert when a step raises an axis' w̄ by more than this"})
+    quality_tolerance: float = field(default=0.05, metadata={
+        "help": "warn when a quality score drops by more than this"})
+    export: str = field(default="", metadata={"metavar": "PATH", "help": "write the mitigated prompt set (JSON) here"})
 
 
 # -- prompt sets ---------------------------------------------------------------------------------
@@ -827,7 +833,7 @@ def headline(record: dict) -> tuple[str, float | None]:
     return " · ".join(parts), final if final is not None else initial
 
 
-# -- command line -----------------------------------------------------------------------------------
+# -- parsing typed input ------------------------------------------------------------------------------
 
 def parse_priorities(text: str) -> dict[str, float]:
     """'gender=0.7,age=0.3' -> {'gender': 0.7, 'age': 0.3}."""
@@ -849,43 +855,3 @@ def parse_target(text: str) -> tuple[str, dict[str, float]]:
     if not eq or not axis.strip():
         raise InputError(f"target '{text}' is not 'axis=value:share,value:share'")
     return axis_name(axis), parse_shares(body, ":")
-
-
-def _make_request(a) -> MitigateRequest:
-    select: list[str] = []
-    if a.axes and not a.axes.lstrip().startswith(("{", "@")):      # --axes gender,age: pick axes by name
-        select, a.axes = [s.strip() for s in a.axes.split(",") if s.strip()], None
-    ideals = intersectional.load_reference_csv(a.reference_csv) if a.reference_csv else {}
-    ideals.update(dict(parse_target(t) for t in a.target))
-    return MitigateRequest(**set_request_fields(a), select=select,
-                           mitigate=[s.strip() for s in (a.mitigate or "").split(",") if s.strip()],
-                           priorities=parse_priorities(a.priorities), ideals=ideals, epsilon=a.epsilon,
-                           strategy=a.strategy, preview_only=a.preview_only, other_policy=a.other_policy,
-                           n_boot=a.n_boot, quality=not a.no_quality, export=a.export or "")
-
-
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine mitigate --prompt ... -n 8 [--priorities gender=0.7,age=0.3] [--json]`"""
-    p = sub.add_parser("mitigate", help="InterMit: mitigate a prompt's biases axis by axis, guided by the "
-                                        "sensitivity matrix and priorities")
-    add_set_arguments(p, common_arguments)
-    p.epilog = ("--axes also takes axis names (--axes gender,age) to keep only those of the LLM's proposal "
-                "or the preset.")
-    p.add_argument("--mitigate", default="", metavar="AXIS,...",
-                   help="B*, the axes to mitigate (default: the axes given priorities, else every axis)")
-    p.add_argument("--priorities", default="", metavar="AXIS=W,...", help="priority per axis of B*, e.g. "
-                   "gender=0.7,age=0.3 (scaled to sum 1; default equal)")
-    p.add_argument("--target", action="append", default=[], metavar="AXIS=VALUE:SHARE,...",
-                   help="ideal distribution D* of an axis, e.g. age=young:0.3,middle-aged:0.4,old:0.3 "
-                        "(repeatable; default uniform)")
-    p.add_argument("--reference-csv", default=None, help="real-world D*: a CSV with the columns axis, value, share")
-    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="stop when τ < ε (default 0.35)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="intermit",
-                   help="intermit (default) or all: the baseline mitigating every axis of B*")
-    p.add_argument("--preview-only", action="store_true",
-                   help="measure the sensitivity matrix and print the predicted steps; mitigate nothing")
-    p.add_argument("--other-policy", choices=bc.OTHER_POLICIES, default="drop")
-    p.add_argument("--n-boot", type=int, default=200)
-    p.add_argument("--no-quality", action="store_true", help="skip the IsP? and CLIP-IQA-style checks")
-    p.add_argument("--export", default=None, metavar="PATH", help="write the mitigated prompt set (JSON) here")
-    p.set_defaults(method=run, make_request=_make_request)

@@ -21,7 +21,7 @@ from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import gap_score_from_similarity
 from ..metrics.tibet import concept_histogram, top_k_concepts
-from ..scores import Score, interval, number
+from ..scores import Score, as_interval, number
 from .generate import settings_for
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -202,11 +202,11 @@ def scores(results: dict, summary: dict) -> list[Score]:
         ci = m.get("ci", {})
         for key in ("composite_bias_score", *SCALAR_METRICS[:-1]):
             if number(m.get(key)) is not None:
-                rows.append(Score(axis, key, float(m[key]), *(interval(ci.get(key)) or (None, None))))
+                rows.append(Score(axis, key, float(m[key]), *(as_interval(ci.get(key)) or (None, None))))
         for c in m.get("classes", []):
             share = m.get("representation_parity", {}).get(c, 0.0)
             rows.append(Score(axis, f"share: {c}", float(share),
-                              *(interval(m.get("share_ci", {}).get(c)) or (None, None))))
+                              *(as_interval(m.get("share_ci", {}).get(c)) or (None, None))))
     d = results.get("diversity") or {}
     for key in ("vendi", "vendi_normalised", "mean_pairwise_similarity"):
         if number(d.get(key)) is not None:
