@@ -27,6 +27,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import groupby
+from typing import TypedDict
 
 import numpy as np
 
@@ -198,15 +199,51 @@ def summarise(scored: dict[str, dict]) -> dict:
     return out
 
 
+class CounterfactualsResults(TypedDict, total=False):
+    """What a Counterfactuals run stores (`Done.results`); saved after each prompt."""
+
+    prompt: str                              # as given (a template in aggregate mode)
+    prompts: list[str]                       # the filled prompts
+    aggregate: bool
+    n: int
+    seeds: list[int]
+    settings: dict
+    axes: dict[str, list[str]]               # {axis: [counterfactual prompts]}
+    questions: dict[str, str]                # each axis' VQA question (Table 5.2)
+    options: dict                            # caption, synonyms, min_frequency, renormalise, sum_normalise, n_boot
+    sets: dict[str, dict]                    # per set label: prompt, histogram, Top-K, images with answers
+    per_prompt: dict[str, dict]              # per prompt: the score part below
+    counterfactuals: list[dict]              # per counterfactual: axis, prompt, value, CAS, CAS^CLIP (+ _ci)
+    cas: dict[str, dict[str, float]]         # axis -> counterfactual -> CAS
+    cas_clip: dict[str, dict[str, float]]
+    mad: dict[str, float]                    # normalised MAD per axis (Eq. 5.5-5.6)
+    mad_ci: dict[str, list]
+    mad_clip: dict[str, float]
+    mad_clip_ci: dict[str, list]
+    mad_order: list[str]                     # axes by MAD, most biased first
+
+
 @recorded("counterfactuals")
-def run(request: CounterfactualsRequest, engine: Engine, run: Run):
+def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
+    """TIBET on one prompt (or on a {placeholder} prompt filled with each of `request.fill`,
+    CAS averaged over the prompts: aggregate mode).
+
+    Request: CounterfactualsRequest (the axes table or the LLM's, N images per set, concept
+    and normalisation choices, bootstrap size, Top-K).
+    Yields: Table("axes") when the LLM proposed the axes; Warning for dropped
+    counterfactuals and flagged images; Table("questions"); Images and Progress per set;
+    Scores("initial") per prompt, Scores("axis:<name>") per axis, Scores("aggregate") in
+    aggregate mode; one Done.
+    Results: CounterfactualsResults.
+    """
+    # 1. Settle the prompts, axes and image sets; each axis' VQA question (spec §2.4).
     prompts, axes, specs = yield from prepare(request, engine)
     settings = settings_for(request, engine)
     seeds = request.seeds()
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
     questions = {axis: tibet_question(axis) for axis in axes}
     unique_questions = list(dict.fromkeys(questions.values()))
-    results: dict = {"prompt": request.prompt.strip(), "prompts": prompts, "aggregate": len(prompts) > 1,
+    results: CounterfactualsResults = {"prompt": request.prompt.strip(), "prompts": prompts, "aggregate": len(prompts) > 1,
                      "n": request.n, "seeds": seeds, "settings": settings.__dict__, "axes": axes,
                      "questions": questions,
                      "options": {k: getattr(request, k) for k in ("caption", "synonyms", "min_frequency",
@@ -217,7 +254,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
 
     def measure(spec: SetSpec):
         i = position[spec.label]
-        records = yield from generate_set(engine, run, spec, seeds, settings, i, len(specs))
+        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs))
         yield Progress(i, len(specs), "vqa", f"asking {len(unique_questions)} question(s) about '{spec.prompt}'")
         by_question = {q: engine.ask(records, q) for q in unique_questions}
         captions = engine.caption(records) if request.caption else []
@@ -226,6 +263,8 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
         results["sets"][spec.label] = _set_json(s, {a: by_question[q] for a, q in questions.items()}, captions, request)
         return s
 
+    # 2. Per prompt: the initial set, then every counterfactual set, CAS against the initial
+    #    set (Eq. 5.1-5.4) and MAD per axis (Eq. 5.5-5.6) with bootstrap intervals.
     per_prompt = []
     for p, prompt in enumerate(prompts):
         initial_spec, *cf_specs = [s for s in specs if s.prompt_index == p]
@@ -244,8 +283,9 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
                                           "counterfactuals": [_public(c) for c in cfs]})
         per_prompt.append(scored)
         results["per_prompt"][prompt] = summarise(scored)
-        run.save(results)
+        run_record.save(results)
 
+    # 3. One prompt: its scores; aggregate mode: CAS averaged over the prompts, then MAD.
     if len(prompts) == 1:
         results.update(results["per_prompt"][prompts[0]])
     else:
@@ -255,7 +295,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
         yield Scores("aggregate", {k: results[k] for k in ("mad", "mad_ci", "mad_order", "counterfactuals")})
     summary = {"prompts": len(prompts), "sets": len(specs), "n": request.n,
                **{f"mad_{a}": round(results["mad"][a], 3) for a in results["mad_order"]}}
-    yield run.finish(results, summary)
+    yield run_record.finish(results, summary)
 
 
 def _average(per_prompt: list[list[dict]]) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from ..core import Engine, Run, recorded, stream_image_set
 from ..distributed import distributed_image_sets
@@ -43,8 +44,25 @@ def settings_for(request, engine: Engine):
                            height=request.height, negative_prompt=request.negative_prompt or "")
 
 
+class GenerateResults(TypedDict, total=False):
+    """What a Generate run stores (`Done.results`)."""
+
+    prompt: str          # the prompt (with several: the first and how many more)
+    prompts: list[str]   # with several prompts: each, without repeats
+    settings: dict       # the generator settings used
+    images: list[dict]   # ImageRecord.to_json of every image, in prompt then seed order
+
+
 @recorded("generate")
-def run(request: GenerateRequest, engine: Engine, run: Run):
+def run(request: GenerateRequest, engine: Engine, run_record: Run):
+    """N images of one prompt (or of each of `request.prompts`), recorded as one run.
+
+    Request: GenerateRequest (prompt or prompts, N, first seed, generator settings).
+    Yields: Warning for repeated or over-long prompts and flagged images; Images and Progress
+    batch by batch; one Done.
+    Results: GenerateResults.
+    """
+    # 1. Check the prompts and N; settle the generator settings.
     prompts = [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
     unique = list(dict.fromkeys(prompts))
     engine.check_n(request.n)
@@ -55,24 +73,26 @@ def run(request: GenerateRequest, engine: Engine, run: Run):
     if long:
         yield Warning(("this prompt is" if len(unique) == 1 else f"{len(long)} prompt(s) are") + " likely longer "
                       "than CLIP's 77 tokens; SD 1.x/2.x/XL text encoders will ignore the end of it")
+    # 2. Generate every prompt's images through the store (across processes when launched).
     seeds = request.seeds()
     started = time.perf_counter()
     job = yield from distributed_image_sets(engine, [(p, seeds, settings) for p in unique])
     records = []
     for i, prompt in enumerate(unique):
-        records += yield from stream_image_set(engine, run, prompt, seeds, settings, prompt if len(unique) > 1 else "",
+        records += yield from stream_image_set(engine, run_record, prompt, seeds, settings, prompt if len(unique) > 1 else "",
                                                i * len(seeds), len(unique) * len(seeds))
     image_seconds = round(time.perf_counter() - started, 3)  # the models are loaded by now: images only
     flagged = [r.seed for r in records if r.nsfw]
     if flagged:
         yield Warning(f"the safety checker flagged {len(flagged)} image(s) (seeds {flagged}); they are "
                       "kept, marked, and excluded from metrics")
-    results = {"prompt": unique[0], "settings": settings.__dict__,
+    # 3. Record the images.
+    results: GenerateResults = {"prompt": unique[0], "settings": settings.__dict__,
                "images": [r.to_json() for r in records]}
     if len(unique) > 1:
         results.update(prompt=f"{unique[0]} (+{len(unique) - 1} more)", prompts=unique)
     summary = {"n": len(records), "flagged": len(flagged), "image_seconds": image_seconds}
-    yield run.finish(results, {**summary, "distributed": job} if job else summary)
+    yield run_record.finish(results, {**summary, "distributed": job} if job else summary)
 
 
 def read_prompts_file(path: str) -> list[str]:

@@ -13,7 +13,7 @@ Reproducible: a prompt's score depends only on the prompt and the image/variatio
 Single Prompt), and every mutation / random-prompt call uses an LLM seed derived from the GA
 seed, the iteration and the parent, so the same seed and cache replay the same run.
 
-The whole GA state is saved in the run record as it goes (`run.save`): stop at any time and
+The whole GA state is saved in the run record as it goes (`run_record.save`): stop at any time and
 resume with `MineRequest(resume=run_id)` (CLI `--resume RUN_ID`); nothing already generated
 is generated again.
 """
@@ -25,6 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
+from typing import TypedDict
 
 import numpy as np
 
@@ -199,8 +200,8 @@ class _CacheOnlyEngine(Engine):
 class Miner:
     """The GA (or the random baseline) with its whole state; `steps()` runs it as events."""
 
-    def __init__(self, request: MineRequest, engine: Engine, run: Run | None, stored: dict | None = None):
-        self.request, self.engine, self.run = request, engine, run
+    def __init__(self, request: MineRequest, engine: Engine, run_record: Run | None, stored: dict | None = None):
+        self.request, self.engine, self.run_record = request, engine, run_record
         self.settings = settings_for(request, engine)
         self.axis, self.needs = bias_axis(request.bias)
         self.model_ids = {role: engine.model_id(role) for role in ("generator", "embedder", "llm")}
@@ -268,8 +269,8 @@ class Miner:
     def _score(self, node: dict, t: int):
         """Generate (or fetch) the prompt's images and compute its gap score."""
         records, gap, skipped = self._images_and_gap(node["prompt"])
-        if self.run is not None:
-            self.run.add_images(records, node["id"])
+        if self.run_record is not None:
+            self.run_record.add_images(records, node["id"])
         yield Images(records, node["prompt"], self.scored_total() + 1, self.total_to_score())
         if skipped:
             node["skipped"] = skipped
@@ -450,8 +451,8 @@ class Miner:
 
     def save(self, force: bool = False) -> None:
         now = time.perf_counter()
-        if self.run is not None and (force or now - self.last_save > 1.0):
-            self.run.save(self.results(), self.summary())
+        if self.run_record is not None and (force or now - self.last_save > 1.0):
+            self.run_record.save(self.results(), self.summary())
             self.last_save = now
 
     def summary(self) -> dict:
@@ -507,21 +508,60 @@ def _round(value):
     return None if value is None else round(float(value), 4)
 
 
+class MineResults(TypedDict, total=False):
+    """What a Mine Prompts run stores (`Done.results`; saved as the search goes, `Miner.save`)."""
+
+    strategy: str                       # "ga" | "random"
+    bias: str                           # the specific-bias mode or axis ("open": none)
+    axis: str | None
+    request: dict                       # the (resolved) request
+    params: dict                        # b, s, m, r, T, n, n_variations, alpha, combine, keep_parents, seeds
+    settings: dict
+    model_ids: dict[str, str]
+    image_seeds: list[int]
+    archive: list[dict]                 # every selected prompt once, most biased (lowest gap) first, with lineage
+    best_per_iteration: list[float | None]
+    best_so_far: list[float | None]
+    iterations: list[dict]              # per iteration: its population and the selected prompts
+    nodes: list[dict]                   # every prompt scored: id, prompt, score, origin, parent
+    details: dict                       # archived prompts' gap details
+    pending: list                       # prompts of an interrupted iteration still to score
+    complete: bool
+    run_chain: list[str]                # the runs this one resumed, oldest first
+    resumed_from: str | None
+    reconstructed: str
+    counts: dict                        # images and LLM calls made / from the cache in this run
+
+
 @recorded("mine")
-def run(request: MineRequest, engine: Engine, run: Run):
+def run(request: MineRequest, engine: Engine, run_record: Run):
+    """MineTheGap's genetic search (or the random baseline) for the prompts the model is most
+    biased on (lowest gap score), resumable (`request.resume`).
+
+    Request: MineRequest (b, s, m, T, N, variations, gap-score settings, bias mode, strategy,
+    seeds, generator settings, resume).
+    Yields: Scores("run") first; Progress("llm") while the LLM writes prompts; per prompt
+    Images, Scores("prompt") and Progress; per iteration Scores("iteration") and
+    Table("population"), Table("archive"); Warning for unscored prompts and LLM trouble;
+    one Done.
+    Results: MineResults.
+    """
+    # 1. Resolve the request (a resumed run's settings and state).
     request, stored = resolve(request, engine)
-    miner = Miner(request, engine, run, stored)
-    yield Scores("run", {"run_id": run.id, "resumed_from": request.resume, "strategy": request.strategy,
+    miner = Miner(request, engine, run_record, stored)
+    yield Scores("run", {"run_id": run_record.id, "resumed_from": request.resume, "strategy": request.strategy,
                          "params": miner.results()["params"]})
     stats = engine.stats
     before = (stats.images_generated, stats.image_cache_hits, stats.llm_calls, stats.llm_cache_hits)
+    # 2. The search (Miner.steps: score, select, mutate, inject random prompts; spec A.4).
     yield from miner.steps()
-    results = miner.results()
+    # 3. Record the results and what this run generated or took from the cache.
+    results: MineResults = miner.results()
     results["counts"] = {
         "prompts_scored_this_run": miner.scored_here, "images_from_memory": miner.from_memory,
         "images_generated": stats.images_generated - before[0], "image_cache_hits": stats.image_cache_hits - before[1],
         "llm_calls": stats.llm_calls - before[2], "llm_cache_hits": stats.llm_cache_hits - before[3]}
-    yield run.finish(results, miner.summary())
+    yield run_record.finish(results, miner.summary())
 
 
 def search(request: MineRequest, engine: Engine) -> dict:

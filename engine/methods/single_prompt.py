@@ -8,6 +8,7 @@ Part C (wiring); thesis §2.8 (Top-K concepts).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
@@ -121,26 +122,54 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
     }
 
 
+class SinglePromptResults(TypedDict, total=False):
+    """What a Single Prompt run stores (`Done.results`); saved step by step as it goes."""
+
+    prompt: str
+    settings: dict                       # the generator settings used
+    n: int
+    images: list[dict]                   # ImageRecord.to_json of every image
+    axes: dict[str, dict]                # per axis: axis_metrics_with_ci + question, labels, reference
+    answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer
+    diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
+    gap: dict                            # gap_for_images (when request.gap)
+    captions: list[str]
+    top_concepts: list[list]             # [concept, frequency per image], most frequent first
+
+
 @recorded("single_prompt")
-def run(request: SinglePromptRequest, engine: Engine, run: Run):
+def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
+    """N images of one prompt measured for bias: the attribute distribution of every axis with
+    T2I-BiasBench metrics and bootstrap intervals, CLIP diversity, the MineTheGap gap score
+    and Top-K concepts, each streamed as soon as it is computed.
+
+    Request: SinglePromptRequest (prompt, N, seed, axes and their reference distributions,
+    metric mode, gap-score settings, bootstrap size, Top-K).
+    Yields: Warning for an over-long prompt and flagged images; Images and Progress while
+    generating; Progress("vqa") and Scores("axis:<name>") per axis; Scores("diversity");
+    Progress("gap") and Scores("gap") (when `gap`); Table("top_concepts"); one Done.
+    Results: SinglePromptResults.
+    """
+    # 1. Check the request.
     prompt = engine.check_prompt(request.prompt)
     n = engine.check_n(request.n)
     n_var = engine.check_n(request.n_variations or n, "number of text variations")
     axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
     settings = settings_for(request, engine)
-    results: dict = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
+    results: SinglePromptResults = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
     if len(prompt.split()) * 1.3 > 75:
         yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
 
-    records = yield from stream_image_set(engine, run, prompt, request.seeds(), settings)
+    # 2. Generate the images (flagged ones are kept but left out of every metric).
+    records = yield from stream_image_set(engine, run_record, prompt, request.seeds(), settings)
     results["images"] = [r.to_json() for r in records]
     valid = [r for r in records if not r.nsfw]
     if len(valid) < len(records):
         yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
                       "from every metric")
-    run.save(results)
+    run_record.save(results)
 
-    # Attribute distributions per axis (VQA), each streamed as soon as it is computed.
+    # 3. Attribute distributions per axis (VQA), each streamed as soon as it is computed (spec B.2-B.3).
     answers_by_axis: dict[str, list[str]] = {}
     for i, axis in enumerate(axes):
         yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
@@ -153,9 +182,9 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
         results["axes"][axis.name] = metrics
         yield Scores(f"axis:{axis.name}", metrics)
     results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
-    run.save(results)
+    run_record.save(results)
 
-    # Diversity over CLIP image embeddings.
+    # 4. Diversity over CLIP image embeddings (Vendi).
     image_emb = engine.embed_images(valid)
     diversity = {"vendi": vendi_score(image_emb), "vendi_normalised": normalised_vendi(image_emb),
                  "mean_pairwise_similarity": mean_pairwise_similarity(image_emb), "n": len(valid),
@@ -163,16 +192,16 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     results["diversity"] = diversity
     yield Scores("diversity", diversity)
 
-    # MineTheGap gap score (reconstruction, spec A.3).
+    # 5. MineTheGap gap score (reconstruction, spec A.3).
     if request.gap:
         yield Progress(0, 1, "gap", "asking the LLM for text variations of the prompt")
         gap_result = gap_for_images(engine, prompt, valid, image_emb, n_var, request.alpha, request.combine,
                                     seed=request.seed)
         results["gap"] = gap_result
         yield Scores("gap", gap_result)
-        run.save(results)
+        run_record.save(results)
 
-    # Top-K concepts from every VQA answer plus a caption per image (thesis §2.8).
+    # 6. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8).
     captions = engine.caption(valid)
     per_image = [[answers_by_axis[a][j] for a in answers_by_axis] + [captions[j]] for j in range(len(valid))]
     top = top_k_concepts(concept_histogram(per_image), request.top_k)
@@ -185,7 +214,7 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
         summary["gap_score"] = round(results["gap"]["score"], 4)
     for name, m in results["axes"].items():
         summary[f"cbs_{name}"] = None if m["composite_bias_score"] != m["composite_bias_score"] else round(m["composite_bias_score"], 3)
-    yield run.finish(results, summary)
+    yield run_record.finish(results, summary)
 
 
 def image_details(engine: Engine, image_key: str) -> dict:
