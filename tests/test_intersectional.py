@@ -34,7 +34,8 @@ def _specs(axes):
 
 
 def test_spec_worked_example_gender_to_age_is_minus_0_075():
-    # spec §3.4: age init [.70 .25 .05]; male CF [.60 .30 .10]; female CF [.90 .10 0] (20 images per set)
+    # docs/spec/thesis-tibet-biasconnect-intermit.md §3.4: age init [.70 .25 .05]; male CF [.60 .30 .10]; female
+    # CF [.90 .10 0] (20 images per set)
     axes = {"gender": ["a male p", "a female p"], "age": ["a young p", "a middle-aged p", "an old p"]}
     values = {"gender": ["male", "female"], "age": ["young", "middle-aged", "old"]}
     age = {"initial": [14, 5, 1], "axis=gender|cf=a male p": [12, 6, 2], "axis=gender|cf=a female p": [18, 2, 0]}

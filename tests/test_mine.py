@@ -1,5 +1,6 @@
-"""Mine Prompts (MineTheGap, spec A.3-A.6): the colour sanity task, the GA's convergence, mining vs.
-random on the synthetic world, reproducibility, stop/resume, budget, CLI, and the tab in a browser.
+"""Mine Prompts (MineTheGap, docs/spec/minethegap-and-biasbench.md A.3-A.6): the colour sanity
+task, the GA's convergence, mining vs. random on the synthetic world, reproducibility,
+stop/resume, budget, CLI, and the tab in a browser.
 
 The score's own properties (permutation invariance, biased < balanced, shift invariance) are
 tested in test_metrics_gap.py."""

@@ -1,5 +1,5 @@
-"""Counterfactuals (TIBET, thesis Ch. 5; spec §2): bias axes and counterfactual prompts from
-the LLM (or a preset, or the user's table), an image set per prompt and per counterfactual,
+"""Counterfactuals (TIBET, thesis Ch. 5; docs/spec/thesis-tibet-biasconnect-intermit.md §2): bias axes and
+counterfactual prompts from the LLM (or a preset, or the user's table), an image set per prompt and per counterfactual,
 VQA concept histograms, CAS per counterfactual, normalised MAD per axis, with bootstrap CIs.
 
 Choices the spec leaves open (§8 items 3-6), each a request field:

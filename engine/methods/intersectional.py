@@ -1,5 +1,5 @@
-"""Intersectional Matrix (BiasConnect, thesis Ch. 6; spec §3): for every ordered pair of
-bias axes, how making one diverse (its counterfactual sets mixed equally) moves the other
+"""Intersectional Matrix (BiasConnect, thesis Ch. 6; docs/spec/thesis-tibet-biasconnect-intermit.md §3): for every
+ordered pair of bias axes, how making one diverse (its counterfactual sets mixed equally) moves the other
 toward or away from its ideal distribution D*: the signed n×n matrix of Intersectional
 Sensitivity IS, χ²-tested edges drawn as a causal BiasGraph, bootstrap CIs on every IS.
 

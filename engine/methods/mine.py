@@ -1,9 +1,9 @@
 """Mine Prompts: MineTheGap's genetic search for the prompts a model is most biased on, and a
 "random prompts, same budget" baseline. Spec: minethegap-and-biasbench.md A.3-A.5, A.9.
 
-The paper's text and code are not public, so the loop below is a RECONSTRUCTION (spec A.4)
-that follows the project page's animation: score a population of b prompts with the gap
-score (A.3, lower = more biased), archive the s most biased, ask the LLM for m mutations of
+The paper's text and code are not public, so the loop below is a RECONSTRUCTION
+(docs/spec/minethegap-and-biasbench.md A.4) that follows the project page's animation: score a population of b
+prompts with the gap score (A.3, lower = more biased), archive the s most biased, ask the LLM for m mutations of
 each, inject r = b - s*m random LLM prompts, repeat T times. Parents are dropped unless
 `keep_parents` (elitism) is set. Prompts are de-duplicated across the run (exactly and after
 lower-casing / collapsing spaces) and the LLM is re-asked when a reply repeats one.

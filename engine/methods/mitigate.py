@@ -1,6 +1,7 @@
-"""Mitigate (InterMit, thesis Ch. 7; spec §4): lower the priority-weighted bias τ of a prompt
-below ε by prompt modification, one bias axis at a time, picking each axis from the
-Intersectional Sensitivity matrix S so that intersections are taken into account.
+"""Mitigate (InterMit, thesis Ch. 7; docs/spec/thesis-tibet-biasconnect-intermit.md §4): lower
+the priority-weighted bias τ of a prompt below ε by prompt modification, one bias axis at a
+time, picking each axis from the Intersectional Sensitivity matrix S so that intersections
+are taken into account.
 
 The loop (Alg. 4 with the spec §4.3 clarifications; each numbered one is marked `§4.3-k`):
 

@@ -2,7 +2,7 @@
 distribution and T2I-BiasBench metrics of every axis with bootstrap CIs, CLIP diversity
 (Vendi), the MineTheGap gap score with its missed interpretations, and Top-K concepts.
 
-Specs: minethegap-and-biasbench.md Part B (metrics), A.3 (gap score, a reconstruction),
+Specs (docs/spec/): minethegap-and-biasbench.md Part B (metrics), A.3 (gap score, a reconstruction),
 Part C (wiring); thesis §2.8 (Top-K concepts).
 """
 from __future__ import annotations

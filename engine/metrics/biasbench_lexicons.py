@@ -1,10 +1,20 @@
-"""Word lists of T2I-BiasBench (arXiv 2604.12481), re-typed from spec B.2.
+"""Word lists of T2I-BiasBench (arXiv 2604.12481), re-typed from docs/spec/minethegap-and-biasbench.md B.2.
 
 Source: the authors' released code (github.com/gyanendrachaubey/T2I-BiasBench-Code, commit
-2e9b510) as documented in `spec/minethegap-and-biasbench.md` B.2. The order of every list
+2e9b510) as documented in `docs/spec/minethegap-and-biasbench.md` B.2. The order of every list
 matters: the attribute extractors return the first label whose terms match, and the
 published numbers depend on that order ("dragonfly" is labelled "fly" because "fly" is
 checked before "dragonfly"). Prompt ids: beauty, doctor, animal, nature, culture.
+"""
+
+URL = "https://github.com/gyanendrachaubey/T2I-BiasBench-Code"
+CITATION = """\
+@article{jaiswal2026t2ibiasbench,
+  title={T2I-BiasBench: A Multi-Metric Framework for Auditing Demographic and Cultural Bias in Text-to-Image Models},
+  author={Jaiswal, Nihal and Arjaria, Siddhartha and Chaubey, Gyanendra and Kumar, Ankush and Singh, Aditya and Chaurasiya, Anchal},
+  journal={arXiv preprint arXiv:2604.12481},
+  year={2026}
+}
 """
 
 FEMALE_PATTERNS = (
