@@ -5,7 +5,8 @@ One module per command in this package (like diffusers' `commands/`); each expos
 `fn(request, engine)`, or None for `status`), `make_request` (args -> request) and optionally
 `before_run(request, engine)` (e.g. a budget on stderr) as defaults. A method's command
 (engine/cli/<method>.py) builds its options from the request's fields (engine/cli/options.py)
-and adds its extras. `COMMANDS` lists them in the order `--help` shows them: every method of
+and adds its extras (without extras the module is not needed: `method_parser` builds the
+command from METHODS). `COMMANDS` lists them in the order `--help` shows them: every method of
 METHODS that has a command, then the others.
 
 Progress goes to stderr; with --json the results go to stdout as one JSON document.
@@ -22,6 +23,7 @@ import time
 from ..errors import GapLensError
 from ..events import Done, Progress, Scores, Warning
 from ..methods import METHODS
+from .options import method_parser
 
 # engine/cli/<name>.py for each command, in --help order
 COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["runs", "status"]
@@ -46,7 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="GapLens engine")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").add_parser(sub, common_arguments)
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}" or name not in METHODS:
+                raise
+            # a method without extras: its options are its request's fields
+            method_parser(sub, common_arguments, name, (METHODS[name].run.__doc__ or name).strip().split("\n")[0])
+            continue
+        module.add_parser(sub, common_arguments)
     return parser
 
 
