@@ -36,6 +36,7 @@ from ..distributed import distributed_image_sets
 from ..errors import GapLensError, InputError, LLMOutputError
 from ..events import Images, Progress, Scores, Table, Warning
 from ..llm_prompts import mutations_prompt, random_prompts_prompt
+from ..metrics.gap import COMBINATIONS
 from ..scores import number
 from ..store import ImageRecord, image_key
 from .generate import GenerationOptions, settings_for
@@ -69,7 +70,7 @@ class MineRequest(GenerationOptions):
         "flag": "--variations", "help": "LLM text variations per prompt (default: n)"})
     alpha: float = field(default=25.0, metadata={"help": "gap-score percentile (spec A.3)"})
     combine: str = field(default="diff", metadata={"help": "how the gap score combines its terms",
-                                                   "choices": ("diff", "missed_only", "mean")})
+                                                   "choices": COMBINATIONS})
     keep_parents: bool = field(default=False, metadata={"help": "elitism: keep the selected prompts"})
     bias: str = field(default="open", metadata={
         "help": "open, socio-demographic, style, objects, or an axis in words (specific-bias mode)"})
