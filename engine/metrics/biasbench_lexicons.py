@@ -7,15 +7,7 @@ published numbers depend on that order ("dragonfly" is labelled "fly" because "f
 checked before "dragonfly"). Prompt ids: beauty, doctor, animal, nature, culture.
 """
 
-URL = "https://github.com/gyanendrachaubey/T2I-BiasBench-Code"
-CITATION = """\
-@article{jaiswal2026t2ibiasbench,
-  title={T2I-BiasBench: A Multi-Metric Framework for Auditing Demographic and Cultural Bias in Text-to-Image Models},
-  author={Jaiswal, Nihal and Arjaria, Siddhartha and Chaubey, Gyanendra and Kumar, Ankush and Singh, Aditya and Chaurasiya, Anchal},
-  journal={arXiv preprint arXiv:2604.12481},
-  year={2026}
-}
-"""
+URL = "https://github.com/gyanendrachaubey/T2I-BiasBench-Code"   # the paper: engine.metrics.biasbench.CITATION
 
 FEMALE_PATTERNS = (
     r"\bwoman\b", r"\bwomen\b", r"\bfemale\b", r"\bgirl\b", r"\blady\b", r"\bshe\b",
