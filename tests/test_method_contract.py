@@ -21,7 +21,7 @@ AXES = {"gender": [f"a photo of a male doctor, {HOSTILE}", f"a photo of a female
 # method -> (request fields, the same request as command-line options)
 CASES = {
     "generate": ({"prompt": PROMPT, "n": 3}, ["--prompt", PROMPT, "-n", "3"]),
-    "single_prompt": ({"prompt": PROMPT, "n": 4, "n_boot": 20}, None),
+    "single_prompt": ({"prompt": PROMPT, "n": 4, "n_boot": 20}, ["--prompt", PROMPT, "-n", "4", "--n-boot", "20"]),
     "counterfactuals": ({"prompt": PROMPT, "axes": AXES, "n": 4, "n_boot": 10},
                         ["--prompt", PROMPT, "--axes", json.dumps(AXES), "-n", "4", "--n-boot", "10"]),
     "intersectional": ({"prompt": PROMPT, "axes": AXES, "n": 4, "n_boot": 10},

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != f"{__name__}.{name}" or name not in METHODS:
                 raise
             # a method without extras: its options are its request's fields
-            method_parser(sub, common_arguments, name, (METHODS[name].run.__doc__ or name).strip().split("\n")[0])
+            method_parser(sub, common_arguments, name, " ".join((METHODS[name].run.__doc__ or name).split("\n\n")[0].split()))
             continue
         module.add_parser(sub, common_arguments)
     return parser

@@ -50,8 +50,6 @@ def request_options(parser: argparse.ArgumentParser, request_type: type, skip=()
             continue
         meta, default = f.metadata, _default(f)
         names = [meta.get("flag") or "--" + f.name.replace("_", "-")] + ([meta["short"]] if "short" in meta else [])
-        if names[0] == "--n":   # the images per set: `-n`, as everywhere in the CLI
-            names = ["-n"]
         text = meta["help"].replace("%", "%%")
         kind, is_list = _plain_type(hints[f.name])
         kwargs: dict = {"dest": f.name, "default": default}

@@ -49,7 +49,7 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("single_prompt", "Single Prompt", single_prompt.SinglePromptRequest, single_prompt.run,
-           single_prompt.headline, single_prompt.scores),
+           single_prompt.headline, single_prompt.scores, cli="single-prompt"),
     Method("generate", "Generate", generate.GenerateRequest, generate.run, generate.headline, generate.scores,
            cli="generate"),
     Method("counterfactuals", "Counterfactuals", counterfactuals.CounterfactualsRequest, counterfactuals.run,

@@ -48,7 +48,7 @@ class SetsRequest(GenerationOptions):
     axes: dict[str, list[str]] | None = None   # {axis: [counterfactual prompts]}; None: ask the LLM
     fill: list[str] = field(default_factory=list, metadata={
         "help": "aggregate mode: values of the placeholder", "metavar": "VALUE"})
-    n: int = field(default=16, metadata={"help": "images per set (the thesis uses 48)"})
+    n: int = field(default=16, metadata={"flag": "-n", "help": "images per set (the thesis uses 48)"})
     seed: int = field(default=0, metadata={"help": "every set uses the seeds seed .. seed+n-1"})
     llm_seed: int = field(default=0, metadata={"help": "seed of the LLM's axes proposal"})
     max_length_change: int = MAX_LENGTH_CHANGE

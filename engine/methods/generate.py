@@ -30,7 +30,7 @@ class GenerationOptions:
 @dataclass
 class GenerateRequest(GenerationOptions):
     prompt: str
-    n: int = field(default=8, metadata={"help": "images per prompt"})
+    n: int = field(default=8, metadata={"flag": "-n", "help": "images per prompt"})
     seed: int = field(default=0, metadata={"help": "images use the seeds seed, seed+1, ..., seed+n-1"})
     prompts: list[str] = field(default_factory=list)  # several prompts in one run (then `prompt` is unused)
 

@@ -65,7 +65,7 @@ class MineRequest(GenerationOptions):
     select: int = field(default=3, metadata={"short": "-s", "help": "s, most biased prompts kept per iteration"})
     mutations: int = field(default=3, metadata={
         "short": "-m", "help": "m, LLM mutations per selected prompt (r = b - s*m random prompts)"})
-    n: int = field(default=16, metadata={"help": "images per prompt"})
+    n: int = field(default=16, metadata={"flag": "-n", "help": "images per prompt"})
     n_variations: int | None = field(default=None, metadata={
         "flag": "--variations", "help": "LLM text variations per prompt (default: n)"})
     alpha: float = field(default=25.0, metadata={"help": "gap-score percentile (spec A.3)"})

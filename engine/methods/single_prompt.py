@@ -20,33 +20,33 @@ from ..llm_prompts import variations_prompt
 from ..metrics import biasbench
 from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
-from ..metrics.gap import gap_score_from_similarity
+from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..metrics.tibet import concept_histogram, top_k_concepts
 from ..scores import Score, as_interval, number
-from .generate import settings_for
+from .generate import GenerationOptions, settings_for
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
 
 
 @dataclass
-class SinglePromptRequest:
-    prompt: str
-    n: int = 16
-    seed: int = 0
-    negative_prompt: str = ""
-    steps: int | None = None
-    guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
-    axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES))
+class SinglePromptRequest(GenerationOptions):
+    prompt: str = field(metadata={"help": "the prompt to audit"})
+    n: int = field(default=16, metadata={"flag": "-n", "help": "images"})
+    seed: int = field(default=0, metadata={"help": "images use the seeds seed .. seed+n-1"})
+    axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES), metadata={
+        "help": "attribute axes to measure (known ones have fixed choices; others are free VQA answers)"})
     references: dict = field(default_factory=dict)   # axis -> {value: target share}; missing = uniform
-    mode: str = "paper"                               # T2I-BiasBench: "paper" or "reference"
-    n_variations: int | None = None                   # MineTheGap text variations (default: n)
-    alpha: float = 25.0                               # MineTheGap percentile (spec A.3)
-    combine: str = "diff"                             # "diff" | "missed_only" | "mean"
-    n_boot: int = 1000
-    top_k: int = 10
-    gap: bool = True                                  # compute the gap score (needs the LLM)
+    mode: str = field(default="paper", metadata={
+        "help": "T2I-BiasBench: the paper's equations, or bit-exact with the authors' code",
+        "choices": ("paper", "reference")})
+    n_variations: int | None = field(default=None, metadata={
+        "flag": "--variations", "help": "MineTheGap text variations of the prompt (default: n)"})
+    alpha: float = field(default=25.0, metadata={"help": "gap-score percentile (spec A.3)"})
+    combine: str = field(default="diff", metadata={"help": "how the gap score combines its terms",
+                                                   "choices": COMBINATIONS})
+    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
+    top_k: int = field(default=10, metadata={"help": "concepts listed"})
+    gap: bool = field(default=True, metadata={"flag": "--no-gap", "help": "skip the gap score (it needs the LLM)"})
 
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + self.n))
