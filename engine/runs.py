@@ -16,14 +16,13 @@ import base64
 import html
 import io
 import json
-import math
 import time
 from typing import Callable, Iterable
 
 from . import render
 from .errors import InputError
 from .methods import METHODS
-from .scores import Score, as_interval, number, short_number
+from .scores import Score, as_interval, difference, number, short_number
 from .store import ImageRecord, Store
 
 STATUSES = ("done", "running", "stopped", "failed")
@@ -277,29 +276,6 @@ def delete_runs(store: Store, run_ids: Iterable[str], keep_images: bool = False)
 
 
 # -- comparison ------------------------------------------------------------------------------
-Z95 = 1.959963984540054
-
-
-def _se(s: Score) -> float | None:
-    if s.low is None or s.high is None or any(map(math.isnan, (s.low, s.high))):
-        return None
-    return (s.high - s.low) / (2 * Z95)
-
-
-def difference(a: Score | None, b: Score | None) -> dict | None:
-    """b − a with an approximate 95% interval: the two runs' intervals read as normal ones from
-    independent image sets, se = sqrt(se_a² + se_b²). `significant` when it excludes 0."""
-    if a is None or b is None or math.isnan(a.value) or math.isnan(b.value):
-        return None
-    d = {"value": b.value - a.value, "low": None, "high": None, "significant": None}
-    se_a, se_b = _se(a), _se(b)
-    if se_a is not None and se_b is not None:
-        se = math.hypot(se_a, se_b)
-        d.update(low=d["value"] - Z95 * se, high=d["value"] + Z95 * se)
-        d["significant"] = bool(d["low"] > 0 or d["high"] < 0)
-    return d
-
-
 def compare_runs(store: Store, run_ids: list[str]) -> dict:
     """Scores of two or more runs side by side, each with its interval, and the difference of
     every run from the first (the baseline) with an approximate interval. Runs of different

@@ -1,10 +1,12 @@
 """Score rows: one number of a run with its optional 95% interval.
 
 Data only (no HTML, no store): methods build their rows here (`METHODS[name].scores`), the
-Runs tab, comparison and export read them through `engine.runs.scores`.
+Runs tab, comparison and export read them through `engine.runs.scores`; `difference` compares
+one score of two runs.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -56,3 +58,27 @@ def short_number(v) -> str:
     """
     v = float(v)
     return f"{v:.0f}" if v.is_integer() and abs(v) < 1e6 else f"{v:.3g}"
+
+
+Z95 = 1.959963984540054
+
+
+def _se(s: Score) -> float | None:
+    """The standard error a 95% interval implies when read as a normal one; None without one."""
+    if s.low is None or s.high is None or any(map(math.isnan, (s.low, s.high))):
+        return None
+    return (s.high - s.low) / (2 * Z95)
+
+
+def difference(a: Score | None, b: Score | None) -> dict | None:
+    """b − a with an approximate 95% interval: the two runs' intervals read as normal ones from
+    independent image sets, se = sqrt(se_a² + se_b²). `significant` when it excludes 0."""
+    if a is None or b is None or math.isnan(a.value) or math.isnan(b.value):
+        return None
+    d = {"value": b.value - a.value, "low": None, "high": None, "significant": None}
+    se_a, se_b = _se(a), _se(b)
+    if se_a is not None and se_b is not None:
+        se = math.hypot(se_a, se_b)
+        d.update(low=d["value"] - Z95 * se, high=d["value"] + Z95 * se)
+        d["significant"] = bool(d["low"] > 0 or d["high"] < 0)
+    return d
