@@ -40,7 +40,7 @@ class SinglePromptRequest(GenerationOptions):
         "help": "T2I-BiasBench: the paper's equations, or bit-exact with the authors' code",
         "choices": ("paper", "reference")})
     n_variations: int | None = field(default=None, metadata={
-        "flag": "--variations", "help": "MineTheGap text variations of the prompt (default: n)"})
+        "help": "MineTheGap text variations of the prompt (default: n)"})
     alpha: float = field(default=25.0, metadata={"help": "gap-score percentile (spec A.3)"})
     combine: str = field(default="diff", metadata={"help": "how the gap score combines its terms",
                                                    "choices": COMBINATIONS})
