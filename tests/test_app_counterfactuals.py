@@ -51,7 +51,7 @@ def test_api_streams_sets_edits_axes_and_returns_both_views(app_url, engine):
 
     calls = engine.stats.generator_calls
     progress, summary, matrix, graph, edges, questions, _, pair = client.predict(
-        prompt="a photo of a nurse", table=table, n=8, n_boot=50, api_name="/intersectional")
+        prompt="a photo of a nurse", table=table, n=8, n_boot=100, api_name="/intersectional")
     assert engine.stats.generator_calls == calls               # the same sets, from the store
     assert "Done" in progress and 'id="is-matrix"' in matrix and graph.startswith("<iframe")
     assert "MaxImp" in summary and len(edges["data"]) == 2 and "|" in pair["value"]

@@ -18,7 +18,7 @@ ROWS = [[axis, cf] for axis, cfs in AXES.items() for cf in cfs]
 def form(n=24, epsilon=0.35):
     """The endpoint's inputs by name; the slots (priority_i, mode_i, shares_i) follow the table's axes."""
     return dict(prompt="a photo of a doctor", table={"headers": ["axis", "counterfactual"], "data": ROWS},
-                axes_to_mitigate=["gender", "age"], n=n, seed=1, epsilon=epsilon, n_boot=50, priority_0=0.7, priority_1=0.3,
+                axes_to_mitigate=["gender", "age"], n=n, seed=1, epsilon=epsilon, n_boot=100, priority_0=0.7, priority_1=0.3,
                 mode_1="typed percentages", shares_1="young=30, middle-aged=40, old=30")
 
 

@@ -21,15 +21,15 @@ AXES = {"gender": [f"a photo of a male doctor, {HOSTILE}", f"a photo of a female
 # method -> (request fields, the same request as command-line options)
 CASES = {
     "generate": ({"prompt": PROMPT, "n": 3}, ["--prompt", PROMPT, "-n", "3"]),
-    "single_prompt": ({"prompt": PROMPT, "n": 4, "n_boot": 20}, ["--prompt", PROMPT, "-n", "4", "--n-boot", "20"]),
-    "counterfactuals": ({"prompt": PROMPT, "axes": AXES, "n": 4, "n_boot": 10},
-                        ["--prompt", PROMPT, "--axes", json.dumps(AXES), "-n", "4", "--n-boot", "10"]),
-    "intersectional": ({"prompt": PROMPT, "axes": AXES, "n": 4, "n_boot": 10},
-                       ["--prompt", PROMPT, "--axes", json.dumps(AXES), "-n", "4", "--n-boot", "10"]),
+    "single_prompt": ({"prompt": PROMPT, "n": 4, "n_boot": 100}, ["--prompt", PROMPT, "-n", "4", "--n-boot", "100"]),
+    "counterfactuals": ({"prompt": PROMPT, "axes": AXES, "n": 4, "n_boot": 100},
+                        ["--prompt", PROMPT, "--axes", json.dumps(AXES), "-n", "4", "--n-boot", "100"]),
+    "intersectional": ({"prompt": PROMPT, "axes": AXES, "n": 4, "n_boot": 100},
+                       ["--prompt", PROMPT, "--axes", json.dumps(AXES), "-n", "4", "--n-boot", "100"]),
     "mine": ({"iterations": 1, "population": 4, "select": 1, "mutations": 2, "n": 4, "bias": f"hair {HOSTILE}"},
              ["-T", "1", "-b", "4", "-s", "1", "-m", "2", "-n", "4", "--bias", f"hair {HOSTILE}"]),
-    "mitigate": ({"prompt": PROMPT, "axes": AXES, "n": 8, "n_boot": 10},
-                 ["--prompt", PROMPT, "--axes", json.dumps(AXES), "-n", "8", "--n-boot", "10"]),
+    "mitigate": ({"prompt": PROMPT, "axes": AXES, "n": 8, "n_boot": 100},
+                 ["--prompt", PROMPT, "--axes", json.dumps(AXES), "-n", "8", "--n-boot", "100"]),
 }
 
 
