@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 from engine.errors import InputError
-from engine.events import Done, Scores, Warning
+from engine.events import Scores, Warning
 from engine.metrics import biasconnect as bc
 from engine.methods import mitigate as mt
 from engine.report import page_for
 from engine.report.mitigate import page as mitigate_page
 from engine.report.runs import results_html
+
+from runhelpers import done_event
 
 DOCTOR = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
           "age": ["a photo of a young doctor", "a photo of a middle-aged doctor", "a photo of an old doctor"]}
@@ -25,7 +27,7 @@ DOCTOR = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
 def run(engine, **fields):
     events = list(mt.run(mt.MitigateRequest(**{"prompt": "a photo of a doctor", "axes": DOCTOR, "n": 24,
                                                "seed": 1, "n_boot": 100, **fields}), engine))
-    return events[-1].results, events
+    return done_event(events).results, events
 
 
 # -- by hand ------------------------------------------------------------------------------------------

@@ -11,20 +11,20 @@ import pytest
 from engine import runs
 from engine.core import Engine
 from engine.errors import InputError
-from engine.events import Done
 from engine.methods import generate, single_prompt
 from engine.report import export
 from engine.report import runs as runs_page
 
+from runhelpers import done_event
+
 
 def _single(engine, prompt, n=8, **kw):
     kw.setdefault("n_boot", 100)
-    return [e for e in single_prompt.run(single_prompt.SinglePromptRequest(prompt, n=n, **kw), engine)
-            if isinstance(e, Done)][0].run_id
+    return done_event(single_prompt.run(single_prompt.SinglePromptRequest(prompt, n=n, **kw), engine)).run_id
 
 
 def _generate(engine, prompt, n=4):
-    return [e for e in generate.run(generate.GenerateRequest(prompt, n=n), engine) if isinstance(e, Done)][0].run_id
+    return done_event(generate.run(generate.GenerateRequest(prompt, n=n), engine)).run_id
 
 
 def _image_bytes(store, run_id):

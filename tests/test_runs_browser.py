@@ -11,8 +11,8 @@ from apphelpers import browser_page, running_app, screenshot
 from engine import study
 from engine.report import export
 from engine.report.study import form_page
-from engine.events import Done
 from engine.methods import single_prompt
+from runhelpers import done_event
 
 pytestmark = pytest.mark.browser
 
@@ -21,7 +21,7 @@ ALL_IMAGES_LOADED = "(sel) => [...document.querySelectorAll(sel)].every(i => i.c
 
 def _single(engine, prompt, n=8):
     request = single_prompt.SinglePromptRequest(prompt, n=n, n_boot=100)
-    return [e for e in single_prompt.run(request, engine) if isinstance(e, Done)][0].run_id
+    return done_event(single_prompt.run(request, engine)).run_id
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,10 @@ import pytest
 from engine import study
 from engine.core import Engine
 from engine.errors import InputError
-from engine.events import Done
 from engine.methods import generate, single_prompt
 from engine.report.study import analysis_html, form_page
+
+from runhelpers import done_event
 
 PROMPTS = ["a photo of a teacher", "a photo of a doctor", "a photo of a firefighter", "a photo of a mechanic",
            "a photo of a nurse"]
@@ -26,7 +27,7 @@ def study_engine(tmp_path_factory):
     ids = []
     for prompt in PROMPTS:
         request = single_prompt.SinglePromptRequest(prompt, n=16, n_boot=50, gap=False)
-        ids.append([e for e in single_prompt.run(request, engine) if isinstance(e, Done)][0].run_id)
+        ids.append(done_event(single_prompt.run(request, engine)).run_id)
     return engine, ids
 
 
@@ -199,7 +200,7 @@ def test_answers_from_another_pack_or_malformed_are_clear_errors(study_engine):
 def test_runs_without_stored_scores_are_scored_from_their_images(study_engine):
     """Generate runs have no metrics: the pack computes them with the engine's (cached) VQA."""
     engine, _ = study_engine
-    ids = [[e for e in generate.run(generate.GenerateRequest(p, n=8), engine) if isinstance(e, Done)][0].run_id
+    ids = [done_event(generate.run(generate.GenerateRequest(p, n=8), engine)).run_id
            for p in ("a photo of a ceo", "a photo of a librarian")]
     key = study.build_pack(engine, ids, question="pair", axis="gender", images_per_set=4, seed=0)["key"]
     assert all(s["auto_score_source"] == "computed" and s["auto_score"] is not None for s in key["sets"].values())
