@@ -6,20 +6,15 @@ runs of methods without scores are scored by flattening the numbers of their `su
 `results` (`flatten_scores`), so comparison and export work for every method, including
 ones written after this module.
 
-Rendering of a stored run goes through `engine/render.py`: `<method>_html(results)` when
-the method has a renderer, else `generic_html(results)`. Nothing here recomputes a result.
-No gradio here; the Runs tab (tabs/runs.py) and the CLI (engine/cli/runs.py) are thin.
+Pages of a stored run (its method's page, comparisons, thumbnails) are made by
+engine/report/runs.py; this module holds the queries and scores. Nothing here recomputes a
+result. No gradio here; the Runs tab (tabs/runs.py) and the CLI (engine/cli/runs.py) are thin.
 """
 from __future__ import annotations
 
-import base64
-import html
-import io
-import json
 import time
-from typing import Callable, Iterable
+from typing import Iterable
 
-from . import render
 from .errors import InputError
 from .methods import METHODS
 from .scores import Score, as_interval, difference, number, short_number
@@ -211,56 +206,6 @@ def run_records(store: Store, run: dict) -> list[tuple[ImageRecord, str]]:
     return [(found[r["image_key"]], r["label"]) for r in run["images"] if r["image_key"] in found]
 
 
-def renderer_for(method: str) -> Callable[[dict], str] | None:
-    """`render.<method>_html`, else `<method>_html` of a module `engine/render_<method>.py`."""
-    fn = getattr(render, f"{method}_html", None)
-    if fn is None and method.isidentifier():
-        import importlib
-
-        try:
-            fn = getattr(importlib.import_module(f"{__package__}.render_{method}"), f"{method}_html", None)
-        except ImportError:
-            fn = None
-    return fn
-
-
-def results_html(method: str, results: dict) -> str:
-    """The results as the method's tab shows them (its renderer), else a generic rendering."""
-    fn = renderer_for(method)
-    if fn is not None and results:
-        try:
-            return fn(results)
-        except Exception as exc:  # noqa: BLE001 - e.g. a partial result of a failed run
-            note = (f"<p class='gl-note'>This run's results are incomplete for the {html.escape(method)} view "
-                    f"({html.escape(type(exc).__name__)}); shown generically.</p>")
-            return note + render.generic_html(results)
-    return render.generic_html(results)
-
-
-def run_header_html(run: dict) -> str:
-    """Who/what/when of a run: method, status, prompt, models, request, version."""
-    models = "".join(f"<tr><td>{html.escape(k)}</td><td><code>{html.escape(short_model(v))}</code></td></tr>"
-                     for k, v in (run.get("models") or {}).items())
-    req = html.escape(json.dumps(run.get("request") or {}, indent=1, default=str))
-    error = (f"<p class='gl-error'><b>Error:</b> {html.escape(run['error'])}</p>" if run.get("error") else "")
-    date = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["created"]))
-    status = run["status"]
-    return (f"<div class='gl-run-header' data-run='{html.escape(run['id'])}'>"
-            f"<p><b>Run</b> <code>{html.escape(run['id'])}</code> · <b>{html.escape(run['method'])}</b> · "
-            f"status <span class='gl-status gl-status-{html.escape(status)}'>{html.escape(status)}</span> · "
-            f"{date} · GapLens {html.escape(str(run.get('version', '')))}</p>"
-            f"<p><b>Prompt:</b> {html.escape(run_prompt(run)) or '<i>(none)</i>'}</p>{error}"
-            f"<table class='gl-models'><tr><th>role</th><th>model</th></tr>{models}</table>"
-            f"<details><summary>Request</summary><pre>{req}</pre></details></div>")
-
-
-def open_run(store: Store, run_id: str) -> dict:
-    """A stored run ready to show: the row, its HTML (header + results) and its images."""
-    run = get_run(store, run_id)
-    return {"run": run, "html": run_header_html(run) + results_html(run["method"], run.get("results") or {}),
-            "records": run_records(store, run)}
-
-
 def delete_runs(store: Store, run_ids: Iterable[str], keep_images: bool = False) -> dict:
     """Delete runs and (unless keep_images) the images no remaining run uses."""
     total = {"runs": 0, "images": 0, "answers": 0, "embeddings": 0}
@@ -308,104 +253,3 @@ def compare_runs(store: Store, run_ids: list[str]) -> dict:
                       "headline": headline(r)[0]} for r in runs],
             "method": methods[0] if same else None, "methods": methods, "rows": table,
             "note": ("" if same else "These runs are of different methods: only their summaries are compared.")}
-
-
-def thumbnail_data_uri(path: str, size: int = 128, quality: int = 82) -> str:
-    """A small JPEG of the image as a data: URI (for self-contained HTML)."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        im = im.convert("RGB")
-        im.thumbnail((size, size))
-        buf = io.BytesIO()
-        im.save(buf, format="JPEG", quality=quality)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def thumbnails_html(records: list[tuple[ImageRecord, str]], size: int = 96, limit: int = 48,
-                    css_class: str = "gl-thumbs") -> str:
-    """A grid of inline thumbnails (seed and set label as captions); no external files."""
-    cells = []
-    for record, label in records[:limit]:
-        try:
-            uri = thumbnail_data_uri(record.path, size)
-        except OSError:
-            continue
-        caption = f"seed {record.seed}" + (f" · {label}" if label else "") + (" · flagged" if record.nsfw else "")
-        cells.append(f"<figure class='gl-thumb'><img src='{uri}' alt='{html.escape(caption)}' "
-                     f"width='{size}' loading='eager'><figcaption>{html.escape(caption)}</figcaption></figure>")
-    more = (f"<p class='gl-note'>… and {len(records) - limit} more image(s).</p>" if len(records) > limit else "")
-    return f"<div class='{css_class}'>{''.join(cells)}</div>{more}"
-
-
-def _cell(v: dict | None) -> str:
-    if not v:
-        return "–"
-    if v.get("low") is not None and v.get("high") is not None:
-        return render.fmt_ci(v["value"], (v["low"], v["high"]))
-    return render.fmt(v["value"])
-
-
-def _diff_cell(d: dict | None) -> str:
-    if not d:
-        return "–"
-    text = (render.fmt_ci(d["value"], (d["low"], d["high"])) if d["low"] is not None else render.fmt(d["value"]))
-    mark = " <b title='the approximate 95% interval excludes 0'>*</b>" if d.get("significant") else ""
-    sign = "+" if d["value"] > 0 else ""
-    return f"<span class='gl-diff' data-significant='{str(bool(d.get('significant'))).lower()}'>{sign}{text}{mark}</span>"
-
-
-def compare_html(comparison: dict, store: Store | None = None, thumbs: int = 12) -> str:
-    """The comparison as HTML: who is compared, per-axis distributions side by side (Single
-    Prompt), the score table with intervals and differences from the first run, and (given the
-    store) the runs' image grids next to each other."""
-    runs = comparison["runs"]
-    letters = [chr(ord("A") + i) if i < 26 else str(i) for i in range(len(runs))]
-    who = "".join(f"<tr><td><b>{letters[i]}</b></td><td><code>{html.escape(r['id'])}</code></td>"
-                  f"<td>{html.escape(r['method'])}</td><td>{html.escape(r['prompt'])}</td>"
-                  f"<td><code>{html.escape(r['generator'])}</code></td><td>{r['date']}</td>"
-                  f"<td>{html.escape(r['status'])}</td></tr>" for i, r in enumerate(runs))
-    parts = [f"<div class='gl-compare'><h3>Comparison of {len(runs)} runs</h3>"
-             f"<table class='gl-runs'><tr><th></th><th>run</th><th>method</th><th>prompt</th><th>generator</th>"
-             f"<th>date</th><th>status</th></tr>{who}</table>"]
-    if comparison.get("note"):
-        parts.append(f"<p class='gl-note'>{html.escape(comparison['note'])}</p>")
-    if store is not None and comparison.get("method") == "single_prompt":
-        parts.append(_axes_side_by_side(store, runs, letters))
-    head = "".join(f"<th>{letters[i]}</th>" for i in range(len(runs)))
-    head += "".join(f"<th>{letters[i]} − A</th>" for i in range(1, len(runs)))
-    body = []
-    for row in comparison["rows"]:
-        cells = "".join(f"<td class='gl-metric'>{_cell(v)}</td>" for v in row["values"])
-        cells += "".join(f"<td class='gl-metric'>{_diff_cell(d)}</td>" for d in row["differences"])
-        body.append(f"<tr data-metric='{html.escape(row['group'])}/{html.escape(row['metric'])}'>"
-                    f"<td>{html.escape(row['group'])}</td><td>{html.escape(row['metric'])}</td>{cells}</tr>")
-    parts.append(f"<table class='gl-compare-table'><tr><th>group</th><th>score</th>{head}</tr>{''.join(body)}</table>"
-                 "<p class='gl-note'>Values are shown as value [95% interval] where the method computed one "
-                 "(bootstrap over images). Differences are from run A, with an approximate 95% interval "
-                 "(each run's interval read as a normal one, runs independent); * marks an interval that "
-                 "excludes 0.</p>")
-    if store is not None:
-        grids = []
-        for i, r in enumerate(runs):
-            run = store.get_run(r["id"])
-            records = run_records(store, run) if run else []
-            grids.append(f"<div class='gl-compare-col'><h4>{letters[i]}: {html.escape(r['prompt'][:80])}</h4>"
-                         f"{thumbnails_html(records, 72, thumbs)}</div>")
-        parts.append(f"<div class='gl-compare-grids' style='display:flex;gap:16px;flex-wrap:wrap'>{''.join(grids)}</div>")
-    parts.append("</div>")
-    return "".join(parts)
-
-
-def _axes_side_by_side(store: Store, runs: list[dict], letters: list[str]) -> str:
-    """One row per axis: each run's distribution chart (same scale), next to each other."""
-    results = [(store.get_run(r["id"]) or {}).get("results") or {} for r in runs]
-    axes = list(dict.fromkeys(a for res in results for a in res.get("axes", {})))
-    rows = []
-    for axis in axes:
-        cells = []
-        for letter, res in zip(letters, results):
-            m = res.get("axes", {}).get(axis)
-            cells.append(f"<div><b>{letter}</b>{render.axis_html(axis, m) if m else '<p>–</p>'}</div>")
-        rows.append(f"<div class='gl-compare-axis' style='display:flex;gap:18px;flex-wrap:wrap'>{''.join(cells)}</div>")
-    return "".join(rows)

@@ -6,11 +6,11 @@ import time
 
 import gradio as gr
 
-from engine import biasgraph
 from engine.axes import parse_targets
 from engine.errors import InputError
 from engine.events import Done, Progress, Table, Warning
 from engine.methods import cfsets, intersectional
+from engine.report import intersectional as report
 
 from . import axes_table
 from .common import gpu, user_errors
@@ -129,8 +129,8 @@ def build(engine) -> list:
                 best = max(r["kept_edges"] or r["edges"], key=lambda e: abs(e["is"] or 0), default=None)
                 yield {progress: (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, "
                                   f"in {event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`)."),
-                       summary: biasgraph.summary_html(r), matrix: biasgraph.matrix_html(r),
-                       graph: biasgraph.iframe(biasgraph.graph_from_results(r), elem_id="ic-graph-frame"),
+                       summary: report.summary_html(r), matrix: report.matrix_html(r),
+                       graph: report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame"),
                        edges: edge_rows(r), questions: asked, **proposed,
                        pair: gr.update(choices=pairs, value=f"{best['source']}|{best['target']}" if best else None),
                        state: {"results": r, "run_id": event.run_id}}
@@ -140,7 +140,7 @@ def build(engine) -> list:
         if not results or not value:
             return ""
         x, y = value.split("|")
-        return biasgraph.pair_html(results, x, y)
+        return report.pair_html(results, x, y)
 
     reference.upload(load_reference, [reference], [targets], api_name=False)
     from_cf.click(latest_counterfactuals, None, [editor.prompt, editor.fill, editor.table, n, seed], api_name=False)

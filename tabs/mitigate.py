@@ -17,7 +17,7 @@ from engine.axes import known_axes, parse_targets
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import cfsets, intersectional, mitigate
-from engine.render_mitigate import mitigate_html, preview_html
+from engine.report import mitigate as report
 
 from . import axes_table
 from .common import gallery_items, gpu, user_errors
@@ -265,9 +265,9 @@ def build(engine) -> list:
             elif isinstance(event, Table) and event.name == "axes":
                 update = {editor.table: event.rows}
             elif isinstance(event, Scores) and event.name == "preview":
-                update = {preview_box: preview_html(event.values)}
+                update = {preview_box: report.preview_html(event.values)}
             elif isinstance(event, Scores) and event.name == "results":
-                update = {view: mitigate_html(event.values, with_preview=False)}
+                update = {view: report.page(event.values, with_preview=False)}
             elif isinstance(event, Done):
                 r = event.results
                 generated = engine.stats.images_generated - before
@@ -277,7 +277,7 @@ def build(engine) -> list:
                               f"{len(r['steps'])} step(s), τ {r['states'][0]['tau']:.3f} → {r['states'][-1]['tau']:.3f}; "
                               f"{generated} image(s) generated, the rest from the store; "
                               f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).",
-                    view: mitigate_html(r, with_preview=False), preview_box: preview_html(r.get("preview")),
+                    view: report.page(r, with_preview=False), preview_box: report.preview_html(r.get("preview")),
                     export: _export_file(r, event.run_id) if not request.preview_only else None})
                 yield shown
             if update:

@@ -10,7 +10,7 @@ from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import single_prompt
 
-from engine.render import axis_html, diversity_text, gap_html
+from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
 
 from .common import gallery_items, gpu, user_errors
 
@@ -94,8 +94,7 @@ def build(engine) -> list:
                 continue
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
                 axis_blocks[event.name[5:]] = axis_html(event.name[5:], event.values)
-                update = {axes_out: "<div style='display:flex;flex-wrap:wrap;gap:18px'>"
-                                    + "".join(axis_blocks.values()) + "</div>"}
+                update = {axes_out: axes_html(axis_blocks.values())}
             elif isinstance(event, Scores) and event.name == "diversity":
                 update = {diversity: diversity_text(event.values)}
             elif isinstance(event, Scores) and event.name == "gap":

@@ -6,13 +6,13 @@ import re
 import numpy as np
 import pytest
 
-from engine import biasgraph
 from engine.errors import InputError
 from engine.events import Graph
 from engine.metrics import biasconnect as bc
 from engine.methods import cfsets, counterfactuals, intersectional as ic
 from engine.methods.cfsets import SetSpec
 from engine.presets import SYNTHETIC_TABLE
+from engine.report import intersectional as biasgraph
 
 from runhelpers import done_event
 
@@ -162,7 +162,7 @@ def test_planted_interaction_has_its_sign_and_edge_and_independent_pairs_are_pru
     assert r["p_values"]["age"]["gender"] < 1e-4 < r["p_values"]["emotion"]["gender"]
     assert r["questions"]["gender"] == "What is the gender (male, female) of the person in the image?"
     graph = next(e for e in events if isinstance(e, Graph))
-    assert graph.edges == r["kept_edges"] and "vis.Network" in graph.html
+    assert graph.edges == r["kept_edges"] and not hasattr(graph, "html")  # events carry data; the page draws it
 
 
 def test_a_run_after_counterfactuals_generates_nothing_new(engine):

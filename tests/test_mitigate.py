@@ -14,7 +14,9 @@ from engine.errors import InputError
 from engine.events import Scores, Warning
 from engine.metrics import biasconnect as bc
 from engine.methods import mitigate as mt
-from engine.runs import renderer_for, results_html
+from engine.report import page_for
+from engine.report.mitigate import page as mitigate_page
+from engine.report.runs import results_html
 
 from runhelpers import done_event
 
@@ -140,7 +142,7 @@ def test_priorities_reach_epsilon_in_fewer_steps_than_mitigating_every_axis(engi
     assert len(everything["prompt_set"]["prompts"]) == 6
 
     html = results_html("mitigate", r)
-    assert renderer_for("mitigate") is not None and 'data-chart="mitigate-step-1-after"' in html
+    assert page_for("mitigate") is mitigate_page and 'data-chart="mitigate-step-1-after"' in html
     assert 'data-chart="mitigate-tau"' in html and 'data-chart="mitigate-final-age-final"' in html
 
 

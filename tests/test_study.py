@@ -12,6 +12,7 @@ from engine import study
 from engine.core import Engine
 from engine.errors import InputError
 from engine.methods import generate, single_prompt
+from engine.report.study import analysis_html, form_page
 
 from runhelpers import done_event
 
@@ -123,7 +124,7 @@ def test_williams_square_is_latin_and_carryover_balanced():
 def test_participant_files_name_no_condition(study_engine, tmp_path):
     engine, ids = study_engine
     pack = study.build_pack(engine, ids, question="pair", axis="gender", images_per_set=3, seed=3, n_raters=2)
-    path = study.write_pack(pack, tmp_path / "pack.zip")
+    path = study.write_pack(pack, tmp_path / "pack.zip", form_page(pack))
     runs_ = [engine.store.get_run(i) for i in ids]
     secrets = set(ids) | set(PROMPTS) | {p.split()[-1] for p in PROMPTS}
     secrets |= {"single_prompt", "synthetic", "run_id", "generator", "prompt"}
@@ -163,7 +164,7 @@ def test_simulated_answers_that_follow_the_scores_give_a_high_spearman(study_eng
     assert analysis["agreement"]["level"] == ("interval" if question == "rating" else "nominal")
     if question == "pair":
         assert analysis["self_consistency"] > 0.6
-    html = study.analysis_html(analysis)
+    html = analysis_html(analysis)
     assert "study-spearman" in html and "Krippendorff" in html
     # The same answers split over several files (one per participant) give the same result.
     lines = text.splitlines()

@@ -33,7 +33,6 @@ from typing import TypedDict
 import numpy as np
 
 from ..axes import known_axes
-from ..biasgraph import graph_from_results
 from ..core import Engine, Run, recorded
 from ..distributed import distributed_image_sets
 from ..errors import InputError, LLMOutputError
@@ -222,7 +221,7 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     results.update(settings=settings.__dict__, seeds=seeds)
     # 5. Report: the scores, the graph, the record.
     yield Scores("sensitivity", results)
-    yield Graph("biasgraph", [{"id": a} for a in axes], results["kept_edges"], graph_from_results(results))
+    yield Graph("biasgraph", [{"id": a} for a in axes], results["kept_edges"])
     yield run_record.finish(results, summarise(results))
 
 
