@@ -4,8 +4,7 @@ import json
 import sys
 
 from ..errors import InputError
-from ..runs import (SORTS, STATUSES, compare_runs, delete_runs, get_run, headline, list_runs, run_prompt,
-                    scores)
+from ..runs import SORTS, STATUSES, compare_runs, delete_runs, get_run, headline, list_runs, run_prompt, scores
 
 
 def add_parser(sub, common_arguments) -> None:
