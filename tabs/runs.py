@@ -3,6 +3,7 @@ delete, export, import, and user-study packs. Thin: engine/runs.py, engine/expor
 engine/study.py do the work; results are rendered with engine/render.py as their tab shows them."""
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -12,6 +13,8 @@ import gradio as gr
 from engine import export, runs, study
 from engine.axes import known_axes
 from engine.errors import InputError
+from engine.imports import import_zip
+from engine.names import safe_stem
 
 from .common import gallery_items, user_errors
 
@@ -19,9 +22,22 @@ HEADERS = ["run", "method", "prompt", "generator", "date", "headline score", "st
 ALL = "all"
 
 
+EXPORTS = Path(tempfile.gettempdir()) / "gaplens-exports"
+EXPORT_MAX_AGE_S = 3600
+
+
 def _export_dir() -> Path:
-    """A fresh directory under the system temp dir (Gradio serves downloads from there)."""
-    return Path(tempfile.mkdtemp(prefix="gaplens-export-"))
+    """A fresh directory for one download under the system temp dir (Gradio copies what a
+    handler returns into its own cache and serves it from there); folders older than an hour
+    are removed first, so exports do not pile up."""
+    EXPORTS.mkdir(parents=True, exist_ok=True)
+    for old in EXPORTS.iterdir():
+        try:
+            if time.time() - old.stat().st_mtime > EXPORT_MAX_AGE_S:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(prefix="export-", dir=EXPORTS))
 
 
 def _ids(selected) -> list[str]:
@@ -120,7 +136,7 @@ def build(engine) -> list:
         methods = sorted({r["method"] for r in store.list_runs()})
         keep = [s for s in _ids(selected) if store.get_run(s) is not None]
         return (data, gr.Dropdown(choices=[(_choice_label(r), r["id"]) for r in rows], value=keep),
-                gr.Dropdown(choices=[ALL, *methods]), f"{len(rows)} run(s) shown; {store.count('runs')} in the store.")
+                gr.Dropdown(choices=[ALL, *methods]), f"{len(rows)} run(s) shown; {store.count_runs()} in the store.")
 
     def load():
         return list_runs("", ALL, ALL, "newest", [])[:3]
@@ -168,7 +184,7 @@ def build(engine) -> list:
             ids = _ids(selected)
             if not ids:
                 raise InputError("pick the runs to export first")
-            stem = ids[0] if len(ids) == 1 else f"gaplens-{len(ids)}-runs-{time.strftime('%Y%m%d-%H%M%S')}"
+            stem = safe_stem(ids[0]) if len(ids) == 1 else f"gaplens-{len(ids)}-runs-{time.strftime('%Y%m%d-%H%M%S')}"
             out = _export_dir()
             if fmt == "scores":
                 paths = (export.export_files(store, ids, "json", out / f"{stem}.scores.json")
@@ -182,7 +198,7 @@ def build(engine) -> list:
     def do_import(path):
         if not path:
             raise InputError("upload an exported .zip first")
-        report = export.import_zip(store, path)
+        report = import_zip(store, path)
         text = (f"Imported {len(report['imported'])} run(s) ({report['images_added']} new image(s), "
                 f"{report['answers']} VQA answers, {report['embeddings']} embeddings)"
                 + (f"; already in the store: {', '.join(report['skipped'])}" if report["skipped"] else "") + ".")
@@ -196,7 +212,7 @@ def build(engine) -> list:
         pack = study.build_pack(engine, ids, question=question, axis=axis or "overall",
                                 images_per_set=int(per_set), seed=int(seed or 0),
                                 n_raters=int(raters) if raters else None, n_attention=int(checks))
-        path = study.write_pack(pack, _export_dir() / f"study-{question}-seed{int(seed or 0)}.zip")
+        path = study.write_pack(pack, _export_dir() / f"study-{safe_stem(question)}-seed{int(seed or 0)}.zip")
         summary = study.pack_summary(pack)
         missing = summary["sets"] - summary["sets_with_automatic_score"]
         note = (f"\n\n{missing} set(s) have no automatic score for this question; Spearman will leave them out."
