@@ -20,7 +20,8 @@ from .errors import InputError, OverBudgetError
 SEED_MAX = 2**32 - 1
 SEED_FIELDS = ("seed", "image_seed", "llm_seed")
 N_BOOT_MIN, N_BOOT_MAX = 100, 100_000
-NO_INTERVALS_ALLOWED = {"counterfactuals", "intersectional", "mitigate"}  # their n_boot = 0 means "no intervals"
+SET_METHODS = {"counterfactuals", "intersectional", "mitigate"}  # requests of counterfactual image sets
+NO_INTERVALS_ALLOWED = SET_METHODS  # their n_boot = 0 means "no intervals"
 MAX_TEXT_CHARS = 1000
 MAX_LIST_ITEMS = 500
 MIN_SIDE = 64
@@ -132,7 +133,7 @@ def estimate_images(method: str, request) -> int:
     if method == "mine":
         iterations = fields.get("iterations") or MINE_DEFAULT_ITERATIONS
         return n * max(1, _int(fields.get("population") or 1, "population")) * _int(iterations, "iterations")
-    if "axes" in fields:  # counterfactual-set methods: one set per counterfactual prompt, plus the prompt
+    if method in SET_METHODS:  # counterfactual-set methods: one set per counterfactual prompt + the prompt
         axes = fields.get("axes")
         sets = 1 + sum(len(v) for v in axes.values()) if isinstance(axes, dict) and axes else SETS_GUESS
         sets *= max(1, len(fields.get("fill") or []))

@@ -416,7 +416,7 @@ class Store:
         rows = self._read("SELECT * FROM runs WHERE id=?" + (f" AND {where}" if where else ""), (run_id, *args))
         if not rows:
             return None
-        run = dict(rows[0])
+        run = {k: v for k, v in dict(rows[0]).items() if k not in ("pid", "host", "cost")}  # bookkeeping only
         for column in ("request", "results", "summary", "models"):
             run[column] = json.loads(run[column])
         run["images"] = [dict(r) for r in self._read(

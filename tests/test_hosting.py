@@ -1,0 +1,297 @@
+"""Safe to host (issue 13): untrusted imports, names on disk, visitors, budgets, a healthy store,
+and what the HTTP server serves."""
+import hashlib
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from engine import access, export, imports, runs
+from engine.core import Engine
+from engine.errors import InputError, NotAllowedError, OverBudgetError, StoreError
+from engine.events import Done
+from engine.limits import Budget
+from engine.methods import generate, single_prompt
+from waiting import wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _generate(engine, prompt, n=4, **kw):
+    return [e for e in generate.run(generate.GenerateRequest(prompt, n=n, **kw), engine)
+            if isinstance(e, Done)][0]
+
+
+def _rewrite(src: Path, dst: Path, change) -> None:
+    """Copy a zip, passing every (name, bytes) through `change` (returns new bytes, or None to drop)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for name in zin.namelist():
+            data = change(name, zin.read(name))
+            if data is not None:
+                zout.writestr(name, data)
+
+
+def _jsonl(data: bytes) -> list[dict]:
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+def _dump(rows) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def _pixels(path) -> bytes:
+    with Image.open(path) as im:
+        return im.convert("RGB").tobytes()
+
+
+# -- untrusted imports ----------------------------------------------------------------------
+def test_an_archive_with_swapped_images_and_rewritten_checksums_does_not_poison_the_cache(engine, tmp_path):
+    done = _generate(engine, "a photo of a nurse", n=4)
+    honest = {r["seed"]: _pixels(r["path"]) for r in done.results["images"]}
+    assert honest[0] != honest[1]
+    export.export_zip(engine.store, [done.run_id], tmp_path / "honest.zip")
+    # The attack: image files of seeds 0 and 1 trade bytes; every checksum is rewritten to agree.
+    rows = _jsonl(zipfile.ZipFile(tmp_path / "honest.zip").read("gaplens/images.jsonl"))
+    by_seed = {r["seed"]: r for r in rows}
+    k0, k1 = by_seed[0]["key"], by_seed[1]["key"]
+    with zipfile.ZipFile(tmp_path / "honest.zip") as zf:
+        b0, b1 = zf.read(f"images/{k0}.png"), zf.read(f"images/{k1}.png")
+    sha = {k0: hashlib.sha256(b1).hexdigest(), k1: hashlib.sha256(b0).hexdigest()}
+
+    def poison(name, data):
+        if name == f"images/{k0}.png":
+            return b1
+        if name == f"images/{k1}.png":
+            return b0
+        if name in ("gaplens/images.jsonl", "metadata.jsonl"):
+            rows = _jsonl(data)
+            for r in rows:
+                key = r.get("key") or r.get("image_key")
+                if key in sha:
+                    r["sha256"] = sha[key]
+            return _dump(rows)
+        return data
+
+    _rewrite(tmp_path / "honest.zip", tmp_path / "poisoned.zip", poison)
+
+    victim = Engine("synthetic", data_dir=str(tmp_path / "victim"))
+    report = imports.import_zip(victim.store, tmp_path / "poisoned.zip")
+    assert report["imported"] == [done.run_id] and not report["trusted"]
+    # The imported run keeps what it was given (planted bytes included), marked as imported...
+    imported = victim.store.get_run(done.run_id)
+    rows = victim.store.image_rows([link["image_key"] for link in imported["images"]])
+    assert {r["provenance"] for r in rows} == {"imported"} and len(rows) == 4
+    # ...but a new generation of the same prompt and seeds is made afresh, not served the plants.
+    fresh = _generate(victim, "a photo of a nurse", n=4)
+    assert victim.stats.image_cache_hits == 0 and victim.stats.images_generated == 4
+    assert {r["seed"]: _pixels(r["path"]) for r in fresh.results["images"]} == honest
+    assert runs.open_run(victim.store, done.run_id)["records"]  # the imported run still opens
+
+    # An archive the user trusts (`runs import --trust`) does serve the cache.
+    trusting = Engine("synthetic", data_dir=str(tmp_path / "trusting"))
+    assert imports.import_zip(trusting.store, tmp_path / "honest.zip", trust=True)["trusted"]
+    _generate(trusting, "a photo of a nurse", n=4)
+    assert trusting.stats.images_generated == 0 and trusting.stats.image_cache_hits == 4
+
+
+def _store_files(engine) -> list[Path]:
+    return sorted(p for p in engine.store.image_dir.rglob("*") if p.is_file())
+
+
+def test_a_zip_bomb_is_refused_before_it_is_unpacked_and_nothing_is_written(engine, tmp_path):
+    done = _generate(engine, "a photo of a pilot", n=2)
+    export.export_zip(engine.store, [done.run_id], tmp_path / "ok.zip")
+    _rewrite(tmp_path / "ok.zip", tmp_path / "bomb.zip", lambda n, d: d)
+    with zipfile.ZipFile(tmp_path / "bomb.zip", "a", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("gaplens/padding.bin", bytes(64 * 2**20))  # 64 MiB of zeros: about 1000:1
+    info = zipfile.ZipFile(tmp_path / "bomb.zip").getinfo("gaplens/padding.bin")
+    assert info.file_size / info.compress_size > 500
+    other = Engine("synthetic", data_dir=str(tmp_path / "other"))
+    with pytest.raises(InputError, match="zip bomb"):
+        imports.import_zip(other.store, tmp_path / "bomb.zip")
+    assert other.store.count("runs") == 0 and other.store.count("images") == 0 and not _store_files(other)
+
+
+@pytest.mark.parametrize("side", [12_000, 5_000])  # above Pillow's own guard, and above GapLens' 4096² only
+def test_a_pixel_bomb_image_is_refused_and_nothing_is_written(engine, tmp_path, side):
+    done = _generate(engine, "a photo of a baker", n=2)
+    export.export_zip(engine.store, [done.run_id], tmp_path / "ok.zip")
+    buf = io.BytesIO()
+    Image.new("1", (side, side)).save(buf, format="PNG")  # up to 144 megapixels, a few kB on disk
+    bomb = buf.getvalue()
+    key = _jsonl(zipfile.ZipFile(tmp_path / "ok.zip").read("gaplens/images.jsonl"))[0]["key"]
+
+    def plant(name, data):
+        if name == f"images/{key}.png":
+            return bomb
+        if name == "gaplens/images.jsonl":
+            rows = _jsonl(data)
+            for r in rows:
+                if r["key"] == key:
+                    r["sha256"] = hashlib.sha256(bomb).hexdigest()
+            return _dump(rows)
+        return data
+
+    _rewrite(tmp_path / "ok.zip", tmp_path / "pixels.zip", plant)
+    other = Engine("synthetic", data_dir=str(tmp_path / "other"))
+    with pytest.raises(InputError, match="pixels"):
+        imports.import_zip(other.store, tmp_path / "pixels.zip")
+    assert other.store.count("runs") == 0 and not _store_files(other)
+
+
+def test_rows_outside_the_schema_are_refused_before_anything_is_written(engine, tmp_path):
+    done = _generate(engine, "a photo of a judge", n=2)
+    export.export_zip(engine.store, [done.run_id], tmp_path / "ok.zip")
+
+    def bad_status(name, data):
+        if name == "gaplens/runs.jsonl":
+            rows = _jsonl(data)
+            rows[0]["status"] = "<script>"
+            return _dump(rows)
+        return data
+
+    _rewrite(tmp_path / "ok.zip", tmp_path / "bad.zip", bad_status)
+    other = Engine("synthetic", data_dir=str(tmp_path / "other"))
+    with pytest.raises(InputError, match="'status' is not valid"):
+        imports.import_zip(other.store, tmp_path / "bad.zip")
+    assert other.store.count("runs") == 0 and not _store_files(other)
+
+
+@pytest.mark.parametrize("evil_id", ["../../../escaped", "..", "/tmp/escaped", "a/../../escaped", "x\\..\\escaped"])
+def test_path_characters_in_imported_run_ids_never_write_outside_the_export_folder(engine, tmp_path, evil_id, capsys):
+    done = _generate(engine, "a photo of a chef", n=2)
+    export.export_zip(engine.store, [done.run_id], tmp_path / "ok.zip")
+
+    def rename(name, data):
+        if name in ("gaplens/runs.jsonl", "gaplens/run_images.jsonl"):
+            rows = _jsonl(data)
+            for r in rows:
+                r["id" if "id" in r else "run_id"] = evil_id
+            return _dump(rows)
+        return data
+
+    _rewrite(tmp_path / "ok.zip", tmp_path / "evil.zip", rename)
+    other = Engine("synthetic", data_dir=str(tmp_path / "work" / "store"))
+    report = imports.import_zip(other.store, tmp_path / "evil.zip")
+    new_id = report["renamed"][evil_id]
+    assert report["imported"] == [new_id] and "/" not in new_id and "\\" not in new_id and not new_id.startswith(".")
+    out = tmp_path / "work" / "exports"
+    from engine.cli import main
+
+    assert main(["runs", "export", new_id, "--data-dir", str(other.store.data_dir), "--format", "all",
+                 "--out", str(out)]) == 0
+    written = [Path(p) for p in capsys.readouterr().out.split()]
+    assert len(written) == 4 and all(p.resolve().parent == out.resolve() for p in written)
+    assert not list(tmp_path.rglob("*escaped*"))
+
+
+# -- a healthy store ------------------------------------------------------------------------
+def test_out_of_range_numbers_are_one_sentence_and_store_nothing(engine):
+    for request, message in [
+        (generate.GenerateRequest("a cat", n=2, seed=2**70), "between 0 and 4294967295"),
+        (generate.GenerateRequest("a cat", n=4, seed=2**32 - 2), "between 0 and 4294967295"),
+        (generate.GenerateRequest("a cat", n=2, steps=10**6), "steps must be between 1 and"),
+        (generate.GenerateRequest("a cat", n=2, width=100_000), "multiple of 8"),
+        (single_prompt.SinglePromptRequest("a cat", n=4, n_boot=0), "n_boot"),
+        (generate.GenerateRequest("x" * 20_000_000, n=2), "characters long"),
+    ]:
+        method = generate.run if isinstance(request, generate.GenerateRequest) else single_prompt.run
+        with pytest.raises(InputError, match=message):
+            list(method(request, engine))
+    assert engine.store.count("runs") == 0
+
+
+def test_a_run_whose_process_was_killed_is_marked_interrupted_at_start_up(tmp_path):
+    data = tmp_path / "store"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "generate", "--prompt", "a photo of a farmer", "-n", "50000",
+                             "--max-images", "50000", "--preset", "synthetic", "--data-dir", str(data), "--quiet"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def running():
+            try:
+                with sqlite3.connect(data / "gaplens.sqlite") as db:
+                    row = db.execute("SELECT id FROM runs WHERE status='running'").fetchone()
+                    return row and db.execute("SELECT COUNT(*) FROM run_images").fetchone()[0] > 0 and row[0]
+            except sqlite3.Error:
+                return None
+        run_id = wait_until(running, 120, "the generate run to start storing images")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    engine = Engine("synthetic", data_dir=str(data))
+    run = engine.store.get_run(run_id)
+    assert engine.store.interrupted == [run_id] and run["status"] == "interrupted" and "run it again" in run["error"]
+    assert runs.list_runs(engine.store, status="interrupted")[0]["id"] == run_id
+    assert not list(data.rglob("*.tmp"))  # no half-written image left behind by the kill
+    # What it stored is kept and serves a rerun ("resume"): the images made before the kill are cache hits.
+    made = len(run["images"])
+    _generate(engine, "a photo of a farmer", n=min(made, 8))
+    assert engine.stats.image_cache_hits == min(made, 8)
+
+
+def test_gc_removes_least_recently_used_images_no_run_needs(engine):
+    kept = _generate(engine, "a photo of a dentist", n=3)
+    a = _generate(engine, "a photo of a welder", n=2)
+    b = _generate(engine, "a photo of a tailor", n=2)
+    runs.delete_runs(engine.store, [a.run_id, b.run_id], keep_images=True)   # 4 images no run needs
+    a_keys = [r["key"] for r in a.results["images"]]
+    b_keys = [r["key"] for r in b.results["images"]]
+    engine.store.touch(a_keys)           # the welder images were used last: they go last
+    usage = engine.store.usage()
+    b_bytes = sum(r["bytes"] for r in engine.store.image_rows(b_keys))
+    removed = engine.store.gc(quota_bytes=usage["image_bytes"] - b_bytes)
+    assert removed["images"] == 2 and removed["over_quota"] == 0
+    assert set(engine.store.get_images(a_keys)) == set(a_keys) and not engine.store.get_images(b_keys)
+    assert not any(engine.store.image_path_for(k).exists() for k in b_keys)
+    from engine.cli import main
+
+    assert main(["runs", "gc", "--data-dir", str(engine.store.data_dir), "--json"]) == 0
+    assert not engine.store.get_images(a_keys)
+    assert len(runs.open_run(engine.store, kept.run_id)["records"]) == 3     # a kept run loses nothing
+
+
+def test_a_damaged_database_is_one_sentence_saying_what_to_do(tmp_path):
+    data = tmp_path / "store"
+    data.mkdir()
+    (data / "gaplens.sqlite").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="is damaged: move it"):
+        Engine("synthetic", data_dir=str(data))
+
+
+# -- visitors and budgets -------------------------------------------------------------------
+def test_public_visitors_see_only_their_runs_and_budgets_are_checked_before_work(tmp_path):
+    engine = Engine("synthetic", data_dir=str(tmp_path / "store"), public=True,
+                    budget=Budget(images=8, hourly_images=12))
+    a, b = access.Visitor("session:a"), access.Visitor("session:b")
+    with access.acting_as(a):
+        mine = _generate(engine, "a photo of a clerk", n=8).run_id
+        with pytest.raises(OverBudgetError, match="over budget: one request may generate at most 8"):
+            list(generate.run(generate.GenerateRequest("a photo of a clerk", n=9), engine))
+        with pytest.raises(OverBudgetError, match="over budget: each visitor may generate 12 images per hour; 4"):
+            list(generate.run(generate.GenerateRequest("a photo of a clerk", n=8), engine))
+        assert [r["id"] for r in runs.list_runs(engine.store)] == [mine]
+    with access.acting_as(b):
+        assert runs.list_runs(engine.store) == [] and engine.store.get_run(mine) is None
+        with pytest.raises(NotAllowedError):
+            engine.store.delete_run(mine)
+        with pytest.raises(NotAllowedError, match="host"):
+            engine.set_preset("colour")
+        with pytest.raises(NotAllowedError, match="host"):
+            engine.unload()
+        _generate(engine, "a photo of a clerk", n=8)   # b's budget is b's own
+    with access.acting_as(access.HOST):
+        assert engine.store.set_published([mine]) == 1
+    with access.acting_as(b):
+        assert len(runs.list_runs(engine.store)) == 2 and engine.store.get_run(mine) is not None
+        with pytest.raises(NotAllowedError):   # published is read-only
+            engine.store.delete_run(mine)
+    assert engine.store.count("runs") == 2     # the refused requests stored nothing
