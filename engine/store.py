@@ -446,6 +446,12 @@ class Store:
         """Where this store keeps (or would keep) the PNG of image `key`."""
         return self._image_path(key)
 
+    def run_methods(self) -> list[str]:
+        """The methods of the runs the current visitor may see, sorted."""
+        where, args = self._scope()
+        return [r[0] for r in self._read("SELECT DISTINCT method FROM runs" + (f" WHERE {where}" if where else "")
+                                         + " ORDER BY method", args)]
+
     def count_runs(self) -> int:
         """How many runs the current visitor may see."""
         where, args = self._scope()

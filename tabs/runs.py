@@ -64,6 +64,8 @@ def build(engine) -> list:
         method = gr.Dropdown([ALL], value=ALL, label="Method", elem_id="runs-method", scale=1)
         status = gr.Dropdown([ALL, *runs.STATUSES], value=ALL, label="Status", elem_id="runs-status-filter", scale=1)
         sort = gr.Dropdown(list(runs.SORTS), value="newest", label="Sort by", elem_id="runs-sort", scale=1)
+        page = gr.Number(1, precision=0, minimum=1, label=f"Page ({runs.PAGE_SIZE} runs each)",
+                         elem_id="runs-page", scale=0, min_width=110)
         refresh = gr.Button("Refresh", scale=0, elem_id="runs-refresh")
     table = gr.Dataframe(headers=HEADERS, interactive=False, elem_id="runs-table", wrap=True, max_height=360,
                          label="Runs (click a row to open it)",
@@ -128,15 +130,17 @@ def build(engine) -> list:
 
     # -- handlers --------------------------------------------------------------------------------
     @user_errors
-    def list_runs(search, method, status, sort, selected):
-        rows = runs.list_runs(store, search or "", None if method in (None, "", ALL) else method,
-                              None if status in (None, "", ALL) else status, sort or "newest")
-        data = [[r["id"], r["method"], r["prompt"], r["generator"], r["date"], r["headline"], r["status"]]
-                for r in rows]
-        methods = sorted({r["method"] for r in store.list_runs()})
+    def list_runs(search, method, status, sort, selected, page=1):
+        shown = runs.runs_page(store, search or "", None if method in (None, "", ALL) else method,
+                               None if status in (None, "", ALL) else status, sort or "newest", int(page or 1))
+        rows = shown["rows"]
+        data = [[r["id"], r["method"], r["prompt"], r["generator"], r["date"], r["headline"],
+                 r["status"] + (" · published" if engine.public and r["published"] else "")] for r in rows]
         keep = [s for s in _ids(selected) if store.get_run(s) is not None]
+        where = f" (page {shown['page']} of {shown['pages']})" if shown["pages"] > 1 else ""
         return (data, gr.Dropdown(choices=[(_choice_label(r), r["id"]) for r in rows], value=keep),
-                gr.Dropdown(choices=[ALL, *methods]), f"{len(rows)} run(s) shown; {store.count_runs()} in the store.")
+                gr.Dropdown(choices=[ALL, *shown["methods"]]),
+                f"{len(rows)} of {shown['total']} run(s) shown{where}; {store.count_runs()} in the store.")
 
     def load():
         return list_runs("", ALL, ALL, "newest", [])[:3]
@@ -229,10 +233,10 @@ def build(engine) -> list:
         texts = [Path(p).read_text(encoding="utf-8") for p in paths]
         return study.analysis_html(study.analyse(study.load_key(key_path), texts, bool(exclude_inattentive)))
 
-    list_inputs = [search, method, status, sort, selected]
+    list_inputs = [search, method, status, sort, selected, page]
     list_outputs = [table, selected, method, message]
     refresh.click(list_runs, list_inputs, list_outputs, api_name="runs_list")
-    for trigger in (search.submit, method.change, status.change, sort.change):
+    for trigger in (search.submit, method.change, status.change, sort.change, page.submit):
         trigger(list_runs, list_inputs, list_outputs, api_name=False)
     table.select(click_row, [selected], [selected, view, gallery], api_name=False)
     clear.click(lambda: gr.Dropdown(value=[]), None, [selected], api_name=False)
