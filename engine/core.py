@@ -275,6 +275,10 @@ class Engine:
         (limits.check_request); in public mode also the budgets and the store's quota.
         Returns the images it is budgeted for. InputError / OverBudgetError / StoreError."""
         limits.check_request(method, request, self.preset.name)
+        fields = _as_dict(request)
+        for name, what in (("n", "number of images"), ("n_variations", "number of text variations")):
+            if fields.get(name) is not None:
+                self.check_n(fields[name], what)
         if not self.public:
             return limits.estimate_images(method, request)
         visitor = access.visitor_for(True)

@@ -10,7 +10,7 @@ from apphelpers import browser_page, running_app, screenshot
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # prompt, fill, axes table, n, seed, negative, steps, guidance, then each tab's own options
 CF_OPTIONS = [True, True, True, True, 0.01, 50, 5]          # caption .. top-k
-IC_OPTIONS = ["", "drop", "auto", None, None, "count", 50]   # targets .. n_boot
+IC_OPTIONS = ["", "drop", "auto", None, None, "count", 100]   # targets .. n_boot
 
 
 def cf_args(prompt, table, n=8):
