@@ -15,6 +15,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
+from engine.errors import GapLensError  # noqa: E402
 from engine.limits import Budget  # noqa: E402
 from tabs import counterfactuals, intersectional, mine, mitigate, model_panel, runs, single_prompt  # noqa: E402
 from tabs.common import bind_visitors  # noqa: E402
@@ -84,9 +85,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     budget = Budget(hourly_images=args.hourly_images) if args.public else None
     quota = args.quota_gb if args.quota_gb is not None else (20.0 if args.public else None)
-    engine = Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images, public=args.public,
-                    budget=budget, quota_gb=quota,
-                    generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa)
+    try:
+        engine = Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images, public=args.public,
+                        budget=budget, quota_gb=quota,
+                        generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa)
+    except GapLensError as exc:  # e.g. a damaged database: one sentence, no traceback
+        raise SystemExit(f"error: {exc}") from None
     print(f"GapLens: {engine.preset_reason}" + ("; public mode" if args.public else ""))
     if engine.store.interrupted:
         print(f"GapLens: {len(engine.store.interrupted)} run(s) left running by a stopped process are marked "

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import __version__
 from .errors import InputError
-from .imports import FORMAT, FORMAT_VERSION
+from .imports import FORMAT, FORMAT_VERSION, replace_strings
 from .names import safe_stem, short_label
 from .runs import (compare_html, compare_runs, get_run, headline, results_html, run_header_html, run_prompt,
                    run_records, scores, short_model, thumbnails_html)
@@ -252,7 +252,7 @@ def _portable_run(row: dict, local_paths: dict) -> dict:
     model labels lose their directories, the owner and process columns are left out."""
     row = {k: v for k, v in row.items() if k not in ("owner", "published", "pid", "host", "cost")}
     results = json.loads(row["results"])
-    portable = _rewrite_paths(results, local_paths)
+    portable = replace_strings(results, local_paths)
     if portable != results:
         row["results"] = json.dumps(portable, default=_json_default)
     row["models"] = json.dumps({k: short_label(v) for k, v in json.loads(row["models"]).items()})
@@ -262,16 +262,6 @@ def _portable_run(row: dict, local_paths: dict) -> dict:
 def _portable_image(row: dict) -> dict:
     return {k: (short_label(v) if k == "generator" else v) for k, v in row.items()
             if k not in ("provenance", "used", "bytes")}
-
-
-def _rewrite_paths(obj, mapping: dict):
-    if isinstance(obj, str):
-        return mapping.get(obj, obj)
-    if isinstance(obj, dict):
-        return {k: _rewrite_paths(v, mapping) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_rewrite_paths(v, mapping) for v in obj]
-    return obj
 
 
 def _dataset_readme(manifest: dict) -> str:

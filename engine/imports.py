@@ -208,11 +208,12 @@ def import_zip(store: Store, path: str | os.PathLike, replace: bool = False, tru
             plan = _read(zf, name, store, replace, trust)
         except (KeyError, ValueError, TypeError, UnicodeDecodeError, zipfile.BadZipFile, binascii.Error) as exc:
             raise InputError(f"{name} is not a valid GapLens export: {exc}") from None
-    return _write(store, plan, trust)
+        return _write(store, plan, trust, zf)
 
 
 def _read(zf: zipfile.ZipFile, name: str, store: Store, replace: bool, trust: bool) -> dict:
-    """Everything to write, checked: rows, image bytes, key and id maps. Writes nothing."""
+    """Everything to write, checked: rows, image members, key and id maps. Writes nothing
+    (images are read and decoded here, and read again when written, so memory holds one)."""
     names = set(zf.namelist())
     if "gaplens/manifest.json" not in names:
         raise InputError(f"{name} is not a GapLens export (it has no gaplens/manifest.json)")
@@ -271,10 +272,8 @@ def _read(zf: zipfile.ZipFile, name: str, store: Store, replace: bool, trust: bo
         except ValueError as exc:
             raise InputError(f"{name}: {exc}") from None
         keymap[key] = key if trust else imported_key(key, row["sha256"])
-        images.append((row, data))
-    missing = wanted - set(keymap)
-    if missing:
-        raise InputError(f"{name}: {len(missing)} linked image(s) have no row in gaplens/images.jsonl")
+        images.append((row, member))
+    links = [link for link in links if link["image_key"] in keymap]  # images the exporter no longer had
 
     answers, dropped = [], 0
     for a in rows("answers"):
@@ -305,13 +304,13 @@ def _read(zf: zipfile.ZipFile, name: str, store: Store, replace: bool, trust: bo
             "skipped": skipped, "renamed": renamed, "dropped": dropped}
 
 
-def _write(store: Store, plan: dict, trust: bool) -> dict:
+def _write(store: Store, plan: dict, trust: bool, zf: zipfile.ZipFile) -> dict:
     """Write the checked plan: image files first (removed again if the rows fail), then every
     row in one transaction."""
     keymap, written, present, moved, aliases, image_rows = plan["keymap"], [], 0, {}, {}, []
     known = set(store.get_images(list(keymap.values()), verify=True))
     try:
-        for row, data in plan["images"]:
+        for row, member in plan["images"]:
             key = keymap[row["key"]]
             new_path = str(store.image_path_for(key))
             if row["path"] != new_path:
@@ -320,13 +319,16 @@ def _write(store: Store, plan: dict, trust: bool) -> dict:
             if key in known:
                 present += 1
                 continue
+            data = zf.read(member)
+            if hashlib.sha256(data).hexdigest() != row["sha256"]:  # the file changed since it was checked
+                raise InputError(f"{member} changed while it was imported")
             store.write_image_file(key, data)
             written.append(key)
             image_rows.append({**row, "key": key, "path": new_path, "bytes": len(data),
                                "provenance": "local" if trust else "imported"})
         for run in plan["runs"]:  # results name images by key and path: point them at this store's copies
             results = json.loads(run["results"])
-            rewritten = _replace_strings(results, {**aliases, **moved, **{k: v for k, v in keymap.items() if k != v}})
+            rewritten = replace_strings(results, {**aliases, **moved, **{k: v for k, v in keymap.items() if k != v}})
             if rewritten != results:
                 run["results"] = json.dumps(rewritten, default=_json_default)
         store.import_rows(images=image_rows, runs=plan["runs"], run_images=plan["links"], answers=plan["answers"],
@@ -340,11 +342,12 @@ def _write(store: Store, plan: dict, trust: bool) -> dict:
             "left_out": plan["dropped"]}
 
 
-def _replace_strings(obj, mapping: dict):
+def replace_strings(obj, mapping: dict):
+    """`obj` (JSON-like) with every string that is a key of `mapping` replaced by its value."""
     if isinstance(obj, str):
         return mapping.get(obj, obj)
     if isinstance(obj, dict):
-        return {k: _replace_strings(v, mapping) for k, v in obj.items()}
+        return {k: replace_strings(v, mapping) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_replace_strings(v, mapping) for v in obj]
+        return [replace_strings(v, mapping) for v in obj]
     return obj

@@ -1,5 +1,6 @@
 """Safe to host (issue 13): untrusted imports, names on disk, visitors, budgets, a healthy store,
 and what the HTTP server serves."""
+import errno
 import hashlib
 import io
 import json
@@ -30,21 +31,22 @@ def _generate(engine, prompt, n=4, **kw):
             if isinstance(e, Done)][0]
 
 
-def _rewrite(src: Path, dst: Path, change) -> None:
-    """Copy a zip, passing every (name, bytes) through `change` (returns new bytes, or None to drop)."""
+def _tamper(src: Path, dst: Path, files: dict | None = None, rows: dict | None = None) -> None:
+    """Copy a zip, replacing whole entries (`files`: name -> bytes) and editing JSON-lines
+    entries (`rows`: name -> fn(list of row dicts), which changes them in place)."""
+    files, rows = files or {}, rows or {}
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
         for name in zin.namelist():
-            data = change(name, zin.read(name))
-            if data is not None:
-                zout.writestr(name, data)
+            data = files.get(name, zin.read(name))
+            if name in rows:
+                edited = _jsonl(data)
+                rows[name](edited)
+                data = "".join(json.dumps(r) + "\n" for r in edited).encode()
+            zout.writestr(name, data)
 
 
 def _jsonl(data: bytes) -> list[dict]:
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
-
-
-def _dump(rows) -> bytes:
-    return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
 def _pixels(path) -> bytes:
@@ -66,21 +68,13 @@ def test_an_archive_with_swapped_images_and_rewritten_checksums_does_not_poison_
         b0, b1 = zf.read(f"images/{k0}.png"), zf.read(f"images/{k1}.png")
     sha = {k0: hashlib.sha256(b1).hexdigest(), k1: hashlib.sha256(b0).hexdigest()}
 
-    def poison(name, data):
-        if name == f"images/{k0}.png":
-            return b1
-        if name == f"images/{k1}.png":
-            return b0
-        if name in ("gaplens/images.jsonl", "metadata.jsonl"):
-            rows = _jsonl(data)
-            for r in rows:
-                key = r.get("key") or r.get("image_key")
-                if key in sha:
-                    r["sha256"] = sha[key]
-            return _dump(rows)
-        return data
+    def agree(rows):
+        for r in rows:
+            if (r.get("key") or r.get("image_key")) in sha:
+                r["sha256"] = sha[r.get("key") or r.get("image_key")]
 
-    _rewrite(tmp_path / "honest.zip", tmp_path / "poisoned.zip", poison)
+    _tamper(tmp_path / "honest.zip", tmp_path / "poisoned.zip", files={f"images/{k0}.png": b1, f"images/{k1}.png": b0},
+            rows={"gaplens/images.jsonl": agree, "metadata.jsonl": agree})
 
     victim = Engine("synthetic", data_dir=str(tmp_path / "victim"))
     report = imports.import_zip(victim.store, tmp_path / "poisoned.zip")
@@ -109,7 +103,7 @@ def _store_files(engine) -> list[Path]:
 def test_a_zip_bomb_is_refused_before_it_is_unpacked_and_nothing_is_written(engine, tmp_path):
     done = _generate(engine, "a photo of a pilot", n=2)
     export.export_zip(engine.store, [done.run_id], tmp_path / "ok.zip")
-    _rewrite(tmp_path / "ok.zip", tmp_path / "bomb.zip", lambda n, d: d)
+    _tamper(tmp_path / "ok.zip", tmp_path / "bomb.zip")
     with zipfile.ZipFile(tmp_path / "bomb.zip", "a", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("gaplens/padding.bin", bytes(64 * 2**20))  # 64 MiB of zeros: about 1000:1
     info = zipfile.ZipFile(tmp_path / "bomb.zip").getinfo("gaplens/padding.bin")
@@ -128,19 +122,9 @@ def test_a_pixel_bomb_image_is_refused_and_nothing_is_written(engine, tmp_path, 
     Image.new("1", (side, side)).save(buf, format="PNG")  # up to 144 megapixels, a few kB on disk
     bomb = buf.getvalue()
     key = _jsonl(zipfile.ZipFile(tmp_path / "ok.zip").read("gaplens/images.jsonl"))[0]["key"]
-
-    def plant(name, data):
-        if name == f"images/{key}.png":
-            return bomb
-        if name == "gaplens/images.jsonl":
-            rows = _jsonl(data)
-            for r in rows:
-                if r["key"] == key:
-                    r["sha256"] = hashlib.sha256(bomb).hexdigest()
-            return _dump(rows)
-        return data
-
-    _rewrite(tmp_path / "ok.zip", tmp_path / "pixels.zip", plant)
+    _tamper(tmp_path / "ok.zip", tmp_path / "pixels.zip", files={f"images/{key}.png": bomb},
+            rows={"gaplens/images.jsonl": lambda rows: [r.update(sha256=hashlib.sha256(bomb).hexdigest())
+                                                        for r in rows if r["key"] == key]})
     other = Engine("synthetic", data_dir=str(tmp_path / "other"))
     with pytest.raises(InputError, match="pixels"):
         imports.import_zip(other.store, tmp_path / "pixels.zip")
@@ -150,15 +134,8 @@ def test_a_pixel_bomb_image_is_refused_and_nothing_is_written(engine, tmp_path, 
 def test_rows_outside_the_schema_are_refused_before_anything_is_written(engine, tmp_path):
     done = _generate(engine, "a photo of a judge", n=2)
     export.export_zip(engine.store, [done.run_id], tmp_path / "ok.zip")
-
-    def bad_status(name, data):
-        if name == "gaplens/runs.jsonl":
-            rows = _jsonl(data)
-            rows[0]["status"] = "<script>"
-            return _dump(rows)
-        return data
-
-    _rewrite(tmp_path / "ok.zip", tmp_path / "bad.zip", bad_status)
+    _tamper(tmp_path / "ok.zip", tmp_path / "bad.zip", rows={"gaplens/runs.jsonl": lambda rows: rows[0].update(
+        status="<script>")})
     other = Engine("synthetic", data_dir=str(tmp_path / "other"))
     with pytest.raises(InputError, match="'status' is not valid"):
         imports.import_zip(other.store, tmp_path / "bad.zip")
@@ -169,16 +146,9 @@ def test_rows_outside_the_schema_are_refused_before_anything_is_written(engine, 
 def test_path_characters_in_imported_run_ids_never_write_outside_the_export_folder(engine, tmp_path, evil_id, capsys):
     done = _generate(engine, "a photo of a chef", n=2)
     export.export_zip(engine.store, [done.run_id], tmp_path / "ok.zip")
-
-    def rename(name, data):
-        if name in ("gaplens/runs.jsonl", "gaplens/run_images.jsonl"):
-            rows = _jsonl(data)
-            for r in rows:
-                r["id" if "id" in r else "run_id"] = evil_id
-            return _dump(rows)
-        return data
-
-    _rewrite(tmp_path / "ok.zip", tmp_path / "evil.zip", rename)
+    _tamper(tmp_path / "ok.zip", tmp_path / "evil.zip",
+            rows={"gaplens/runs.jsonl": lambda rows: [r.update(id=evil_id) for r in rows],
+                  "gaplens/run_images.jsonl": lambda rows: [r.update(run_id=evil_id) for r in rows]})
     other = Engine("synthetic", data_dir=str(tmp_path / "work" / "store"))
     report = imports.import_zip(other.store, tmp_path / "evil.zip")
     new_id = report["renamed"][evil_id]
@@ -265,6 +235,13 @@ def test_a_damaged_database_is_one_sentence_saying_what_to_do(tmp_path):
     (data / "gaplens.sqlite").write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreError, match="is damaged: move it"):
         Engine("synthetic", data_dir=str(data))
+
+
+def test_a_full_disk_is_one_sentence_saying_what_to_do():
+    from engine.store import store_error
+
+    for exc in (OSError(errno.ENOSPC, "No space left on device"), sqlite3.OperationalError("database or disk is full")):
+        assert "disk holding the GapLens store is full: free some space" in str(store_error(exc))
 
 
 # -- visitors and budgets -------------------------------------------------------------------
