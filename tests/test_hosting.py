@@ -55,7 +55,7 @@ def _pixels(path) -> bytes:
 
 
 # -- untrusted imports ----------------------------------------------------------------------
-def test_an_archive_with_swapped_images_and_rewritten_checksums_does_not_poison_the_cache(engine, tmp_path):
+def test_an_archive_with_swapped_images_and_rewritten_checksums_does_not_poison_the_cache(engine, tmp_path, capsys):
     done = _generate(engine, "a photo of a nurse", n=4)
     honest = {r["seed"]: _pixels(r["path"]) for r in done.results["images"]}
     assert honest[0] != honest[1]
@@ -90,8 +90,12 @@ def test_an_archive_with_swapped_images_and_rewritten_checksums_does_not_poison_
     assert runs.open_run(victim.store, done.run_id)["records"]  # the imported run still opens
 
     # An archive the user trusts (`runs import --trust`) does serve the cache.
+    from engine.cli import main
+
+    assert main(["runs", "import", str(tmp_path / "honest.zip"), "--trust", "--data-dir", str(tmp_path / "trusting"),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trusted"] is True
     trusting = Engine("synthetic", data_dir=str(tmp_path / "trusting"))
-    assert imports.import_zip(trusting.store, tmp_path / "honest.zip", trust=True)["trusted"]
     _generate(trusting, "a photo of a nurse", n=4)
     assert trusting.stats.images_generated == 0 and trusting.stats.image_cache_hits == 4
 
@@ -272,3 +276,23 @@ def test_public_visitors_see_only_their_runs_and_budgets_are_checked_before_work
         with pytest.raises(NotAllowedError):   # published is read-only
             engine.store.delete_run(mine)
     assert engine.store.count("runs") == 2     # the refused requests stored nothing
+
+
+def test_public_mode_cleans_the_store_when_it_passes_its_quota(tmp_path):
+    engine = Engine("synthetic", data_dir=str(tmp_path / "store"), public=True)
+    with access.acting_as(access.HOST):
+        kept = _generate(engine, "a photo of a mason", n=2).run_id
+        spare = _generate(engine, "a photo of a potter", n=2)
+        runs.delete_runs(engine.store, [spare.run_id], keep_images=True)
+    spare_keys = [r["key"] for r in spare.results["images"]]
+    engine.store.quota_bytes = engine.store.usage()["image_bytes"] - 1
+    with access.acting_as(access.Visitor("session:v")):
+        _generate(engine, "a photo of a mason", n=2)            # admitted after an automatic clean-up
+        assert len(engine.store.get_images(spare_keys)) == 1     # one unneeded image was enough
+        engine.store.quota_bytes = 1                            # the runs need every byte: refuse, clearly
+        with pytest.raises(StoreError, match="store is full"):
+            list(generate.run(generate.GenerateRequest("a photo of a weaver", n=2), engine))
+        with pytest.raises(NotAllowedError):
+            engine.store.gc()
+    with access.acting_as(access.HOST):
+        assert len(runs.open_run(engine.store, kept)["records"]) == 2
