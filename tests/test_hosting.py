@@ -167,6 +167,24 @@ def test_path_characters_in_imported_run_ids_never_write_outside_the_export_fold
     assert not list(tmp_path.rglob("*escaped*"))
 
 
+def test_exports_carry_no_host_paths(engine, tmp_path):
+    from engine.presets import ASSETS
+
+    sp = [e for e in single_prompt.run(single_prompt.SinglePromptRequest("a photo of a poet", n=4, n_boot=100), engine)
+          if isinstance(e, Done)][0].run_id
+    written = export.export_files(engine.store, [sp], "all", tmp_path / "out")
+    texts = [Path(p).read_bytes() for p in written]
+    with zipfile.ZipFile(next(p for p in written if p.endswith(".zip"))) as zf:
+        texts += [zf.read(n) for n in zf.namelist() if not n.startswith("images/")]
+    for host_path in (str(engine.store.data_dir), str(ASSETS), str(tmp_path)):
+        assert not [t for t in texts if host_path.encode() in t], host_path
+    # ...and the archive still imports into another store, its images found there
+    other = Engine("synthetic", data_dir=str(tmp_path / "other"))
+    imports.import_zip(other.store, next(p for p in written if p.endswith(".zip")))
+    assert len(runs.open_run(other.store, sp)["records"]) == 4
+    assert all(Path(i["path"]).is_file() for i in other.store.get_run(sp)["results"]["images"])
+
+
 # -- a healthy store ------------------------------------------------------------------------
 def test_out_of_range_numbers_are_one_sentence_and_store_nothing(engine):
     for request, message in [
