@@ -277,13 +277,8 @@ def runs_page(store: Store, search: str = "", method: str | None = None, status:
         total = store.count_runs()
         pages = max(1, -(-total // per_page))
         page = min(page, pages)
-        offset = (page - 1) * per_page
-        if sort == "oldest":  # the same query from the other end
-            offset = max(0, total - page * per_page)
-            per_page = min(per_page, total - (page - 1) * per_page) if total else per_page
-        rows = [_row(r) for r in store.list_runs(limit=per_page, offset=offset)]
-        if sort == "oldest":
-            rows.reverse()
+        rows = [_row(r) for r in store.list_runs(limit=per_page, offset=(page - 1) * per_page,
+                                                 oldest_first=sort == "oldest")]
     else:
         matching = list_runs(store, search, method, status, sort)
         total = len(matching)

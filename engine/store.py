@@ -326,8 +326,7 @@ class Store:
             db.execute("INSERT OR REPLACE INTO llm_replies VALUES (?,?,?,?,?)",
                        (key, model, json.dumps(request, sort_keys=True, default=str), reply, time.time()))
 
-    # -- runs ----------------------------------------------------------------------------------
-    # -- who sees which run (public mode; engine/access.py) ------------------------------------
+    # -- runs (each visible to whom engine/access.py says) -------------------------------------
     def _scope(self, write: bool = False) -> tuple[str, tuple]:
         """An SQL condition on `runs` (and its arguments) limiting rows to what the current
         visitor may see (their own runs and, unless `write`, the published ones); '' for all."""
@@ -423,14 +422,16 @@ class Store:
             "SELECT image_key, label, position FROM run_images WHERE run_id=? ORDER BY position", (run_id,))]
         return run
 
-    def list_runs(self, method: str | None = None, limit: int | None = None, offset: int = 0) -> list[dict]:
+    def list_runs(self, method: str | None = None, limit: int | None = None, offset: int = 0,
+                  oldest_first: bool = False) -> list[dict]:
         """The runs the current visitor may see, newest first (`limit` of them from `offset`)."""
         sql = ("SELECT id, method, status, request, summary, models, version, error, created, updated, owner, "
                "published FROM runs")
         where, args = self._scope()
         conditions = ([where] if where else []) + (["method=?"] if method else [])
         args = (*args, *((method,) if method else ()))
-        sql += (" WHERE " + " AND ".join(conditions) if conditions else "") + " ORDER BY created DESC"
+        sql += (" WHERE " + " AND ".join(conditions) if conditions else "") + \
+            (" ORDER BY created ASC, id ASC" if oldest_first else " ORDER BY created DESC, id DESC")
         if limit is not None:
             sql, args = sql + " LIMIT ? OFFSET ?", (*args, int(limit), int(offset))
         rows = self._read(sql, args)

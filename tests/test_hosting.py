@@ -266,6 +266,21 @@ def test_a_full_disk_is_one_sentence_saying_what_to_do():
         assert "disk holding the GapLens store is full: free some space" in str(store_error(exc))
 
 
+def test_the_runs_tab_pages_through_many_runs(engine):
+    for i in range(60):
+        engine.store.create_run("generate", {"prompt": f"prompt {i:02d}"}, {}, "test")
+    first = runs.runs_page(engine.store, page=1, per_page=25)
+    assert first["total"] == 60 and first["pages"] == 3 and len(first["rows"]) == 25
+    everything = runs.list_runs(engine.store)
+    assert [r["id"] for r in first["rows"]] == [r["id"] for r in everything[:25]]
+    last = runs.runs_page(engine.store, page=9, per_page=25)   # past the end: the last page
+    assert last["page"] == 3 and [r["id"] for r in last["rows"]] == [r["id"] for r in everything[50:]]
+    oldest = runs.runs_page(engine.store, sort="oldest", page=1, per_page=25)
+    assert [r["id"] for r in oldest["rows"]] == [r["id"] for r in runs.list_runs(engine.store, sort="oldest")[:25]]
+    found = runs.runs_page(engine.store, search="prompt 0", per_page=25)
+    assert found["total"] == 10 and found["methods"] == ["generate"]
+
+
 # -- visitors and budgets -------------------------------------------------------------------
 def test_public_visitors_see_only_their_runs_and_budgets_are_checked_before_work(tmp_path):
     engine = Engine("synthetic", data_dir=str(tmp_path / "store"), public=True,
