@@ -268,7 +268,7 @@ def test_a_full_disk_is_one_sentence_saying_what_to_do():
 
 def test_the_runs_tab_pages_through_many_runs(engine):
     for i in range(60):
-        engine.store.create_run("generate", {"prompt": f"prompt {i:02d}"}, {}, "test")
+        engine.store.create_run("generate", {"prompt": f"a {'quiet' if i % 3 else 'loud'} prompt"}, {}, "test")
     first = runs.runs_page(engine.store, page=1, per_page=25)
     assert first["total"] == 60 and first["pages"] == 3 and len(first["rows"]) == 25
     everything = runs.list_runs(engine.store)
@@ -277,8 +277,8 @@ def test_the_runs_tab_pages_through_many_runs(engine):
     assert last["page"] == 3 and [r["id"] for r in last["rows"]] == [r["id"] for r in everything[50:]]
     oldest = runs.runs_page(engine.store, sort="oldest", page=1, per_page=25)
     assert [r["id"] for r in oldest["rows"]] == [r["id"] for r in runs.list_runs(engine.store, sort="oldest")[:25]]
-    found = runs.runs_page(engine.store, search="prompt 0", per_page=25)
-    assert found["total"] == 10 and found["methods"] == ["generate"]
+    found = runs.runs_page(engine.store, search="loud", per_page=25)
+    assert found["total"] == 20 and found["methods"] == ["generate"]
 
 
 # -- visitors and budgets -------------------------------------------------------------------
