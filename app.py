@@ -97,7 +97,8 @@ def main(argv=None) -> None:
               f"interrupted")
     demo = build_app(engine)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-                theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"])
+                theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"],
+                max_file_size="1gb" if engine.public else None)  # uploads: exports to import, answer CSVs
 
 
 if __name__ == "__main__":
