@@ -364,10 +364,13 @@ class Store:
 
     def mark_interrupted(self) -> list[str]:
         """Mark 'interrupted' the runs left 'running' by a process of this host that is gone
-        (killed, crashed, power cut). Returns their ids. Runs of other hosts are left alone."""
+        (killed, crashed, power cut). Returns their ids. Runs of other hosts are left alone,
+        except in public mode: a public server owns its store, and a restarted Space comes
+        back on a new host name, so every run not of a live process here was interrupted."""
         here = socket.gethostname()
         dead = [r["id"] for r in self._read("SELECT id, pid, host FROM runs WHERE status='running'")
-                if (r["host"] in (None, here)) and not _alive(r["pid"])]
+                if (self.public or r["host"] in (None, here))
+                and not (r["host"] == here and _alive(r["pid"]))]
         if dead:
             with self._write() as db:
                 db.executemany("UPDATE runs SET status='interrupted', error=?, updated=? WHERE id=? AND status='running'",

@@ -230,6 +230,16 @@ def test_a_run_whose_process_was_killed_is_marked_interrupted_at_start_up(tmp_pa
     assert engine.stats.image_cache_hits == min(made, 8)
 
 
+def test_a_run_of_another_host_is_left_alone_locally_and_interrupted_on_a_public_server(data_dir):
+    engine = Engine("synthetic", data_dir=data_dir)
+    run_id = engine.store.create_run("generate", {"prompt": "x"}, {}, "test")
+    with engine.store._write() as db:   # as if another machine sharing the store were running it
+        db.execute("UPDATE runs SET host='another-machine', pid=1 WHERE id=?", (run_id,))
+    assert Engine("synthetic", data_dir=data_dir).store.get_run(run_id)["status"] == "running"
+    restarted = Engine("synthetic", data_dir=data_dir, public=True)  # a Space restarts on a new host name
+    assert restarted.store.interrupted == [run_id]
+
+
 def test_gc_removes_least_recently_used_images_no_run_needs(engine):
     kept = _generate(engine, "a photo of a dentist", n=3)
     a = _generate(engine, "a photo of a welder", n=2)
