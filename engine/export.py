@@ -32,7 +32,6 @@ import time
 import zipfile
 from pathlib import Path
 
-import numpy as np
 
 from . import __version__
 from .errors import InputError

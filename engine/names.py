@@ -6,13 +6,11 @@ reach pages, status lines and exported files. Both come from input GapLens does 
 """
 from __future__ import annotations
 
-import os
 import re
 import unicodedata
-from pathlib import Path
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-# an absolute POSIX path (or a ~ one) inside a longer text: keep only its last component
+# an absolute POSIX path inside a longer text (not a URL or ~/...): keep only its last component
 _ABSOLUTE = re.compile(r"(?<![\w.~/])(?:~|/)(?:[^\s:,;'\"()<>/]+/)+([^\s:,;'\"()<>/]+)/?")
 
 
@@ -22,11 +20,6 @@ def safe_stem(text: str, fallback: str = "gaplens", limit: int = 80) -> str:
     text = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode("ascii")
     stem = _UNSAFE.sub("-", text).strip("-.")[:limit].strip("-.")
     return stem or fallback
-
-
-def inside(folder: str | os.PathLike, name: str) -> Path:
-    """`folder/<name made safe>`: a file directly inside `folder`, whatever `name` holds."""
-    return Path(folder) / safe_stem(name)
 
 
 def short_label(text: str) -> str:
