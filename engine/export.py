@@ -32,7 +32,6 @@ import time
 import zipfile
 from pathlib import Path
 
-
 from . import __version__
 from .errors import InputError
 from .imports import FORMAT, FORMAT_VERSION, replace_strings
