@@ -93,3 +93,25 @@ def test_two_visitors_the_host_budgets_and_the_database_over_http(tmp_path, monk
         status_text = a.predict(api_name="/status")
         assert str(data_dir) not in status_text and str(tmp_path) not in status_text
         assert "/assets/synthetic_world.json" not in status_text
+
+
+def test_visitors_are_keyed_by_their_hugging_face_login_and_the_space_owner_is_the_host(monkeypatch):
+    import gradio as gr
+    from starlette.requests import Request
+
+    from tabs.common import visitor_of
+
+    def request(username=None, headers=(), session_hash="abc"):
+        scope = {"type": "http", "headers": [(k.encode(), v.encode()) for k, v in headers],
+                 "session": {"oauth_info": {"userinfo": {"preferred_username": username}}} if username else {}}
+        return gr.Request(request=Request(scope), session_hash=session_hash)
+
+    monkeypatch.setenv("SPACE_AUTHOR_NAME", "owner")
+    monkeypatch.delenv("GAPLENS_HOSTS", raising=False)
+    monkeypatch.setenv("GAPLENS_HOST_TOKEN", HOST_TOKEN)
+    assert visitor_of(request("alice")) == access.Visitor("hf:alice")
+    assert visitor_of(request("owner")).host
+    assert visitor_of(request()) == access.Visitor("session:abc")
+    assert visitor_of(request(headers=[("x-gaplens-host-token", HOST_TOKEN)])).host
+    assert not visitor_of(request(headers=[("x-gaplens-host-token", "guess")])).host
+    assert visitor_of(None) == access.ANONYMOUS
