@@ -7,7 +7,8 @@ The store is built fast and honestly: real `images` rows (one per key, as genera
 them) whose files are one shared tiny PNG (the rows record its sha256, so every read verifies
 as it would for a real image), and 2,000 `generate` / `single_prompt` runs whose results list
 their 50 images like real runs do. Times are medians over `--repeats`; targets < 0.5 s each.
-Headline last: slowest_s, the slowest of the three.
+Also delete_run_s (a run and the images only it used). Headline last: slowest_s, the slowest of
+the three.
 """
 from __future__ import annotations
 
@@ -94,11 +95,18 @@ def main() -> None:
 
     def runs_tab_first_page():
         page = runs.runs_page(store, page=1)
-        assert len(page["rows"]) == runs.PAGE_SIZE and page["total"] == args.runs
+        assert len(page["rows"]) == runs.PAGE_SIZE and page["total"] == n_runs
 
+    victims = iter(f"bench-{i:05d}" for i in range(args.runs))
+
+    def delete_run():  # finds the images no other run links to (the index on run_images.image_key)
+        assert store.delete_run(next(victims))["runs"] == 1
+
+    images, n_runs = store.count("images"), store.count("runs")
     times = {name: median_time(fn, args.repeats) for name, fn in
              (("runs_list_s", runs_list), ("open_run_s", open_run), ("runs_tab_first_page_s", runs_tab_first_page))}
-    report(images=store.count("images"), runs=store.count("runs"), build_s=build_s, **times,
+    delete_s = median_time(delete_run, args.repeats)
+    report(images=images, runs=n_runs, build_s=build_s, **times, delete_run_s=delete_s,
            slowest_s=max(times.values()))
 
 
