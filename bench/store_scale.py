@@ -74,6 +74,7 @@ def main() -> None:
 
     from engine import runs
     from engine.cli import main as cli
+    from engine.report.runs import open_run as open_run_page
 
     data_dir = tempfile.mkdtemp(prefix="gaplens-store-scale-")
     start = time.perf_counter()
@@ -90,11 +91,11 @@ def main() -> None:
             assert cli(["runs", "list", "--data-dir", data_dir]) == 0
 
     def open_run():
-        opened = runs.open_run(store, middle)
+        opened = open_run_page(store, middle)  # as the Runs tab opens it: header, results page, images
         assert len(opened["records"]) == args.images // args.runs
 
     def runs_tab_first_page():
-        page = runs.runs_page(store, page=1)
+        page = runs.list_page(store, page=1)
         assert len(page["rows"]) == runs.PAGE_SIZE and page["total"] == n_runs
 
     victims = iter(f"bench-{i:05d}" for i in range(args.runs))

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from engine import access, export, imports, runs
+from engine import access, imports, runs
 from engine.core import Engine
 from engine.errors import InputError, NotAllowedError, OverBudgetError, StoreError
 from engine.events import Done
 from engine.limits import Budget
 from engine.methods import generate, single_prompt
+from engine.report import export
 from waiting import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,7 +88,7 @@ def test_an_archive_with_swapped_images_and_rewritten_checksums_does_not_poison_
     fresh = _generate(victim, "a photo of a nurse", n=4)
     assert victim.stats.image_cache_hits == 0 and victim.stats.images_generated == 4
     assert {r["seed"]: _pixels(r["path"]) for r in fresh.results["images"]} == honest
-    assert runs.open_run(victim.store, done.run_id)["records"]  # the imported run still opens
+    assert runs.run_records(victim.store, runs.get_run(victim.store, done.run_id))  # the imported run still opens
 
     # An archive the user trusts (`runs import --trust`) does serve the cache.
     from engine.cli import main
@@ -181,7 +182,7 @@ def test_exports_carry_no_host_paths(engine, tmp_path):
     # ...and the archive still imports into another store, its images found there
     other = Engine("synthetic", data_dir=str(tmp_path / "other"))
     imports.import_zip(other.store, next(p for p in written if p.endswith(".zip")))
-    assert len(runs.open_run(other.store, sp)["records"]) == 4
+    assert len(runs.run_records(other.store, runs.get_run(other.store, sp))) == 4
     assert all(Path(i["path"]).is_file() for i in other.store.get_run(sp)["results"]["images"])
 
 
@@ -258,7 +259,7 @@ def test_gc_removes_least_recently_used_images_no_run_needs(engine):
 
     assert main(["runs", "gc", "--data-dir", str(engine.store.data_dir), "--json"]) == 0
     assert not engine.store.get_images(a_keys)
-    assert len(runs.open_run(engine.store, kept.run_id)["records"]) == 3     # a kept run loses nothing
+    assert len(runs.run_records(engine.store, runs.get_run(engine.store, kept.run_id))) == 3     # a kept run loses nothing
 
 
 def test_a_damaged_database_is_one_sentence_saying_what_to_do(tmp_path):
@@ -279,15 +280,15 @@ def test_a_full_disk_is_one_sentence_saying_what_to_do():
 def test_the_runs_tab_pages_through_many_runs(engine):
     for i in range(60):
         engine.store.create_run("generate", {"prompt": f"a {'quiet' if i % 3 else 'loud'} prompt"}, {}, "test")
-    first = runs.runs_page(engine.store, page=1, per_page=25)
+    first = runs.list_page(engine.store, page=1, per_page=25)
     assert first["total"] == 60 and first["pages"] == 3 and len(first["rows"]) == 25
     everything = runs.list_runs(engine.store)
     assert [r["id"] for r in first["rows"]] == [r["id"] for r in everything[:25]]
-    last = runs.runs_page(engine.store, page=9, per_page=25)   # past the end: the last page
+    last = runs.list_page(engine.store, page=9, per_page=25)   # past the end: the last page
     assert last["page"] == 3 and [r["id"] for r in last["rows"]] == [r["id"] for r in everything[50:]]
-    oldest = runs.runs_page(engine.store, sort="oldest", page=1, per_page=25)
+    oldest = runs.list_page(engine.store, sort="oldest", page=1, per_page=25)
     assert [r["id"] for r in oldest["rows"]] == [r["id"] for r in runs.list_runs(engine.store, sort="oldest")[:25]]
-    found = runs.runs_page(engine.store, search="loud", per_page=25)
+    found = runs.list_page(engine.store, search="loud", per_page=25)
     assert found["total"] == 20 and found["methods"] == ["generate"]
 
 
@@ -338,4 +339,4 @@ def test_public_mode_cleans_the_store_when_it_passes_its_quota(tmp_path):
         with pytest.raises(NotAllowedError):
             engine.store.gc()
     with access.acting_as(access.HOST):
-        assert len(runs.open_run(engine.store, kept)["records"]) == 2
+        assert len(runs.run_records(engine.store, runs.get_run(engine.store, kept))) == 2
