@@ -25,8 +25,7 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 def _measure(client, n: int):
-    return client.predict(prompt="a photo of a doctor", negative="", n=n, seed=0, steps=None, guidance=None,
-                          width=None, height=None, extra_axes="", references=None, api_name="/single_prompt")
+    return client.predict(prompt="a photo of a doctor", n=n, api_name="/single_prompt")
 
 
 def _run_ids(client) -> set[str]:
