@@ -2,6 +2,7 @@
 
     python app.py --preset synthetic          # offline synthetic world, any CPU
     python app.py --preset sd-turbo --port 7860
+    python app.py --public                    # for strangers: per-visitor runs, budgets (default on a Space)
 """
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
+from engine.errors import GapLensError  # noqa: E402
+from engine.limits import Budget  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
 from tabs import counterfactuals, intersectional, mine, mitigate, model_panel, runs, single_prompt  # noqa: E402
+from tabs.common import bind_visitors  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
 HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure with confidence "
@@ -24,7 +28,8 @@ HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure wit
 
 
 def build_app(engine: Engine) -> gr.Blocks:
-    with gr.Blocks(title="GapLens") as demo:
+    # public mode: Gradio's cache of served files is emptied of day-old files every hour
+    with gr.Blocks(title="GapLens", delete_cache=(3600, 86400) if engine.public else None) as demo:
         gr.Markdown(HEADER)
         model_panel.build(engine)
         load_hooks = []
@@ -43,9 +48,17 @@ def build_app(engine: Engine) -> gr.Blocks:
                 load_hooks += runs.build(engine)
         for fn, outputs in load_hooks:
             demo.load(fn, None, outputs, api_name=False)
+    if engine.public:
+        bind_visitors(demo)  # every handler acts for its visitor; methods share one GPU queue
     # One GPU: one generation at a time; other requests wait in Gradio's queue.
-    demo.queue(default_concurrency_limit=1)
+    demo.queue(default_concurrency_limit=1, max_size=64 if engine.public else None)
     return demo
+
+
+def allowed_paths(engine: Engine) -> list[str]:
+    """What Gradio may serve from the data directory: the image files only (never the
+    database, its WAL or anything else there). Downloads are copied into Gradio's cache."""
+    return [str(engine.store.image_dir)]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -57,6 +70,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--share", action="store_true", help="also serve on a public gradio.live link")
     p.add_argument("--data-dir", default=None, help="store location (default $GAPLENS_DATA_DIR or ~/.cache/gaplens)")
     p.add_argument("--max-images", type=int, default=DEFAULT_MAX_IMAGES, help="largest N per image set")
+    p.add_argument("--public", action=argparse.BooleanOptionalAction, default=bool(os.environ.get("SPACE_ID")),
+                   help="serve strangers: each visitor sees only their own runs, budgets apply, host-only actions "
+                        "(default on a Hugging Face Space, i.e. when SPACE_ID is set)")
+    p.add_argument("--quota-gb", type=float, default=None,
+                   help="clean unneeded images when the store's images exceed this (public mode default 20)")
+    p.add_argument("--hourly-images", type=int, default=Budget.hourly_images,
+                   help="public mode: images each visitor may generate per hour")
     for role in ("generator", "embedder", "llm", "vqa"):
         p.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL", help=f"replace the preset's {role}")
     return p.parse_args(argv)
@@ -64,12 +84,22 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    engine = Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images,
-                    generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa)
-    print(f"GapLens: {engine.preset_reason}")
+    budget = Budget(hourly_images=args.hourly_images) if args.public else None
+    quota = args.quota_gb if args.quota_gb is not None else (20.0 if args.public else None)
+    try:
+        engine = Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images, public=args.public,
+                        budget=budget, quota_gb=quota,
+                        generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa)
+    except GapLensError as exc:  # e.g. a damaged database: one sentence, no traceback
+        raise SystemExit(f"error: {exc}") from None
+    print(f"GapLens: {engine.preset_reason}" + ("; public mode" if args.public else ""))
+    if engine.store.interrupted:
+        print(f"GapLens: {len(engine.store.interrupted)} run(s) left running by a stopped process are marked "
+              f"interrupted")
     demo = build_app(engine)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-                theme=gr.themes.Soft(), allowed_paths=[str(engine.store.data_dir)], footer_links=["api"])
+                theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"],
+                max_file_size="1gb" if engine.public else None)  # uploads: exports to import, answer CSVs
 
 
 if __name__ == "__main__":

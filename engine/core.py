@@ -16,12 +16,13 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import __version__
+from . import __version__, access, limits
 from .backends.base import GenerationSettings, ModelSpec
-from .errors import GapLensError, InputError
+from .errors import GapLensError, InputError, StoreError
 from .events import Done, Images, Progress
 from .models import ModelManager
 from .presets import resolve_preset
+from .names import short_label
 from .store import ImageRecord, Store, content_key, image_key
 
 DEFAULT_DATA_DIR = "~/.cache/gaplens"
@@ -49,9 +50,17 @@ class EngineStats:
 class Engine:
     def __init__(self, preset: str = "synthetic", data_dir: str | None = None,
                  max_images: int = DEFAULT_MAX_IMAGES, device: str | None = None,
-                 memory_budget_gb: float | None = None, **model_overrides: str | ModelSpec | None):
+                 memory_budget_gb: float | None = None, public: bool = False,
+                 budget: "limits.Budget | None" = None, quota_gb: float | None = None,
+                 **model_overrides: str | ModelSpec | None):
+        """`public`: serve visitors (engine/access.py): each sees only their own runs, host-only
+        actions refuse them, requests must fit `budget` (default `limits.Budget()`), and the
+        store is cleaned automatically when its images exceed `quota_gb`."""
         self.preset, self.preset_reason = resolve_preset(preset, **model_overrides)
-        self.store = Store(data_dir or default_data_dir())
+        self.public = bool(public)
+        self.budget = (budget or limits.Budget()) if public else budget
+        self.store = Store(data_dir or default_data_dir(), public=self.public)
+        self.store.quota_bytes = int(quota_gb * 2**30) if quota_gb else None
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
         self.models = ModelManager(device, budget)
@@ -89,23 +98,27 @@ class Engine:
         """What the model panel shows: preset, why, device, loaded models, store."""
         return {
             "preset": self.preset.name,
-            "reason": self.preset_reason,
-            "models": {role: spec.label for role, spec in self.preset.specs().items()},
-            "loaded": self.models.loaded(),
+            "reason": short_label(self.preset_reason),
+            "models": {role: short_label(spec.label) for role, spec in self.preset.specs().items()},
+            "loaded": [{**m, "model": short_label(str(m.get("model", "")))} for m in self.models.loaded()],
             "device": self.models._device or "not chosen yet (no real model loaded)",
             "memory": _memory_summary(),
-            "data_dir": str(self.store.data_dir),
+            "data_dir": short_label(str(self.store.data_dir)) if not self.public else "(hidden in public mode)",
             "stored_images": self.store.count("images"),
-            "runs": self.store.count("runs"),
+            "runs": self.store.count_runs() if self.public else self.store.count("runs"),
             "max_images": self.max_images,
             "version": __version__,
         }
 
     def unload(self) -> list[str]:
+        """Unload every model (host only in public mode). Returns what was unloaded."""
+        access.require_host(self.public, "unloading the models")
         return self.models.unload()
 
     def set_preset(self, name: str, **model_overrides) -> None:
-        """Switch to another preset: models of the old one are unloaded, the store is kept."""
+        """Switch to another preset: models of the old one are unloaded, the store is kept.
+        Host only in public mode."""
+        access.require_host(self.public, "switching the preset")
         preset, reason = resolve_preset(name, **model_overrides)
         self.models.unload()
         self.preset, self.preset_reason = preset, reason
@@ -142,10 +155,13 @@ class Engine:
         settings = settings or self.default_settings()
         gen_id = self.model_id("generator")
         keys = [image_key(gen_id, prompt, s, settings) for s in seeds]
-        found = self.store.get_images(keys)
+        # Imported images are not cache hits: an archive's bytes are not proof of what this
+        # generator makes for this key (an archive can swap images and rewrite its checksums).
+        found = self.store.get_images(keys, local_only=True)
         cached = [found[k] for k in keys if k in found]
         if cached:
             self.stats.image_cache_hits += len(cached)
+            self.store.touch([r.key for r in cached])
             yield cached
         missing = [(s, k) for s, k in zip(seeds, keys) if k not in found]
         batch_size = max(1, int(getattr(self.models.get(self.generator_spec), "batch_size", 4)))
@@ -254,9 +270,33 @@ class Engine:
                         temperature=temperature, seed=seed, max_tokens=max_tokens)
 
     # -- runs ----------------------------------------------------------------------------------
-    def start_run(self, method: str, request: dict) -> "Run":
+    def admit(self, method: str, request) -> int:
+        """Check a request before any work starts or anything is stored: ranges always
+        (limits.check_request); in public mode also the budgets and the store's quota.
+        Returns the images it is budgeted for. InputError / OverBudgetError / StoreError."""
+        limits.check_request(method, request, self.preset.name)
+        fields = _as_dict(request)
+        for name, what in (("n", "number of images"), ("n_variations", "number of text variations")):
+            if fields.get(name) is not None:
+                self.check_n(fields[name], what)
+        if not self.public:
+            return limits.estimate_images(method, request)
+        visitor = access.visitor_for(True)
+        cost = limits.estimate_images(method, request)
+        if not visitor.host:
+            spent = self.store.spent(self.store.owner(), time.time() - 3600)
+            cost = limits.check_budget(method, request, self.budget, spent)
+        quota = self.store.quota_bytes
+        if quota and self.store.usage()["image_bytes"] > quota:
+            with access.acting_as(access.HOST):  # the automatic clean-up acts for the host
+                left = self.store.gc(quota)
+            if left["over_quota"]:
+                raise StoreError("this GapLens' store is full (its runs need all of its space); try again later")
+        return cost
+
+    def start_run(self, method: str, request: dict, cost: int = 0) -> "Run":
         models = {role: spec.label for role, spec in self.preset.specs().items()}
-        return Run(self, self.store.create_run(method, request, models, __version__), method, request)
+        return Run(self, self.store.create_run(method, request, models, __version__, cost=cost), method, request)
 
 
 class CachedLLM:
@@ -313,7 +353,8 @@ def recorded(method: str):
     def wrap(fn):
         @functools.wraps(fn)
         def run_method(request, engine: Engine):
-            run = engine.start_run(method, _as_dict(request))
+            cost = engine.admit(method, request)  # nothing is stored for a request out of bounds
+            run = engine.start_run(method, _as_dict(request), cost)
             try:
                 yield from fn(request, engine, run)
             except GeneratorExit:

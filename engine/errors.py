@@ -27,3 +27,11 @@ class OutOfMemoryError(GapLensError):
 
 class StoreError(GapLensError):
     """The data directory cannot be read or written."""
+
+
+class NotAllowedError(GapLensError):
+    """A visitor of a public GapLens asked for something only the host may do."""
+
+
+class OverBudgetError(InputError):
+    """A request of a public GapLens asks for more work than one request or one visitor's hour allows."""

@@ -20,7 +20,7 @@ from .methods import METHODS
 from .scores import Score, as_interval, difference, number, short_number
 from .store import ImageRecord, Store
 
-STATUSES = ("done", "running", "stopped", "failed")
+STATUSES = ("done", "running", "stopped", "failed", "interrupted")
 SORTS = ("newest", "oldest", "method", "prompt", "score", "status")
 
 
@@ -161,20 +161,7 @@ def list_runs(store: Store, search: str = "", method: str | None = None, status:
     headline; `sort` is one of SORTS."""
     if sort not in SORTS:
         raise InputError(f"unknown sort '{sort}'; choose one of {', '.join(SORTS)}")
-    rows = []
-    for run in store.list_runs(method or None):
-        if status and run["status"] != status:
-            continue
-        text, value = headline(run)
-        models = run.get("models") or {}
-        row = {"id": run["id"], "method": run["method"], "status": run["status"], "prompt": run_prompt(run),
-               "generator": short_model(models.get("generator", "")),
-               "models": {k: short_model(v) for k, v in models.items()},
-               "date": time.strftime("%Y-%m-%d %H:%M", time.localtime(run["created"])),
-               "created": run["created"], "updated": run["updated"], "headline": text, "score": value,
-               "summary": run.get("summary") or {}, "request": run.get("request") or {},
-               "version": run.get("version"), "error": run.get("error")}
-        rows.append(row)
+    rows = [_row(run) for run in store.list_runs(method or None) if not status or run["status"] == status]
     words = (search or "").lower().split()
     if words:
         def haystack(r):
@@ -190,11 +177,50 @@ def list_runs(store: Store, search: str = "", method: str | None = None, status:
     return sorted(rows, key=key)
 
 
+PAGE_SIZE = 50
+
+
+def list_page(store: Store, search: str = "", method: str | None = None, status: str | None = None,
+              sort: str = "newest", page: int = 1, per_page: int = PAGE_SIZE) -> dict:
+    """One page of `list_runs` for the Runs tab: {"rows": the page's rows, "total": rows
+    matching, "page", "pages", "methods": every method with a visible run}. Without search
+    or filters, newest/oldest pages are read straight from the database (an index on
+    `created`), so the first page costs the same with 20 runs or 20,000."""
+    page, per_page = max(1, int(page)), max(1, int(per_page))
+    if not search.strip() and not method and not status and sort in ("newest", "oldest"):
+        total = store.count_runs()
+        pages = max(1, -(-total // per_page))
+        page = min(page, pages)
+        rows = [_row(r) for r in store.list_runs(limit=per_page, offset=(page - 1) * per_page,
+                                                 oldest_first=sort == "oldest")]
+    else:
+        matching = list_runs(store, search, method, status, sort)
+        total = len(matching)
+        pages = max(1, -(-total // per_page))
+        page = min(page, pages)
+        rows = matching[(page - 1) * per_page:page * per_page]
+    return {"rows": rows, "total": total, "page": page, "pages": pages, "methods": store.run_methods()}
+
+
+def _row(run: dict) -> dict:
+    """A stored run (as Store.list_runs gives it) as a runs-table row."""
+    text, value = headline(run)
+    models = run.get("models") or {}
+    return {"id": run["id"], "method": run["method"], "status": run["status"], "prompt": run_prompt(run),
+            "generator": short_model(models.get("generator", "")),
+            "models": {k: short_model(v) for k, v in models.items()},
+            "date": time.strftime("%Y-%m-%d %H:%M", time.localtime(run["created"])),
+            "created": run["created"], "updated": run["updated"], "headline": text, "score": value,
+            "summary": run.get("summary") or {}, "request": run.get("request") or {},
+            "version": run.get("version"), "error": run.get("error"), "published": bool(run.get("published"))}
+
+
 # -- one run ---------------------------------------------------------------------------------
 def get_run(store: Store, run_id: str) -> dict:
     run = store.get_run((run_id or "").strip())
     if run is None:
-        raise InputError(f"no run '{run_id}' in the store at {store.data_dir} "
+        where = "" if store.public else f" at {store.data_dir}"  # no host paths for visitors
+        raise InputError(f"no run '{run_id}' in the store{where} "
                          f"(`python -m engine runs list` shows the runs there)")
     return run
 

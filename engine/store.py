@@ -16,10 +16,12 @@ recorded sha256 (or that vanished) is reported missing, and the engine regenerat
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -32,7 +34,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
-from .errors import StoreError
+from . import access
+from .errors import InputError, NotAllowedError, StoreError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
@@ -68,6 +71,28 @@ CREATE TABLE IF NOT EXISTS run_images (
     PRIMARY KEY (run_id, image_key, label)
 );
 """
+
+# Columns added after the first release (added to older stores when they are opened):
+# images.provenance 'local' (generated here) or 'imported' (from an archive: never a cache hit
+# for a new generation), images.used (last use, for LRU clean-up), images.bytes (file size);
+# runs.owner (the public-mode visitor, '' = the host), runs.published (shown read-only to every
+# visitor), runs.pid/host (the process running it, to spot runs a dead process left
+# 'running'), runs.cost (images the request was budgeted for).
+COLUMNS = {
+    "images": [("provenance", "TEXT NOT NULL DEFAULT 'local'"), ("used", "REAL"), ("bytes", "INTEGER")],
+    "runs": [("owner", "TEXT NOT NULL DEFAULT ''"), ("published", "INTEGER NOT NULL DEFAULT 0"),
+             ("pid", "INTEGER"), ("host", "TEXT"), ("cost", "INTEGER NOT NULL DEFAULT 0")],
+}
+INDEXES = """
+CREATE INDEX IF NOT EXISTS runs_by_created ON runs(created);
+CREATE INDEX IF NOT EXISTS runs_by_owner ON runs(owner, created);
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs(status);
+CREATE INDEX IF NOT EXISTS run_images_by_image ON run_images(image_key);
+CREATE INDEX IF NOT EXISTS images_by_used ON images(used);
+CREATE INDEX IF NOT EXISTS embeddings_by_subject ON embeddings(subject);
+"""
+MAX_REQUEST_BYTES = 64 * 1024   # a run's stored request (validated requests are far smaller)
+RUN_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
 def content_key(*parts) -> str:
@@ -110,16 +135,40 @@ class ImageRecord:
 class Store:
     """SQLite + files under `data_dir`. Safe to share across threads."""
 
-    def __init__(self, data_dir: str | os.PathLike):
+    def __init__(self, data_dir: str | os.PathLike, public: bool = False):
         self.data_dir = Path(data_dir).expanduser()
         self.image_dir = self.data_dir / "images"
+        self.public = public   # public mode: runs are filtered by the current visitor (engine/access.py)
+        self.quota_bytes: int | None = None
         try:
             self.image_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the data directory {self.data_dir}: {exc}") from exc
         self.db_path = self.data_dir / "gaplens.sqlite"
         self._local = threading.local()
-        self._conn().executescript(SCHEMA)  # executescript manages its own transaction
+        with self._errors():
+            conn = self._conn()
+            conn.executescript(SCHEMA)  # executescript manages its own transaction
+            for table, columns in COLUMNS.items():
+                have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+                for name, decl in columns:
+                    if name not in have:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            conn.executescript(INDEXES)
+        self.interrupted = self.mark_interrupted()
+        for stale in self.image_dir.glob("*/.*.tmp"):  # a writer died between write and rename
+            if time.time() - stale.stat().st_mtime > 3600:
+                stale.unlink(missing_ok=True)
+
+    @contextmanager
+    def _errors(self):
+        """Turn database and disk failures into one StoreError sentence saying what to do."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            raise store_error(exc) from exc
 
     # -- connections ---------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -138,18 +187,20 @@ class Store:
 
     @contextmanager
     def _write(self):
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
+        with self._errors():
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
 
     def _read(self, sql: str, args: Sequence = ()) -> list[sqlite3.Row]:
-        return self._conn().execute(sql, args).fetchall()
+        with self._errors():
+            return self._conn().execute(sql, args).fetchall()
 
     def _read_in(self, select: str, column: str, values: Sequence, order: str = "") -> list[sqlite3.Row]:
         """Rows of `select ... WHERE column IN (values)`, queried in chunks that stay under
@@ -179,21 +230,41 @@ class Store:
         buf = io.BytesIO()
         image.save(buf, format="PNG", compress_level=1)
         data = buf.getvalue()
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        self._write_file(path, data)
+        now = time.time()
         with self._write() as db:
             db.execute(
-                "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (key, generator_id, prompt, settings.negative_prompt, int(seed), int(settings.steps),
                  float(settings.guidance), int(settings.width), int(settings.height), settings.scheduler,
-                 str(path), hashlib.sha256(data).hexdigest(), int(bool(nsfw)), time.time()))
+                 str(path), hashlib.sha256(data).hexdigest(), int(bool(nsfw)), now, "local", now, len(data)))
         return ImageRecord(key, prompt, int(seed), str(path), bool(nsfw), False, image.convert("RGB"))
 
-    def get_images(self, keys: Sequence[str], verify: bool = True) -> dict[str, ImageRecord]:
-        """The stored images among `keys` whose files exist and (with `verify`) match their hash."""
+    def _write_file(self, path: Path, data: bytes) -> None:
+        """Write `data` to `path` atomically (temporary name, then rename; no leftover on failure)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with self._errors():
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def get_images(self, keys: Sequence[str], verify: bool = True, local_only: bool = False
+                   ) -> dict[str, ImageRecord]:
+        """The stored images among `keys` whose files exist and (with `verify`) match their hash;
+        with `local_only`, only those generated here (not imported from an untrusted archive)."""
         found: dict[str, ImageRecord] = {}
-        for row in self._read_in("SELECT key, prompt, seed, path, sha256, nsfw FROM images", "key", keys):
+        select = "SELECT key, prompt, seed, path, sha256, nsfw FROM images"
+        if local_only:
+            select += " WHERE provenance='local' AND"
+            rows = []
+            for chunk in _chunks(list(keys), 500):
+                rows += self._read(f"{select} key IN ({','.join('?' * len(chunk))})", chunk)
+        else:
+            rows = self._read_in(select, "key", keys)
+        for row in rows:
             path = Path(row["path"])
             if not path.is_absolute() or not path.exists():
                 path = self._image_path(row["key"])  # data dir moved or imported elsewhere
@@ -255,18 +326,67 @@ class Store:
             db.execute("INSERT OR REPLACE INTO llm_replies VALUES (?,?,?,?,?)",
                        (key, model, json.dumps(request, sort_keys=True, default=str), reply, time.time()))
 
-    # -- runs ----------------------------------------------------------------------------------
+    # -- runs (each visible to whom engine/access.py says) -------------------------------------
+    def _scope(self, write: bool = False) -> tuple[str, tuple]:
+        """An SQL condition on `runs` (and its arguments) limiting rows to what the current
+        visitor may see (their own runs and, unless `write`, the published ones); '' for all."""
+        visitor = access.visitor_for(self.public)
+        if visitor.host:
+            return "", ()
+        return ("owner=?", (visitor.id,)) if write else ("(owner=? OR published=1)", (visitor.id,))
+
+    def owner(self) -> str:
+        """The owner new runs get: the current visitor's id, '' for the host."""
+        visitor = access.visitor_for(self.public)
+        return "" if visitor.host else visitor.id
+
+    def new_run_id(self) -> str:
+        return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
     def create_run(self, method: str, request: dict, models: dict, version: str,
-                   run_id: str | None = None) -> str:
-        """A new run in status 'running'. Returns its id."""
-        run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+                   run_id: str | None = None, cost: int = 0) -> str:
+        """A new run in status 'running', owned by the current visitor and recording this
+        process (pid, host). Returns its id. InputError when the request is too large to store."""
+        run_id = run_id or self.new_run_id()  # ids from outside are checked where they enter (engine/imports.py)
+        request_json = json.dumps(request, default=str)
+        if len(request_json) > MAX_REQUEST_BYTES:
+            raise InputError(f"the request is {len(request_json) // 1024} KiB; at most {MAX_REQUEST_BYTES // 1024} "
+                             f"KiB are accepted (shorter prompts, fewer entries)")
         now = time.time()
         with self._write() as db:
-            db.execute("INSERT INTO runs (id, method, status, request, models, version, created, updated) "
-                       "VALUES (?,?,?,?,?,?,?,?)",
-                       (run_id, method, "running", json.dumps(request, default=str),
-                        json.dumps(models, default=str), version, now, now))
+            db.execute("INSERT INTO runs (id, method, status, request, models, version, created, updated, owner, "
+                       "pid, host, cost) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (run_id, method, "running", request_json, json.dumps(models, default=str), version, now,
+                        now, self.owner(), os.getpid(), socket.gethostname(), int(cost)))
         return run_id
+
+    def mark_interrupted(self) -> list[str]:
+        """Mark 'interrupted' the runs left 'running' by a process of this host that is gone
+        (killed, crashed, power cut). Returns their ids. Runs of other hosts are left alone,
+        except in public mode: a public server owns its store, and a restarted Space comes
+        back on a new host name, so every run not of a live process here was interrupted."""
+        here = socket.gethostname()
+        dead = [r["id"] for r in self._read("SELECT id, pid, host FROM runs WHERE status='running'")
+                if (self.public or r["host"] in (None, here))
+                and not (r["host"] == here and _alive(r["pid"]))]
+        if dead:
+            with self._write() as db:
+                db.executemany("UPDATE runs SET status='interrupted', error=?, updated=? WHERE id=? AND status='running'",
+                               [("the process running it stopped (killed or crashed); run it again to resume from "
+                                 "the store", time.time(), i) for i in dead])
+        return dead
+
+    def spent(self, owner: str, since: float) -> int:
+        """The images budgeted for `owner`'s runs created after `since` (epoch seconds)."""
+        return int(self._read("SELECT COALESCE(SUM(cost), 0) FROM runs WHERE owner=? AND created>=?",
+                              (owner, since))[0][0])
+
+    def set_published(self, run_ids: Sequence[str], published: bool = True) -> int:
+        """Publish (or withdraw) runs in the read-only gallery every visitor sees. Host only."""
+        access.require_host(self.public, "publishing runs")
+        with self._write() as db:
+            return sum(db.execute("UPDATE runs SET published=? WHERE id=?", (int(published), i)).rowcount
+                       for i in run_ids)
 
     def update_run(self, run_id: str, *, status: str | None = None, results: dict | None = None,
                    summary: dict | None = None, error: str | None = None) -> None:
@@ -290,20 +410,32 @@ class Store:
                            [(run_id, k, label, start + i) for i, k in enumerate(keys)])
 
     def get_run(self, run_id: str) -> dict | None:
-        rows = self._read("SELECT * FROM runs WHERE id=?", (run_id,))
+        """The run with its JSON columns decoded and its image links, or None when there is no
+        such run or the current visitor may not see it."""
+        where, args = self._scope()
+        rows = self._read("SELECT * FROM runs WHERE id=?" + (f" AND {where}" if where else ""), (run_id, *args))
         if not rows:
             return None
-        run = dict(rows[0])
+        run = {k: v for k, v in dict(rows[0]).items() if k not in ("pid", "host", "cost")}  # bookkeeping only
         for column in ("request", "results", "summary", "models"):
             run[column] = json.loads(run[column])
         run["images"] = [dict(r) for r in self._read(
             "SELECT image_key, label, position FROM run_images WHERE run_id=? ORDER BY position", (run_id,))]
         return run
 
-    def list_runs(self, method: str | None = None) -> list[dict]:
-        sql = "SELECT id, method, status, request, summary, models, version, error, created, updated FROM runs"
-        rows = self._read(sql + (" WHERE method=?" if method else "") + " ORDER BY created DESC",
-                          (method,) if method else ())
+    def list_runs(self, method: str | None = None, limit: int | None = None, offset: int = 0,
+                  oldest_first: bool = False) -> list[dict]:
+        """The runs the current visitor may see, newest first (`limit` of them from `offset`)."""
+        sql = ("SELECT id, method, status, request, summary, models, version, error, created, updated, owner, "
+               "published FROM runs")
+        where, args = self._scope()
+        conditions = ([where] if where else []) + (["method=?"] if method else [])
+        args = (*args, *((method,) if method else ()))
+        sql += (" WHERE " + " AND ".join(conditions) if conditions else "") + \
+            (" ORDER BY created ASC, id ASC" if oldest_first else " ORDER BY created DESC, id DESC")
+        if limit is not None:
+            sql, args = sql + " LIMIT ? OFFSET ?", (*args, int(limit), int(offset))
+        rows = self._read(sql, args)
         out = []
         for r in rows:
             d = dict(r)
@@ -316,9 +448,29 @@ class Store:
         """Where this store keeps (or would keep) the PNG of image `key`."""
         return self._image_path(key)
 
+    def run_methods(self) -> list[str]:
+        """The methods of the runs the current visitor may see, sorted."""
+        where, args = self._scope()
+        return [r[0] for r in self._read("SELECT DISTINCT method FROM runs" + (f" WHERE {where}" if where else "")
+                                         + " ORDER BY method", args)]
+
+    def count_runs(self) -> int:
+        """How many runs the current visitor may see."""
+        where, args = self._scope()
+        return self._read("SELECT COUNT(*) FROM runs" + (f" WHERE {where}" if where else ""), args)[0][0]
+
+    def run_exists(self, run_id: str) -> bool:
+        """Whether any run (visible or not) has this id."""
+        return bool(self._read("SELECT 1 FROM runs WHERE id=?", (run_id,)))
+
     def run_rows(self, run_ids: Sequence[str]) -> list[dict]:
-        """The raw `runs` rows (JSON columns left as text), in the order of `run_ids`."""
-        by_id = {r["id"]: dict(r) for r in self._read_in("SELECT * FROM runs", "id", run_ids)}
+        """The raw `runs` rows (JSON columns left as text) the visitor may see, in the order of `run_ids`."""
+        where, args = self._scope()
+        by_id = {}
+        for chunk in _chunks(list(run_ids), 400):
+            by_id.update({r["id"]: dict(r) for r in self._read(
+                f"SELECT * FROM runs WHERE id IN ({','.join('?' * len(chunk))})" + (f" AND {where}" if where else ""),
+                (*chunk, *args))})
         return [by_id[i] for i in run_ids if i in by_id]
 
     def run_image_rows(self, run_ids: Sequence[str]) -> list[dict]:
@@ -335,9 +487,12 @@ class Store:
     def delete_run(self, run_id: str, keep_images: bool = False) -> dict:
         """Delete a run and its image links; unless `keep_images`, also the images no other run
         links to (rows, files, and their VQA answers and embeddings). Returns what was removed."""
+        where, args = self._scope(write=True)
         with self._write() as db:
             if db.execute("SELECT COUNT(*) FROM runs WHERE id=?", (run_id,)).fetchone()[0] == 0:
                 return {"runs": 0, "images": 0, "answers": 0, "embeddings": 0}
+            if where and db.execute(f"SELECT COUNT(*) FROM runs WHERE id=? AND {where}", (run_id, *args)).fetchone()[0] == 0:
+                raise NotAllowedError(f"run '{run_id}' is not yours: visitors may delete only their own runs")
             keys = [r[0] for r in db.execute("SELECT DISTINCT image_key FROM run_images WHERE run_id=?", (run_id,))]
             db.execute("DELETE FROM run_images WHERE run_id=?", (run_id,))
             db.execute("DELETE FROM runs WHERE id=?", (run_id,))
@@ -357,28 +512,100 @@ class Store:
                     candidate.unlink(missing_ok=True)
         return {"runs": 1, "images": len(files), "answers": answers, "embeddings": embeddings}
 
-    def import_image(self, row: dict, data: bytes) -> bool:
-        """Add an image (its `images` row and PNG bytes) from an export. The file goes to this
-        store's canonical place; an image already stored intact is kept. True when it was added."""
+    def import_image(self, row: dict, data: bytes, provenance: str = "imported") -> bool:
+        """Add an image (its `images` row and PNG bytes) from an export, with its provenance
+        ('imported': never a cache hit for new generations; 'local' only for a trusted archive).
+        The file goes to this store's canonical place; an image already stored intact is kept.
+        True when it was added."""
         key = str(row["key"])
-        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):  # keys name files: no paths
+        if not is_key(key):  # keys name files: no paths
             raise StoreError(f"'{key[:80]}' is not an image key")
         if hashlib.sha256(data).hexdigest() != row["sha256"]:
             raise StoreError(f"image {key[:12]}… does not match its recorded sha256")
         if key in self.get_images([key]):
             return False
         path = self._image_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        values = {**row, "path": str(path)}
+        self._write_file(path, data)
+        values = {**row, "path": str(path), "provenance": provenance, "used": time.time(), "bytes": len(data)}
         columns = ("key", "generator", "prompt", "negative_prompt", "seed", "steps", "guidance", "width",
-                   "height", "scheduler", "path", "sha256", "nsfw", "created")
+                   "height", "scheduler", "path", "sha256", "nsfw", "created", "provenance", "used", "bytes")
         with self._write() as db:
             db.execute(f"INSERT OR REPLACE INTO images ({','.join(columns)}) VALUES ({','.join('?' * len(columns))})",
                        [values[c] for c in columns])
         return True
+
+    def touch(self, keys: Sequence[str]) -> None:
+        """Record that these images were just used (least-recently-used clean-up keeps them longest)."""
+        if keys:
+            with self._write() as db:
+                now = time.time()
+                for chunk in _chunks(list(keys), 500):
+                    db.execute(f"UPDATE images SET used=? WHERE key IN ({','.join('?' * len(chunk))})", (now, *chunk))
+
+    # -- size and clean-up ---------------------------------------------------------------------
+    def usage(self) -> dict:
+        """{"images": n, "image_bytes": bytes of the image files, "database_bytes": ...}."""
+        rows = self._read("SELECT key, path, bytes FROM images WHERE bytes IS NULL")
+        if rows:  # stores from before the `bytes` column: measure once
+            sizes = []
+            for r in rows:
+                try:
+                    sizes.append((self._image_path(r["key"]).stat().st_size, r["key"]))
+                except OSError:
+                    sizes.append((0, r["key"]))
+            with self._write() as db:
+                db.executemany("UPDATE images SET bytes=? WHERE key=?", sizes)
+        n, total = self._read("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM images")[0]
+        db_bytes = sum(p.stat().st_size for p in self.data_dir.glob("gaplens.sqlite*") if p.exists())
+        return {"images": n, "image_bytes": int(total), "database_bytes": db_bytes}
+
+    def gc(self, quota_bytes: int | None = None) -> dict:
+        """Remove images no run needs (no run links them), least recently used first, until the
+        image files fit in `quota_bytes` (None: remove every such image), with their VQA answers
+        and embeddings; also leftover temporary files. Host only. Returns what was removed and
+        the usage after: {"images", "bytes", "answers", "embeddings", "usage", "over_quota"}."""
+        access.require_host(self.public, "cleaning the store")
+        usage = self.usage()
+        excess = None if quota_bytes is None else usage["image_bytes"] - int(quota_bytes)
+        removed = {"images": 0, "bytes": 0, "answers": 0, "embeddings": 0}
+        if excess is None or excess > 0:
+            candidates = self._read(
+                "SELECT key, path, COALESCE(bytes, 0) AS bytes FROM images WHERE NOT EXISTS "
+                "(SELECT 1 FROM run_images WHERE run_images.image_key = images.key) "
+                "ORDER BY COALESCE(used, created) ASC")
+            victims, freed = [], 0
+            for row in candidates:
+                if excess is not None and freed >= excess:
+                    break
+                victims.append((row["key"], row["path"]))
+                freed += row["bytes"]
+            with self._write() as db:
+                for chunk in _chunks([k for k, _ in victims], 500):
+                    marks = ",".join("?" * len(chunk))
+                    # re-check under the write lock: a run may have linked one meanwhile
+                    gone = [r[0] for r in db.execute(
+                        f"SELECT key FROM images WHERE key IN ({marks}) AND NOT EXISTS "
+                        f"(SELECT 1 FROM run_images WHERE run_images.image_key = images.key)", chunk)]
+                    if not gone:
+                        continue
+                    marks = ",".join("?" * len(gone))
+                    removed["bytes"] += db.execute(f"SELECT COALESCE(SUM(bytes), 0) FROM images WHERE key IN ({marks})",
+                                                   gone).fetchone()[0]
+                    removed["images"] += db.execute(f"DELETE FROM images WHERE key IN ({marks})", gone).rowcount
+                    removed["answers"] += db.execute(f"DELETE FROM answers WHERE image_key IN ({marks})", gone).rowcount
+                    removed["embeddings"] += db.execute(f"DELETE FROM embeddings WHERE subject IN ({marks})",
+                                                        gone).rowcount
+            for key, path in victims:
+                if self.get_images([key], verify=False):
+                    continue  # re-linked and regenerated meanwhile
+                for candidate in {Path(path), self._image_path(key)}:
+                    if candidate.is_relative_to(self.image_dir):
+                        candidate.unlink(missing_ok=True)
+        for stale in self.image_dir.glob("*/.*.tmp"):
+            stale.unlink(missing_ok=True)
+        after = self.usage()
+        over = None if quota_bytes is None else max(0, after["image_bytes"] - int(quota_bytes))
+        return {**removed, "usage": after, "over_quota": over}
 
     # -- distributed jobs (engine/distributed.py) ----------------------------------------------
     def present_image_keys(self, keys: Sequence[str]) -> set[str]:
@@ -417,9 +644,29 @@ class Store:
                                f"VALUES ({','.join('?' * len(columns))})", add)
         return len(add)
 
-    def import_rows(self, *, runs: Sequence[dict] = (), run_images: Sequence[dict] = (),
+    def run_writable(self, run_id: str) -> bool:
+        """Whether the current visitor may change or replace this run (the host: any run)."""
+        where, args = self._scope(write=True)
+        return bool(self._read("SELECT 1 FROM runs WHERE id=?" + (f" AND {where}" if where else ""), (run_id, *args)))
+
+    def write_image_file(self, key: str, data: bytes) -> Path:
+        """Write an image file at key's canonical place (atomically). Returns its path."""
+        if not is_key(key):
+            raise StoreError(f"'{key[:80]}' is not an image key")
+        path = self._image_path(key)
+        self._write_file(path, data)
+        return path
+
+    def remove_image_files(self, keys: Sequence[str]) -> None:
+        """Remove the files of these keys (a failed import's files; their rows were never written)."""
+        for key in keys:
+            if is_key(key):
+                self._image_path(key).unlink(missing_ok=True)
+
+    def import_rows(self, *, images: Sequence[dict] = (), runs: Sequence[dict] = (), run_images: Sequence[dict] = (),
                     answers: Sequence[dict] = (), embeddings: Sequence[dict] = ()) -> None:
-        """Insert exported rows verbatim (runs and run_images replace, caches are kept if present)."""
+        """Insert checked exported rows in one transaction (images, answers and embeddings
+        already stored are kept; runs and run_images replace)."""
         def insert(db, table, rows, verb):
             known = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
             for row in rows:
@@ -428,10 +675,53 @@ class Store:
                            [row[c] for c in cols])
 
         with self._write() as db:
+            insert(db, "images", images, "INSERT OR IGNORE")
             insert(db, "runs", runs, "INSERT OR REPLACE")
             insert(db, "run_images", run_images, "INSERT OR REPLACE")
             insert(db, "answers", answers, "INSERT OR IGNORE")
             insert(db, "embeddings", embeddings, "INSERT OR IGNORE")
+
+
+def is_key(text: str) -> bool:
+    """Whether `text` is a store key (64 lower-case hex digits): safe as a file name."""
+    return isinstance(text, str) and len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def is_run_id(text: str) -> bool:
+    """Whether `text` can be a run id: 1-80 letters, digits, '-', '_' or '.', not starting with
+    '.' (run ids become export file names, so no path characters)."""
+    return (isinstance(text, str) and 0 < len(text) <= 80 and not text.startswith(".")
+            and all(c in RUN_ID_CHARS for c in text))
+
+
+def _alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process: assume it is still running
+    return True
+
+
+def store_error(exc: BaseException) -> StoreError:
+    """One sentence for a database or disk failure, saying what to do."""
+    text = str(exc).lower()
+    if getattr(exc, "errno", None) == errno.ENOSPC or "full" in text:
+        return StoreError("the disk holding the GapLens store is full: free some space (for example with "
+                          "`python -m engine runs gc`, or by deleting runs) and try again")
+    if isinstance(exc, sqlite3.DatabaseError) and any(w in text for w in ("not a database", "malformed", "corrupt")):
+        return StoreError("the GapLens database (gaplens.sqlite in the data directory) is damaged: move it and its "
+                          "-wal/-shm files aside (or restore a backup) and start GapLens again to begin a new store")
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+        return StoreError("the GapLens store is busy (another process holds it for too long): try again in a moment")
+    if isinstance(exc, PermissionError) or "readonly" in text or "read-only" in text:
+        return StoreError("GapLens may not write to its data directory: give it write permission or choose "
+                          "another one with --data-dir")
+    return StoreError(f"the GapLens store could not be read or written ({type(exc).__name__}: {exc}); check the "
+                      "disk and the data directory, then try again")
 
 
 def _chunks(items: list, size: int):

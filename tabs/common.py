@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import functools
+import hmac
 import inspect
+import os
 
 import gradio as gr
 
+from engine import access
 from engine.errors import GapLensError
 
 try:  # On a Hugging Face Space with ZeroGPU, GPU work must run inside spaces.GPU.
@@ -37,6 +40,83 @@ def user_errors(fn):
         except GapLensError as exc:
             raise gr.Error(str(exc), title=type(exc).__name__.replace("Error", " error")) from exc
     return call
+
+
+# -- visitors of a public GapLens (engine/access.py) ------------------------------------------------
+HOST_TOKEN_HEADER = "x-gaplens-host-token"
+GPU_QUEUE = "gaplens-gpu"
+
+
+def visitor_of(request: gr.Request | None) -> access.Visitor:
+    """Who sent `request`: the host (header `x-gaplens-host-token` equal to $GAPLENS_HOST_TOKEN,
+    or a Hugging Face login listed in $GAPLENS_HOSTS, default the Space's owner), else a
+    visitor keyed by their Hugging Face login where the Space has OAuth, else by their Gradio
+    session."""
+    if request is None:
+        return access.ANONYMOUS
+    token = os.environ.get("GAPLENS_HOST_TOKEN", "")
+    sent = (getattr(request, "headers", None) or {}).get(HOST_TOKEN_HEADER, "")
+    if token and sent and hmac.compare_digest(token.encode(), str(sent).encode()):
+        return access.HOST
+    username = None
+    try:
+        info = request.session.get("oauth_info") or {}
+        username = (info.get("userinfo") or {}).get("preferred_username")
+    except Exception:  # noqa: BLE001 - no session middleware: the Space has no OAuth
+        username = None
+    if username:
+        hosts = {h.strip() for h in os.environ.get("GAPLENS_HOSTS", os.environ.get("SPACE_AUTHOR_NAME", "")).split(",")}
+        return access.HOST if username in hosts else access.Visitor(f"hf:{username}")
+    if getattr(request, "username", None):
+        return access.Visitor(f"user:{request.username}")
+    if getattr(request, "session_hash", None):
+        return access.Visitor(f"session:{request.session_hash}")
+    return access.ANONYMOUS
+
+
+def as_visitor(fn):
+    """`fn` run for the visitor who sent the request (Gradio passes the gr.Request to the
+    first parameter this wrapper adds), with GapLensError shown as gr.Error. Generators get
+    the visitor around every step, whatever thread Gradio runs the step in."""
+    fn = user_errors(fn)
+    if inspect.isgeneratorfunction(fn):
+        def wrapper(gaplens_request, *args, **kwargs):
+            visitor = visitor_of(gaplens_request)
+            stream = fn(*args, **kwargs)
+            try:
+                while True:
+                    with access.acting_as(visitor):
+                        try:
+                            item = next(stream)
+                        except StopIteration:
+                            return
+                    yield item
+            finally:
+                with access.acting_as(visitor):
+                    stream.close()
+    else:
+        def wrapper(gaplens_request, *args, **kwargs):
+            with access.acting_as(visitor_of(gaplens_request)):
+                return fn(*args, **kwargs)
+    signature = inspect.signature(fn)
+    request = inspect.Parameter("gaplens_request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+    wrapper.__signature__ = signature.replace(parameters=[request, *signature.parameters.values()])
+    wrapper.__annotations__ = {**getattr(fn, "__annotations__", {}), "gaplens_request": gr.Request}
+    wrapper.__wrapped__ = getattr(fn, "__wrapped__", fn)  # resolves the original's string annotations
+    wrapper.__name__ = getattr(fn, "__name__", "handler")
+    wrapper.__doc__ = getattr(fn, "__doc__", None)
+    return wrapper
+
+
+def bind_visitors(demo: gr.Blocks) -> None:
+    """Public mode: run every event handler of `demo` for its visitor (`as_visitor`), and put
+    the streaming handlers (the methods, which use the GPU) in one queue of concurrency 1."""
+    for block_fn in demo.fns.values():
+        if block_fn.fn is None:
+            continue
+        if inspect.isgeneratorfunction(block_fn.fn):
+            block_fn.concurrency_id = GPU_QUEUE
+        block_fn.fn = as_visitor(block_fn.fn)
 
 
 def gallery_items(records, captions=None) -> list[tuple[str, str]]:

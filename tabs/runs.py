@@ -3,6 +3,7 @@ delete, export, import, and user-study packs. Thin: engine/runs.py, engine/repor
 engine/study.py do the work; engine/report draws the runs as their tabs show them."""
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -12,6 +13,8 @@ import gradio as gr
 from engine import runs, study
 from engine.axes import known_axes
 from engine.errors import InputError
+from engine.imports import import_zip
+from engine.names import safe_stem
 from engine.report import export
 from engine.report import runs as runs_page
 from engine.report import study as study_page
@@ -22,9 +25,22 @@ HEADERS = ["run", "method", "prompt", "generator", "date", "headline score", "st
 ALL = "all"
 
 
+EXPORTS = Path(tempfile.gettempdir()) / "gaplens-exports"
+EXPORT_MAX_AGE_S = 3600
+
+
 def _export_dir() -> Path:
-    """A fresh directory under the system temp dir (Gradio serves downloads from there)."""
-    return Path(tempfile.mkdtemp(prefix="gaplens-export-"))
+    """A fresh directory for one download under the system temp dir (Gradio copies what a
+    handler returns into its own cache and serves it from there); folders older than an hour
+    are removed first, so exports do not pile up."""
+    EXPORTS.mkdir(parents=True, exist_ok=True)
+    for old in EXPORTS.iterdir():
+        try:
+            if time.time() - old.stat().st_mtime > EXPORT_MAX_AGE_S:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(prefix="export-", dir=EXPORTS))
 
 
 def _ids(selected) -> list[str]:
@@ -51,6 +67,8 @@ def build(engine) -> list:
         method = gr.Dropdown([ALL], value=ALL, label="Method", elem_id="runs-method", scale=1)
         status = gr.Dropdown([ALL, *runs.STATUSES], value=ALL, label="Status", elem_id="runs-status-filter", scale=1)
         sort = gr.Dropdown(list(runs.SORTS), value="newest", label="Sort by", elem_id="runs-sort", scale=1)
+        page = gr.Number(1, precision=0, minimum=1, label=f"Page ({runs.PAGE_SIZE} runs each)",
+                         elem_id="runs-page", scale=0, min_width=110)
         refresh = gr.Button("Refresh", scale=0, elem_id="runs-refresh")
     table = gr.Dataframe(headers=HEADERS, interactive=False, elem_id="runs-table", wrap=True, max_height=360,
                          label="Runs (click a row to open it)",
@@ -115,15 +133,17 @@ def build(engine) -> list:
 
     # -- handlers --------------------------------------------------------------------------------
     @user_errors
-    def list_runs(search, method, status, sort, selected):
-        rows = runs.list_runs(store, search or "", None if method in (None, "", ALL) else method,
-                              None if status in (None, "", ALL) else status, sort or "newest")
-        data = [[r["id"], r["method"], r["prompt"], r["generator"], r["date"], r["headline"], r["status"]]
-                for r in rows]
-        methods = sorted({r["method"] for r in store.list_runs()})
+    def list_runs(search, method, status, sort, selected, page=1):
+        shown = runs.list_page(store, search or "", None if method in (None, "", ALL) else method,
+                               None if status in (None, "", ALL) else status, sort or "newest", int(page or 1))
+        rows = shown["rows"]
+        data = [[r["id"], r["method"], r["prompt"], r["generator"], r["date"], r["headline"],
+                 r["status"] + (" · published" if engine.public and r["published"] else "")] for r in rows]
         keep = [s for s in _ids(selected) if store.get_run(s) is not None]
+        where = f" (page {shown['page']} of {shown['pages']})" if shown["pages"] > 1 else ""
         return (data, gr.Dropdown(choices=[(_choice_label(r), r["id"]) for r in rows], value=keep),
-                gr.Dropdown(choices=[ALL, *methods]), f"{len(rows)} run(s) shown; {store.count('runs')} in the store.")
+                gr.Dropdown(choices=[ALL, *shown["methods"]]),
+                f"{len(rows)} of {shown['total']} run(s) shown{where}; {store.count_runs()} in the store.")
 
     def load():
         return list_runs("", ALL, ALL, "newest", [])[:3]
@@ -171,7 +191,7 @@ def build(engine) -> list:
             ids = _ids(selected)
             if not ids:
                 raise InputError("pick the runs to export first")
-            stem = ids[0] if len(ids) == 1 else f"gaplens-{len(ids)}-runs-{time.strftime('%Y%m%d-%H%M%S')}"
+            stem = safe_stem(ids[0]) if len(ids) == 1 else f"gaplens-{len(ids)}-runs-{time.strftime('%Y%m%d-%H%M%S')}"
             out = _export_dir()
             if fmt == "scores":
                 paths = (export.export_files(store, ids, "json", out / f"{stem}.scores.json")
@@ -185,7 +205,7 @@ def build(engine) -> list:
     def do_import(path):
         if not path:
             raise InputError("upload an exported .zip first")
-        report = export.import_zip(store, path)
+        report = import_zip(store, path)
         text = (f"Imported {len(report['imported'])} run(s) ({report['images_added']} new image(s), "
                 f"{report['answers']} VQA answers, {report['embeddings']} embeddings)"
                 + (f"; already in the store: {', '.join(report['skipped'])}" if report["skipped"] else "") + ".")
@@ -199,7 +219,7 @@ def build(engine) -> list:
         pack = study.build_pack(engine, ids, question=question, axis=axis or "overall",
                                 images_per_set=int(per_set), seed=int(seed or 0),
                                 n_raters=int(raters) if raters else None, n_attention=int(checks))
-        path = study.write_pack(pack, _export_dir() / f"study-{question}-seed{int(seed or 0)}.zip",
+        path = study.write_pack(pack, _export_dir() / f"study-{safe_stem(question)}-seed{int(seed or 0)}.zip",
                                 study_page.form_page(pack))
         summary = study.pack_summary(pack)
         missing = summary["sets"] - summary["sets_with_automatic_score"]
@@ -217,10 +237,10 @@ def build(engine) -> list:
         texts = [Path(p).read_text(encoding="utf-8") for p in paths]
         return study_page.analysis_html(study.analyse(study.load_key(key_path), texts, bool(exclude_inattentive)))
 
-    list_inputs = [search, method, status, sort, selected]
+    list_inputs = [search, method, status, sort, selected, page]
     list_outputs = [table, selected, method, message]
     refresh.click(list_runs, list_inputs, list_outputs, api_name="runs_list")
-    for trigger in (search.submit, method.change, status.change, sort.change):
+    for trigger in (search.submit, method.change, status.change, sort.change, page.submit):
         trigger(list_runs, list_inputs, list_outputs, api_name=False)
     table.select(click_row, [selected], [selected, view, gallery], api_name=False)
     clear.click(lambda: gr.Dropdown(value=[]), None, [selected], api_name=False)

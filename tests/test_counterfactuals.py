@@ -190,16 +190,16 @@ def test_planted_gender_bias_gives_higher_mad_and_favours_the_male_counterfactua
 
 
 def test_llm_axes_aggregate_mode_and_the_store(engine):
-    results, events = measure(engine, "a photo of a doctor", n=4, n_boot=20)
+    results, events = measure(engine, "a photo of a doctor", n=4, n_boot=100)
     assert any(isinstance(e, Table) and e.name == "axes" for e in events)
     assert {"gender", "age", "skin tone"} <= set(results["axes"])
     assert results["questions"]["gender"].startswith("What is the gender")
     generated = engine.stats.images_generated
-    measure(engine, "a photo of a doctor", n=4, n_boot=20)
+    measure(engine, "a photo of a doctor", n=4, n_boot=100)
     assert engine.stats.images_generated == generated  # every set came from the store
 
     axes = {"gender": ["a photo of a male {occupation}", "a photo of a female {occupation}"]}
-    agg, _ = measure(engine, "a photo of a {occupation}", fill=["nurse", "firefighter"], axes=axes, n=8, n_boot=20)
+    agg, _ = measure(engine, "a photo of a {occupation}", fill=["nurse", "firefighter"], axes=axes, n=8, n_boot=100)
     assert agg["aggregate"] and list(agg["per_prompt"]) == ["a photo of a nurse", "a photo of a firefighter"]
     male = "a photo of a male {occupation}"
     assert agg["cas"]["gender"][male] == pytest.approx(np.mean([p["cas"]["gender"][male] for p in agg["per_prompt"].values()]))
@@ -212,7 +212,7 @@ def test_cli_prints_axes_cas_and_mad_as_json(tmp_path):
     from test_cli import cli
 
     out = cli("counterfactuals", "--preset", "synthetic", "--prompt", "a photo of a doctor", "-n", "8", "--n-boot",
-              "50", "--json", data_dir=tmp_path)
+              "100", "--json", data_dir=tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert {"run_id", "axes", "counterfactuals", "cas", "mad"} <= set(result)

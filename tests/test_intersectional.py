@@ -172,7 +172,7 @@ def test_a_run_after_counterfactuals_generates_nothing_new(engine):
     list(counterfactuals.run(counterfactuals.CounterfactualsRequest("a photo of a doctor", axes=axes, n=8,
                                                                     n_boot=0), engine))
     calls, generated = engine.stats.generator_calls, engine.stats.images_generated
-    done = done_event(ic.run(ic.IntersectionalRequest("a photo of a doctor", axes=axes, n=8, n_boot=20,
+    done = done_event(ic.run(ic.IntersectionalRequest("a photo of a doctor", axes=axes, n=8, n_boot=100,
                                                other_policy="other_bin", level="aggregated"), engine))
     assert engine.stats.generator_calls == calls and engine.stats.images_generated == generated
     r = done.results
@@ -187,7 +187,7 @@ def test_cli_prints_the_matrix_p_values_and_kept_edges(tmp_path):
     from test_cli import cli
 
     out = cli("intersectional", "--preset", "synthetic", "--prompt", "a photo of a doctor", "-n", "8", "--n-boot",
-              "20", "--json", data_dir=tmp_path)
+              "100", "--json", data_dir=tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert {"run_id", "sensitivity", "p_values", "kept_edges", "max_impact", "max_influenced"} <= set(result)

@@ -199,7 +199,7 @@ def test_cli_prints_each_steps_axis_tau_and_w_bar(tmp_path, capsys):
 
     export = tmp_path / "prompts.json"
     common = ["mitigate", "--preset", "synthetic", "--data-dir", str(tmp_path), "--prompt", "a photo of a doctor",
-              "-n", "8", "--json", "--quiet", "--axes", "gender,age", "--n-boot", "20"]
+              "-n", "8", "--json", "--quiet", "--axes", "gender,age", "--n-boot", "100"]
     assert main(common + ["--priorities", "gender=0.7,age=0.3", "--target", "age=young:0.3,middle-aged:0.4,old:0.3",
                           "--epsilon", "0.05", "--export", str(export)]) == 0
     result = json.loads(capsys.readouterr().out)

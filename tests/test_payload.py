@@ -100,9 +100,9 @@ def real_runs(engine) -> dict[str, Done]:
             prompt, n=8, n_boot=100, axes=["gender", "age", "hair colour"]), engine)),
         "generate": done_event(generate.run(generate.GenerateRequest(prompt, n=4, negative_prompt="blurry"), engine)),
         "counterfactuals": done_event(counterfactuals.run(counterfactuals.CounterfactualsRequest(
-            prompt, axes=AXES, n=8, n_boot=50), engine)),
+            prompt, axes=AXES, n=8, n_boot=100), engine)),
         "intersectional": done_event(intersectional.run(intersectional.IntersectionalRequest(
-            prompt, axes=AXES, n=8, n_boot=20), engine)),
+            prompt, axes=AXES, n=8, n_boot=100), engine)),
         "mine": done_event(mine.run(mine.MineRequest(iterations=1, population=4, select=1, mutations=1, n=8), engine)),
         "mitigate": done_event(mitigate.run(mitigate.MitigateRequest(prompt=prompt, axes=AXES, n=8, seed=1, n_boot=100),
                                       engine)),

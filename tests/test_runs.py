@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import runs
+from engine import imports, runs
 from engine.core import Engine
 from engine.errors import InputError
 from engine.methods import generate, single_prompt
@@ -55,18 +55,24 @@ def test_export_delete_import_reopens_identical(engine, tmp_path):
     assert len(gone) == 4 and all(not store.answers_for_image(k) for k in gone)
     assert not any(store.image_path_for(k).exists() for k in gone)
 
-    report = export.import_zip(store, tmp_path / "sp.zip")
+    report = imports.import_zip(store, tmp_path / "sp.zip", trust=True)  # our own archive: trusted
     assert report["imported"] == [sp] and report["images_added"] == 4 and report["images_present"] == 4
-    assert store.run_rows([sp])[0] == raw_before            # the same results JSON, byte for byte
+    raw_after = store.run_rows([sp])[0]
+    assert json.loads(raw_after.pop("models")) == {k: runs.short_model(v) for k, v in
+                                                   json.loads(raw_before.pop("models")).items()}  # no host paths
+    process = ("pid", "host", "cost")  # who ran it where: not exported
+    assert {k: v for k, v in raw_after.items() if k not in process} == \
+        {k: v for k, v in raw_before.items() if k not in process}            # the same results JSON, byte for byte
+    run_before["models"] = {k: runs.short_model(v) for k, v in run_before["models"].items()}
     assert store.get_run(sp) == run_before
     assert _image_bytes(store, sp) == bytes_before           # the same image bytes
     assert {k: store.answers_for_image(k) for k in bytes_before} == answers_before
     assert runs_page.open_run(store, sp)["html"] == html_before
-    assert export.import_zip(store, tmp_path / "sp.zip")["skipped"] == [sp]  # importing twice is a no-op
+    assert imports.import_zip(store, tmp_path / "sp.zip")["skipped"] == [sp]  # importing twice is a no-op
 
     # Into another store: same run, images found at that store's own paths.
     other = Engine("synthetic", data_dir=str(tmp_path / "other"))
-    report = export.import_zip(other.store, tmp_path / "sp.zip")
+    report = imports.import_zip(other.store, tmp_path / "sp.zip", trust=True)
     assert report["imported"] == [sp] and report["paths_rewritten"] == 8
     moved = other.store.get_run(sp)
     assert {k: moved[k] for k in ("request", "summary", "models", "created", "images")} == \
@@ -124,6 +130,9 @@ def test_scores_csv_and_json_hold_every_score_with_its_interval(engine):
     assert any(r["run_id"] == gen and r["metric"] == "n" and float(r["value"]) == 2 for r in rows)
     doc = export.scores_json(engine.store, [sp, gen])
     assert [r["id"] for r in doc["runs"]] == [sp, gen]
+    assert str(engine.store.data_dir) not in json.dumps(doc)  # no host paths: images are named inside the store
+    for image in results["images"]:
+        image["path"] = "images/" + Path(image["path"]).relative_to(engine.store.image_dir).as_posix()
     assert doc["runs"][0]["results"] == results and len(doc["runs"][0]["scores"]) == \
         sum(r["run_id"] == sp for r in rows)
 
@@ -238,12 +247,12 @@ def test_damaged_or_foreign_zips_are_clear_errors_and_write_nothing(engine, tmp_
     sp = _generate(engine, "a photo of a judge", n=2)
     export.export_zip(engine.store, [sp], tmp_path / "ok.zip")
     with pytest.raises(InputError, match="not a readable zip"):
-        export.import_zip(engine.store, tmp_path / "missing.zip")
+        imports.import_zip(engine.store, tmp_path / "missing.zip")
     plain = tmp_path / "plain.zip"
     with zipfile.ZipFile(plain, "w") as zf:
         zf.writestr("hello.txt", "hi")
     with pytest.raises(InputError, match="not a GapLens export"):
-        export.import_zip(engine.store, plain)
+        imports.import_zip(engine.store, plain)
     # An image key that tries to name a path outside the store is refused before anything is written.
     evil = tmp_path / "evil.zip"
     with zipfile.ZipFile(tmp_path / "ok.zip") as src, zipfile.ZipFile(evil, "w") as dst:
@@ -258,6 +267,6 @@ def test_damaged_or_foreign_zips_are_clear_errors_and_write_nothing(engine, tmp_
                 data = "".join(json.dumps(r) + "\n" for r in rows).encode()
             dst.writestr(name, data)
     runs.delete_runs(engine.store, [sp])
-    with pytest.raises(Exception, match="not an image key"):
-        export.import_zip(engine.store, evil)
+    with pytest.raises(InputError, match="expected a key"):
+        imports.import_zip(engine.store, evil)
     assert engine.store.get_run(sp) is None and not list(tmp_path.glob("**/escaped*"))

@@ -26,7 +26,7 @@ def study_engine(tmp_path_factory):
     engine = Engine("synthetic", data_dir=str(tmp_path_factory.mktemp("study") / "store"))
     ids = []
     for prompt in PROMPTS:
-        request = single_prompt.SinglePromptRequest(prompt, n=16, n_boot=50, gap=False)
+        request = single_prompt.SinglePromptRequest(prompt, n=16, n_boot=100, gap=False)
         ids.append(done_event(single_prompt.run(request, engine)).run_id)
     return engine, ids
 

@@ -42,6 +42,17 @@ def add_parser(sub, common_arguments) -> None:
 
     q = cmd("import", "import runs from an exported zip into the store")
     q.add_argument("zip_path")
+    q.add_argument("--trust", action="store_true",
+                   help="the archive is yours: let its images and caches serve new generations (default: "
+                        "imported images belong to the imported runs only)")
+
+    q = cmd("gc", "remove least-recently-used images no run needs, and leftover temporary files")
+    q.add_argument("--quota-gb", type=float, default=None,
+                   help="remove only until the images fit in this many GiB (default: remove every unneeded image)")
+
+    q = cmd("publish", "show runs read-only to every visitor of a public GapLens (--undo: stop showing them)")
+    q.add_argument("run_ids", nargs="+")
+    q.add_argument("--undo", action="store_true")
 
     q = cmd("study", "build a user-study pack from runs, or analyse its answers")
     q.add_argument("action", choices=("build", "analyse", "analyze"))
@@ -121,12 +132,23 @@ def run_command(args, engine):
         written = export_files(store, args.run_ids, args.format, args.out)
         _print_json({"files": written}) if args.json else print("\n".join(written))
     elif command == "import":
-        from ..report.export import import_zip
+        from ..imports import import_zip
 
-        report = import_zip(store, args.zip_path)
+        report = import_zip(store, args.zip_path, trust=args.trust)
         _print_json(report) if args.json else print(
             f"imported {len(report['imported'])} run(s) ({report['images_added']} new image(s)); "
-            f"already present: {len(report['skipped'])}")
+            f"already present: {len(report['skipped'])}"
+            + ("" if args.trust else "; imported images serve only the imported runs (--trust to reuse them)"))
+    elif command == "gc":
+        removed = store.gc(int(args.quota_gb * 2**30) if args.quota_gb is not None else None)
+        _print_json(removed) if args.json else print(
+            f"removed {removed['images']} image(s) ({removed['bytes'] / 2**20:.1f} MiB); "
+            f"{removed['usage']['images']} image(s), {removed['usage']['image_bytes'] / 2**20:.1f} MiB left"
+            + (f"; still {removed['over_quota'] / 2**20:.1f} MiB over the quota: delete runs to free more"
+               if removed["over_quota"] else ""))
+    elif command == "publish":
+        changed = store.set_published(args.run_ids, not args.undo)
+        print(f"{'withdrew' if args.undo else 'published'} {changed} run(s)")
     elif command == "study":
         from .. import study
 

@@ -31,18 +31,16 @@ import time
 import zipfile
 from pathlib import Path
 
-import numpy as np
-
 from engine import __version__
 from engine.errors import InputError
+from engine.imports import FORMAT, FORMAT_VERSION, replace_strings
+from engine.names import safe_stem, short_label
 from engine.runs import compare_runs, get_run, headline, run_prompt, run_records, scores, short_model
 from engine.store import Store, _json_default
 
 from . import Markup, clip, macro, render, static
 from .runs import compare_html, results_html, run_header_html, thumbnails_html
 
-FORMAT = "gaplens-export"
-FORMAT_VERSION = 1
 CSV_COLUMNS = ["run_id", "method", "status", "prompt", "generator", "group", "metric", "value", "ci_low", "ci_high"]
 METADATA_COLUMNS = ["file_name", "run_id", "method", "label", "position", "prompt", "negative_prompt", "seed",
                     "generator", "steps", "guidance", "width", "height", "scheduler", "nsfw", "image_key",
@@ -60,10 +58,11 @@ def _runs(store: Store, run_ids) -> list[dict]:
 def scores_json(store: Store, run_ids) -> dict:
     out = []
     for run in _runs(store, run_ids):
-        out.append({k: run[k] for k in ("id", "method", "status", "request", "summary", "models", "version",
+        out.append({k: run[k] for k in ("id", "method", "status", "request", "summary", "version",
                                          "error", "created", "updated")}
                    | {"prompt": run_prompt(run), "headline": headline(run)[0],
-                      "scores": [s.to_json() for s in scores(run)], "results": run["results"]})
+                      "models": {k: short_label(v) for k, v in (run.get("models") or {}).items()},
+                      "scores": [s.to_json() for s in scores(run)], "results": _relative(run["results"], store)})
     return {"format": "gaplens-scores", "gaplens_version": __version__, "exported": time.time(), "runs": out}
 
 
@@ -77,6 +76,18 @@ def scores_csv(store: Store, run_ids) -> str:
             writer.writerow([run["id"], run["method"], run["status"], run_prompt(run), generator, s.group, s.metric,
                              _csv_number(s.value), _csv_number(s.low), _csv_number(s.high)])
     return buf.getvalue()
+
+
+def _relative(obj, store: Store):
+    """`obj` with every path into the store's image folder made relative to the data folder."""
+    prefix = str(store.image_dir) + os.sep
+    if isinstance(obj, str):
+        return "images/" + obj[len(prefix):].replace(os.sep, "/") if obj.startswith(prefix) else obj
+    if isinstance(obj, dict):
+        return {k: _relative(v, store) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_relative(v, store) for v in obj]
+    return obj
 
 
 def _csv_number(x) -> str:
@@ -151,18 +162,21 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
         metadata.append({
             "file_name": f"images/{key}.png", "run_id": link["run_id"], "method": method_of[link["run_id"]],
             "label": link["label"], "position": link["position"], "prompt": row["prompt"],
-            "negative_prompt": row["negative_prompt"], "seed": row["seed"], "generator": row["generator"],
+            "negative_prompt": row["negative_prompt"], "seed": row["seed"], "generator": short_label(row["generator"]),
             "steps": row["steps"], "guidance": row["guidance"], "width": row["width"], "height": row["height"],
             "scheduler": row["scheduler"], "nsfw": bool(row["nsfw"]), "image_key": key, "sha256": row["sha256"],
             "vqa": by_image.get(key, [])})
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "gaplens_version": __version__,
-        "exported": time.time(), "source_data_dir": str(store.data_dir),
+        "exported": time.time(),
         "runs": [{"id": r["id"], "method": r["method"], "status": r["status"], "prompt": run_prompt(r)} for r in runs],
         "counts": {"runs": len(runs), "images": len(keys) - len(missing), "answers": len(answers),
                    "embeddings": len(embeddings), "metadata_rows": len(metadata)},
         "missing_images": missing,
     }
+    # host paths stay home: image files are named as in the archive, model paths by their last part
+    local = {str(present[k].path): f"images/{k}.png" for k in keys if k not in missing}
+    local.update({row["path"]: f"images/{k}.png" for k, row in image_rows.items()})
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -172,10 +186,11 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
                 zf.write(present[key].path, f"images/{key}.png", compress_type=zipfile.ZIP_STORED)
         zf.writestr("metadata.jsonl", _jsonl(metadata))
         zf.writestr("gaplens/manifest.json", json.dumps(manifest, indent=1, default=_json_default))
-        zf.writestr("gaplens/runs.jsonl", _jsonl(store.run_rows(ids)))
+        zf.writestr("gaplens/runs.jsonl", _jsonl(_portable_run(r, local) for r in store.run_rows(ids)))
         zf.writestr("gaplens/run_images.jsonl", _jsonl(run_image_rows))
         zf.writestr("gaplens/images.jsonl", _jsonl(
-            {**image_rows[k], "file": f"images/{k}.png"} for k in keys if k not in missing))
+            {**_portable_image(image_rows[k]), "path": f"images/{k}.png", "file": f"images/{k}.png"}
+            for k in keys if k not in missing))
         zf.writestr("gaplens/answers.jsonl", _jsonl(answers))
         zf.writestr("gaplens/embeddings.jsonl", _jsonl(
             {**{k: v for k, v in e.items() if k != "vector"},
@@ -187,6 +202,23 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
         zf.writestr("README.md", _dataset_readme(manifest))
     os.replace(tmp, path)
     return manifest
+
+
+def _portable_run(row: dict, local_paths: dict) -> dict:
+    """A `runs` row without host paths: image paths in the results become archive names,
+    model labels lose their directories, the owner and process columns are left out."""
+    row = {k: v for k, v in row.items() if k not in ("owner", "published", "pid", "host", "cost")}
+    results = json.loads(row["results"])
+    portable = replace_strings(results, local_paths)
+    if portable != results:
+        row["results"] = json.dumps(portable, default=_json_default)
+    row["models"] = json.dumps({k: short_label(v) for k, v in json.loads(row["models"]).items()})
+    return row
+
+
+def _portable_image(row: dict) -> dict:
+    return {k: (short_label(v) if k == "generator" else v) for k, v in row.items()
+            if k not in ("provenance", "used", "bytes")}
 
 
 def _dataset_readme(manifest: dict) -> str:
@@ -211,87 +243,6 @@ def _dataset_readme(manifest: dict) -> str:
 """
 
 
-def import_zip(store: Store, path: str | os.PathLike, replace: bool = False) -> dict:
-    """Import the runs of an export zip into `store`: images (verified against their sha256),
-    VQA answers, embeddings, run rows and image links. Runs already in the store are skipped
-    unless `replace`. Image paths inside the results are rewritten to this store's files."""
-    try:
-        return _import_zip(store, path, replace)
-    except (KeyError, ValueError, TypeError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
-        raise InputError(f"{Path(path).name} is a damaged GapLens export ({type(exc).__name__}: {exc})") from None
-
-
-def _import_zip(store: Store, path, replace: bool) -> dict:
-    try:
-        zf = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise InputError(f"{Path(path).name} is not a readable zip file ({exc})") from None
-    with zf:
-        names = set(zf.namelist())
-        if "gaplens/manifest.json" not in names:
-            raise InputError(f"{Path(path).name} is not a GapLens export (it has no gaplens/manifest.json)")
-        manifest = json.loads(zf.read("gaplens/manifest.json"))
-        if manifest.get("format") != FORMAT or int(manifest.get("format_version", 0)) > FORMAT_VERSION:
-            raise InputError(f"{Path(path).name}: unsupported export format {manifest.get('format')} "
-                             f"v{manifest.get('format_version')}")
-
-        def rows(name):
-            if name not in names:
-                return []
-            return [json.loads(line) for line in zf.read(name).decode("utf-8").splitlines() if line.strip()]
-
-        run_rows = rows("gaplens/runs.jsonl")
-        existing = {r["id"] for r in run_rows if store.get_run(r["id"]) is not None}
-        todo = [r for r in run_rows if replace or r["id"] not in existing]
-        todo_ids = {r["id"] for r in todo}
-        links = [r for r in rows("gaplens/run_images.jsonl") if r["run_id"] in todo_ids]
-        wanted = {r["image_key"] for r in links}
-        added = present = 0
-        moved: dict[str, str] = {}
-        for row in rows("gaplens/images.jsonl"):
-            key = row["key"]
-            if key not in wanted:
-                continue
-            member = row.pop("file", f"images/{key}.png")
-            if member not in names:
-                raise InputError(f"{Path(path).name} lacks the image file {member}")
-            old_path = row["path"]
-            if store.import_image(row, zf.read(member)):
-                added += 1
-            else:
-                present += 1
-            new_path = str(store.get_images([key], verify=False)[key].path)
-            if new_path != old_path:
-                moved[old_path] = new_path
-        answers = [a for a in rows("gaplens/answers.jsonl") if a["image_key"] in wanted]
-        embeddings = []
-        for e in rows("gaplens/embeddings.jsonl"):
-            vector = base64.b64decode(e.pop("vector_b64"))
-            if len(vector) != 4 * int(e["dim"]):
-                raise InputError(f"{Path(path).name}: embedding {e['key'][:12]}… has the wrong size")
-            embeddings.append({**e, "vector": np.frombuffer(vector, np.float32).tobytes()})
-        for run in todo:  # results name image files by path: point them at this store's copies
-            if moved:
-                results = json.loads(run["results"])
-                rewritten = _replace_strings(results, moved)
-                if json.dumps(rewritten, default=_json_default) != json.dumps(results, default=_json_default):
-                    run["results"] = json.dumps(rewritten, default=_json_default)
-        store.import_rows(runs=todo, run_images=links, answers=answers, embeddings=embeddings)
-    return {"imported": [r["id"] for r in todo], "skipped": sorted(existing - todo_ids),
-            "images_added": added, "images_present": present, "answers": len(answers),
-            "embeddings": len(embeddings), "paths_rewritten": len(moved)}
-
-
-def _replace_strings(obj, mapping: dict):
-    if isinstance(obj, str):
-        return mapping.get(obj, obj)
-    if isinstance(obj, dict):
-        return {k: _replace_strings(v, mapping) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_replace_strings(v, mapping) for v in obj]
-    return obj
-
-
 # -- one entry point for the CLI and the tab -------------------------------------------------
 def export_files(store: Store, run_ids, fmt: str, out: str | os.PathLike) -> list[str]:
     """Write `fmt` (json, csv, zip, html or all) for the runs; `out` is the file (a directory
@@ -301,7 +252,7 @@ def export_files(store: Store, run_ids, fmt: str, out: str | os.PathLike) -> lis
     out = Path(out)
     if fmt == "all":
         out.mkdir(parents=True, exist_ok=True)
-        stem = ids[0] if len(ids) == 1 else f"gaplens-{len(ids)}-runs"
+        stem = safe_stem(ids[0]) if len(ids) == 1 else f"gaplens-{len(ids)}-runs"
         return [p for f, ext in (("json", "scores.json"), ("csv", "scores.csv"), ("zip", "zip"), ("html", "html"))
                 for p in export_files(store, ids, f, out / f"{stem}.{ext}")]
     out.parent.mkdir(parents=True, exist_ok=True)
