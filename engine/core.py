@@ -18,7 +18,7 @@ import numpy as np
 
 from . import __version__
 from .backends.base import GenerationSettings, ModelSpec
-from .errors import GapLensError, InputError
+from .errors import GapLensError, InputError, OutOfMemoryError
 from .events import Done, Images, Progress
 from .models import ModelManager
 from .presets import resolve_preset
@@ -51,6 +51,8 @@ class Engine:
                  max_images: int = DEFAULT_MAX_IMAGES, device: str | None = None,
                  memory_budget_gb: float | None = None, **model_overrides: str | ModelSpec | None):
         self.preset, self.preset_reason = resolve_preset(preset, **model_overrides)
+        # CLI/app overrides (--generator etc.) apply to every preset picked later, too
+        self.model_overrides = {k: v for k, v in model_overrides.items() if v}
         self.store = Store(data_dir or default_data_dir())
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
@@ -93,7 +95,8 @@ class Engine:
             "models": {role: spec.label for role, spec in self.preset.specs().items()},
             "loaded": self.models.loaded(),
             "device": self.models._device or "not chosen yet (no real model loaded)",
-            "memory": _memory_summary(),
+            "memory": _memory_summary(self.models._device),
+            "resident": self.models.summary(),
             "data_dir": str(self.store.data_dir),
             "stored_images": self.store.count("images"),
             "runs": self.store.count("runs"),
@@ -105,8 +108,11 @@ class Engine:
         return self.models.unload()
 
     def set_preset(self, name: str, **model_overrides) -> None:
-        """Switch to another preset: models of the old one are unloaded, the store is kept."""
-        preset, reason = resolve_preset(name, **model_overrides)
+        """Switch to another preset: models of the old one are unloaded, the store is kept. The engine's
+        model overrides (from the command line, or given here, which add to them) replace the preset's."""
+        overrides = {**self.model_overrides, **{k: v for k, v in model_overrides.items() if v}}
+        preset, reason = resolve_preset(name, **overrides)
+        self.model_overrides = overrides
         self.models.unload()
         self.preset, self.preset_reason = preset, reason
 
@@ -149,12 +155,24 @@ class Engine:
             yield cached
         missing = [(s, k) for s, k in zip(seeds, keys) if k not in found]
         batch_size = max(1, int(getattr(self.models.get(self.generator_spec), "batch_size", 4)))
-        for start in range(0, len(missing), batch_size):
+        start, retried = 0, False
+        while start < len(missing):
             batch = missing[start:start + batch_size]
-            with self._backend("generator") as gen:
-                outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+            try:
+                with self._backend("generator") as gen:
+                    outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+            except OutOfMemoryError:
+                if retried or batch_size == 1:
+                    raise  # its message says what to change
+                # One retry with half the batch; the generator keeps the smaller size from now on.
+                # Each image depends only on its own seed, so the images do not change.
+                retried, batch_size = True, max(1, batch_size // 2)
+                self.models.get(self.generator_spec).batch_size = batch_size
+                self.models.memory.empty_cache(self.models.device)
+                continue
             self.stats.generator_calls += 1
             self.stats.images_generated += len(outputs)
+            start += len(batch)
             yield [self.store.put_image(k, gen_id, prompt, out.seed, settings, out.image, out.nsfw)
                    for (s, k), out in zip(batch, outputs)]
 
@@ -363,13 +381,20 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
     return [by_seed[s] for s in seeds]
 
 
-def _memory_summary() -> str:
+def _memory_summary(device: str | None) -> str:
+    """Returns one line on device memory. Touches CUDA only once a model has chosen a CUDA device, and
+    never on ZeroGPU, where the main process must not initialise CUDA."""
     import sys
 
+    from .device import on_zero_gpu
+
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
+    if (torch is not None and device and str(device).startswith("cuda") and not on_zero_gpu()
+            and torch.cuda.is_available()):
         free, total = torch.cuda.mem_get_info()
         return f"GPU {torch.cuda.get_device_name(0)}: {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
+    if on_zero_gpu():
+        return "ZeroGPU (a GPU is attached for each request)"
     try:
         import resource
 

@@ -56,7 +56,8 @@ def status_markdown(status: dict) -> str:
     return (f"**Preset:** `{status['preset']}`: {status['reason']}\n\n"
             f"| role | model |\n|---|---|\n{models}\n\n"
             f"**Loaded:** {loaded}  \n**Device:** {status['device']}; {status['memory']}  \n"
-            f"**Store:** `{status['data_dir']}`: {status['stored_images']} images, {status['runs']} runs; "
+            + (f"**Memory:** {status['resident']}  \n" if status.get("resident") else "")
+            + f"**Store:** `{status['data_dir']}`: {status['stored_images']} images, {status['runs']} runs; "
             f"at most {status['max_images']} images per set")
 
 

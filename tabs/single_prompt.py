@@ -109,7 +109,8 @@ def build(engine) -> list:
             elif isinstance(event, Done):
                 view.update(run_id=event.run_id, results=event.results, request=request.__dict__)
                 latest[1] = (f"**Done**: {len(records)} images measured in {event.summary.get('seconds', 0):.1f} s "
-                             f"(run `{event.run_id}`).")
+                             f"(run `{event.run_id}`)." if not event.results.get("all_flagged") else
+                             f"**Nothing measured**: {event.results['message']} (run `{event.run_id}`).")
                 yield tuple(latest)
 
     def show_image(view, evt: gr.SelectData):

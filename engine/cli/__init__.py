@@ -20,7 +20,7 @@ from ..errors import GapLensError
 from ..events import Done, Progress, Scores, Warning
 
 # engine/cli/<name>.py for each command, in --help order
-COMMANDS = ["generate", "counterfactuals", "intersectional", "mine", "mitigate", "runs", "status"]
+COMMANDS = ["generate", "counterfactuals", "intersectional", "mine", "mitigate", "runs", "status", "plan", "doctor"]
 
 
 def common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +93,8 @@ def main(argv=None) -> int:
 
 def run_command(args) -> int:
     try:
+        if getattr(args, "handler", None) is not None:  # commands that need no engine (plan, doctor)
+            return args.handler(args)
         engine = make_engine(args)
         if args.method is None:
             print(json.dumps(engine.status(), indent=2, default=str))

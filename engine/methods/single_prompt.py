@@ -134,6 +134,15 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     records = yield from stream_image_set(engine, run, prompt, request.seeds(), settings)
     results["images"] = [r.to_json() for r in records]
     valid = [r for r in records if not r.nsfw]
+    if not valid:
+        # Nothing left to measure: one clear result instead of metrics over an empty set.
+        message = (f"every image was flagged by the safety checker ({len(records)} of {len(records)}), so "
+                   "nothing was measured; try another prompt or seed, or load the generator with option "
+                   "safety_checker=False")
+        results.update(all_flagged=True, message=message)
+        yield Warning(message)
+        yield run.finish(results, {"n": 0, "flagged": len(records), "message": message})
+        return
     if len(valid) < len(records):
         yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
                       "from every metric")
