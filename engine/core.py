@@ -79,6 +79,10 @@ class Engine:
         spec, context = self._spec_and_context(role)
         return self.models.get(spec, **context).id
 
+    def generator_loaded(self) -> bool:
+        """True when the generator is already loaded (asking for its defaults then loads nothing)."""
+        return self.generator_spec in self.models._models
+
     def default_settings(self) -> GenerationSettings:
         with self._backend("generator") as gen:
             return gen.defaults()
@@ -113,7 +117,7 @@ class Engine:
         overrides = {**self.model_overrides, **{k: v for k, v in model_overrides.items() if v}}
         preset, reason = resolve_preset(name, **overrides)
         self.model_overrides = overrides
-        self.models.unload()
+        self.models.unload_except(preset.specs().values())  # shared and pinned (preloaded) models stay
         self.preset, self.preset_reason = preset, reason
 
     # -- validation ----------------------------------------------------------------------------

@@ -49,6 +49,18 @@ class ModelManager:
         self._memory = memory
         self._models: "OrderedDict[ModelSpec, LoadedModel]" = OrderedDict()
         self._load_lock = threading.RLock()
+        self._pinned: set[ModelSpec] = set()
+
+    def pin(self, spec: ModelSpec) -> None:
+        """Keeps `spec` loaded across preset switches (`unload_except`); eviction may still take it."""
+        self._pinned.add(spec)
+
+    def unload_except(self, keep) -> list[str]:
+        """Unloads every model that is neither in `keep` nor pinned. Returns the labels unloaded."""
+        keep = set(keep) | self._pinned
+        with self._load_lock:
+            gone = [label for s in list(self._models) if s not in keep for label in self.unload(s)]
+        return gone
 
     @property
     def device(self) -> str:

@@ -6,13 +6,14 @@ import time
 import gradio as gr
 
 from engine.axes import known_axes, parse_targets
+from engine.device import on_zero_gpu
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import single_prompt
 
 from engine.render import axis_html, diversity_text, gap_html
 
-from .common import gallery_items, gpu, user_errors
+from .common import gallery_items, gpu, gpu_seconds, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
             "a photo of a ceo", "a red balloon"]
@@ -63,10 +64,15 @@ def build(engine) -> list:
 
     @user_errors
     def fill_defaults():
+        if on_zero_gpu() and not engine.generator_loaded():
+            return (gr.skip(),) * 4  # never load (or touch CUDA) in ZeroGPU's main process for a page view
         s = engine.default_settings()
         return s.steps, s.guidance, s.width, s.height
 
-    @gpu
+    def measure_seconds(prompt, negative, n, seed, steps, *rest):
+        return gpu_seconds(n, steps)
+
+    @gpu(duration=measure_seconds)
     @user_errors
     def measure(prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes,
                 references, mode, alpha, combine):
