@@ -57,6 +57,7 @@ class Engine:
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
         self.models = ModelManager(device, budget)
+        self._overlap: bool | None = None
         self.stats = EngineStats()
 
     # -- models --------------------------------------------------------------------------------
@@ -78,6 +79,26 @@ class Engine:
         """The loaded backend's id (part of cache keys); loads the model if needed."""
         spec, context = self._spec_and_context(role)
         return self.models.get(spec, **context).id
+
+    @property
+    def overlap_evaluation(self) -> bool:
+        """Whether evaluation may run beside generation (stream_image_set's `evaluate`): set it to force
+        a choice; by default True when the generator, embedder and VQA fit the memory budget together
+        (else the manager would have to evict a model that is in use)."""
+        if self._overlap is not None:
+            return self._overlap
+        budget = self.models.budget_bytes
+        if not budget:
+            return True
+        from .plan import estimate_bytes
+
+        device = self.models.device
+        needed = sum(estimate_bytes(self.preset.specs()[r], device) for r in ("generator", "embedder", "vqa"))
+        return needed <= budget
+
+    @overlap_evaluation.setter
+    def overlap_evaluation(self, value: bool | None) -> None:
+        self._overlap = value
 
     def generator_loaded(self) -> bool:
         """True when the generator is already loaded (asking for its defaults then loads nothing)."""
@@ -362,17 +383,63 @@ def _as_dict(request) -> dict:
     return dict(request)
 
 
+class _Overlap:
+    """Runs `evaluate(batch)` on one worker thread while the caller goes on generating: the VQA/CLIP of
+    batch k overlaps the generation of batch k+1. `evaluate` only warms the store's caches (same keys
+    as the method's own calls later), so a failure here is ignored: the method's call redoes the work
+    and reports the error where it belongs."""
+
+    def __init__(self, evaluate: Callable):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.evaluate = evaluate
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaplens-eval")
+        self.futures = []
+
+    def submit(self, batch) -> None:
+        self.futures.append(self.pool.submit(self._quietly, list(batch)))
+
+    def _quietly(self, batch) -> None:
+        try:
+            self.evaluate(batch)
+        except Exception:  # noqa: BLE001 - see the class docstring
+            pass
+
+    def close(self, wait: bool) -> None:
+        self.pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
 def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int],
                      settings: GenerationSettings, label: str = "",
-                     progress_offset: int = 0, progress_total: int | None = None):
+                     progress_offset: int = 0, progress_total: int | None = None,
+                     evaluate: Callable | None = None):
     """Generate one image set, yielding Images and Progress events (with an ETA measured from
-    the batches generated so far); returns the records in seed order (use `yield from`)."""
+    the batches generated so far); returns the records in seed order (use `yield from`).
+
+    `evaluate(batch)`, when given and the engine's models fit side by side
+    (Engine.overlap_evaluation), runs on another thread for each batch as soon as it is stored,
+    while the next batch generates; the set is returned once every evaluation has finished."""
     total = progress_total or len(seeds)
     by_seed: dict[int, ImageRecord] = {}
-    start, generated = time.perf_counter(), 0
+    overlap = _Overlap(evaluate) if evaluate is not None and engine.overlap_evaluation else None
+    finished = False
+    try:
+        yield from _stream_batches(engine, run, prompt, seeds, settings, label, progress_offset, total,
+                                   by_seed, time.perf_counter(), overlap)
+        finished = True
+    finally:
+        if overlap is not None:  # a stopped stream does not wait for evaluations nobody will read
+            overlap.close(wait=finished)
+    return [by_seed[s] for s in seeds]
+
+
+def _stream_batches(engine, run, prompt, seeds, settings, label, progress_offset, total, by_seed, start, overlap):
+    generated = 0
     for batch in engine.images(prompt, seeds, settings):
         by_seed.update({r.seed: r for r in batch})
         run.add_images(batch, label)
+        if overlap is not None:
+            overlap.submit(batch)
         fresh = sum(not r.cached for r in batch)
         generated += fresh
         done = progress_offset + len(by_seed)
@@ -382,7 +449,6 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
             eta = per_image * max(0, total - done)
         yield Images(batch, label, done, total)
         yield Progress(done, total, "images", f"{done}/{total} images" + (f" ({label})" if label else ""), eta)
-    return [by_seed[s] for s in seeds]
 
 
 def _memory_summary(device: str | None) -> str:

@@ -131,7 +131,15 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     if len(prompt.split()) * 1.3 > 75:
         yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
 
-    records = yield from stream_image_set(engine, run, prompt, request.seeds(), settings)
+    def evaluate(batch):  # overlaps the next batch's generation; fills the caches the calls below read
+        valid_batch = [r for r in batch if not r.nsfw]
+        if valid_batch:
+            for axis in axes:
+                engine.ask(valid_batch, axis.question, list(axis.values) or None)
+            engine.embed_images(valid_batch)
+            engine.caption(valid_batch)
+
+    records = yield from stream_image_set(engine, run, prompt, request.seeds(), settings, evaluate=evaluate)
     results["images"] = [r.to_json() for r in records]
     valid = [r for r in records if not r.nsfw]
     if not valid:
