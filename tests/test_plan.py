@@ -175,3 +175,21 @@ def test_plan_command_prints_json_for_each_real_preset(capsys):
     assert "preset sd15 on 12 GB" in capsys.readouterr().out
     assert main(["plan", "--preset", "nope"]) == 2
     assert "unknown preset" in capsys.readouterr().err
+
+
+def test_readme_front_matter_and_hardware_column_match_the_presets_and_the_plan():
+    import re
+    from pathlib import Path
+
+    from engine.presets import hub_files
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    front = text.split("---")[1]
+    assert re.search(r'^python_version: "3\.10"$', front, re.M) and "suggested_hardware: zero-a10g" in front
+    listed = set(re.findall(r"^  - (\S+)$", front, re.M))
+    for name in ("sd-turbo", "sd15", "sdxl-turbo", "flux-schnell"):
+        for spec in PRESETS[name].specs().values():
+            assert hub_files(spec)[0] in listed, spec.label
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
+        p = plan(PRESETS[name])
+        assert f"{p.needs_gb['resident']:.1f} GB all resident" in row and f"{p.needs_gb['evict']:.1f} GB with eviction" in row
