@@ -77,3 +77,36 @@ def test_zero_gpu_duration_grows_with_images_times_steps():
     assert gpu_seconds(4, 1) < gpu_seconds(4, 4) < gpu_seconds(16, 4)
     assert gpu_seconds(4, 4) == 30 + 4 * 4 * 0.5
     assert gpu_seconds(128, "") == GPU_MAX_SECONDS                # blank steps: the family default, assume slow
+
+
+def test_on_zero_gpu_the_main_process_never_touches_cuda(data_dir, monkeypatch):
+    import gradio as gr
+    import torch
+
+    from tabs import single_prompt as tab
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("CUDA touched in ZeroGPU's main process")
+
+    for name in ("is_available", "mem_get_info", "get_device_properties", "is_bf16_supported", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    engine = Engine("synthetic", data_dir=data_dir, device="cuda")   # as app.py builds it on ZeroGPU
+    status = engine.status()
+    assert "ZeroGPU" in status["memory"] and "budget 68.5 GB" in status["resident"]
+    with gr.Blocks():
+        fill_defaults = tab.build(engine)[0][0]
+    assert not engine.generator_loaded()
+    assert all(isinstance(v, type(gr.skip())) for v in fill_defaults())   # a page view loads nothing
+    assert not engine.generator_loaded()
+
+
+def test_preloaded_models_survive_preset_switches(data_dir):
+    from engine.space import preload
+
+    engine = Engine("synthetic", data_dir=data_dir)
+    loaded = preload(engine, "colour")
+    assert len(loaded) == 4
+    engine.set_preset("colour")
+    engine.set_preset("synthetic")
+    assert {m["model"] for m in engine.models.loaded()} >= set(loaded)   # pinned: still loaded, nothing reloads
