@@ -185,7 +185,7 @@ def test_readme_front_matter_and_hardware_column_match_the_presets_and_the_plan(
 
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     front = text.split("---")[1]
-    assert re.search(r'^python_version: "3\.10"$', front, re.M) and "suggested_hardware: zero-a10g" in front
+    assert re.search(r'^python_version: "3\.10\.13"$', front, re.M) and "suggested_hardware: zero-a10g" in front
     listed = set(re.findall(r"^  - (\S+)$", front, re.M))
     for name in ("sd-turbo", "sd15", "sdxl-turbo", "flux-schnell"):
         for spec in PRESETS[name].specs().values():
