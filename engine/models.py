@@ -130,7 +130,7 @@ class ModelManager:
                 victim = next((s for s, m in self._models.items() if m.users == 0), None)
                 if victim is None:
                     break
-                _release(self._models.pop(victim).backend, empty_cache=False)
+                _release(self._models.pop(victim).backend)
                 freed = True
             if freed:
                 self.memory.empty_cache(device)
@@ -159,7 +159,7 @@ class ModelManager:
             victim = next((s for s, m in self._models.items() if s != keep and m.users == 0), None)
             if victim is None:
                 return  # everything else is busy: go over budget rather than pull a model away mid-call
-            _release(self._models.pop(victim).backend, empty_cache=False)
+            _release(self._models.pop(victim).backend)
             self.memory.empty_cache(self.device)
 
     def unload(self, spec: ModelSpec | None = None) -> list[str]:
@@ -173,6 +173,8 @@ class ModelManager:
                     with entry.lock:
                         _release(entry.backend)
                     gone.append(s.label)
+            if gone and self._device is not None:
+                self.memory.empty_cache(self._device)  # no CUDA call on ZeroGPU (DeviceMemory knows)
         return gone
 
     def loaded(self) -> list[dict]:
@@ -188,19 +190,10 @@ class ModelManager:
         return f"resident: {resident}; budget {format_bytes(budget) if budget else 'not set'}"
 
 
-def _release(backend, empty_cache: bool = True) -> None:
+def _release(backend) -> None:
+    """Closes a backend and drops it; the caller empties the device cache (ModelManager.memory)."""
     close = getattr(backend, "close", None)
     if callable(close):
         close()
     del backend
     gc.collect()
-    if not empty_cache:
-        return
-    try:
-        import sys
-
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except Exception:  # noqa: BLE001
-        pass
