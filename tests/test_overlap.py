@@ -45,3 +45,21 @@ def test_vqa_of_one_batch_runs_while_the_next_batch_generates(data_dir):
     for key in ("axes", "diversity", "top_concepts", "captions", "answers"):
         assert overlapped[key] == plain[key]
     assert engine.stats.answers_computed == sequential.stats.answers_computed  # nothing computed twice
+
+
+def test_counterfactual_sets_give_the_same_results_with_and_without_overlap(data_dir):
+    import json
+
+    from engine.methods.counterfactuals import CounterfactualsRequest, run as counterfactuals
+
+    request = CounterfactualsRequest("a photo of a doctor", axes={"gender": ["a photo of a female doctor"]},
+                                     n=8, n_boot=50)
+    out = []
+    for overlap in (True, False):
+        engine = Engine("synthetic", data_dir=f"{data_dir}-{overlap}")
+        engine.models.get(engine.preset.generator).batch_size = 4
+        engine.overlap_evaluation = overlap
+        done = [e for e in counterfactuals(request, engine) if isinstance(e, Done)][0]
+        text = json.dumps(done.results, sort_keys=True, default=str).replace(str(engine.store.data_dir), "STORE")
+        out.append((text, engine.stats.answers_computed))
+    assert out[0] == out[1]

@@ -174,7 +174,11 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
 
     answers, weights, outside = {}, {}, dict.fromkeys(axes, 0)
     for i, spec in enumerate(specs):
-        records = yield from generate_set(engine, run, spec, seeds, settings, i, len(specs))
+        def evaluate(batch):  # the same questions as below, beside the next batch's generation
+            for y in axes:
+                engine.ask(batch, questions[y], values[y])
+
+        records = yield from generate_set(engine, run, spec, seeds, settings, i, len(specs), evaluate)
         yield Progress(i, len(specs), "vqa", f"asking {len(axes)} multiple-choice question(s) about '{spec.prompt}'")
         answers[spec.label] = {}
         for y in axes:
