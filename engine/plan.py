@@ -269,8 +269,11 @@ def _params_on_hub(model: str) -> dict[str, int]:
     from huggingface_hub import HfApi
 
     api = HfApi()
+    files = _pick_weight_files(api.list_repo_files(model))
+    if files and all("/" not in f for f in files):  # a transformers repo: one call reads every shard's header
+        return {"model": sum(api.get_safetensors_metadata(model).parameter_count.values())}
     params: dict[str, int] = {}
-    for name in _pick_weight_files(api.list_repo_files(model)):
+    for name in files:
         meta = api.parse_safetensors_file_metadata(model, name)
         count = sum(meta.parameter_count.values())
         params[_component(name)] = params.get(_component(name), 0) + count
