@@ -193,3 +193,20 @@ def test_readme_front_matter_and_hardware_column_match_the_presets_and_the_plan(
         row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
         p = plan(PRESETS[name])
         assert f"{p.needs_gb['resident']:.1f} GB all resident" in row and f"{p.needs_gb['evict']:.1f} GB with eviction" in row
+
+
+def test_sizes_of_cached_hub_models_come_from_their_headers(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    commit = "a" * 40
+    snapshot = tmp_path / "models--gaplens-test--llm" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text(commit)
+    (snapshot / "config.json").write_text("{}")
+    header = json.dumps({"embed": {"dtype": "BF16", "shape": [5000, 64], "data_offsets": [0, 640000]}}).encode()
+    for shard in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        (snapshot / shard).write_bytes(struct.pack("<Q", len(header)) + header)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    size = model_size(ModelSpec("hf_chat", "gaplens-test/llm"), device="cuda")
+    assert size.source == "safetensors header (cache)" and size.bytes == 2 * 5000 * 64 * 2
