@@ -83,18 +83,23 @@ class Engine:
     @property
     def overlap_evaluation(self) -> bool:
         """Whether evaluation may run beside generation (stream_image_set's `evaluate`): set it to force
-        a choice; by default True when the generator, embedder and VQA fit the memory budget together
-        (else the manager would have to evict a model that is in use)."""
+        a choice. By default True on a GPU when the generator, embedder and VQA fit the memory budget
+        together (else the manager would have to evict a model in use); False on a CPU, where both
+        threads would fight for the same cores (bench/end_to_end.py measured it slower there), and
+        for the synthetic world."""
         if self._overlap is not None:
             return self._overlap
-        budget = self.models.budget_bytes
-        if not budget:
-            return True
+        specs = [self.preset.specs()[r] for r in ("generator", "embedder", "vqa")]
+        if all(s.backend.startswith("synthetic") for s in specs):
+            return False
+        from .device import is_accelerator
         from .plan import estimate_bytes
 
         device = self.models.device
-        needed = sum(estimate_bytes(self.preset.specs()[r], device) for r in ("generator", "embedder", "vqa"))
-        return needed <= budget
+        if not is_accelerator(device):
+            return False
+        budget = self.models.budget_bytes
+        return not budget or sum(estimate_bytes(s, device) for s in specs) <= budget
 
     @overlap_evaluation.setter
     def overlap_evaluation(self, value: bool | None) -> None:

@@ -17,6 +17,8 @@ def results(engine):
 
 def test_vqa_of_one_batch_runs_while_the_next_batch_generates(data_dir):
     engine = Engine("synthetic", data_dir=data_dir)
+    assert not engine.overlap_evaluation        # default: only on a GPU, where it pays
+    engine.overlap_evaluation = True
     gen = engine.models.get(engine.preset.generator)
     vqa = engine.models.get(engine.preset.vqa)
     gen.batch_size = 4

@@ -210,3 +210,12 @@ def test_sizes_of_cached_hub_models_come_from_their_headers(tmp_path, monkeypatc
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     size = model_size(ModelSpec("hf_chat", "gaplens-test/llm"), device="cuda")
     assert size.source == "safetensors header (cache)" and size.bytes == 2 * 5000 * 64 * 2
+
+
+def test_evaluation_overlaps_generation_by_default_only_on_a_gpu_where_the_models_fit(data_dir):
+    engine = Engine("sd15", data_dir=data_dir, device="cuda")
+    engine.models = ModelManager("cuda", memory=FakeCuda(24))   # generator + CLIP + VQA: 5.1 GB, fits
+    assert engine.overlap_evaluation
+    engine.models = ModelManager("cuda", memory=FakeCuda(4))    # 2 GB budget: they would evict each other
+    assert not engine.overlap_evaluation
+    assert not Engine("sd15", data_dir=data_dir, device="cpu").overlap_evaluation
