@@ -171,7 +171,7 @@ def _check_weights(preset: Preset, reachable: bool) -> tuple[Check, bool]:
     if not missing:
         return Check("weights", "pass", f"all {len(specs)} models of {preset.name} are in the local cache"), True
     gb = sum(model_size(s, device="cpu").bytes for s in missing) / 2 / 2**30  # download is about fp16 size
-    names = ", ".join(s.model for s in missing)
+    names = ", ".join((hub_files(s) or (s.model,))[0] for s in missing)  # open_clip: the repo holding its weights
     if reachable:
         return Check("weights", "warn", f"not in the local cache: {names} (about {gb:.0f} GB to download)",
                      "they download on first use; to do it now: hf download <id> for each"), False
