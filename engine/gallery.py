@@ -61,7 +61,7 @@ def _import_zip(store: Store, path) -> dict:
     try:  # the import code is moving to engine/imports.py (untrusted-import hardening)
         from .imports import import_zip
     except ImportError:
-        from .export import import_zip
+        from .report.export import import_zip
     return import_zip(store, path)
 
 

@@ -9,7 +9,7 @@ import pytest
 from engine.core import Engine
 from engine.errors import InputError, StoreError
 from engine.events import Done
-from engine.export import export_zip
+from engine.report.export import export_zip
 from engine.gallery import open_gallery
 from engine.methods.generate import GenerateRequest, run as generate
 from engine.space import real_preset_for
