@@ -74,8 +74,9 @@ def main(argv=None) -> None:
     print(f"GapLens: {engine.preset_reason}")
     if args.gallery:
         from engine.gallery import open_gallery
+        from engine.report.export import import_zip
 
-        engine.store = open_gallery(args.gallery, engine.store.data_dir)
+        engine.store = open_gallery(args.gallery, engine.store.data_dir, import_zip)
         print(f"GapLens: gallery {args.gallery} opened read-only ({engine.store.count('runs')} runs)")
     if os.environ.get("SPACE_ID"):
         from engine.space import preload, real_preset_for, space_gpu_memory_gb

@@ -303,6 +303,21 @@ def hub_commit(model: str, *, revision: str | None = None, cache_dir: str | None
     return hub_commit_from_path(path) if isinstance(path, str) else None
 
 
+def cached_snapshot(model: str) -> Path | None:
+    """Returns the local hub-cache snapshot folder of `model` (the one refs/main points to), found by its
+    model_index.json or config.json, or None when it is not cached (or not a repo id)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        for name in ("model_index.json", "config.json"):
+            path = try_to_load_from_cache(model, name)
+            if isinstance(path, str):
+                return Path(path).parent
+    except Exception:  # noqa: BLE001 - not a repo id
+        return None
+    return None
+
+
 def hub_commit_from_path(path: str | os.PathLike) -> str | None:
     """Returns the commit hash of a hub cache snapshot folder (".../snapshots/<commit>/..."), or None."""
     parts = Path(path).parts

@@ -41,28 +41,22 @@ class ReadOnlyStore(Store):
         raise StoreError(READ_ONLY_MESSAGE)
 
 
-def open_gallery(source: str, cache_dir: str | Path) -> ReadOnlyStore:
+def open_gallery(source: str, cache_dir: str | Path, import_zip) -> ReadOnlyStore:
     """Returns the read-only store of the export at `source` (zip, folder, or HF dataset id), imported
-    under `cache_dir`/galleries/<hash of the export>. Raises InputError when `source` is none of these."""
+    under `cache_dir`/galleries/<hash of the export> with `import_zip(store, path)` (the export's own
+    importer, engine.report.export.import_zip; passed in because the engine sits below the report
+    layer). Raises InputError when `source` is none of these."""
     zip_path, cleanup = _export_zip(source)
     try:
         digest = hashlib.sha256(Path(zip_path).read_bytes()).hexdigest()[:16]
         target = Path(cache_dir).expanduser() / "galleries" / digest
         store = Store(target)
-        _import_zip(store, zip_path)  # runs already imported are skipped: reopening is cheap
+        import_zip(store, zip_path)  # runs already imported are skipped: reopening is cheap
         store.close()
     finally:
         if cleanup:
             shutil.rmtree(cleanup, ignore_errors=True)
     return ReadOnlyStore(target)
-
-
-def _import_zip(store: Store, path) -> dict:
-    try:  # the import code is moving to engine/imports.py (untrusted-import hardening)
-        from .imports import import_zip
-    except ImportError:
-        from .report.export import import_zip
-    return import_zip(store, path)
 
 
 def _export_zip(source: str) -> tuple[str, str | None]:

@@ -207,7 +207,9 @@ def _header_params(model: str, *, online: bool) -> tuple[dict[str, int] | None, 
     if local.is_dir():
         params = _params_in_folder(local)
         return (params, "safetensors header (local)") if params else (None, "")
-    folder = _cached_snapshot(model)
+    from .device import cached_snapshot
+
+    folder = cached_snapshot(model)
     if folder is not None:
         params = _params_in_folder(folder)
         if params:
@@ -218,19 +220,6 @@ def _header_params(model: str, *, online: bool) -> tuple[dict[str, int] | None, 
         except Exception:  # noqa: BLE001 - unreachable hub, gated repo, no safetensors: use the table
             return None, ""
     return None, ""
-
-
-def _cached_snapshot(model: str) -> Path | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        for name in ("model_index.json", "config.json"):
-            path = try_to_load_from_cache(model, name)
-            if isinstance(path, str):
-                return Path(path).parent
-    except Exception:  # noqa: BLE001 - not a repo id
-        return None
-    return None
 
 
 def _pick_weight_files(names: list[str]) -> list[str]:

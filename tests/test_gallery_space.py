@@ -9,7 +9,7 @@ import pytest
 from engine.core import Engine
 from engine.errors import InputError, StoreError
 from engine.events import Done
-from engine.report.export import export_zip
+from engine.report.export import export_zip, import_zip
 from engine.gallery import open_gallery
 from engine.methods.generate import GenerateRequest, run as generate
 from engine.space import real_preset_for
@@ -28,7 +28,7 @@ def published(tmp_path_factory):
 
 def test_an_export_zip_opens_read_only_with_its_runs_and_images(published, tmp_path):
     path, run_id = published
-    store = open_gallery(str(path), tmp_path / "cache")
+    store = open_gallery(str(path), tmp_path / "cache", import_zip)
     run = store.get_run(run_id)
     assert run is not None and run["status"] == "done"
     keys = [r["image_key"] for r in store.run_image_rows([run_id])]
@@ -37,7 +37,7 @@ def test_an_export_zip_opens_read_only_with_its_runs_and_images(published, tmp_p
         store.update_run(run_id, status="failed")
     with pytest.raises(StoreError, match="read-only gallery"):
         store.create_run("generate", {}, {}, "x")
-    again = open_gallery(str(path), tmp_path / "cache")      # reopening imports nothing new
+    again = open_gallery(str(path), tmp_path / "cache", import_zip)      # reopening imports nothing new
     assert again.data_dir == store.data_dir and again.count("runs") == 1
 
 
@@ -52,15 +52,15 @@ def test_a_dataset_in_the_export_layout_opens_from_the_hub_cache(published, tmp_
     (snapshot.parent.parent / "refs").mkdir()
     (snapshot.parent.parent / "refs" / "main").write_text(COMMIT)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    store = open_gallery("gaplens/audits", tmp_path / "cache")
+    store = open_gallery("gaplens/audits", tmp_path / "cache", import_zip)
     assert store.get_run(run_id)["status"] == "done"
     folder = tmp_path / "folder"
     shutil.copytree(snapshot, folder)
-    assert open_gallery(str(folder), tmp_path / "cache").get_run(run_id) is not None
+    assert open_gallery(str(folder), tmp_path / "cache", import_zip).get_run(run_id) is not None
     with pytest.raises(InputError, match="could not fetch the gallery dataset 'gaplens/nothing'"):
-        open_gallery("gaplens/nothing", tmp_path / "cache")
+        open_gallery("gaplens/nothing", tmp_path / "cache", import_zip)
     with pytest.raises(InputError, match="neither an export zip"):
-        open_gallery("./no/such/file.zip", tmp_path / "cache")
+        open_gallery("./no/such/file.zip", tmp_path / "cache", import_zip)
 
 
 def test_the_space_offers_the_largest_real_preset_its_hardware_holds():

@@ -273,9 +273,7 @@ def _weight_files(model: str, options: dict) -> list[str]:
     path = Path(model).expanduser()
     if path.is_dir():
         return [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
-    from ..plan import _cached_snapshot
-
-    snapshot = _cached_snapshot(model)
+    snapshot = devices.cached_snapshot(model)
     if snapshot is not None:
         return [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
     if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False"):
