@@ -38,6 +38,15 @@ def gpu_seconds(images, steps, calls: int = 1) -> int:
     return int(min(GPU_MAX_SECONDS, GPU_BASE_SECONDS + work * GPU_SECONDS_PER_IMAGE_STEP))
 
 
+def gpu_seconds_for_sets(n, steps, rows) -> int:
+    """Returns gpu_seconds for an initial set plus one set per row of a counterfactual table."""
+    try:
+        count = len(rows) if rows is not None else 0
+    except TypeError:
+        count = 8
+    return gpu_seconds(n, steps, calls=1 + count)
+
+
 def user_errors(fn):
     """Show GapLensError (bad input, a model that fails to load, bad LLM output) as a gr.Error
     naming the problem instead of a traceback. Works for plain and generator handlers."""

@@ -110,3 +110,10 @@ def test_preloaded_models_survive_preset_switches(data_dir):
     engine.set_preset("colour")
     engine.set_preset("synthetic")
     assert {m["model"] for m in engine.models.loaded()} >= set(loaded)   # pinned: still loaded, nothing reloads
+
+
+def test_zero_gpu_duration_of_a_counterfactual_comparison_counts_every_set():
+    from tabs.common import gpu_seconds, gpu_seconds_for_sets
+
+    assert gpu_seconds_for_sets(8, 4, [["gender", "a female doctor"], ["age", "an old doctor"]]) == gpu_seconds(8, 4, 3)
+    assert gpu_seconds_for_sets(8, 4, None) == gpu_seconds(8, 4)
