@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+if os.environ.get("SPACES_ZERO_GPU"):
+    import spaces  # noqa: F401,E402 - ZeroGPU: must be imported before anything touches torch/CUDA
 
 import gradio as gr  # noqa: E402
 
@@ -63,7 +65,7 @@ def allowed_paths(engine: Engine) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="GapLens web app")
-    p.add_argument("--preset", default=os.environ.get("GAPLENS_PRESET", "auto"),
+    p.add_argument("--preset", default=os.environ.get("GAPLENS_PRESET", "synthetic" if os.environ.get("SPACE_ID") else "auto"),
                    help="synthetic, sd-turbo, sd15, sdxl-turbo, flux-schnell or auto (default)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
@@ -77,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="clean unneeded images when the store's images exceed this (public mode default 20)")
     p.add_argument("--hourly-images", type=int, default=Budget.hourly_images,
                    help="public mode: images each visitor may generate per hour")
+    p.add_argument("--gallery", default=os.environ.get("GAPLENS_GALLERY"), metavar="PATH_OR_DATASET",
+                   help="browse a published export (zip, folder or HF dataset id) read-only")
     for role in ("generator", "embedder", "llm", "vqa"):
         p.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL", help=f"replace the preset's {role}")
     return p.parse_args(argv)
@@ -89,6 +93,7 @@ def main(argv=None) -> None:
     try:
         engine = Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images, public=args.public,
                         budget=budget, quota_gb=quota,
+                        device="cuda" if os.environ.get("SPACES_ZERO_GPU") else None,  # ZeroGPU: never probe CUDA
                         generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa)
     except GapLensError as exc:  # e.g. a damaged database: one sentence, no traceback
         raise SystemExit(f"error: {exc}") from None
@@ -96,6 +101,17 @@ def main(argv=None) -> None:
     if engine.store.interrupted:
         print(f"GapLens: {len(engine.store.interrupted)} run(s) left running by a stopped process are marked "
               f"interrupted")
+    if args.gallery:
+        from engine.gallery import open_gallery
+
+        engine.store = open_gallery(args.gallery, engine.store.data_dir)
+        print(f"GapLens: gallery {args.gallery} opened read-only ({engine.store.count('runs')} runs)")
+    if os.environ.get("SPACE_ID"):
+        from engine.space import preload, real_preset_for, space_gpu_memory_gb
+
+        real = real_preset_for(space_gpu_memory_gb())
+        if real:  # loaded now (on ZeroGPU: on the CPU, moved to the GPU inside each @spaces.GPU call)
+            print(f"GapLens: Space hardware allows preset '{real}'; loaded {', '.join(preload(engine, real))}")
     demo = build_app(engine)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
                 theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"],

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import __version__, access, limits
 from .backends.base import GenerationSettings, ModelSpec
-from .errors import GapLensError, InputError, StoreError
+from .errors import GapLensError, InputError, OutOfMemoryError, StoreError
 from .events import Done, Images, Progress
 from .models import ModelManager
 from .presets import resolve_preset
@@ -61,9 +61,12 @@ class Engine:
         self.budget = (budget or limits.Budget()) if public else budget
         self.store = Store(data_dir or default_data_dir(), public=self.public)
         self.store.quota_bytes = int(quota_gb * 2**30) if quota_gb else None
+        # CLI/app overrides (--generator etc.) apply to every preset picked later, too
+        self.model_overrides = {k: v for k, v in model_overrides.items() if v}
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
         self.models = ModelManager(device, budget)
+        self._overlap: bool | None = None
         self.stats = EngineStats()
 
     # -- models --------------------------------------------------------------------------------
@@ -86,6 +89,35 @@ class Engine:
         spec, context = self._spec_and_context(role)
         return self.models.get(spec, **context).id
 
+    @property
+    def overlap_evaluation(self) -> bool:
+        """Whether evaluation may run beside generation (stream_image_set's `evaluate`): set it to force
+        a choice. By default True on a GPU when the generator, embedder and VQA fit the memory budget
+        together (else the manager would have to evict a model in use); False on a CPU, where both
+        threads would fight for the same cores (bench/end_to_end.py measured it slower there), and
+        for the synthetic world."""
+        if self._overlap is not None:
+            return self._overlap
+        specs = [self.preset.specs()[r] for r in ("generator", "embedder", "vqa")]
+        if all(s.backend.startswith("synthetic") for s in specs):
+            return False
+        from .device import is_accelerator
+        from .plan import estimate_bytes
+
+        device = self.models.device
+        if not is_accelerator(device):
+            return False
+        budget = self.models.budget_bytes
+        return not budget or sum(estimate_bytes(s, device) for s in specs) <= budget
+
+    @overlap_evaluation.setter
+    def overlap_evaluation(self, value: bool | None) -> None:
+        self._overlap = value
+
+    def generator_loaded(self) -> bool:
+        """True when the generator is already loaded (asking for its defaults then loads nothing)."""
+        return self.generator_spec in self.models._models
+
     def default_settings(self) -> GenerationSettings:
         with self._backend("generator") as gen:
             return gen.defaults()
@@ -102,7 +134,8 @@ class Engine:
             "models": {role: short_label(spec.label) for role, spec in self.preset.specs().items()},
             "loaded": [{**m, "model": short_label(str(m.get("model", "")))} for m in self.models.loaded()],
             "device": self.models._device or "not chosen yet (no real model loaded)",
-            "memory": _memory_summary(),
+            "memory": _memory_summary(self.models._device),
+            "resident": self.models.summary(),
             "data_dir": short_label(str(self.store.data_dir)) if not self.public else "(hidden in public mode)",
             "stored_images": self.store.count("images"),
             "runs": self.store.count_runs() if self.public else self.store.count("runs"),
@@ -116,11 +149,14 @@ class Engine:
         return self.models.unload()
 
     def set_preset(self, name: str, **model_overrides) -> None:
-        """Switch to another preset: models of the old one are unloaded, the store is kept.
+        """Switch to another preset: models of the old one are unloaded, the store is kept. The engine's
+        model overrides (from the command line, or given here, which add to them) replace the preset's.
         Host only in public mode."""
         access.require_host(self.public, "switching the preset")
-        preset, reason = resolve_preset(name, **model_overrides)
-        self.models.unload()
+        overrides = {**self.model_overrides, **{k: v for k, v in model_overrides.items() if v}}
+        preset, reason = resolve_preset(name, **overrides)
+        self.model_overrides = overrides
+        self.models.unload_except(preset.specs().values())  # shared and pinned (preloaded) models stay
         self.preset, self.preset_reason = preset, reason
 
     # -- validation ----------------------------------------------------------------------------
@@ -165,12 +201,24 @@ class Engine:
             yield cached
         missing = [(s, k) for s, k in zip(seeds, keys) if k not in found]
         batch_size = max(1, int(getattr(self.models.get(self.generator_spec), "batch_size", 4)))
-        for start in range(0, len(missing), batch_size):
+        start, retried = 0, False
+        while start < len(missing):
             batch = missing[start:start + batch_size]
-            with self._backend("generator") as gen:
-                outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+            try:
+                with self._backend("generator") as gen:
+                    outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+            except OutOfMemoryError:
+                if retried or batch_size == 1:
+                    raise  # its message says what to change
+                # One retry with half the batch; the generator keeps the smaller size from now on.
+                # Each image depends only on its own seed, so the images do not change.
+                retried, batch_size = True, max(1, batch_size // 2)
+                self.models.get(self.generator_spec).batch_size = batch_size
+                self.models.memory.empty_cache(self.models.device)
+                continue
             self.stats.generator_calls += 1
             self.stats.images_generated += len(outputs)
+            start += len(batch)
             yield [self.store.put_image(k, gen_id, prompt, out.seed, settings, out.image, out.nsfw)
                    for (s, k), out in zip(batch, outputs)]
 
@@ -381,17 +429,63 @@ def _as_dict(request) -> dict:
     return dict(request)
 
 
+class _Overlap:
+    """Runs `evaluate(batch)` on one worker thread while the caller goes on generating: the VQA/CLIP of
+    batch k overlaps the generation of batch k+1. `evaluate` only warms the store's caches (same keys
+    as the method's own calls later), so a failure here is ignored: the method's call redoes the work
+    and reports the error where it belongs."""
+
+    def __init__(self, evaluate: Callable):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.evaluate = evaluate
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaplens-eval")
+        self.futures = []
+
+    def submit(self, batch) -> None:
+        self.futures.append(self.pool.submit(self._quietly, list(batch)))
+
+    def _quietly(self, batch) -> None:
+        try:
+            self.evaluate(batch)
+        except Exception:  # noqa: BLE001 - see the class docstring
+            pass
+
+    def close(self, wait: bool) -> None:
+        self.pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
 def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int],
                      settings: GenerationSettings, label: str = "",
-                     progress_offset: int = 0, progress_total: int | None = None):
+                     progress_offset: int = 0, progress_total: int | None = None,
+                     evaluate: Callable | None = None):
     """Generate one image set, yielding Images and Progress events (with an ETA measured from
-    the batches generated so far); returns the records in seed order (use `yield from`)."""
+    the batches generated so far); returns the records in seed order (use `yield from`).
+
+    `evaluate(batch)`, when given and the engine's models fit side by side
+    (Engine.overlap_evaluation), runs on another thread for each batch as soon as it is stored,
+    while the next batch generates; the set is returned once every evaluation has finished."""
     total = progress_total or len(seeds)
     by_seed: dict[int, ImageRecord] = {}
-    start, generated = time.perf_counter(), 0
+    overlap = _Overlap(evaluate) if evaluate is not None and engine.overlap_evaluation else None
+    finished = False
+    try:
+        yield from _stream_batches(engine, run, prompt, seeds, settings, label, progress_offset, total,
+                                   by_seed, time.perf_counter(), overlap)
+        finished = True
+    finally:
+        if overlap is not None:  # a stopped stream does not wait for evaluations nobody will read
+            overlap.close(wait=finished)
+    return [by_seed[s] for s in seeds]
+
+
+def _stream_batches(engine, run, prompt, seeds, settings, label, progress_offset, total, by_seed, start, overlap):
+    generated = 0
     for batch in engine.images(prompt, seeds, settings):
         by_seed.update({r.seed: r for r in batch})
         run.add_images(batch, label)
+        if overlap is not None:
+            overlap.submit(batch)
         fresh = sum(not r.cached for r in batch)
         generated += fresh
         done = progress_offset + len(by_seed)
@@ -401,16 +495,22 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
             eta = per_image * max(0, total - done)
         yield Images(batch, label, done, total)
         yield Progress(done, total, "images", f"{done}/{total} images" + (f" ({label})" if label else ""), eta)
-    return [by_seed[s] for s in seeds]
 
 
-def _memory_summary() -> str:
+def _memory_summary(device: str | None) -> str:
+    """Returns one line on device memory. Touches CUDA only once a model has chosen a CUDA device, and
+    never on ZeroGPU, where the main process must not initialise CUDA."""
     import sys
 
+    from .device import on_zero_gpu
+
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
+    if (torch is not None and device and str(device).startswith("cuda") and not on_zero_gpu()
+            and torch.cuda.is_available()):
         free, total = torch.cuda.mem_get_info()
         return f"GPU {torch.cuda.get_device_name(0)}: {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
+    if on_zero_gpu():
+        return "ZeroGPU (a GPU is attached for each request)"
     try:
         import resource
 

@@ -46,13 +46,17 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("sd-turbo", "SD-Turbo, 1 step at 512x512: the small real set (runs on a CPU, slowly).",
            ModelSpec("diffusers", "stabilityai/sd-turbo"),
            ModelSpec("open_clip", "ViT-B-32", {"pretrained": "laion2b_s34b_b79k"}),
-           ModelSpec("hf_chat", "Qwen/Qwen2.5-0.5B-Instruct"),
-           ModelSpec("blip_vqa", "Salesforce/blip-vqa-base")),
+           # 1.5B, not 0.5B: the 0.5B model often breaks TIBET's JSON (issue 14); BLIP's VQA model
+           # cannot caption, so Top-K gets BLIP's captioner.
+           ModelSpec("hf_chat", "Qwen/Qwen2.5-1.5B-Instruct"),
+           ModelSpec("blip_vqa", "Salesforce/blip-vqa-base",
+                     {"caption_model": "Salesforce/blip-image-captioning-base"})),
     Preset("sd15", "Stable Diffusion 1.5, the family of the TIBET/BiasConnect papers.",
            ModelSpec("diffusers", "stable-diffusion-v1-5/stable-diffusion-v1-5"),
            CLIP_L14,
            ModelSpec("hf_chat", "Qwen/Qwen2.5-1.5B-Instruct"),
-           ModelSpec("blip_vqa", "Salesforce/blip-vqa-capfilt-large")),
+           ModelSpec("blip_vqa", "Salesforce/blip-vqa-capfilt-large",
+                     {"caption_model": "Salesforce/blip-image-captioning-large"})),
     Preset("sdxl-turbo", "SDXL-Turbo, 1 step at 512x512, with a small VLM for VQA.",
            ModelSpec("diffusers", "stabilityai/sdxl-turbo"),
            CLIP_L14,
@@ -113,20 +117,53 @@ def _auto_preset() -> tuple[Preset, str]:
                                   "Hugging Face cache and the hub is not reachable; using the synthetic world")
 
 
-def _servable(spec: ModelSpec, offline: bool) -> bool:
+def hub_files(spec: ModelSpec) -> tuple[str, list[str]] | None:
+    """Returns (hub repo id, files any one of which shows the weights are cached) for a spec, or None
+    when its weights do not come from the hub. open_clip keeps pretrained weights in the HF hub cache
+    too, under the repo its pretrained config names (e.g. laion/CLIP-ViT-B-32-laion2B-s34B-b79K),
+    as open_clip_model.safetensors or open_clip_pytorch_model.bin."""
+    if spec.backend == "open_clip":
+        if spec.model.startswith("hf-hub:"):
+            return spec.model.removeprefix("hf-hub:"), ["open_clip_config.json"]
+        try:
+            import open_clip
+
+            cfg = open_clip.get_pretrained_cfg(spec.model, spec.options.get("pretrained") or "")
+        except Exception:  # noqa: BLE001 - open_clip missing or an unknown model: not servable from the hub
+            return None
+        repo = (cfg or {}).get("hf_hub", "").strip("/")
+        if not repo:
+            return None
+        return repo, ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
     filename = HUB_FILES.get(spec.backend)
-    if filename is None:
-        return not offline  # open_clip weights live outside the transformers cache layout
+    return (spec.model, [filename]) if filename else None
+
+
+def is_cached(spec: ModelSpec) -> bool:
+    """True when the local Hugging Face cache holds `spec`'s weights (or it is a local path)."""
+    if Path(spec.model).expanduser().exists():
+        return True
+    found = hub_files(spec)
+    if found is None:
+        return False
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        if isinstance(try_to_load_from_cache(spec.model, filename), str):
-            return True
-        if offline:
-            return False
+        return any(isinstance(try_to_load_from_cache(found[0], name), str) for name in found[1])
+    except Exception:  # noqa: BLE001 - an id that is not a repo id
+        return False
+
+
+def _servable(spec: ModelSpec, offline: bool) -> bool:
+    if is_cached(spec):
+        return True
+    found = hub_files(spec)
+    if offline or found is None:
+        return False
+    try:
         from huggingface_hub import HfApi
 
-        HfApi().model_info(spec.model, timeout=3)
+        HfApi().model_info(found[0], timeout=3)
         return True
     except Exception:  # noqa: BLE001 - unreachable hub, gated repo, no package: not servable
         return False

@@ -12,7 +12,7 @@ from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table
-from .common import gpu, user_errors
+from .common import gpu, gpu_seconds_for_sets, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
 
@@ -70,7 +70,10 @@ def build(engine) -> list:
                          elem_id="cf-gallery", object_fit="contain")
     state = gr.State({})
 
-    @gpu
+    def compare_seconds(prompt, fill, rows, n, seed, negative, steps, *rest):
+        return gpu_seconds_for_sets(n, steps, rows)  # ZeroGPU: images x steps of every set
+
+    @gpu(duration=compare_seconds)
     @user_errors
     def compare(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
                 sum_normalise, min_frequency, n_boot, top_k):

@@ -13,7 +13,7 @@ from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 
 from . import axes_table
-from .common import gpu, user_errors
+from .common import gpu, gpu_seconds_for_sets, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
 POLICIES = [("drop them (renormalise over the choices)", "drop"),
@@ -94,7 +94,10 @@ def build(engine) -> list:
         return (request["prompt"], ", ".join(request.get("fill") or []),
                 cfsets.rows_from_axes(full["results"]["axes"]), request["n"], request["seed"])
 
-    @gpu
+    def connect_seconds(prompt, table, n, *args, steps=None, **kwargs):
+        return gpu_seconds_for_sets(n, steps, table)  # ZeroGPU: images x steps of every set
+
+    @gpu(duration=connect_seconds)
     @user_errors
     def connect(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto", p_threshold=None,
                 min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None, guidance=None):

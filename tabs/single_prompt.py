@@ -6,13 +6,14 @@ import time
 import gradio as gr
 
 from engine.axes import known_axes, parse_targets
+from engine.device import on_zero_gpu
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import single_prompt
 
 from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
 
-from .common import gallery_items, gpu, user_errors
+from .common import gallery_items, gpu, gpu_seconds, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
             "a photo of a ceo", "a red balloon"]
@@ -63,10 +64,15 @@ def build(engine) -> list:
 
     @user_errors
     def fill_defaults():
+        if on_zero_gpu() and not engine.generator_loaded():
+            return (gr.skip(),) * 4  # never load (or touch CUDA) in ZeroGPU's main process for a page view
         s = engine.default_settings()
         return s.steps, s.guidance, s.width, s.height
 
-    @gpu
+    def measure_seconds(prompt, n, seed=0, negative_prompt=None, steps=None, *rest, **kwargs):
+        return gpu_seconds(n, steps)  # ZeroGPU calls it with measure's own arguments
+
+    @gpu(duration=measure_seconds)
     @user_errors
     def measure(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
                 axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff"):
@@ -104,7 +110,9 @@ def build(engine) -> list:
             elif isinstance(event, Done):
                 view.update(run_id=event.run_id, results=event.results, request=request.__dict__)
                 shown[progress] = (f"**Done**: {len(records)} images measured in "
-                                   f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+                                   f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`)."
+                                   if not event.results.get("all_flagged") else
+                                   f"**Nothing measured**: {event.results['message']} (run `{event.run_id}`).")
                 yield shown
                 continue
             else:

@@ -7,6 +7,7 @@ the backend that needs it.
 from __future__ import annotations
 
 import importlib
+import os
 
 from ..errors import ModelLoadError
 from .base import ModelSpec
@@ -49,5 +50,28 @@ def load_backend(spec: ModelSpec, device: str = "cpu", **context):
     except MemoryError as exc:  # host RAM
         raise ModelLoadError(f"not enough memory to load '{spec.model}': {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - every loader failure becomes one clear message
+        gated = hub_access_problem(exc, spec.model)
+        if gated:
+            raise ModelLoadError(gated) from exc
         raise ModelLoadError(f"could not load {spec.backend} model '{spec.model}': "
                              f"{type(exc).__name__}: {exc}") from exc
+
+
+def hub_access_problem(exc: BaseException, model: str) -> str | None:
+    """Returns what to do when `exc` (or an error it wraps: transformers re-raises hub errors as
+    OSError) is huggingface_hub's GatedRepoError, or None for any other error."""
+    try:
+        from huggingface_hub.errors import GatedRepoError
+    except ImportError:
+        return None
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, GatedRepoError):
+            token = "HF_TOKEN is set but that account has not been granted access" if os.environ.get(
+                "HF_TOKEN") else "no HF_TOKEN is set"
+            return (f"'{model}' is a gated repository ({token}): accept its licence at "
+                    f"https://huggingface.co/{model} while logged in, then set HF_TOKEN to a read token of "
+                    f"that account (or run `hf auth login`) and try again")
+        exc = exc.__cause__ or exc.__context__
+    return None

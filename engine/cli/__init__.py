@@ -26,7 +26,7 @@ from ..methods import METHODS
 from .options import method_parser
 
 # engine/cli/<name>.py for each command, in --help order
-COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["runs", "status"]
+COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["runs", "status", "plan", "doctor"]
 ROLE_EXAMPLES = {"generator": "diffusers:/path/to/model", "embedder": "open_clip:ViT-B-32",
                  "llm": "hf_chat:Qwen/Qwen2.5-1.5B-Instruct", "vqa": "blip_vqa:Salesforce/blip-vqa-base"}
 
@@ -109,6 +109,8 @@ def main(argv=None) -> int:
 
 def run_command(args) -> int:
     try:
+        if getattr(args, "handler", None) is not None:  # commands that need no engine (plan, doctor)
+            return args.handler(args)
         engine = make_engine(args)
         if args.method is None:
             print(json.dumps(engine.status(), indent=2, default=str))

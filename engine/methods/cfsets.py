@@ -261,11 +261,18 @@ def prepare(request: SetsRequest, engine: Engine):
 
 
 def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], settings,
-                 index: int, total: int):
+                 index: int, total: int, evaluate=None):
     """Generate one set through the store (use `yield from`); returns its records without
-    images the safety checker flagged (with a Warning when there are any)."""
+    images the safety checker flagged (with a Warning when there are any). `evaluate(valid_batch)`
+    warms the caches beside generation (engine.core.stream_image_set)."""
+    def evaluate_valid(batch):
+        valid_batch = [r for r in batch if not r.nsfw]
+        if valid_batch:
+            evaluate(valid_batch)
+
     records = yield from stream_image_set(engine, run, spec.prompt, seeds, settings, label=spec.label,
-                                          progress_offset=index * len(seeds), progress_total=total * len(seeds))
+                                          progress_offset=index * len(seeds), progress_total=total * len(seeds),
+                                          evaluate=evaluate_valid if evaluate else None)
     valid = [r for r in records if not r.nsfw]
     if len(valid) < len(records):
         yield Warning(f"{len(records) - len(valid)} image(s) of '{spec.prompt}' were flagged by the safety "

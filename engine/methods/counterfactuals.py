@@ -254,7 +254,14 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
 
     def measure(spec: SetSpec):
         i = position[spec.label]
-        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs))
+        def evaluate(batch):  # the same calls as below, batch by batch, beside the next batch's generation
+            for q in unique_questions:
+                engine.ask(batch, q)
+            if request.caption:
+                engine.caption(batch)
+            engine.embed_images(batch)
+
+        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs), evaluate)
         yield Progress(i, len(specs), "vqa", f"asking {len(unique_questions)} question(s) about '{spec.prompt}'")
         by_question = {q: engine.ask(records, q) for q in unique_questions}
         captions = engine.caption(records) if request.caption else []

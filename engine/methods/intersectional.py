@@ -267,7 +267,11 @@ def answer_sets(request: IntersectionalRequest, engine: Engine, run_record: Run,
     answers = Answers(outside=dict.fromkeys(questions, 0))
     seeds = request.seeds()
     for i, spec in enumerate(specs):
-        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs))
+        def evaluate(batch):  # the same questions as below, beside the next batch's generation
+            for y in questions:
+                engine.ask(batch, questions[y], values[y])
+
+        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs), evaluate)
         yield Progress(i, len(specs), "vqa", f"asking {len(questions)} multiple-choice question(s) about '{spec.prompt}'")
         answers.onehot[spec.label] = {}
         for y in questions:

@@ -135,6 +135,8 @@ class SinglePromptResults(TypedDict, total=False):
     gap: dict                            # gap_for_images (when request.gap)
     captions: list[str]
     top_concepts: list[list]             # [concept, frequency per image], most frequent first
+    all_flagged: bool                    # every image flagged: nothing measured (then `message` says so)
+    message: str
 
 
 @recorded("single_prompt")
@@ -160,10 +162,28 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     if len(prompt.split()) * 1.3 > 75:
         yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
 
-    # 2. Generate the images (flagged ones are kept but left out of every metric).
-    records = yield from stream_image_set(engine, run_record, prompt, request.seeds(), settings)
+    # 2. Generate the images (flagged ones are kept but left out of every metric); each batch is
+    #    evaluated while the next one generates.
+    def evaluate(batch):  # overlaps the next batch's generation; fills the caches the calls below read
+        valid_batch = [r for r in batch if not r.nsfw]
+        if valid_batch:
+            for axis in axes:
+                engine.ask(valid_batch, axis.question, list(axis.values) or None)
+            engine.embed_images(valid_batch)
+            engine.caption(valid_batch)
+
+    records = yield from stream_image_set(engine, run_record, prompt, request.seeds(), settings, evaluate=evaluate)
     results["images"] = [r.to_json() for r in records]
     valid = [r for r in records if not r.nsfw]
+    if not valid:
+        # Nothing left to measure: one clear result instead of metrics over an empty set.
+        message = (f"every image was flagged by the safety checker ({len(records)} of {len(records)}), so "
+                   "nothing was measured; try another prompt or seed, or load the generator with option "
+                   "safety_checker=False")
+        results.update(all_flagged=True, message=message)
+        yield Warning(message)
+        yield run_record.finish(results, {"n": 0, "flagged": len(records), "message": message})
+        return
     if len(valid) < len(records):
         yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
                       "from every metric")
