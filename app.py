@@ -58,13 +58,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-images", type=int, default=DEFAULT_MAX_IMAGES, help="largest N per image set")
     for role in ("generator", "embedder", "llm", "vqa"):
         p.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL", help=f"replace the preset's {role}")
+        p.add_argument(f"--{role}-option", action="append", default=[], metavar="KEY=VALUE", dest=f"{role}_option",
+                       help=f"an option of the {role} (repeatable; never a secret)")
+    p.add_argument("--max-api-calls", type=int, default=None, help="most image API calls one run may make")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    engine = Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images,
-                    generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa)
+    from engine.cli import make_engine
+
+    engine = make_engine(args)
     print(f"GapLens: {engine.preset_reason}")
     demo = build_app(engine)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,

@@ -17,15 +17,16 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from . import __version__
-from .backends.base import GenerationSettings, ModelSpec
+from .backends.base import GenerationSettings, ModelSpec, with_options
 from .errors import GapLensError, InputError
-from .events import Done, Images, Progress
+from .events import Done, Images, Progress, Warning
 from .models import ModelManager
 from .presets import resolve_preset
 from .store import ImageRecord, Store, content_key, image_key
 
 DEFAULT_DATA_DIR = "~/.cache/gaplens"
 DEFAULT_MAX_IMAGES = 128
+DEFAULT_MAX_API_CALLS = 200   # image API calls one run may make (--max-api-calls)
 MAX_PROMPT_CHARS = 1000
 
 
@@ -49,8 +50,11 @@ class EngineStats:
 class Engine:
     def __init__(self, preset: str = "synthetic", data_dir: str | None = None,
                  max_images: int = DEFAULT_MAX_IMAGES, device: str | None = None,
-                 memory_budget_gb: float | None = None, **model_overrides: str | ModelSpec | None):
-        self.preset, self.preset_reason = resolve_preset(preset, **model_overrides)
+                 memory_budget_gb: float | None = None, options: dict | None = None,
+                 max_api_calls: int = DEFAULT_MAX_API_CALLS, **model_overrides: str | ModelSpec | None):
+        self.preset, self.preset_reason = resolve_preset(preset, options, **model_overrides)
+        self.max_api_calls = int(max_api_calls)
+        self.api_calls = 0   # image API calls made by the current run (reset by start_run)
         self.store = Store(data_dir or default_data_dir())
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
@@ -75,7 +79,26 @@ class Engine:
     def model_id(self, role: str) -> str:
         """The loaded backend's id (part of cache keys); loads the model if needed."""
         spec, context = self._spec_and_context(role)
-        return self.models.get(spec, **context).id
+        backend = self.models.get(spec, **context)
+        return backend.id if getattr(backend, "options_in_id", False) else with_options(backend.id, spec.options)
+
+    def source_kind(self) -> str:
+        """What the generator is: "model" (seeded images), "api" (an images API: not seedable,
+        calls counted and budgeted) or "source" (a folder or dataset of existing images)."""
+        return getattr(self.models.get(self.generator_spec), "source_kind", "model")
+
+    def api_calls_needed(self, sets) -> int:
+        """How many image API calls the (prompt, seeds, settings) sets would make now (the
+        images neither stored nor recorded as refused); 0 unless the generator is an API."""
+        if self.source_kind() != "api":
+            return 0
+        gen_id = self.model_id("generator")
+        total = 0
+        for prompt, seeds, settings in sets:
+            keys = [image_key(gen_id, prompt, s, settings or self.default_settings()) for s in seeds]
+            have = set(self.store.get_images(keys)) | set(self.store.get_refusals(keys))
+            total += sum(k not in have for k in set(keys))
+        return total
 
     def default_settings(self) -> GenerationSettings:
         with self._backend("generator") as gen:
@@ -104,9 +127,9 @@ class Engine:
     def unload(self) -> list[str]:
         return self.models.unload()
 
-    def set_preset(self, name: str, **model_overrides) -> None:
+    def set_preset(self, name: str, options: dict | None = None, **model_overrides) -> None:
         """Switch to another preset: models of the old one are unloaded, the store is kept."""
-        preset, reason = resolve_preset(name, **model_overrides)
+        preset, reason = resolve_preset(name, options, **model_overrides)
         self.models.unload()
         self.preset, self.preset_reason = preset, reason
 
@@ -138,24 +161,40 @@ class Engine:
                ) -> Iterator[list[ImageRecord]]:
         """Yield the images for (prompt, seed) pairs batch by batch: stored ones at once, then each
         generated batch as soon as it is finished (and stored). Order within the stream is
-        cached-first; every record carries its seed."""
+        cached-first; every record carries its seed.
+
+        For an images API (not seedable) a seed is the image's index: the key is prompt +
+        index + settings + model, a refusal is recorded like an image and never asked again,
+        and the calls a run makes are bounded by `max_api_calls`. A folder or dataset source
+        serves image i of the prompt for seed i and says how many it has when asked for more."""
         settings = settings or self.default_settings()
         gen_id = self.model_id("generator")
         keys = [image_key(gen_id, prompt, s, settings) for s in seeds]
         found = self.store.get_images(keys)
+        found.update({k: r for k, r in self.store.get_refusals([k for k in keys if k not in found]).items()})
         cached = [found[k] for k in keys if k in found]
         if cached:
             self.stats.image_cache_hits += len(cached)
             yield cached
         missing = [(s, k) for s, k in zip(seeds, keys) if k not in found]
-        batch_size = max(1, int(getattr(self.models.get(self.generator_spec), "batch_size", 4)))
+        generator = self.models.get(self.generator_spec)
+        if missing and hasattr(generator, "check_available"):
+            generator.check_available(prompt, max(seeds) + 1)
+        if missing and getattr(generator, "source_kind", "model") == "api":
+            if self.api_calls + len(missing) > self.max_api_calls:
+                raise InputError(f"this needs {len(missing)} more image API call(s) but the budget allows "
+                                 f"{max(0, self.max_api_calls - self.api_calls)} more in this run (at most "
+                                 f"{self.max_api_calls}); lower N or raise the budget (--max-api-calls)")
+            self.api_calls += len(missing)
+        batch_size = max(1, int(getattr(generator, "batch_size", 4)))
         for start in range(0, len(missing), batch_size):
             batch = missing[start:start + batch_size]
             with self._backend("generator") as gen:
                 outputs = gen.generate(prompt, [s for s, _ in batch], settings)
             self.stats.generator_calls += 1
-            self.stats.images_generated += len(outputs)
-            yield [self.store.put_image(k, gen_id, prompt, out.seed, settings, out.image, out.nsfw)
+            self.stats.images_generated += sum(out.refused is None for out in outputs)
+            yield [self.store.put_refusal(k, gen_id, prompt, out.seed, out.refused) if out.refused is not None
+                   else self.store.put_image(k, gen_id, prompt, out.seed, settings, out.image, out.nsfw)
                    for (s, k), out in zip(batch, outputs)]
 
     def image_set(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings | None = None
@@ -168,6 +207,11 @@ class Engine:
                          ) -> tuple[bool, int]:
         """Generate one image alone (bypassing the store) and compare it with the stored one:
         (pixel-identical?, largest per-channel difference in grey levels)."""
+        kind = self.source_kind()
+        if kind != "model":
+            raise InputError("images from an API are not seedable: regenerating one gives a different image, "
+                             "so there is nothing to check" if kind == "api" else
+                             "these images come from a folder or dataset, not from a model: there is nothing to regenerate")
         stored = self.store.get_images([key]).get(key)
         with self._backend("generator") as gen:
             fresh = gen.generate(prompt, [int(seed)], settings)[0].image.convert("RGB")
@@ -255,6 +299,7 @@ class Engine:
 
     # -- runs ----------------------------------------------------------------------------------
     def start_run(self, method: str, request: dict) -> "Run":
+        self.api_calls = 0
         models = {role: spec.label for role, spec in self.preset.specs().items()}
         return Run(self, self.store.create_run(method, request, models, __version__), method, request)
 
@@ -348,6 +393,11 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
     total = progress_total or len(seeds)
     by_seed: dict[int, ImageRecord] = {}
     start, generated = time.perf_counter(), 0
+    calls = engine.api_calls_needed([(prompt, seeds, settings)])
+    if calls:
+        yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for '{prompt}' (budget "
+                      f"{engine.max_api_calls - engine.api_calls} left in this run); API images are not seedable, "
+                      "so regenerating them would not reproduce them: they are kept in the store")
     for batch in engine.images(prompt, seeds, settings):
         by_seed.update({r.seed: r for r in batch})
         run.add_images(batch, label)
@@ -360,6 +410,11 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
             eta = per_image * max(0, total - done)
         yield Images(batch, label, done, total)
         yield Progress(done, total, "images", f"{done}/{total} images" + (f" ({label})" if label else ""), eta)
+    refused = [by_seed[s] for s in seeds if by_seed[s].refused]
+    if refused:
+        yield Warning(f"the API refused {len(refused)} of {len(seeds)} image(s) of '{prompt}' "
+                      f"({refused[0].refused}); they are recorded as refused, not retried, and excluded "
+                      "from every metric")
     return [by_seed[s] for s in seeds]
 
 

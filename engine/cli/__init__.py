@@ -31,6 +31,12 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     for role in ("generator", "embedder", "llm", "vqa"):
         parser.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL",
                             help=f"replace the preset's {role}, e.g. diffusers:/path/to/model")
+        parser.add_argument(f"--{role}-option", action="append", default=[], metavar="KEY=VALUE",
+                            dest=f"{role}_option",
+                            help=f"an option of the {role} (repeatable; part of its identity in the cache; "
+                                 "never a secret: keys come from the environment)")
+    parser.add_argument("--max-api-calls", type=int, default=None, metavar="N",
+                        help="most image API calls one run may make (default 200); the count is shown first")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -45,11 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_engine(args):
-    from ..core import DEFAULT_MAX_IMAGES, Engine
+    from ..core import DEFAULT_MAX_API_CALLS, DEFAULT_MAX_IMAGES, Engine
+    from ..presets import parse_options
 
+    roles = ("generator", "embedder", "llm", "vqa")
+    options = {role: parse_options(getattr(args, f"{role}_option", None) or [], role) for role in roles}
     return Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images or DEFAULT_MAX_IMAGES,
-                  device=args.device, generator=args.generator, embedder=args.embedder,
-                  llm=args.llm, vqa=args.vqa)
+                  device=getattr(args, "device", None), generator=args.generator, embedder=args.embedder,
+                  llm=args.llm, vqa=args.vqa, options={r: o for r, o in options.items() if o},
+                  max_api_calls=getattr(args, "max_api_calls", None) or DEFAULT_MAX_API_CALLS)
 
 
 class ProgressPrinter:
