@@ -169,6 +169,9 @@ class Engine:
         serves image i of the prompt for seed i and says how many it has when asked for more."""
         settings = settings or self.default_settings()
         gen_id = self.model_id("generator")
+        generator = self.models.get(self.generator_spec)
+        if seeds and hasattr(generator, "check_available"):
+            generator.check_available(prompt, max(seeds) + 1)   # before any image: one clear sentence
         keys = [image_key(gen_id, prompt, s, settings) for s in seeds]
         found = self.store.get_images(keys)
         found.update({k: r for k, r in self.store.get_refusals([k for k in keys if k not in found]).items()})
@@ -177,9 +180,6 @@ class Engine:
             self.stats.image_cache_hits += len(cached)
             yield cached
         missing = [(s, k) for s, k in zip(seeds, keys) if k not in found]
-        generator = self.models.get(self.generator_spec)
-        if missing and hasattr(generator, "check_available"):
-            generator.check_available(prompt, max(seeds) + 1)
         if missing and getattr(generator, "source_kind", "model") == "api":
             if self.api_calls + len(missing) > self.max_api_calls:
                 raise InputError(f"this needs {len(missing)} more image API call(s) but the budget allows "

@@ -192,7 +192,7 @@ class HFInference(ApiImageGenerator):
         self.id = with_options(f"hf_inference:{model}", extra)
 
     def _attempt(self, prompt: str, index: int, settings: GenerationSettings):
-        from huggingface_hub.errors import HfHubHTTPError
+        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
         kwargs = dict(seed=index, width=settings.width or None, height=settings.height or None,
                       num_inference_steps=settings.steps or None, guidance_scale=settings.guidance or None,
@@ -210,6 +210,9 @@ class HFInference(ApiImageGenerator):
             except Exception:  # noqa: BLE001
                 data = None
             return response.status_code, dict(response.headers), response.text, data
+        except OfflineModeIsEnabled:
+            raise ModelLoadError("HF_HUB_OFFLINE is set, so huggingface_hub sends no request at all (not even to "
+                                 "a self-hosted base_url); unset it to use hf-inference") from None
         except UnidentifiedImageError as exc:
             raise ApiReplyError(f"{self.retrier.name} sent bytes that are not an image ({exc})") from None
         return 200, {}, "", image

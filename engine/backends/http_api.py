@@ -18,7 +18,7 @@ import os
 import time
 from typing import Callable
 
-from ..errors import ModelLoadError
+from ..errors import GapLensError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,8 @@ class Retrier:
             wait = None
             try:
                 status, headers, text, data = attempt()
+            except GapLensError:
+                raise   # already one clear sentence (a malformed reply, offline mode): not worth retrying
             except Exception as exc:  # noqa: BLE001 - transport errors of httpx / huggingface_hub
                 kind = type(exc).__name__
                 if "Timeout" in kind or "timeout" in str(exc).lower():
