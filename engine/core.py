@@ -113,7 +113,7 @@ class Engine:
         return {
             "preset": self.preset.name,
             "reason": self.preset_reason,
-            "models": {role: spec.label for role, spec in self.preset.specs().items()},
+            "models": {role: spec.full_label for role, spec in self.preset.specs().items()},
             "loaded": self.models.loaded(),
             "device": self.models._device or "not chosen yet (no real model loaded)",
             "memory": _memory_summary(),
@@ -300,7 +300,7 @@ class Engine:
     # -- runs ----------------------------------------------------------------------------------
     def start_run(self, method: str, request: dict) -> "Run":
         self.api_calls = 0
-        models = {role: spec.label for role, spec in self.preset.specs().items()}
+        models = {role: spec.full_label for role, spec in self.preset.specs().items()}
         return Run(self, self.store.create_run(method, request, models, __version__), method, request)
 
 

@@ -100,8 +100,12 @@ class ModelSpec:
 
     @property
     def label(self) -> str:
-        suffix = f" [{options_text(self.options)}]" if self.options else ""
-        return f"{self.backend}:{self.model}{suffix}"
+        return f"{self.backend}:{self.model}"
+
+    @property
+    def full_label(self) -> str:
+        """The label with its options, 'backend:model [k=v, ...]' (runs record it)."""
+        return self.label + (f" [{options_text(self.options)}]" if self.options else "")
 
 
 # Options that change how a backend is reached, never what it answers: left out of its identity.
