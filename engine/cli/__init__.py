@@ -20,7 +20,7 @@ from ..errors import GapLensError
 from ..events import Done, Progress, Scores, Warning
 
 # engine/cli/<name>.py for each command, in --help order
-COMMANDS = ["generate", "counterfactuals", "intersectional", "mine", "mitigate", "runs", "status"]
+COMMANDS = ["generate", "counterfactuals", "intersectional", "mine", "mitigate", "runs", "biasbench", "status"]
 
 
 def common_arguments(parser: argparse.ArgumentParser) -> None:
