@@ -87,6 +87,25 @@ class Engine:
         calls counted and budgeted) or "source" (a folder or dataset of existing images)."""
         return getattr(self.models.get(self.generator_spec), "source_kind", "model")
 
+    def source_prompts(self) -> dict[str, int]:
+        """{prompt: number of images} of a folder or dataset generator; {} for a model or an API."""
+        generator = self.models.get(self.generator_spec)
+        table = getattr(generator, "table", None)
+        return {p: len(rows) for p, rows in table.by_prompt.items()} if table is not None else {}
+
+    def require_new_images(self, method: str) -> None:
+        """InputError in one sentence when the generator cannot make images of new prompts (a
+        folder or dataset), naming what can be scored instead."""
+        if self.source_kind() != "source":
+            return
+        prompts = self.source_prompts()
+        shown = "; ".join(f"'{p}' ({n})" for p, n in list(prompts.items())[:5])
+        more = f" and {len(prompts) - 5} more" if len(prompts) > 5 else ""
+        raise InputError(f"{method} needs images of prompts it writes itself, but the generator "
+                         f"{self.generator_spec.label} only holds existing images, of {len(prompts)} prompt(s): "
+                         f"{shown}{more}. Score those instead (Single Prompt, or Counterfactuals/Intersectional with "
+                         "counterfactual prompts the source holds), or pick a model or an images API as generator")
+
     def api_calls_needed(self, sets) -> int:
         """How many image API calls the (prompt, seeds, settings) sets would make now (the
         images neither stored nor recorded as refused); 0 unless the generator is an API."""
@@ -121,8 +140,16 @@ class Engine:
             "stored_images": self.store.count("images"),
             "runs": self.store.count("runs"),
             "max_images": self.max_images,
+            "max_api_calls": self.max_api_calls,
+            "generator_kind": self._generator_kind_if_loaded(),
             "version": __version__,
         }
+
+    def _generator_kind_if_loaded(self) -> str:
+        """source_kind() without loading anything: known backends by name, else "model"."""
+        backend = self.generator_spec.backend
+        return "api" if backend in ("openai_images", "hf_inference") else \
+            "source" if backend in ("folder", "hf_dataset") else "model"
 
     def unload(self) -> list[str]:
         return self.models.unload()
@@ -132,6 +159,26 @@ class Engine:
         preset, reason = resolve_preset(name, options, **model_overrides)
         self.models.unload()
         self.preset, self.preset_reason = preset, reason
+
+    def use_model(self, role: str, model: str = "", options: dict | None = None) -> ModelSpec:
+        """Replace one role's model (BACKEND:MODEL, read as the role means it; empty keeps the
+        current one) and its options (replacing the old ones; secrets refused). The old model
+        is unloaded, the store kept. Returns the new spec."""
+        from dataclasses import replace
+
+        from .presets import check_options, parse_model_override
+
+        if role not in self.preset.specs():
+            raise InputError(f"unknown role '{role}'; roles: {', '.join(self.preset.specs())}")
+        old = self.preset.specs()[role]
+        base = parse_model_override(model, role) if (model or "").strip() else old
+        spec = ModelSpec(base.backend, base.model, check_options(dict(options or {}), role))
+        if spec != old:
+            self.models.unload(old)
+            name = self.preset.name if self.preset.name.endswith("+custom") else f"{self.preset.name}+custom"
+            self.preset = replace(self.preset, name=name, **{role: spec})
+            self.preset_reason += f"; {role} set to {spec.full_label}"
+        return spec
 
     # -- validation ----------------------------------------------------------------------------
     def check_prompt(self, prompt: str, what: str = "prompt") -> str:

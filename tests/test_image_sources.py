@@ -410,3 +410,29 @@ def test_counterfactuals_on_a_folder(tmp_path, data_dir):
     # the synthetic world plants male doctors: the male counterfactual stays closer to the prompt
     assert cas["a photo of a male doctor"] > cas["a photo of a female doctor"]
     assert engine.stats.images_generated == 18 and engine.stats.generator_calls == 3   # all from the folder
+
+
+def test_methods_that_need_new_images_say_so_and_name_what_the_source_has(tmp_path, data_dir):
+    from engine.methods import mine, mitigate
+
+    maker = Engine("synthetic", data_dir=str(tmp_path / "maker"))
+    root, _ = synthetic_folder(tmp_path, maker, {"a photo of a doctor": 2})
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"folder:{root}")
+    with pytest.raises(InputError, match=r"Mine Prompts needs images of prompts it writes itself.*"
+                                         r"'a photo of a doctor' \(2\).*Single Prompt"):
+        list(mine.run(mine.MineRequest(), engine))
+    with pytest.raises(InputError, match="Mitigate needs images of prompts it writes itself"):
+        list(mitigate.run(mitigate.MitigateRequest("a photo of a doctor"), engine))
+    assert engine.status()["generator_kind"] == "source"
+
+
+def test_the_model_panel_switches_one_role_with_options(tmp_path, data_dir, api):
+    engine = Engine("synthetic", data_dir=data_dir)
+    spec = engine.use_model("generator", f"openai:{api.url}", {"model": "tiny-image-1", "quality": "low"})
+    assert spec.backend == "openai_images" and engine.preset.name == "synthetic+custom"
+    assert engine.model_id("generator") == f"openai_images:tiny-image-1@{api.url}/v1?quality=low"
+    assert engine.status()["models"]["generator"].endswith("[model=tiny-image-1, quality=low]")
+    engine.use_model("vqa", "", {"error": 0.2})          # options only: same model, new identity
+    assert engine.preset.vqa.backend == "synthetic_vqa" and "error=0.2" in engine.model_id("vqa")
+    with pytest.raises(InputError, match="secret"):
+        engine.use_model("generator", "", {"token": "x"})

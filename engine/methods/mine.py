@@ -123,6 +123,7 @@ def _measure(model_id: str, seconds: float, units: int) -> None:
 
 def check_request(request: MineRequest, engine: Engine) -> MineRequest:
     """The request with defaults filled in; InputError naming the first bad setting."""
+    engine.require_new_images("Mine Prompts")
     iterations = DEFAULT_ITERATIONS if request.iterations in (None, 0) else request.iterations
     request = replace(request, iterations=int(iterations), n_variations=request.n_variations or request.n)
     if request.strategy not in STRATEGIES:

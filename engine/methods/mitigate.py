@@ -675,6 +675,7 @@ def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[d
 
 @recorded("mitigate")
 def run(request: MitigateRequest, engine: Engine, run: Run):
+    engine.require_new_images("Mitigate")
     setup, epsilon = yield from _settle(request, engine)
     settings = settings_for(request, engine)
     measure = Measurer(engine, run, setup, request, settings)
