@@ -436,3 +436,15 @@ def test_the_model_panel_switches_one_role_with_options(tmp_path, data_dir, api)
     assert engine.preset.vqa.backend == "synthetic_vqa" and "error=0.2" in engine.model_id("vqa")
     with pytest.raises(InputError, match="secret"):
         engine.use_model("generator", "", {"token": "x"})
+
+
+def test_intersectional_on_a_folder(tmp_path, data_dir):
+    from engine.methods.intersectional import IntersectionalRequest, run
+
+    maker = Engine("synthetic", data_dir=str(tmp_path / "maker"))
+    cfs = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
+           "age": ["a photo of a young doctor", "a photo of an old doctor"]}
+    root, _ = synthetic_folder(tmp_path, maker, {"a photo of a doctor": 8, **{cf: 8 for v in cfs.values() for cf in v}})
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"folder:{root}")
+    done = list(run(IntersectionalRequest("a photo of a doctor", axes=cfs, n=8, n_boot=0), engine))[-1]
+    assert isinstance(done, Done) and engine.stats.images_generated == 40
