@@ -448,3 +448,23 @@ def test_intersectional_on_a_folder(tmp_path, data_dir):
     engine = Engine("synthetic", data_dir=data_dir, generator=f"folder:{root}")
     done = list(run(IntersectionalRequest("a photo of a doctor", axes=cfs, n=8, n_boot=0), engine))[-1]
     assert isinstance(done, Done) and engine.stats.images_generated == 40
+
+
+def test_hf_dataset_source_and_labels_through_the_datasets_library(tmp_path, data_dir, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    maker = Engine("synthetic", data_dir=str(tmp_path / "maker"))
+    genders = ["male", "male", "female"]
+    root, rows = synthetic_folder(tmp_path, maker, {"a photo of a judge": 3}, fmt="jsonl",
+                                  labels=lambda prompt, i: {"gender": genders[i]})
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"hf-dataset:{root}", vqa="labels:" + str(root),
+                    options={"vqa": {"dataset": True}})
+    assert engine.preset.generator.backend == "hf_dataset"
+    records = engine.image_set("a photo of a judge", [0, 1, 2])
+    # seeds 3, 2, 1 order the rows 2, 1, 0
+    assert [r.image.tobytes() for r in records] == \
+        [Image.open(root / f"imgs/p0_{i}.png").convert("RGB").tobytes() for i in (2, 1, 0)]
+    assert engine.ask(records, "What is the gender of the person?", ["male", "female"]) == ["female", "male", "male"]
+    with pytest.raises(InputError, match="no label column answers"):
+        engine.ask(records, "What is the age of the person?")
+    with pytest.raises(InputError, match="has 3 image"):
+        engine.image_set("a photo of a judge", [0, 1, 2, 3])
