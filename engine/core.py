@@ -70,6 +70,8 @@ class Engine:
         """The role's spec and what its loader needs: CLIP zero-shot VQA answers through the
         preset's embedder, so it gets the loaded one instead of loading a second copy."""
         spec = self.preset.specs()[role]
+        if spec.backend in ("openai_images", "openai_vqa"):   # remembers a server's listed model here
+            return spec, {"data_dir": str(self.store.data_dir)}
         return spec, ({"embedder": self.models.get(self.preset.embedder)} if spec.backend == "clip_vqa" else {})
 
     def _backend(self, role: str):
@@ -85,12 +87,13 @@ class Engine:
     def source_kind(self) -> str:
         """What the generator is: "model" (seeded images), "api" (an images API: not seedable,
         calls counted and budgeted) or "source" (a folder or dataset of existing images)."""
-        return getattr(self.models.get(self.generator_spec), "source_kind", "model")
+        spec, context = self._spec_and_context("generator")
+        return getattr(self.models.get(spec, **context), "source_kind", "model")
 
     def source_prompts(self) -> dict[str, int]:
         """{prompt: number of images} of a folder or dataset generator; {} for a model or an API."""
-        generator = self.models.get(self.generator_spec)
-        table = getattr(generator, "table", None)
+        spec, context = self._spec_and_context("generator")
+        table = getattr(self.models.get(spec, **context), "table", None)
         return {p: len(rows) for p, rows in table.by_prompt.items()} if table is not None else {}
 
     def require_new_images(self, method: str) -> None:
@@ -216,7 +219,7 @@ class Engine:
         serves image i of the prompt for seed i and says how many it has when asked for more."""
         settings = settings or self.default_settings()
         gen_id = self.model_id("generator")
-        generator = self.models.get(self.generator_spec)
+        generator = self.models.get(self.generator_spec)   # loaded by model_id above
         if seeds and hasattr(generator, "check_available"):
             generator.check_available(prompt, max(seeds) + 1)   # before any image: one clear sentence
         keys = [image_key(gen_id, prompt, s, settings) for s in seeds]

@@ -176,7 +176,7 @@ def test_generate_through_openai_images_api_stores_4_and_rerun_makes_no_request(
     assert KEY not in out + err
 
     code, out2, err2 = run_cli(capsys, *args)
-    assert code == 0 and len(api.requests) == 5 + 1  # 4 images + 1 model list, then only the model list again
+    assert code == 0 and len(api.requests) == 5   # 4 images + 1 model list; the same call again: no request
     assert [i["key"] for i in json.loads(out2)["images"]] == [i["key"] for i in results["images"]]
     assert all(i["cached"] for i in json.loads(out2)["images"])
     store_bytes = b"".join(p.read_bytes() for p in Path(data_dir).glob("gaplens.sqlite*"))

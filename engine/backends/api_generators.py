@@ -12,7 +12,8 @@ POST {base_url}/images/generations with {"model", "prompt", "n": 1, "size", "res
 "b64_json"}; replies {"data": [{"b64_json": ...}]} (a `url` instead is fetched).
   - `spec.model` is the server URL (with or without /v1) or a model name (then the URL is
     option base_url, else env OPENAI_BASE_URL, else https://api.openai.com/v1).
-  - model: option `model`, else the first image model GET {base_url}/models lists.
+  - model: option `model`, else the first image model GET {base_url}/models lists (remembered
+    per server in the data dir's api_models.json, so a repeated request makes no HTTP request).
   - key: env GAPLENS_GENERATOR_API_KEY, else OPENAI_API_KEY (none is fine for local servers).
   - options: size ("1024x1024"; or the settings' width x height), response_format
     ("b64_json"; null to leave it out, as gpt-image models want), concurrency (4), timeout
@@ -38,7 +39,7 @@ from PIL import Image, UnidentifiedImageError
 
 from ..errors import ModelLoadError
 from .base import GeneratedImage, GenerationSettings, ModelSpec, with_options
-from .http_api import ApiReplyError, Refused, Retrier, api_key
+from .http_api import ApiReplyError, Refused, Retrier, api_key, remembered_model
 
 logger = logging.getLogger(__name__)
 
@@ -109,14 +110,16 @@ class OpenAIImages(ApiImageGenerator):
 
     key_names = GENERATOR_KEYS
 
-    def __init__(self, base_url: str, options: dict):
+    def __init__(self, base_url: str, options: dict, data_dir: str | None = None):
         import httpx
 
         self.base_url = base_url
         super().__init__(f"images API {base_url}", options)
         key = api_key(*GENERATOR_KEYS)
         self._client = httpx.Client(timeout=self.timeout, headers={"Authorization": f"Bearer {key}"} if key else {})
-        self.model_name = options.get("model") or self._first_image_model()
+        self.model_name = options.get("model") or remembered_model(
+            data_dir, base_url, self._list_models,
+            lambda names: next((n for n in names if "image" in n.lower() or "dall" in n.lower()), names[0]))
         extra = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS}
         self.id = with_options(f"openai_images:{self.model_name}@{base_url}", extra)
 
@@ -128,16 +131,12 @@ class OpenAIImages(ApiImageGenerator):
             data = None
         return response.status_code, dict(response.headers), response.text, data
 
-    def _first_image_model(self) -> str:
-        """Returns the first model GET /models lists, preferring image models."""
-        _, _, text, data = self.retrier.run(lambda: self._attempt("GET", self.base_url + "/models"),
-                                            "the model list", self.timeout)
-        names = [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict) and m.get("id")] \
+    def _list_models(self) -> list[str]:
+        """Returns the model ids GET /models lists."""
+        _, _, _, data = self.retrier.run(lambda: self._attempt("GET", self.base_url + "/models"),
+                                         "the model list", self.timeout)
+        return [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict) and m.get("id")] \
             if isinstance(data, dict) else []
-        if not names:
-            raise ModelLoadError(f"images API {self.base_url} lists no models at /models; pass --generator-option "
-                                 f"model=NAME")
-        return next((n for n in names if "image" in n.lower() or "dall" in n.lower()), names[0])
 
     def _one(self, prompt: str, index: int, settings: GenerationSettings) -> Image.Image:
         body = {"model": self.model_name, "prompt": prompt, "n": 1,
@@ -246,7 +245,7 @@ def load(spec: ModelSpec, device: str, **context):
 
             base_url = options.get("base_url") or os.environ.get("OPENAI_BASE_URL") or DEFAULT_OPENAI_URL
             options.setdefault("model", spec.model)
-        return OpenAIImages(_normalise_base_url(base_url), options)
+        return OpenAIImages(_normalise_base_url(base_url), options, context.get("data_dir"))
     if spec.backend == "hf_inference":
         return HFInference(spec.model, options)
     raise ModelLoadError(f"api_generators cannot load backend '{spec.backend}' ('{spec.model}')")

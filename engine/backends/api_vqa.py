@@ -7,7 +7,8 @@ the question as text and the image as a PNG data URL (`{"type": "image_url", "im
 "Answer with exactly one of: a, b, c." and the reply is mapped onto them with
 `vqa.match_choice` ("other" when it names none); without, the reply's first line is the answer.
 
-- `spec.model` is the server URL (then option `model`, else the first model GET /models lists)
+- `spec.model` is the server URL (then option `model`, else the first model GET /models lists,
+  remembered per server in the data dir)
   or a model name (then option base_url, env OPENAI_BASE_URL, else https://api.openai.com/v1).
 - key: env GAPLENS_VQA_API_KEY, else OPENAI_API_KEY.
 - options: model, max_tokens (20), concurrency (4), timeout (120 s), max_retries (4),
@@ -27,7 +28,7 @@ from PIL import Image
 
 from ..errors import ModelLoadError
 from .base import ModelSpec, with_options
-from .http_api import ApiReplyError, Refused, Retrier, api_key
+from .http_api import ApiReplyError, Refused, Retrier, api_key, remembered_model
 
 VQA_KEYS = ("GAPLENS_VQA_API_KEY", "OPENAI_API_KEY")
 CAPTION_PROMPT = "Describe the image in one short sentence."
@@ -46,7 +47,7 @@ class OpenAIVisionVQA:
 
     options_in_id = True
 
-    def __init__(self, base_url: str, options: dict):
+    def __init__(self, base_url: str, options: dict, data_dir: str | None = None):
         import httpx
 
         self.base_url = base_url
@@ -58,7 +59,8 @@ class OpenAIVisionVQA:
                                max_retry_wait=float(options.get("max_retry_wait", 60.0)), key_names=VQA_KEYS)
         key = api_key(*VQA_KEYS)
         self._client = httpx.Client(timeout=self.timeout, headers={"Authorization": f"Bearer {key}"} if key else {})
-        self.model_name = options.get("model") or self._first_model()
+        self.model_name = options.get("model") or remembered_model(data_dir, base_url, self._list_models,
+                                                                   lambda names: names[0])
         self.id = with_options(f"openai_vqa:{self.model_name}@{base_url}",
                                {k: v for k, v in options.items() if k not in TRANSPORT})
         self.calls = 0
@@ -71,13 +73,10 @@ class OpenAIVisionVQA:
             data = None
         return response.status_code, dict(response.headers), response.text, data
 
-    def _first_model(self) -> str:
+    def _list_models(self) -> list[str]:
         _, _, _, data = self.retrier.run(lambda: self._attempt("GET", "/models"), "the model list", self.timeout)
-        names = [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict) and m.get("id")] \
+        return [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict) and m.get("id")] \
             if isinstance(data, dict) else []
-        if not names:
-            raise ModelLoadError(f"vision chat server {self.base_url} lists no models; pass --vqa-option model=NAME")
-        return names[0]
 
     def ask(self, image: Image.Image, text: str) -> str:
         """Returns the model's reply (stripped) to `text` about one image; "refused" when declined."""
@@ -133,4 +132,4 @@ def load(spec: ModelSpec, device: str, **context) -> OpenAIVisionVQA:
         base_url = options.get("base_url") or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         options.setdefault("model", spec.model)
     base_url = base_url.rstrip("/")
-    return OpenAIVisionVQA(base_url if base_url.endswith("/v1") else base_url + "/v1", options)
+    return OpenAIVisionVQA(base_url if base_url.endswith("/v1") else base_url + "/v1", options, context.get("data_dir"))

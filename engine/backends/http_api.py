@@ -150,3 +150,32 @@ class Retrier:
             self.waits.append(wait)
             self.sleep(wait)
             tries += 1
+
+
+def remembered_model(data_dir: str | None, base_url: str, list_models: Callable[[], list[str]],
+                     pick: Callable[[list[str]], str]) -> str:
+    """Returns the model to use at `base_url` when none is named: the one remembered in
+    `data_dir/api_models.json`, else `pick(list_models())`, then remembered, so an identical
+    request later makes no HTTP request at all (name a model with option `model` to change it)."""
+    import json
+    from pathlib import Path
+
+    path = Path(data_dir) / "api_models.json" if data_dir else None
+    known = {}
+    if path is not None and path.exists():
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):
+            known = {}
+    if isinstance(known, dict) and isinstance(known.get(base_url), str):
+        return known[base_url]
+    names = list_models()
+    if not names:
+        raise ModelLoadError(f"{base_url} lists no models at /models; name one with option model=NAME")
+    model = pick(names)
+    if path is not None:
+        known = {**(known if isinstance(known, dict) else {}), base_url: model}
+        tmp = path.with_name(f".api_models.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        os.replace(tmp, path)
+    return model
