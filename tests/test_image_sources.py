@@ -8,7 +8,6 @@ import csv
 import hashlib
 import io
 import json
-import sqlite3
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

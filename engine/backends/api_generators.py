@@ -39,7 +39,7 @@ from PIL import Image, UnidentifiedImageError
 
 from ..errors import ModelLoadError
 from .base import GeneratedImage, GenerationSettings, ModelSpec, with_options
-from .http_api import ApiReplyError, Refused, Retrier, api_key, remembered_model
+from .http_api import ApiReplyError, Refused, Retrier, api_key, httpx_attempt, listed_models, remembered_model
 
 logger = logging.getLogger(__name__)
 
@@ -123,20 +123,8 @@ class OpenAIImages(ApiImageGenerator):
         extra = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS}
         self.id = with_options(f"openai_images:{self.model_name}@{base_url}", extra)
 
-    def _attempt(self, method: str, url: str, **kwargs):
-        response = self._client.request(method, url, **kwargs)
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        return response.status_code, dict(response.headers), response.text, data
-
     def _list_models(self) -> list[str]:
-        """Returns the model ids GET /models lists."""
-        _, _, _, data = self.retrier.run(lambda: self._attempt("GET", self.base_url + "/models"),
-                                         "the model list", self.timeout)
-        return [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict) and m.get("id")] \
-            if isinstance(data, dict) else []
+        return listed_models(self.retrier, self._client, self.base_url, self.timeout)
 
     def _one(self, prompt: str, index: int, settings: GenerationSettings) -> Image.Image:
         body = {"model": self.model_name, "prompt": prompt, "n": 1,
@@ -147,7 +135,7 @@ class OpenAIImages(ApiImageGenerator):
         body.update({k: v for k, v in self.options.items() if k not in CLIENT_OPTIONS})
         self.calls += 1
         _, _, text, data = self.retrier.run(
-            lambda: self._attempt("POST", self.base_url + "/images/generations", json=body),
+            lambda: httpx_attempt(self._client, "POST", self.base_url + "/images/generations", json=body),
             f"'{prompt[:60]}' (image {index})", self.timeout)
         try:
             item = data["data"][0]

@@ -26,9 +26,8 @@ from typing import Sequence
 
 from PIL import Image
 
-from ..errors import ModelLoadError
 from .base import ModelSpec, with_options
-from .http_api import ApiReplyError, Refused, Retrier, api_key, remembered_model
+from .http_api import ApiReplyError, Refused, Retrier, api_key, httpx_attempt, listed_models, remembered_model
 
 VQA_KEYS = ("GAPLENS_VQA_API_KEY", "OPENAI_API_KEY")
 CAPTION_PROMPT = "Describe the image in one short sentence."
@@ -65,18 +64,8 @@ class OpenAIVisionVQA:
                                {k: v for k, v in options.items() if k not in TRANSPORT})
         self.calls = 0
 
-    def _attempt(self, method: str, path: str, **kwargs):
-        response = self._client.request(method, self.base_url + path, **kwargs)
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        return response.status_code, dict(response.headers), response.text, data
-
     def _list_models(self) -> list[str]:
-        _, _, _, data = self.retrier.run(lambda: self._attempt("GET", "/models"), "the model list", self.timeout)
-        return [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict) and m.get("id")] \
-            if isinstance(data, dict) else []
+        return listed_models(self.retrier, self._client, self.base_url, self.timeout)
 
     def ask(self, image: Image.Image, text: str) -> str:
         """Returns the model's reply (stripped) to `text` about one image; "refused" when declined."""
@@ -88,7 +77,7 @@ class OpenAIVisionVQA:
                                                           {"type": "image_url", "image_url": part}]}]}
         self.calls += 1
         try:
-            _, _, raw, data = self.retrier.run(lambda: self._attempt("POST", "/chat/completions", json=body),
+            _, _, raw, data = self.retrier.run(lambda: httpx_attempt(self._client, "POST", self.base_url + "/chat/completions", json=body),
                                                f"'{text[:60]}'", self.timeout)
         except Refused:
             return "refused"

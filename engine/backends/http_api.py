@@ -179,3 +179,20 @@ def remembered_model(data_dir: str | None, base_url: str, list_models: Callable[
         tmp.write_text(json.dumps(known, indent=1))
         os.replace(tmp, path)
     return model
+
+
+def httpx_attempt(client, method: str, url: str, **kwargs) -> tuple[int, dict, str, object]:
+    """One httpx request as `Retrier.run` wants it: (status, headers, text, parsed JSON or None)."""
+    response = client.request(method, url, **kwargs)
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    return response.status_code, dict(response.headers), response.text, data
+
+
+def listed_models(retrier: Retrier, client, base_url: str, timeout: float) -> list[str]:
+    """Returns the model ids an OpenAI-compatible server lists at GET {base_url}/models."""
+    _, _, _, data = retrier.run(lambda: httpx_attempt(client, "GET", base_url + "/models"), "the model list", timeout)
+    models = data.get("data", []) if isinstance(data, dict) else []
+    return [m["id"] for m in models if isinstance(m, dict) and m.get("id")]
