@@ -55,6 +55,7 @@ class Engine:
         self.preset, self.preset_reason = resolve_preset(preset, options, **model_overrides)
         self.max_api_calls = int(max_api_calls)
         self.api_calls = 0   # image API calls made by the current run (reset by start_run)
+        self.api_calls_announced = 0   # ... and announced ahead (announce_api_calls)
         self.store = Store(data_dir or default_data_dir())
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
@@ -349,7 +350,7 @@ class Engine:
 
     # -- runs ----------------------------------------------------------------------------------
     def start_run(self, method: str, request: dict) -> "Run":
-        self.api_calls = 0
+        self.api_calls = self.api_calls_announced = 0
         models = {role: spec.full_label for role, spec in self.preset.specs().items()}
         return Run(self, self.store.create_run(method, request, models, __version__), method, request)
 
@@ -444,7 +445,7 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
     by_seed: dict[int, ImageRecord] = {}
     start, generated = time.perf_counter(), 0
     calls = engine.api_calls_needed([(prompt, seeds, settings)])
-    if calls:
+    if calls and engine.api_calls + calls > engine.api_calls_announced:
         yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for '{prompt}' (budget "
                       f"{engine.max_api_calls - engine.api_calls} left in this run); API images are not seedable, "
                       "so regenerating them would not reproduce them: they are kept in the store")
@@ -466,6 +467,23 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
                       f"({refused[0].refused}); they are recorded as refused, not retried, and excluded "
                       "from every metric")
     return [by_seed[s] for s in seeds]
+
+
+def announce_api_calls(engine: Engine, sets):
+    """Before a run's image sets (`(prompt, seeds, settings, ...)`) are made by an images API:
+    yield one Warning with the total number of API calls they need and check it against the
+    run's budget (InputError before any call). Nothing for a model or a folder (use `yield from`)."""
+    sets = [tuple(s[:3]) for s in sets]
+    calls = engine.api_calls_needed(sets)
+    if not calls:
+        return
+    if engine.api_calls + calls > engine.max_api_calls:
+        raise InputError(f"this run needs {calls} image API calls but the budget allows "
+                         f"{max(0, engine.max_api_calls - engine.api_calls)} more (at most {engine.max_api_calls} "
+                         "per run); lower N or raise the budget (--max-api-calls)")
+    engine.api_calls_announced = engine.api_calls + calls
+    yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for {len(sets)} prompt(s); API "
+                  "images are not seedable, so regenerating them would not reproduce them: they are kept in the store")
 
 
 def _memory_summary() -> str:

@@ -467,3 +467,17 @@ def test_hf_dataset_source_and_labels_through_the_datasets_library(tmp_path, dat
         engine.ask(records, "What is the age of the person?")
     with pytest.raises(InputError, match="has 3 image"):
         engine.image_set("a photo of a judge", [0, 1, 2, 3])
+
+
+def test_a_multi_prompt_run_announces_and_checks_its_total_api_calls_first(api, data_dir):
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"openai:{api.url}/v1",
+                    options={"generator": {"model": "tiny-image-1"}}, max_api_calls=5)
+    request = generate.GenerateRequest("", n=2, prompts=["a cook", "a pilot", "a nurse"])
+    with pytest.raises(InputError, match="needs 6 image API calls but the budget allows 5"):
+        list(generate.run(request, engine))
+    assert api.posts("/images/generations") == []          # nothing was asked before the check
+    engine.max_api_calls = 6
+    events = list(generate.run(request, engine))
+    warnings = [e.message for e in events if isinstance(e, Warning)]
+    assert sum("API call" in w for w in warnings) == 1 and "6 image API call(s)" in warnings[0]
+    assert len(api.posts("/images/generations")) == 6
