@@ -129,6 +129,10 @@ def make_handler(api: FakeApi):
             assert url.startswith("data:image/png;base64,")
             image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
             red, _, blue = image.getpixel((0, 0))
+            plan = api.failures.get(text)
+            if plan:
+                status, headers, payload = plan.pop(0)
+                return self._send(status, payload, headers)
             if "refuse" in text:
                 return self._send(400, {"error": {"code": "content_filter", "message": "filtered"}})
             reply = ("A woman, I think." if red > blue else "It is a man.") if "gender" in text else "a person"
@@ -335,6 +339,14 @@ def test_openai_vqa_sends_the_image_as_a_data_url_and_constrains_choices(api):
     assert "Answer with exactly one of: male, female." in chats[0][3]["messages"][0]["content"][0]["text"]
     assert vqa.answer(images[:1], "refuse to say the gender", ["male", "female"]) == ["other"]
     assert vqa.caption(images[:1]) == ["a person"]
+    waits = []
+    vqa.retrier.sleep = waits.append
+    api.failures["Describe the image in one short sentence."] = [
+        (429, {"Retry-After": "5"}, {"error": {"message": "slow down"}}), (502, {}, b"bad gateway"),
+        (200, {}, {"choices": []})]
+    with pytest.raises(ApiReplyError, match="without choices"):
+        vqa.caption(images[:1])
+    assert waits == [5.0, 2.0]
 
 
 def synthetic_folder(tmp_path, engine, prompts: dict, fmt="csv", labels=None):
