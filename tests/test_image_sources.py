@@ -493,3 +493,20 @@ def test_a_multi_prompt_run_announces_and_checks_its_total_api_calls_first(api, 
     warnings = [e.message for e in events if isinstance(e, Warning)]
     assert sum("API call" in w for w in warnings) == 1 and "6 image API call(s)" in warnings[0]
     assert len(api.posts("/images/generations")) == 6
+
+
+def test_mine_ranks_the_prompts_a_source_holds(tmp_path, data_dir):
+    from engine.methods import mine
+
+    maker = Engine("synthetic", data_dir=str(tmp_path / "maker"))
+    prompts = {"a photo of a doctor": 6, "a photo of a nurse": 6, "a photo of a person": 6, "a photo of a cat": 2}
+    root, _ = synthetic_folder(tmp_path, maker, prompts)
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"folder:{root}")
+    with pytest.raises(InputError, match="strategy 'source'"):
+        list(mine.run(mine.MineRequest(n=6), engine))
+    request = mine.MineRequest(strategy="source", n=6, n_variations=6, population=2, select=1, iterations=10)
+    done = list(mine.run(request, engine))[-1]
+    scored = {node["prompt"] for node in done.results["nodes"] if node.get("score") is not None}
+    assert scored == {"a photo of a doctor", "a photo of a nurse", "a photo of a person"}   # the cat has 2 images
+    assert done.results["params"]["T"] == 2 and engine.stats.images_generated == 18
+    assert [a["prompt"] for a in done.results["archive"]][0] in scored

@@ -43,7 +43,7 @@ from .single_prompt import gap_for_images
 DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
 MAX_ITERATIONS = 200
 MAX_POPULATION = 64
-STRATEGIES = ("ga", "random")
+STRATEGIES = ("ga", "random", "source")   # "source": rank the prompts a folder/dataset holds
 
 # Specific-bias modes (spec A.4-A.5, project page): what the variations may vary, and what every
 # random prompt must contain. Any other text is taken as the axis itself ("hair colour").
@@ -123,7 +123,16 @@ def _measure(model_id: str, seconds: float, units: int) -> None:
 
 def check_request(request: MineRequest, engine: Engine) -> MineRequest:
     """The request with defaults filled in; InputError naming the first bad setting."""
-    engine.require_new_images("Mine Prompts")
+    if request.strategy == "source":
+        if engine.source_kind() != "source":
+            raise InputError("strategy 'source' ranks the prompts of a folder or dataset generator "
+                             "(--generator folder:PATH); this generator makes new images: use ga or random")
+    else:
+        try:
+            engine.require_new_images("Mine Prompts")
+        except InputError as exc:
+            raise InputError(f"{exc}; or mine with strategy 'source', which ranks the source's prompts by their "
+                             "gap score") from None
     iterations = DEFAULT_ITERATIONS if request.iterations in (None, 0) else request.iterations
     request = replace(request, iterations=int(iterations), n_variations=request.n_variations or request.n)
     if request.strategy not in STRATEGIES:
@@ -135,6 +144,11 @@ def check_request(request: MineRequest, engine: Engine) -> MineRequest:
     if not 1 <= request.select <= request.population:
         raise InputError(f"the number selected per iteration (s) must be between 1 and the population "
                          f"({request.population}), got {request.select}")
+    if request.strategy == "source":
+        have = [p for p, k in engine.source_prompts().items() if k >= request.n]
+        if not have:
+            raise InputError(f"no prompt of the source has {request.n} images; lower N")
+        request = replace(request, iterations=min(request.iterations, -(-len(have) // request.population)))
     if request.strategy == "ga":
         if request.mutations < 1:
             raise InputError(f"mutations per selected prompt (m) must be at least 1, got {request.mutations}")
@@ -234,7 +248,8 @@ class Miner:
         while len(self.iterations) < T:
             t = len(self.iterations)
             if not self.pending or self.pending["iteration"] != t:
-                what = "random prompts" if t == 0 or self.request.strategy == "random" else "mutations"
+                what = ("the source's next prompts" if self.request.strategy == "source" else
+                        "random prompts" if t == 0 or self.request.strategy == "random" else "mutations")
                 yield Progress(self.scored_total(), self.total_to_score(), "llm",
                                f"iteration {t + 1}/{T}: asking the LLM for {what}")
                 self.pending = {"iteration": t, "population": self._make_population(t)}
@@ -345,6 +360,10 @@ class Miner:
     def _make_population(self, t: int) -> list[str]:
         """Ids of iteration t's population: new nodes are created here (and only here)."""
         request, b = self.request, self.request.population
+        if request.strategy == "source":   # the source's next b prompts with N images, in its order
+            fresh = [p for p, k in self.engine.source_prompts().items()
+                     if k >= request.n and normalise_prompt(p) not in self.seen][:b]
+            return [self._new_node(p, t, "source", None)["id"] for p in fresh]
         kept, children = [], []
         if t > 0 and request.strategy == "ga":
             parents = [self.by_id[i] for i in self.iterations[t - 1]["selected"]]
