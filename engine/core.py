@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import __version__
+from . import __version__, sources
 from .backends.base import GenerationSettings, ModelSpec, with_options
 from .errors import GapLensError, InputError
 from .events import Done, Images, Progress, Warning
@@ -85,44 +85,6 @@ class Engine:
         backend = self.models.get(spec, **context)
         return backend.id if getattr(backend, "options_in_id", False) else with_options(backend.id, spec.options)
 
-    def source_kind(self) -> str:
-        """What the generator is: "model" (seeded images), "api" (an images API: not seedable,
-        calls counted and budgeted) or "source" (a folder or dataset of existing images)."""
-        spec, context = self._spec_and_context("generator")
-        return getattr(self.models.get(spec, **context), "source_kind", "model")
-
-    def source_prompts(self) -> dict[str, int]:
-        """{prompt: number of images} of a folder or dataset generator; {} for a model or an API."""
-        spec, context = self._spec_and_context("generator")
-        table = getattr(self.models.get(spec, **context), "table", None)
-        return {p: len(rows) for p, rows in table.by_prompt.items()} if table is not None else {}
-
-    def require_new_images(self, method: str) -> None:
-        """InputError in one sentence when the generator cannot make images of new prompts (a
-        folder or dataset), naming what can be scored instead."""
-        if self.source_kind() != "source":
-            return
-        prompts = self.source_prompts()
-        shown = "; ".join(f"'{p}' ({n})" for p, n in list(prompts.items())[:5])
-        more = f" and {len(prompts) - 5} more" if len(prompts) > 5 else ""
-        raise InputError(f"{method} needs images of prompts it writes itself, but the generator "
-                         f"{self.generator_spec.label} only holds existing images, of {len(prompts)} prompt(s): "
-                         f"{shown}{more}. Score those instead (Single Prompt, or Counterfactuals/Intersectional with "
-                         "counterfactual prompts the source holds), or pick a model or an images API as generator")
-
-    def api_calls_needed(self, sets) -> int:
-        """How many image API calls the (prompt, seeds, settings) sets would make now (the
-        images neither stored nor recorded as refused); 0 unless the generator is an API."""
-        if self.source_kind() != "api":
-            return 0
-        gen_id = self.model_id("generator")
-        total = 0
-        for prompt, seeds, settings in sets:
-            keys = [image_key(gen_id, prompt, s, settings or self.default_settings()) for s in seeds]
-            have = set(self.store.get_images(keys)) | set(self.store.get_refusals(keys))
-            total += sum(k not in have for k in set(keys))
-        return total
-
     def default_settings(self) -> GenerationSettings:
         with self._backend("generator") as gen:
             return gen.defaults()
@@ -145,15 +107,9 @@ class Engine:
             "runs": self.store.count("runs"),
             "max_images": self.max_images,
             "max_api_calls": self.max_api_calls,
-            "generator_kind": self._generator_kind_if_loaded(),
+            "generator_kind": sources.kind_by_name(self.generator_spec),
             "version": __version__,
         }
-
-    def _generator_kind_if_loaded(self) -> str:
-        """source_kind() without loading anything: known backends by name, else "model"."""
-        backend = self.generator_spec.backend
-        return "api" if backend in ("openai_images", "hf_inference") else \
-            "source" if backend in ("folder", "hf_dataset") else "model"
 
     def unload(self) -> list[str]:
         return self.models.unload()
@@ -163,26 +119,6 @@ class Engine:
         preset, reason = resolve_preset(name, options, **model_overrides)
         self.models.unload()
         self.preset, self.preset_reason = preset, reason
-
-    def use_model(self, role: str, model: str = "", options: dict | None = None) -> ModelSpec:
-        """Replace one role's model (BACKEND:MODEL, read as the role means it; empty keeps the
-        current one) and its options (replacing the old ones; secrets refused). The old model
-        is unloaded, the store kept. Returns the new spec."""
-        from dataclasses import replace
-
-        from .presets import check_options, parse_model_override
-
-        if role not in self.preset.specs():
-            raise InputError(f"unknown role '{role}'; roles: {', '.join(self.preset.specs())}")
-        old = self.preset.specs()[role]
-        base = parse_model_override(model, role) if (model or "").strip() else old
-        spec = ModelSpec(base.backend, base.model, check_options(dict(options or {}), role))
-        if spec != old:
-            self.models.unload(old)
-            name = self.preset.name if self.preset.name.endswith("+custom") else f"{self.preset.name}+custom"
-            self.preset = replace(self.preset, name=name, **{role: spec})
-            self.preset_reason += f"; {role} set to {spec.full_label}"
-        return spec
 
     # -- validation ----------------------------------------------------------------------------
     def check_prompt(self, prompt: str, what: str = "prompt") -> str:
@@ -258,7 +194,7 @@ class Engine:
                          ) -> tuple[bool, int]:
         """Generate one image alone (bypassing the store) and compare it with the stored one:
         (pixel-identical?, largest per-channel difference in grey levels)."""
-        kind = self.source_kind()
+        kind = sources.source_kind(self)
         if kind != "model":
             raise InputError("images from an API are not seedable: regenerating one gives a different image, "
                              "so there is nothing to check" if kind == "api" else
@@ -444,7 +380,7 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
     total = progress_total or len(seeds)
     by_seed: dict[int, ImageRecord] = {}
     start, generated = time.perf_counter(), 0
-    calls = engine.api_calls_needed([(prompt, seeds, settings)])
+    calls = sources.api_calls_needed(engine, [(prompt, seeds, settings)])
     if calls and engine.api_calls + calls > engine.api_calls_announced:
         yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for '{prompt}' (budget "
                       f"{engine.max_api_calls - engine.api_calls} left in this run); API images are not seedable, "
@@ -467,23 +403,6 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
                       f"({refused[0].refused}); they are recorded as refused, not retried, and excluded "
                       "from every metric")
     return [by_seed[s] for s in seeds]
-
-
-def announce_api_calls(engine: Engine, sets):
-    """Before a run's image sets (`(prompt, seeds, settings, ...)`) are made by an images API:
-    yield one Warning with the total number of API calls they need and check it against the
-    run's budget (InputError before any call). Nothing for a model or a folder (use `yield from`)."""
-    sets = [tuple(s[:3]) for s in sets]
-    calls = engine.api_calls_needed(sets)
-    if not calls:
-        return
-    if engine.api_calls + calls > engine.max_api_calls:
-        raise InputError(f"this run needs {calls} image API calls but the budget allows "
-                         f"{max(0, engine.max_api_calls - engine.api_calls)} more (at most {engine.max_api_calls} "
-                         "per run); lower N or raise the budget (--max-api-calls)")
-    engine.api_calls_announced = engine.api_calls + calls
-    yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for {len(sets)} prompt(s); API "
-                  "images are not seedable, so regenerating them would not reproduce them: they are kept in the store")
 
 
 def _memory_summary() -> str:

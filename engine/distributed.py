@@ -56,7 +56,7 @@ from typing import Iterable, Sequence
 from .backends.base import GenerationSettings
 from .errors import GapLensError
 from .events import Progress
-from .core import announce_api_calls
+from .sources import announce_api_calls
 from .store import Store, image_key
 
 # Launchers' world-size variables (torchrun/accelerate; MPI as accelerate reads them).

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from engine import sources
 from engine.presets import PRESETS, parse_options
 
 from .common import status_markdown, user_errors
@@ -36,7 +37,7 @@ def build(engine) -> None:
 
     @user_errors
     def use_model(role, model, options, budget):
-        spec = engine.use_model(role, model or "", parse_options(options or "", role))
+        spec = sources.use_model(engine, role, model or "", parse_options(options or "", role))
         if budget:
             engine.max_api_calls = max(1, int(budget))
         gr.Info(f"{role}: {spec.full_label}")

@@ -20,6 +20,7 @@ from engine.backends import load_backend
 from engine.backends.base import GenerationSettings, ModelSpec
 from engine.backends.http_api import ApiError, ApiReplyError, AuthError
 from engine.cli import main as cli_main
+from engine import sources
 from engine.core import Engine
 from engine.errors import InputError
 from engine.events import Done, Warning
@@ -206,7 +207,7 @@ def test_backend_names_are_read_per_role(api, data_dir):
     specs = engine.preset.specs()
     assert (specs["generator"].backend, specs["llm"].backend, specs["vqa"].backend) == \
         ("openai_images", "openai", "openai_vqa")
-    assert engine.source_kind() == "api" and engine.default_settings().scheduler == "api"
+    assert sources.source_kind(engine) == "api" and engine.default_settings().scheduler == "api"
     with pytest.raises(InputError, match="llm backend and cannot be the generator"):
         Engine("synthetic", data_dir=data_dir, generator="hf_chat:Qwen/Qwen2.5-0.5B-Instruct")
     engine = Engine("synthetic", data_dir=data_dir, options={"vqa": {"error": 0.3}})
@@ -283,7 +284,7 @@ def test_a_refused_prompt_is_recorded_counted_shown_and_never_asked_again(api, d
     assert len(api.posts("/images/generations")) == 3
     events = list(generate.run(generate.GenerateRequest("please refuse this", n=3), engine))
     assert len(api.posts("/images/generations")) == 3 and events[-1].summary["refused"] == 3
-    assert engine.api_calls_needed([("please refuse this", [0, 1, 2], engine.default_settings())]) == 0
+    assert sources.api_calls_needed(engine, [("please refuse this", [0, 1, 2], engine.default_settings())]) == 0
 
 
 def test_the_api_call_budget_is_checked_before_any_call(api, data_dir, capsys):
@@ -439,14 +440,14 @@ def test_methods_that_need_new_images_say_so_and_name_what_the_source_has(tmp_pa
 
 def test_the_model_panel_switches_one_role_with_options(tmp_path, data_dir, api):
     engine = Engine("synthetic", data_dir=data_dir)
-    spec = engine.use_model("generator", f"openai:{api.url}", {"model": "tiny-image-1", "quality": "low"})
+    spec = sources.use_model(engine, "generator", f"openai:{api.url}", {"model": "tiny-image-1", "quality": "low"})
     assert spec.backend == "openai_images" and engine.preset.name == "synthetic+custom"
     assert engine.model_id("generator") == f"openai_images:tiny-image-1@{api.url}/v1?quality=low"
     assert engine.status()["models"]["generator"].endswith("[model=tiny-image-1, quality=low]")
-    engine.use_model("vqa", "", {"error": 0.2})          # options only: same model, new identity
+    sources.use_model(engine, "vqa", "", {"error": 0.2})          # options only: same model, new identity
     assert engine.preset.vqa.backend == "synthetic_vqa" and "error=0.2" in engine.model_id("vqa")
     with pytest.raises(InputError, match="secret"):
-        engine.use_model("generator", "", {"token": "x"})
+        sources.use_model(engine, "generator", "", {"token": "x"})
 
 
 def test_intersectional_on_a_folder(tmp_path, data_dir):

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..backends.base import GenerationSettings
 from ..backends.llm_json import as_string_list
+from .. import sources
 from ..core import Engine, EngineStats, Run, recorded
 from ..distributed import distributed_image_sets
 from ..errors import GapLensError, InputError, LLMOutputError
@@ -124,12 +125,12 @@ def _measure(model_id: str, seconds: float, units: int) -> None:
 def check_request(request: MineRequest, engine: Engine) -> MineRequest:
     """The request with defaults filled in; InputError naming the first bad setting."""
     if request.strategy == "source":
-        if engine.source_kind() != "source":
+        if sources.source_kind(engine) != "source":
             raise InputError("strategy 'source' ranks the prompts of a folder or dataset generator "
                              "(--generator folder:PATH); this generator makes new images: use ga or random")
     else:
         try:
-            engine.require_new_images("Mine Prompts")
+            sources.require_new_images(engine, "Mine Prompts")
         except InputError as exc:
             raise InputError(f"{exc}; or mine with strategy 'source', which ranks the source's prompts by their "
                              "gap score") from None
@@ -145,7 +146,7 @@ def check_request(request: MineRequest, engine: Engine) -> MineRequest:
         raise InputError(f"the number selected per iteration (s) must be between 1 and the population "
                          f"({request.population}), got {request.select}")
     if request.strategy == "source":
-        have = [p for p, k in engine.source_prompts().items() if k >= request.n]
+        have = [p for p, k in sources.source_prompts(engine).items() if k >= request.n]
         if not have:
             raise InputError(f"no prompt of the source has {request.n} images; lower N")
         request = replace(request, iterations=min(request.iterations, -(-len(have) // request.population)))
@@ -361,7 +362,7 @@ class Miner:
         """Ids of iteration t's population: new nodes are created here (and only here)."""
         request, b = self.request, self.request.population
         if request.strategy == "source":   # the source's next b prompts with N images, in its order
-            fresh = [p for p, k in self.engine.source_prompts().items()
+            fresh = [p for p, k in sources.source_prompts(self.engine).items()
                      if k >= request.n and normalise_prompt(p) not in self.seen][:b]
             return [self._new_node(p, t, "source", None)["id"] for p in fresh]
         kept, children = [], []

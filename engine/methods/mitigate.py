@@ -75,6 +75,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from ..axes import parse_shares
+from .. import sources as image_sources
 from ..core import Engine, Run, recorded, stream_image_set
 from ..distributed import distributed_image_sets
 from ..errors import InputError
@@ -675,7 +676,7 @@ def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[d
 
 @recorded("mitigate")
 def run(request: MitigateRequest, engine: Engine, run: Run):
-    engine.require_new_images("Mitigate")
+    image_sources.require_new_images(engine, "Mitigate")
     setup, epsilon = yield from _settle(request, engine)
     settings = settings_for(request, engine)
     measure = Measurer(engine, run, setup, request, settings)
