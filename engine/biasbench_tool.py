@@ -16,7 +16,7 @@ name (`biasbench_lexicons.PAPER_LABEL_MAP`, e.g. latine -> hispanic); labels wit
 as are captions whose run-together fields had to be split ("femaleblack").
 
 Columns are found by name (case, spaces, "_" and "-" ignored, as the released loader):
-caption (caption, captions, cap, text, description), image (image, image_id, image_name,
+caption (caption, captions, cap, text, description, image description), image (image, image_id, image_name,
 file_name, filename, name, file), prompt category (prompt, category, prompt_id,
 prompt_category); each can be named explicitly. A label column named after the prompt's
 attribute (gender, ethnicity, skin, animal, insect) is used instead of extracting the label
@@ -36,7 +36,7 @@ from .errors import InputError
 from .metrics import biasbench as bb
 from .metrics import biasbench_lexicons as lex
 
-CAPTION_NAMES = ("caption", "captions", "cap", "text", "description")
+CAPTION_NAMES = ("caption", "captions", "cap", "text", "description", "imagedescription")
 IMAGE_NAMES = ("image", "imageid", "imagename", "filename", "name", "file", "path")
 LABEL_NAMES = {"gender": ("gender", "sex"), "ethnicity": ("ethnicity", "race"), "skin": ("skin", "skintone"),
                "animal": ("animal", "species"), "insect": ("insect",)}
@@ -225,7 +225,7 @@ class BiasBenchTable:
     rows: list[dict]
     columns: dict                    # which input columns were used
     undetected: int                  # rows whose prompt could not be detected
-    skipped: int                     # rows with an empty caption and no label
+    skipped: int                     # blank rows, and rows with an empty caption and no label
 
     def to_json(self) -> dict:
         return {"mode": self.mode, "columns": self.columns, "undetected_rows": self.undetected,
@@ -258,6 +258,9 @@ def score_file(path: str, mode: str = bb.DEFAULT_MODE, caption_column: str | Non
     groups: dict[str, list[dict]] = {p: [] for p in PROMPTS}
     undetected = skipped = 0
     for row in rows:
+        if not any(str(v or "").strip() for v in row.values()):
+            skipped += 1      # a blank line (the released CSVs have some between prompts)
+            continue
         prompt = detect_prompt(row.get(prompt_col or image_col) or "")
         if prompt is None:
             undetected += 1

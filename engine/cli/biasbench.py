@@ -45,7 +45,7 @@ def _run(args, engine):
     if table.undetected:
         print(f"warning: {table.undetected} row(s) name none of the five prompts and were left out", file=sys.stderr)
     if table.skipped:
-        print(f"warning: {table.skipped} row(s) with an empty caption were left out", file=sys.stderr)
+        print(f"warning: {table.skipped} blank row(s) or row(s) with an empty caption were left out", file=sys.stderr)
     if args.json:
         print(json.dumps(table.to_json(), indent=2))
     else:

@@ -376,8 +376,11 @@ def contains_term(text: str, term: str, mode: str = DEFAULT_MODE) -> bool:
 
 
 def count_terms(caption: str, terms: Iterable[str], mode: str = DEFAULT_MODE) -> int:
-    """Return how many of `terms` occur in the cleaned caption."""
+    """Return how many of `terms` occur in the cleaned caption (paper mode: after splitting
+    run-together fields, `split_run_together`)."""
     text = clean_caption(caption)
+    if mode == "paper":
+        text = split_run_together(text)[0]
     return sum(contains_term(text, term, mode) for term in terms)
 
 
