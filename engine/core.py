@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from . import __version__, sources
-from .backends.base import GenerationSettings, ModelSpec, with_options
+from .backends.base import GenerationSettings, ModelSpec, PartialBatch, with_options
 from .errors import GapLensError, InputError
 from .events import Done, Images, Progress, Warning
 from .models import ModelManager
@@ -176,13 +176,23 @@ class Engine:
         batch_size = max(1, int(getattr(generator, "batch_size", 4)))
         for start in range(0, len(missing), batch_size):
             batch = missing[start:start + batch_size]
+            failure = None
             with self._backend("generator") as gen:
-                outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+                try:
+                    outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+                except PartialBatch as partial:   # keep what was made (and paid for) before the failure
+                    outputs, failure = partial.outputs, partial.error
             self.stats.generator_calls += 1
             self.stats.images_generated += sum(out.refused is None for out in outputs)
-            yield [self.store.put_refusal(k, gen_id, prompt, out.seed, out.refused) if out.refused is not None
-                   else self.store.put_image(k, gen_id, prompt, out.seed, settings, out.image, out.nsfw)
-                   for (s, k), out in zip(batch, outputs)]
+            key_of = dict(batch)
+            records = [self.store.put_refusal(key_of[out.seed], gen_id, prompt, out.seed, out.refused)
+                       if out.refused is not None else
+                       self.store.put_image(key_of[out.seed], gen_id, prompt, out.seed, settings, out.image, out.nsfw)
+                       for out in outputs]
+            if records:
+                yield records
+            if failure is not None:
+                raise failure
 
     def image_set(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings | None = None
                   ) -> list[ImageRecord]:

@@ -511,3 +511,16 @@ def test_mine_ranks_the_prompts_a_source_holds(tmp_path, data_dir):
     assert scored == {"a photo of a doctor", "a photo of a nurse", "a photo of a person"}   # the cat has 2 images
     assert done.results["params"]["T"] == 2 and engine.stats.images_generated == 18
     assert [a["prompt"] for a in done.results["archive"]][0] in scored
+
+
+def test_images_made_before_a_failure_are_kept(api, data_dir):
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"openai:{api.url}/v1",
+                    options={"generator": {"model": "tiny-image-1", "max_retries": 0, "concurrency": 4}})
+    api.failures["a welder"] = [(200, {}, {"data": [{"b64_json": base64.b64encode(png_bytes((1, 2, 3))).decode()}]}),
+                                (503, {}, {"error": {"message": "overloaded"}})]
+    api.delay = 0.05   # the four calls overlap; which one meets which reply does not matter
+    with pytest.raises(ApiError, match="overloaded"):
+        list(generate.run(generate.GenerateRequest("a welder", n=4), engine))
+    assert engine.store.count("images") == 3          # the three images that arrived are stored
+    list(generate.run(generate.GenerateRequest("a welder", n=4), engine))
+    assert len(api.posts("/images/generations")) == 5   # only the failed one is asked again

@@ -38,7 +38,7 @@ from typing import Sequence
 from PIL import Image, UnidentifiedImageError
 
 from ..errors import ModelLoadError
-from .base import GeneratedImage, GenerationSettings, ModelSpec, with_options
+from .base import GeneratedImage, GenerationSettings, ModelSpec, PartialBatch, with_options
 from .http_api import ApiReplyError, Refused, Retrier, api_key, httpx_attempt, listed_models, remembered_model
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,9 @@ class ApiImageGenerator:
 
     def generate(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings) -> list[GeneratedImage]:
         """One API call per seed (the seed is the image's index), `batch_size` at a time.
-        Returns one GeneratedImage per seed; a refused prompt has `refused` set and no image."""
+        Returns one GeneratedImage per seed; a refused prompt has `refused` set and no image.
+        When a call fails after others succeeded, raises PartialBatch with the images made, so
+        the engine stores them before reporting the error."""
         def one(index: int) -> GeneratedImage:
             try:
                 return GeneratedImage(self._one(prompt, int(index), settings), int(index))
@@ -99,7 +101,16 @@ class ApiImageGenerator:
                 return GeneratedImage(None, int(index), nsfw=True, refused=refusal.message)
 
         with ThreadPoolExecutor(max_workers=min(self.batch_size, max(1, len(seeds)))) as pool:
-            return list(pool.map(one, seeds))
+            futures = [pool.submit(one, s) for s in seeds]
+        done, errors = [], []
+        for future in futures:
+            try:
+                done.append(future.result())
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the made images are handed over
+                errors.append(exc)
+        if errors:
+            raise PartialBatch(done, errors[0]) if done else errors[0]
+        return done
 
     def _one(self, prompt: str, index: int, settings: GenerationSettings) -> Image.Image:
         raise NotImplementedError

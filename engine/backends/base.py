@@ -42,6 +42,16 @@ class GeneratedImage:
     refused: str | None = None   # an API's refusal message (content policy): no image, never retried
 
 
+class PartialBatch(Exception):
+    """A generator call failed after some images were made (paid API calls): `outputs` holds
+    those (a subset, each with its seed), `error` the failure to raise once they are stored."""
+
+    def __init__(self, outputs: list[GeneratedImage], error: Exception):
+        super().__init__(str(error))
+        self.outputs = outputs
+        self.error = error
+
+
 @runtime_checkable
 class ImageGenerator(Protocol):
     id: str               # model id (+ revision); part of every image key
