@@ -208,7 +208,7 @@ def test_backend_names_are_read_per_role(api, data_dir):
     assert (specs["generator"].backend, specs["llm"].backend, specs["vqa"].backend) == \
         ("openai_images", "openai", "openai_vqa")
     assert sources.source_kind(engine) == "api" and engine.default_settings().scheduler == "api"
-    with pytest.raises(InputError, match="llm backend and cannot be the generator"):
+    with pytest.raises(InputError, match="an LLM backend and cannot be the generator"):
         Engine("synthetic", data_dir=data_dir, generator="hf_chat:Qwen/Qwen2.5-0.5B-Instruct")
     engine = Engine("synthetic", data_dir=data_dir, options={"vqa": {"error": 0.3}})
     assert engine.preset.vqa.options == {"error": 0.3} and "error=0.3" in engine.model_id("vqa")

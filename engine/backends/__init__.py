@@ -58,9 +58,11 @@ def backend_for_role(name: str, role: str | None) -> str:
     name = ROLE_ALIASES.get(role, {}).get(name, name.replace("-", "_") if name.replace("-", "_") in BACKENDS else name)
     kind = BACKENDS.get(name, (None, None))[1]
     if kind is not None and kind != role:
-        usable = sorted({k for k, (_, r) in BACKENDS.items() if r == role and not k.startswith("synthetic")}
-                        | set(ROLE_ALIASES.get(role, {})))
-        raise ModelLoadError(f"'{name}' is a {kind} backend and cannot be the {role}; "
+        aliases = ROLE_ALIASES.get(role, {})
+        usable = sorted(({k for k, (_, r) in BACKENDS.items() if r == role and not k.startswith("synthetic")}
+                         - set(aliases.values())) | set(aliases))
+        article = {"generator": "a generator", "embedder": "an embedder", "llm": "an LLM", "vqa": "a VQA"}
+        raise ModelLoadError(f"'{name}' is {article.get(kind, kind)} backend and cannot be the {role}; "
                              f"{role} backends: {', '.join(usable)}")
     return name
 
