@@ -327,6 +327,9 @@ def test_hf_inference_through_a_self_hosted_endpoint(api, monkeypatch):
     with pytest.raises(ApiReplyError, match="not an image"):
         gen.generate("junk", [0], GenerationSettings(steps=4, guidance=0.0, width=16, height=16))
     assert gen.id.startswith("hf_inference:tiny/text-to-image?base_url=")
+    api.require_key = "hf_someone_else"
+    with pytest.raises(AuthError, match="HTTP 401.*HF_TOKEN"):
+        gen.generate("a chef", [5], GenerationSettings(steps=4, guidance=0.0, width=16, height=16))
 
 
 # -- evaluators: a vision chat server and a label table -------------------------------------------
