@@ -252,6 +252,10 @@ def test_401_names_the_key_variables_and_is_not_retried(api, monkeypatch):
     with pytest.raises(AuthError, match="GAPLENS_GENERATOR_API_KEY or OPENAI_API_KEY"):
         gen.generate("a doctor", [0], SETTINGS)
     assert waits == [] and len(api.posts("/images/generations")) == 1
+    api.require_key = None
+    api.failures["a judge"] = [(403, {}, {"error": {"message": "Project does not have access to model tiny-image-1"}})]
+    with pytest.raises(AuthError, match="HTTP 403.*does not have access.*not allowed"):
+        gen.generate("a judge", [0], SETTINGS)
 
 
 def test_timeouts_and_malformed_bodies_are_clear_errors(api):
