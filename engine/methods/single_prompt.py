@@ -134,8 +134,9 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     records = yield from stream_image_set(engine, run, prompt, request.seeds(), settings)
     results["images"] = [r.to_json() for r in records]
     valid = [r for r in records if not r.nsfw]
-    if len(valid) < len(records):
-        yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
+    flagged = sum(r.nsfw and not r.refused for r in records)   # refusals were reported as such
+    if flagged:
+        yield Warning(f"{flagged} image(s) flagged by the safety checker are excluded "
                       "from every metric")
     run.save(results)
 
