@@ -531,3 +531,17 @@ def test_images_made_before_a_failure_are_kept(api, data_dir):
     assert engine.store.count("images") == 3          # the three images that arrived are stored
     list(generate.run(generate.GenerateRequest("a welder", n=4), engine))
     assert len(api.posts("/images/generations")) == 5   # only the failed one is asked again
+
+
+def test_single_prompt_on_an_api_that_refuses_everything_says_so(api, data_dir):
+    from engine.methods import single_prompt
+
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"openai:{api.url}/v1",
+                    options={"generator": {"model": "tiny-image-1"}})
+    events = []
+    with pytest.raises(InputError, match="refused by the API; nothing to measure"):
+        for event in single_prompt.run(single_prompt.SinglePromptRequest("please refuse", n=2, gap=False), engine):
+            events.append(event)
+    assert any(isinstance(e, Warning) and "refused 2 of 2" in e.message for e in events)
+    run = engine.store.list_runs("single_prompt")[0]
+    assert run["status"] == "failed" and "refused" in run["error"]

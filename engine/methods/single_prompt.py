@@ -14,6 +14,7 @@ import numpy as np
 from ..axes import Axis, axis_for, normalise_free_answer
 from ..backends.llm_json import as_string_list
 from ..core import Engine, Run, recorded, stream_image_set
+from ..errors import InputError
 from ..events import Progress, Scores, Table, Warning
 from ..llm_prompts import variations_prompt
 from ..metrics import biasbench
@@ -138,6 +139,8 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     if flagged:
         yield Warning(f"{flagged} image(s) flagged by the safety checker are excluded "
                       "from every metric")
+    if not valid:
+        raise InputError("every image was flagged by the safety checker or refused by the API; nothing to measure")
     run.save(results)
 
     # Attribute distributions per axis (VQA), each streamed as soon as it is computed.
