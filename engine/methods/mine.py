@@ -599,7 +599,7 @@ def _replay(request: MineRequest, engine: Engine, stored: dict | None) -> dict:
     prompts = max(0, T * b - scored_before)
     llm_implied = prompts                                  # one variation call per new prompt
     for t in range(len(dry.iterations), T):               # the calls that make populations
-        if not (dry.pending and dry.pending["iteration"] == t):
+        if not (dry.pending and dry.pending["iteration"] == t) and request.strategy != "source":
             llm_implied += 1 + (s if request.strategy == "ga" and t > 0 else 0)
     images_cached, first_missing, stop = 0, None, False
     while len(dry.iterations) < T and not stop:
