@@ -19,6 +19,8 @@ POST {base_url}/images/generations with {"model", "prompt", "n": 1, "size", "res
     ("b64_json"; null to leave it out, as gpt-image models want), concurrency (4), timeout
     (120 s), max_retries (4), retry_wait (1 s), max_retry_wait (60 s); any other option
     (quality, style, background, ...) is sent in the request body.
+  - the images API has no negative prompt, steps or guidance: they are not sent (leave them
+    at their defaults; changing them only changes the cache key).
 
 "hf_inference" (`--generator hf-inference:MODEL_ID`): huggingface_hub's
 `InferenceClient.text_to_image` through Inference Providers (option provider, default
