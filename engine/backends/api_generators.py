@@ -16,7 +16,7 @@ POST {base_url}/images/generations with {"model", "prompt", "n": 1, "size", "res
     per server in the data dir's api_models.json, so a repeated request makes no HTTP request).
   - key: env GAPLENS_GENERATOR_API_KEY, else OPENAI_API_KEY (none is fine for local servers).
   - options: size ("1024x1024"; or the settings' width x height), response_format
-    ("b64_json"; null to leave it out, as gpt-image models want), concurrency (4), timeout
+    ("b64_json", left out for gpt-image models, which reject it; null to leave it out), concurrency (4), timeout
     (120 s), max_retries (4), retry_wait (1 s), max_retry_wait (60 s); any other option
     (quality, style, background, ...) is sent in the request body.
   - the images API has no negative prompt, steps or guidance: they are not sent (leave them
@@ -142,7 +142,9 @@ class OpenAIImages(ApiImageGenerator):
     def _one(self, prompt: str, index: int, settings: GenerationSettings) -> Image.Image:
         body = {"model": self.model_name, "prompt": prompt, "n": 1,
                 "size": f"{settings.width or self.width}x{settings.height or self.height}"}
-        response_format = self.options.get("response_format", "b64_json")
+        # gpt-image models always answer b64_json and reject the parameter; DALL-E and others want it
+        default_format = None if self.model_name.lower().startswith("gpt-image") else "b64_json"
+        response_format = self.options.get("response_format", default_format)
         if response_format:
             body["response_format"] = response_format
         body.update({k: v for k, v in self.options.items() if k not in CLIENT_OPTIONS})
