@@ -237,6 +237,12 @@ def test_429_is_retried_after_the_servers_retry_after_and_500_with_backoff(api):
     assert len(api.posts("/images/generations")) == 4
 
 
+def test_gpt_image_models_get_no_response_format(api):
+    gen, _ = images_backend(api, model="gpt-image-1")
+    gen.generate("a baker", [0], SETTINGS)
+    assert "response_format" not in api.posts("/images/generations")[0][3]
+
+
 def test_persistent_500_gives_up_with_the_servers_message(api):
     gen, waits = images_backend(api, max_retries=2)
     api.failures["down"] = [(500, {}, {"error": {"message": "upstream exploded"}})] * 3
