@@ -39,7 +39,7 @@ class SinglePromptRequest:
     height: int | None = None
     axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES))
     references: dict = field(default_factory=dict)   # axis -> {value: target share}; missing = uniform
-    mode: str = "paper"                               # T2I-BiasBench: "paper" or "reference"
+    mode: str = biasbench.DEFAULT_MODE                # T2I-BiasBench: "paper" or "reference"
     n_variations: int | None = None                   # MineTheGap text variations (default: n)
     alpha: float = 25.0                               # MineTheGap percentile (spec A.3)
     combine: str = "diff"                             # "diff" | "missed_only" | "mean"
