@@ -72,6 +72,3 @@ def _source_note(status: dict) -> str:
                 "image, and Mine Prompts / Mitigate, which need new images, are not available")
     return ""
 
-
-# Rendering is shared with the Runs view and the exported HTML report, so it lives in the engine.
-from engine.render import axis_html, fmt, fmt_ci  # noqa: E402,F401
