@@ -4,8 +4,8 @@ import json
 import sys
 
 from ..errors import InputError
-from ..runs import (SORTS, STATUSES, compare_html, compare_runs, delete_runs, get_run, headline, list_runs, run_prompt,
-                    scores)
+from ..report.runs import compare_html
+from ..runs import SORTS, STATUSES, compare_runs, delete_runs, get_run, headline, list_runs, run_prompt, scores
 
 
 def add_parser(sub, common_arguments) -> None:
@@ -84,7 +84,7 @@ def run_command(args, engine):
     elif command == "show":
         run = get_run(store, args.run_id)
         if args.html:
-            from ..export import report_html
+            from ..report.export import report_html
 
             with open(args.html, "w", encoding="utf-8") as fh:
                 fh.write(report_html(store, [run["id"]]))
@@ -99,7 +99,7 @@ def run_command(args, engine):
     elif command == "compare":
         comparison = compare_runs(store, args.run_ids)
         if args.html:
-            from ..export import page
+            from ..report.export import page
 
             with open(args.html, "w", encoding="utf-8") as fh:
                 fh.write(page("GapLens comparison", compare_html(comparison, store)))
@@ -116,12 +116,12 @@ def run_command(args, engine):
         _print_json(removed) if args.json else print(
             f"deleted {removed['runs']} run(s), {removed['images']} image(s) no other run used")
     elif command == "export":
-        from ..export import export_files
+        from ..report.export import export_files
 
         written = export_files(store, args.run_ids, args.format, args.out)
         _print_json({"files": written}) if args.json else print("\n".join(written))
     elif command == "import":
-        from ..export import import_zip
+        from ..report.export import import_zip
 
         report = import_zip(store, args.zip_path)
         _print_json(report) if args.json else print(
