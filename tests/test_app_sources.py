@@ -3,7 +3,6 @@ one app start serving every check."""
 import pytest
 
 from apphelpers import browser_page, running_app
-from test_app import single_prompt_args
 from test_image_sources import synthetic_folder
 
 from engine.core import Engine
@@ -33,7 +32,7 @@ def test_model_panel_sets_a_folder_source_with_options_and_single_prompt_scores_
         from gradio_client import Client
 
         client = Client(url, verbose=False)
-        final = client.predict(*single_prompt_args("a photo of a nurse", 3), api_name="/single_prompt")
+        final = client.predict(prompt="a photo of a nurse", n=3, axes=["gender"], api_name="/single_prompt")
         assert len(final[0]) == 3 and engine.stats.images_generated == 3
         with pytest.raises(Exception, match="has 3 image"):
-            client.predict(*single_prompt_args("a photo of a nurse", 4), api_name="/single_prompt")
+            client.predict(prompt="a photo of a nurse", n=4, axes=["gender"], api_name="/single_prompt")
