@@ -4,7 +4,6 @@ import json
 import sys
 
 from ..errors import InputError
-from ..report.runs import compare_html
 from ..runs import SORTS, STATUSES, compare_runs, delete_runs, get_run, headline, list_runs, run_prompt, scores
 
 
@@ -100,6 +99,7 @@ def run_command(args, engine):
         comparison = compare_runs(store, args.run_ids)
         if args.html:
             from ..report.export import page
+            from ..report.runs import compare_html
 
             with open(args.html, "w", encoding="utf-8") as fh:
                 fh.write(page("GapLens comparison", compare_html(comparison, store)))
@@ -136,7 +136,9 @@ def run_command(args, engine):
             pack = study.build_pack(engine, args.run_ids, question=args.question, axis=args.axis,
                                     images_per_set=args.images, seed=args.seed, n_raters=args.raters,
                                     n_attention=args.attention)
-            study.write_pack(pack, args.out)
+            from ..report.study import form_page
+
+            study.write_pack(pack, args.out, form_page(pack))
             _print_json({"pack": args.out, **study.pack_summary(pack)}) if args.json else print(
                 f"{args.out}: {study.pack_summary(pack)['text']}")
         else:
