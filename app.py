@@ -16,6 +16,7 @@ if os.environ.get("SPACES_ZERO_GPU"):
 
 import gradio as gr  # noqa: E402
 
+from engine.cli import make_engine  # noqa: E402
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
 from engine.errors import GapLensError  # noqa: E402
 from engine.limits import Budget  # noqa: E402
@@ -83,6 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="browse a published export (zip, folder or HF dataset id) read-only")
     for role in ("generator", "embedder", "llm", "vqa"):
         p.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL", help=f"replace the preset's {role}")
+        p.add_argument(f"--{role}-option", action="append", default=[], metavar="KEY=VALUE", dest=f"{role}_option",
+                       help=f"an option of the {role} (repeatable; never a secret)")
+    p.add_argument("--max-api-calls", type=int, default=None, help="most image API calls one run may make")
     return p.parse_args(argv)
 
 
@@ -91,10 +95,8 @@ def main(argv=None) -> None:
     budget = Budget(hourly_images=args.hourly_images) if args.public else None
     quota = args.quota_gb if args.quota_gb is not None else (20.0 if args.public else None)
     try:
-        engine = Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images, public=args.public,
-                        budget=budget, quota_gb=quota,
-                        device="cuda" if os.environ.get("SPACES_ZERO_GPU") else None,  # ZeroGPU: never probe CUDA
-                        generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa)
+        engine = make_engine(args, public=args.public, budget=budget, quota_gb=quota,
+                             device="cuda" if os.environ.get("SPACES_ZERO_GPU") else None)  # ZeroGPU: never probe CUDA
     except GapLensError as exc:  # e.g. a damaged database: one sentence, no traceback
         raise SystemExit(f"error: {exc}") from None
     print(f"GapLens: {engine.preset_reason}" + ("; public mode" if args.public else ""))

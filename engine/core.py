@@ -16,10 +16,10 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import __version__, access, limits
-from .backends.base import GenerationSettings, ModelSpec
+from . import __version__, access, limits, sources
+from .backends.base import GenerationSettings, ModelSpec, PartialBatch, with_options
 from .errors import GapLensError, InputError, OutOfMemoryError, StoreError
-from .events import Done, Images, Progress
+from .events import Done, Images, Progress, Warning
 from .models import ModelManager
 from .presets import resolve_preset
 from .names import short_label
@@ -27,6 +27,7 @@ from .store import ImageRecord, Store, content_key, image_key
 
 DEFAULT_DATA_DIR = "~/.cache/gaplens"
 DEFAULT_MAX_IMAGES = 128
+DEFAULT_MAX_API_CALLS = 200   # image API calls one run may make (--max-api-calls)
 MAX_PROMPT_CHARS = 1000
 
 
@@ -52,17 +53,23 @@ class Engine:
                  max_images: int = DEFAULT_MAX_IMAGES, device: str | None = None,
                  memory_budget_gb: float | None = None, public: bool = False,
                  budget: "limits.Budget | None" = None, quota_gb: float | None = None,
+                 options: dict | None = None, max_api_calls: int = DEFAULT_MAX_API_CALLS,
                  **model_overrides: str | ModelSpec | None):
         """`public`: serve visitors (engine/access.py): each sees only their own runs, host-only
         actions refuse them, requests must fit `budget` (default `limits.Budget()`), and the
-        store is cleaned automatically when its images exceed `quota_gb`."""
-        self.preset, self.preset_reason = resolve_preset(preset, **model_overrides)
+        store is cleaned automatically when its images exceed `quota_gb`. `options`: backend
+        options by role (`--ROLE-option KEY=VALUE`); `max_api_calls`: image API calls per run."""
+        self.preset, self.preset_reason = resolve_preset(preset, options, **model_overrides)
         self.public = bool(public)
         self.budget = (budget or limits.Budget()) if public else budget
         self.store = Store(data_dir or default_data_dir(), public=self.public)
         self.store.quota_bytes = int(quota_gb * 2**30) if quota_gb else None
-        # CLI/app overrides (--generator etc.) apply to every preset picked later, too
+        # CLI/app overrides (--generator etc.) and options apply to every preset picked later, too
         self.model_overrides = {k: v for k, v in model_overrides.items() if v}
+        self.model_options = dict(options or {})
+        self.max_api_calls = int(max_api_calls)
+        self.api_calls = 0   # image API calls made by the current run (reset by start_run)
+        self.api_calls_announced = 0   # ... and announced ahead (announce_api_calls)
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
         self.models = ModelManager(device, budget)
@@ -78,6 +85,8 @@ class Engine:
         """The role's spec and what its loader needs: CLIP zero-shot VQA answers through the
         preset's embedder, so it gets the loaded one instead of loading a second copy."""
         spec = self.preset.specs()[role]
+        if spec.backend in ("openai_images", "openai_vqa"):   # remembers a server's listed model here
+            return spec, {"data_dir": str(self.store.data_dir)}
         return spec, ({"embedder": self.models.get(self.preset.embedder)} if spec.backend == "clip_vqa" else {})
 
     def _backend(self, role: str):
@@ -87,7 +96,8 @@ class Engine:
     def model_id(self, role: str) -> str:
         """The loaded backend's id (part of cache keys); loads the model if needed."""
         spec, context = self._spec_and_context(role)
-        return self.models.get(spec, **context).id
+        backend = self.models.get(spec, **context)
+        return backend.id if getattr(backend, "options_in_id", False) else with_options(backend.id, spec.options)
 
     @property
     def overlap_evaluation(self) -> bool:
@@ -131,7 +141,7 @@ class Engine:
         return {
             "preset": self.preset.name,
             "reason": short_label(self.preset_reason),
-            "models": {role: short_label(spec.label) for role, spec in self.preset.specs().items()},
+            "models": {role: short_label(spec.full_label) for role, spec in self.preset.specs().items()},
             "loaded": [{**m, "model": short_label(str(m.get("model", "")))} for m in self.models.loaded()],
             "device": self.models._device or "not chosen yet (no real model loaded)",
             "memory": _memory_summary(self.models._device),
@@ -140,6 +150,8 @@ class Engine:
             "stored_images": self.store.count("images"),
             "runs": self.store.count_runs() if self.public else self.store.count("runs"),
             "max_images": self.max_images,
+            "max_api_calls": self.max_api_calls,
+            "generator_kind": sources.kind_by_name(self.generator_spec),
             "version": __version__,
         }
 
@@ -148,14 +160,15 @@ class Engine:
         access.require_host(self.public, "unloading the models")
         return self.models.unload()
 
-    def set_preset(self, name: str, **model_overrides) -> None:
+    def set_preset(self, name: str, options: dict | None = None, **model_overrides) -> None:
         """Switch to another preset: models of the old one are unloaded, the store is kept. The engine's
-        model overrides (from the command line, or given here, which add to them) replace the preset's.
-        Host only in public mode."""
+        model overrides and options (from the command line, or given here, which add to them) replace
+        the preset's. Host only in public mode."""
         access.require_host(self.public, "switching the preset")
         overrides = {**self.model_overrides, **{k: v for k, v in model_overrides.items() if v}}
-        preset, reason = resolve_preset(name, **overrides)
-        self.model_overrides = overrides
+        options = self.model_options if options is None else options
+        preset, reason = resolve_preset(name, options, **overrides)
+        self.model_overrides, self.model_options = overrides, dict(options or {})
         self.models.unload_except(preset.specs().values())  # shared and pinned (preloaded) models stay
         self.preset, self.preset_reason = preset, reason
 
@@ -187,40 +200,66 @@ class Engine:
                ) -> Iterator[list[ImageRecord]]:
         """Yield the images for (prompt, seed) pairs batch by batch: stored ones at once, then each
         generated batch as soon as it is finished (and stored). Order within the stream is
-        cached-first; every record carries its seed."""
+        cached-first; every record carries its seed.
+
+        For an images API (not seedable) a seed is the image's index: the key is prompt +
+        index + settings + model, a refusal is recorded like an image and never asked again,
+        and the calls a run makes are bounded by `max_api_calls`. A folder or dataset source
+        serves image i of the prompt for seed i and says how many it has when asked for more."""
         settings = settings or self.default_settings()
         gen_id = self.model_id("generator")
+        generator = self.models.get(self.generator_spec)   # loaded by model_id above
+        if seeds and hasattr(generator, "check_available"):
+            generator.check_available(prompt, max(seeds) + 1)   # before any image: one clear sentence
         keys = [image_key(gen_id, prompt, s, settings) for s in seeds]
         # Imported images are not cache hits: an archive's bytes are not proof of what this
         # generator makes for this key (an archive can swap images and rewrite its checksums).
         found = self.store.get_images(keys, local_only=True)
+        found.update({k: r for k, r in self.store.get_refusals([k for k in keys if k not in found]).items()})
         cached = [found[k] for k in keys if k in found]
         if cached:
             self.stats.image_cache_hits += len(cached)
             self.store.touch([r.key for r in cached])
             yield cached
         missing = [(s, k) for s, k in zip(seeds, keys) if k not in found]
-        batch_size = max(1, int(getattr(self.models.get(self.generator_spec), "batch_size", 4)))
+        if missing and getattr(generator, "source_kind", "model") == "api":
+            if self.api_calls + len(missing) > self.max_api_calls:
+                raise InputError(f"this needs {len(missing)} more image API call(s) but the budget allows "
+                                 f"{max(0, self.max_api_calls - self.api_calls)} more in this run (at most "
+                                 f"{self.max_api_calls}); lower N or raise the budget (--max-api-calls)")
+            self.api_calls += len(missing)
+        batch_size = max(1, int(getattr(generator, "batch_size", 4)))
         start, retried = 0, False
         while start < len(missing):
             batch = missing[start:start + batch_size]
+            failure = None
             try:
                 with self._backend("generator") as gen:
-                    outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+                    try:
+                        outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+                    except PartialBatch as partial:   # keep what was made (and paid for) before the failure
+                        outputs, failure = partial.outputs, partial.error
             except OutOfMemoryError:
                 if retried or batch_size == 1:
                     raise  # its message says what to change
                 # One retry with half the batch; the generator keeps the smaller size from now on.
                 # Each image depends only on its own seed, so the images do not change.
                 retried, batch_size = True, max(1, batch_size // 2)
-                self.models.get(self.generator_spec).batch_size = batch_size
+                generator.batch_size = batch_size
                 self.models.memory.empty_cache(self.models.device)
                 continue
             self.stats.generator_calls += 1
-            self.stats.images_generated += len(outputs)
+            self.stats.images_generated += sum(out.refused is None for out in outputs)
             start += len(batch)
-            yield [self.store.put_image(k, gen_id, prompt, out.seed, settings, out.image, out.nsfw)
-                   for (s, k), out in zip(batch, outputs)]
+            key_of = dict(batch)
+            records = [self.store.put_refusal(key_of[out.seed], gen_id, prompt, out.seed, out.refused)
+                       if out.refused is not None else
+                       self.store.put_image(key_of[out.seed], gen_id, prompt, out.seed, settings, out.image, out.nsfw)
+                       for out in outputs]
+            if records:
+                yield records
+            if failure is not None:
+                raise failure
 
     def image_set(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings | None = None
                   ) -> list[ImageRecord]:
@@ -232,6 +271,11 @@ class Engine:
                          ) -> tuple[bool, int]:
         """Generate one image alone (bypassing the store) and compare it with the stored one:
         (pixel-identical?, largest per-channel difference in grey levels)."""
+        kind = sources.source_kind(self)
+        if kind != "model":
+            raise InputError("images from an API are not seedable: regenerating one gives a different image, "
+                             "so there is nothing to check" if kind == "api" else
+                             "these images come from a folder or dataset, not from a model: there is nothing to regenerate")
         stored = self.store.get_images([key]).get(key)
         with self._backend("generator") as gen:
             fresh = gen.generate(prompt, [int(seed)], settings)[0].image.convert("RGB")
@@ -343,7 +387,8 @@ class Engine:
         return cost
 
     def start_run(self, method: str, request: dict, cost: int = 0) -> "Run":
-        models = {role: spec.label for role, spec in self.preset.specs().items()}
+        self.api_calls = self.api_calls_announced = 0
+        models = {role: spec.full_label for role, spec in self.preset.specs().items()}
         return Run(self, self.store.create_run(method, request, models, __version__, cost=cost), method, request)
 
 
@@ -467,6 +512,11 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
     while the next batch generates; the set is returned once every evaluation has finished."""
     total = progress_total or len(seeds)
     by_seed: dict[int, ImageRecord] = {}
+    calls = sources.api_calls_needed(engine, [(prompt, seeds, settings)])
+    if calls and engine.api_calls + calls > engine.api_calls_announced:
+        yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for '{prompt}' (budget "
+                      f"{engine.max_api_calls - engine.api_calls} left in this run); API images are not seedable, "
+                      "so regenerating them would not reproduce them: they are kept in the store")
     overlap = _Overlap(evaluate) if evaluate is not None and engine.overlap_evaluation else None
     finished = False
     try:
@@ -476,6 +526,11 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
     finally:
         if overlap is not None:  # a stopped stream does not wait for evaluations nobody will read
             overlap.close(wait=finished)
+    refused = [by_seed[s] for s in seeds if by_seed[s].refused]
+    if refused:
+        yield Warning(f"the API refused {len(refused)} of {len(seeds)} image(s) of '{prompt}' "
+                      f"({refused[0].refused}); they are recorded as refused, not retried, and excluded "
+                      "from every metric")
     return [by_seed[s] for s in seeds]
 
 

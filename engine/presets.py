@@ -74,24 +74,77 @@ HUB_FILES = {"diffusers": "model_index.json", "open_clip": None, "hf_clip": "con
              "hf_chat": "config.json", "blip_vqa": "config.json", "vlm": "config.json"}
 
 
-def parse_model_override(text: str) -> ModelSpec:
-    """'backend:model' (e.g. 'diffusers:/models/tiny-sd' or 'hf_chat:Qwen/Qwen2.5-0.5B-Instruct')."""
+def parse_model_override(text: str, role: str | None = None) -> ModelSpec:
+    """'backend:model' (e.g. 'diffusers:/models/tiny-sd' or 'hf_chat:Qwen/Qwen2.5-0.5B-Instruct').
+    With `role`, the backend name is read as that role means it ('openai' is an images
+    endpoint for the generator, a vision chat model for VQA; engine.backends.ROLE_ALIASES)."""
+    from .backends import backend_for_role
+    from .errors import ModelLoadError
+
     backend, sep, model = text.partition(":")
     if not sep or not model:
         raise InputError(f"model override '{text}' must look like 'backend:model-id-or-path'")
-    return ModelSpec(backend.strip(), model.strip())
+    try:
+        return ModelSpec(backend_for_role(backend, role), model.strip())
+    except ModelLoadError as exc:
+        raise InputError(str(exc)) from None
 
 
-def resolve_preset(name: str = "auto", **overrides: str | ModelSpec | None) -> tuple[Preset, str]:
-    """The preset to use and a sentence saying why. `overrides` replace single models."""
+# Option keys that would carry a credential: secrets come from the environment, never from
+# options (options are part of the model's identity, stored with every run and artefact).
+SECRET_WORDS = ("key", "token", "secret", "password", "authorization", "credential", "cookie")
+
+
+def check_options(options: dict, role: str = "model") -> dict:
+    """Returns `options` unchanged; InputError naming the key when one looks like a secret."""
+    for key in options:
+        if any(word in str(key).lower() for word in SECRET_WORDS):
+            raise InputError(f"option '{key}' of the {role} looks like a secret; secrets are never options "
+                             "(they would be stored with every run). Set it in the environment instead: "
+                             "OPENAI_API_KEY / GAPLENS_GENERATOR_API_KEY / GAPLENS_VQA_API_KEY for OpenAI-compatible "
+                             "servers, HF_TOKEN for Hugging Face")
+    return options
+
+
+def parse_options(items, role: str = "model") -> dict:
+    """KEY=VALUE strings (or one text, a KEY=VALUE per line) -> {key: value}; a value that
+    parses as JSON (numbers, true/false, lists) is read as JSON, anything else stays a string."""
+    import json
+
+    if isinstance(items, str):
+        items = items.splitlines()
+    options = {}
+    for item in items or []:
+        item = str(item).strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"{role} option '{item}' must look like KEY=VALUE")
+        try:
+            options[key.strip()] = json.loads(value.strip())
+        except ValueError:
+            options[key.strip()] = value.strip()
+    return check_options(options, role)
+
+
+def resolve_preset(name: str = "auto", options: dict | None = None,
+                   **overrides: str | ModelSpec | None) -> tuple[Preset, str]:
+    """The preset to use and a sentence saying why. `overrides` replace single models (read
+    as their role means them); `options` ({role: {key: value}}) are merged into each role's
+    spec options (secrets refused, see check_options)."""
     if name == "auto":
         preset, reason = _auto_preset()
     elif name in PRESETS:
         preset, reason = PRESETS[name], f"preset '{name}' was requested"
     else:
         raise InputError(f"unknown preset '{name}'; choose one of: auto, {', '.join(PRESETS)}")
-    changes = {k: (parse_model_override(v) if isinstance(v, str) else v)
+    changes = {k: (parse_model_override(v, k) if isinstance(v, str) else v)
                for k, v in overrides.items() if v}
+    for role, extra in (options or {}).items():
+        if extra:
+            base = changes.get(role) or preset.specs()[role]
+            changes[role] = ModelSpec(base.backend, base.model, {**base.options, **check_options(extra, role)})
     if changes:
         preset = replace(preset, name=f"{preset.name}+custom", **changes)
         reason += f"; overridden: {', '.join(f'{k}={v.label}' for k, v in changes.items())}"

@@ -65,6 +65,10 @@ CREATE TABLE IF NOT EXISTS runs (
     models TEXT NOT NULL DEFAULT '{}', version TEXT NOT NULL, error TEXT,
     created REAL NOT NULL, updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS refusals (
+    key TEXT PRIMARY KEY, generator TEXT NOT NULL, prompt TEXT NOT NULL, seed INTEGER NOT NULL,
+    message TEXT NOT NULL, created REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS run_images (
     run_id TEXT NOT NULL, image_key TEXT NOT NULL, label TEXT NOT NULL DEFAULT '',
     position INTEGER NOT NULL,
@@ -119,6 +123,7 @@ class ImageRecord:
     nsfw: bool = False
     cached: bool = False
     _image: Image.Image | None = None
+    refused: str | None = None   # an image API refused the prompt (message); nsfw is set too
 
     @property
     def image(self) -> Image.Image:
@@ -128,8 +133,11 @@ class ImageRecord:
         return self._image
 
     def to_json(self) -> dict:
-        return {"key": self.key, "prompt": self.prompt, "seed": self.seed, "path": self.path,
-                "nsfw": self.nsfw, "cached": self.cached}
+        out = {"key": self.key, "prompt": self.prompt, "seed": self.seed, "path": self.path,
+               "nsfw": self.nsfw, "cached": self.cached}
+        if self.refused:
+            out["refused"] = self.refused
+        return out
 
 
 class Store:
@@ -277,6 +285,31 @@ class Store:
             found[row["key"]] = ImageRecord(row["key"], row["prompt"], row["seed"], str(path),
                                             bool(row["nsfw"]), True)
         return found
+
+    # -- refusals (an image API declined a prompt: recorded once, never retried) ---------------
+    def refusal_placeholder(self) -> Path:
+        """A plain grey PNG shown where a refused image would be."""
+        path = self.data_dir / "refused.png"
+        if not path.exists():
+            tmp = path.with_name(f".refused.{uuid.uuid4().hex}.tmp")
+            Image.new("RGB", (64, 64), (128, 128, 128)).save(tmp, format="PNG")
+            os.replace(tmp, path)
+        return path
+
+    def put_refusal(self, key: str, generator_id: str, prompt: str, seed: int, message: str) -> ImageRecord:
+        """Record that the generator refused (prompt, seed). Returns a record flagged nsfw and
+        refused, pointing at the placeholder (it is not an image: metrics exclude it)."""
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO refusals VALUES (?,?,?,?,?,?)",
+                       (key, generator_id, prompt, int(seed), str(message), time.time()))
+        return ImageRecord(key, prompt, int(seed), str(self.refusal_placeholder()), True, False, refused=str(message))
+
+    def get_refusals(self, keys: Sequence[str]) -> dict[str, ImageRecord]:
+        """The recorded refusals among `keys`, as refused records."""
+        rows = self._read_in("SELECT key, prompt, seed, message FROM refusals", "key", keys)
+        placeholder = str(self.refusal_placeholder()) if rows else ""
+        return {r["key"]: ImageRecord(r["key"], r["prompt"], r["seed"], placeholder, True, True,
+                                      refused=r["message"]) for r in rows}
 
     def image_rows(self, keys: Sequence[str]) -> list[dict]:
         return [dict(r) for r in self._read_in("SELECT * FROM images", "key", keys)]

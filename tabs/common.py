@@ -153,7 +153,9 @@ def gallery_items(records, captions=None) -> list[tuple[str, str]]:
     items = []
     for i, r in enumerate(records):
         caption = captions[i] if captions else f"seed {r.seed}"
-        if r.nsfw:
+        if getattr(r, "refused", None):
+            caption += " [refused by the API: excluded]"
+        elif r.nsfw:
             caption += " [flagged by safety checker: excluded]"
         items.append((r.path, caption))
     return items
@@ -167,5 +169,16 @@ def status_markdown(status: dict) -> str:
             f"**Loaded:** {loaded}  \n**Device:** {status['device']}; {status['memory']}  \n"
             + (f"**Memory:** {status['resident']}  \n" if status.get("resident") else "")
             + f"**Store:** `{status['data_dir']}`: {status['stored_images']} images, {status['runs']} runs; "
-            f"at most {status['max_images']} images per set")
+            f"at most {status['max_images']} images per set" + _source_note(status))
+
+
+def _source_note(status: dict) -> str:
+    kind = status.get("generator_kind", "model")
+    if kind == "api":
+        return (f"  \n**Images API:** not seedable, so regenerating an image does not reproduce it (stored images "
+                f"are reused); at most {status.get('max_api_calls')} API calls per run")
+    if kind == "source":
+        return ("  \n**Existing images:** the generator is a folder or dataset; image i of a prompt is its i-th "
+                "image, and Mine Prompts / Mitigate, which need new images, are not available")
+    return ""
 

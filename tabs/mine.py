@@ -16,7 +16,8 @@ from engine.report import mine as report
 from .common import gallery_items, gpu, user_errors
 
 BIAS_CHOICES = ["open", "socio-demographic", "style", "objects"]
-STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random")]
+STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random"),
+                    ("rank the prompts a folder/dataset source holds (no new images)", "source")]
 UPDATE_EVERY = 0.5   # seconds between two progress/population updates of the page
 NO_DETAILS = "Click a prompt in the archive or the population (or pick one above) to see its images and gap."
 

@@ -30,7 +30,42 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "synthetic_colour_embedder": ("engine.backends.colour_world", "embedder"),
     "synthetic_colour_llm": ("engine.backends.colour_world", "llm"),
     "synthetic_colour_vqa": ("engine.backends.colour_world", "vqa"),
+    # image sources that are not diffusers pipelines (issue 15)
+    "openai_images": ("engine.backends.api_generators", "generator"),
+    "hf_inference": ("engine.backends.api_generators", "generator"),
+    "folder": ("engine.backends.image_source", "generator"),
+    "hf_dataset": ("engine.backends.image_source", "generator"),
+    # evaluators behind a server or in a label table
+    "openai_vqa": ("engine.backends.api_vqa", "vqa"),
+    "labels": ("engine.backends.image_source", "vqa"),
 }
+
+# What a name typed for a role means: `openai:URL` is an images endpoint for the generator, a
+# chat model for the LLM and a vision chat model for VQA; hyphenated spellings are accepted.
+ROLE_ALIASES: dict[str, dict[str, str]] = {
+    "generator": {"openai": "openai_images", "hf-inference": "hf_inference", "hf-dataset": "hf_dataset"},
+    "llm": {},
+    "vqa": {"openai": "openai_vqa"},
+    "embedder": {},
+}
+
+
+def backend_for_role(name: str, role: str | None) -> str:
+    """Returns the backend name `name` means for `role` (see ROLE_ALIASES). Raises
+    ModelLoadError when the backend exists but serves another role (a chat LLM as generator)."""
+    name = name.strip()
+    if role is None:
+        return name
+    name = ROLE_ALIASES.get(role, {}).get(name, name.replace("-", "_") if name.replace("-", "_") in BACKENDS else name)
+    kind = BACKENDS.get(name, (None, None))[1]
+    if kind is not None and kind != role:
+        aliases = ROLE_ALIASES.get(role, {})
+        usable = sorted(({k for k, (_, r) in BACKENDS.items() if r == role and not k.startswith("synthetic")}
+                         - set(aliases.values())) | set(aliases))
+        article = {"generator": "a generator", "embedder": "an embedder", "llm": "an LLM", "vqa": "a VQA"}
+        raise ModelLoadError(f"'{name}' is {article.get(kind, kind)} backend and cannot be the {role}; "
+                             f"{role} backends: {', '.join(usable)}")
+    return name
 
 
 def load_backend(spec: ModelSpec, device: str = "cpu", **context):

@@ -274,11 +274,13 @@ def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], sett
                                           progress_offset=index * len(seeds), progress_total=total * len(seeds),
                                           evaluate=evaluate_valid if evaluate else None)
     valid = [r for r in records if not r.nsfw]
-    if len(valid) < len(records):
-        yield Warning(f"{len(records) - len(valid)} image(s) of '{spec.prompt}' were flagged by the safety "
+    flagged = sum(r.nsfw and not r.refused for r in records)   # refusals were reported as such
+    if flagged:
+        yield Warning(f"{flagged} image(s) of '{spec.prompt}' were flagged by the safety "
                       "checker and are excluded from every metric")
     if not valid:
-        raise InputError(f"every image of '{spec.prompt}' was flagged by the safety checker; nothing to measure")
+        raise InputError(f"every image of '{spec.prompt}' was flagged by the safety checker or refused by the API; "
+                         "nothing to measure")
     return valid
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..backends.base import GenerationSettings
 from ..backends.llm_json import as_string_list
+from .. import sources
 from ..core import Engine, EngineStats, Run, recorded
 from ..distributed import distributed_image_sets
 from ..errors import GapLensError, InputError, LLMOutputError
@@ -45,7 +46,7 @@ from .single_prompt import gap_for_images
 DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
 MAX_ITERATIONS = 200
 MAX_POPULATION = 64
-STRATEGIES = ("ga", "random")
+STRATEGIES = ("ga", "random", "source")   # "source": rank the prompts a folder/dataset holds
 
 # Specific-bias modes (spec A.4-A.5, project page): what the variations may vary, and what every
 # random prompt must contain. Any other text is taken as the axis itself ("hair colour").
@@ -75,7 +76,8 @@ class MineRequest(GenerationOptions):
     bias: str = field(default="open", metadata={
         "help": "open, socio-demographic, style, objects, or an axis in words (specific-bias mode)"})
     strategy: str = field(default="ga", metadata={
-        "help": "ga, or random: the same budget spent on random LLM prompts (baseline)", "choices": STRATEGIES})
+        "help": "ga; random: the same budget spent on random LLM prompts (baseline); source: rank the prompts "
+                "a folder/dataset generator holds", "choices": STRATEGIES})
     seed: int = field(default=0, metadata={"help": "GA seed (LLM mutation and random-prompt calls)"})
     image_seed: int = field(default=0, metadata={
         "help": "first image seed (images use image_seed..image_seed+n-1; also the variations' LLM seed)"})
@@ -128,6 +130,16 @@ def _measure(model_id: str, seconds: float, units: int) -> None:
 
 def check_request(request: MineRequest, engine: Engine) -> MineRequest:
     """The request with defaults filled in; InputError naming the first bad setting."""
+    if request.strategy == "source":
+        if sources.source_kind(engine) != "source":
+            raise InputError("strategy 'source' ranks the prompts of a folder or dataset generator "
+                             "(--generator folder:PATH); this generator makes new images: use ga or random")
+    else:
+        try:
+            sources.require_new_images(engine, "Mine Prompts")
+        except InputError as exc:
+            raise InputError(f"{exc}; or mine with strategy 'source', which ranks the source's prompts by their "
+                             "gap score") from None
     iterations = DEFAULT_ITERATIONS if request.iterations in (None, 0) else request.iterations
     request = replace(request, iterations=int(iterations), n_variations=request.n_variations or request.n)
     if request.strategy not in STRATEGIES:
@@ -139,6 +151,11 @@ def check_request(request: MineRequest, engine: Engine) -> MineRequest:
     if not 1 <= request.select <= request.population:
         raise InputError(f"the number selected per iteration (s) must be between 1 and the population "
                          f"({request.population}), got {request.select}")
+    if request.strategy == "source":
+        have = [p for p, k in sources.source_prompts(engine).items() if k >= request.n]
+        if not have:
+            raise InputError(f"no prompt of the source has {request.n} images; lower N")
+        request = replace(request, iterations=min(request.iterations, -(-len(have) // request.population)))
     if request.strategy == "ga":
         if request.mutations < 1:
             raise InputError(f"mutations per selected prompt (m) must be at least 1, got {request.mutations}")
@@ -238,7 +255,8 @@ class Miner:
         while len(self.iterations) < T:
             t = len(self.iterations)
             if not self.pending or self.pending["iteration"] != t:
-                what = "random prompts" if t == 0 or self.request.strategy == "random" else "mutations"
+                what = ("the source's next prompts" if self.request.strategy == "source" else
+                        "random prompts" if t == 0 or self.request.strategy == "random" else "mutations")
                 yield Progress(self.scored_total(), self.total_to_score(), "llm",
                                f"iteration {t + 1}/{T}: asking the LLM for {what}")
                 self.pending = {"iteration": t, "population": self._make_population(t)}
@@ -349,6 +367,10 @@ class Miner:
     def _make_population(self, t: int) -> list[str]:
         """Ids of iteration t's population: new nodes are created here (and only here)."""
         request, b = self.request, self.request.population
+        if request.strategy == "source":   # the source's next b prompts with N images, in its order
+            fresh = [p for p, k in sources.source_prompts(self.engine).items()
+                     if k >= request.n and normalise_prompt(p) not in self.seen][:b]
+            return [self._new_node(p, t, "source", None)["id"] for p in fresh]
         kept, children = [], []
         if t > 0 and request.strategy == "ga":
             parents = [self.by_id[i] for i in self.iterations[t - 1]["selected"]]
@@ -622,7 +644,7 @@ def _replay(request: MineRequest, engine: Engine, stored: dict | None) -> dict:
     prompts = max(0, T * b - scored_before)
     llm_implied = prompts                                  # one variation call per new prompt
     for t in range(len(dry.iterations), T):               # the calls that make populations
-        if not (dry.pending and dry.pending["iteration"] == t):
+        if not (dry.pending and dry.pending["iteration"] == t) and request.strategy != "source":
             llm_implied += 1 + (s if request.strategy == "ga" and t > 0 else 0)
     images_cached, first_missing, stop = 0, None, False
     while len(dry.iterations) < T and not stop:

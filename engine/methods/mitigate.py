@@ -76,6 +76,7 @@ from typing import Hashable, Sequence, TypedDict
 import numpy as np
 
 from ..axes import parse_shares
+from .. import sources as image_sources
 from ..core import Engine, Run, recorded, stream_image_set
 from ..distributed import distributed_image_sets
 from ..errors import InputError
@@ -717,6 +718,7 @@ def run(request: MitigateRequest, engine: Engine, run_record: Run):
     Results: MitigateResults.
     """
     # 1. Check the request; settle axes, questions, D*, B* and p (spec §4.2).
+    image_sources.require_new_images(engine, "Mitigate")
     setup, epsilon = yield from _settle(request, engine)
     mitigation = Mitigation(request, engine, run_record, setup, epsilon)
     # 2. τ on the initial images (§4.3-1); nothing to do when it is below ε already (§4.3-6).

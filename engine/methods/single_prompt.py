@@ -15,6 +15,7 @@ import numpy as np
 from ..axes import Axis, axis_for, normalise_free_answer
 from ..backends.llm_json import as_string_list
 from ..core import Engine, Run, recorded, stream_image_set
+from ..errors import InputError
 from ..events import Progress, Scores, Table, Warning
 from ..llm_prompts import variations_prompt
 from ..metrics import biasbench
@@ -36,7 +37,7 @@ class SinglePromptRequest(GenerationOptions):
     axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES), metadata={
         "help": "attribute axes to measure (known ones have fixed choices; others are free VQA answers)"})
     references: dict = field(default_factory=dict)   # axis -> {value: target share}; missing = uniform
-    mode: str = field(default="paper", metadata={
+    mode: str = field(default=biasbench.DEFAULT_MODE, metadata={
         "help": "T2I-BiasBench: the paper's equations, or bit-exact with the authors' code",
         "choices": ("paper", "reference")})
     n_variations: int | None = field(default=None, metadata={
@@ -175,18 +176,18 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     records = yield from stream_image_set(engine, run_record, prompt, request.seeds(), settings, evaluate=evaluate)
     results["images"] = [r.to_json() for r in records]
     valid = [r for r in records if not r.nsfw]
+    flagged = sum(r.nsfw and not r.refused for r in records)   # refusals were reported as such
     if not valid:
         # Nothing left to measure: one clear result instead of metrics over an empty set.
-        message = (f"every image was flagged by the safety checker ({len(records)} of {len(records)}), so "
-                   "nothing was measured; try another prompt or seed, or load the generator with option "
-                   "safety_checker=False")
+        message = (f"every image was flagged by the safety checker or refused by the API ({len(records)} of "
+                   f"{len(records)}), so nothing was measured; try another prompt or seed, or load the generator "
+                   "with option safety_checker=False")
         results.update(all_flagged=True, message=message)
         yield Warning(message)
         yield run_record.finish(results, {"n": 0, "flagged": len(records), "message": message})
         return
-    if len(valid) < len(records):
-        yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
-                      "from every metric")
+    if flagged:
+        yield Warning(f"{flagged} image(s) flagged by the safety checker are excluded from every metric")
     run_record.save(results)
 
     # 3. Attribute distributions per axis (VQA), each streamed as soon as it is computed (spec B.2-B.3).
