@@ -7,17 +7,22 @@ Part C (wiring); thesis §2.8 (Top-K concepts).
 """
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats
 
 from ..axes import Axis, axis_for, normalise_free_answer
 from ..backends.llm_json import as_string_list
 from ..core import Engine, Run, recorded, stream_image_set
+from ..errors import InputError
 from ..events import Progress, Scores, Table, Warning
 from ..llm_prompts import variations_prompt
 from ..metrics import biasbench
-from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..metrics.intervals import (dirichlet_draws, headline_claim, posterior_interval, sample_size_advice,
+                                 share_interval, tidy)
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import gap_score_from_similarity
 from ..metrics.tibet import concept_histogram, top_k_concepts
@@ -45,6 +50,8 @@ class SinglePromptRequest:
     n_boot: int = 1000
     top_k: int = 10
     gap: bool = True                                  # compute the gap score (needs the LLM)
+    half_width: float = 0.1                           # the ± interval the sample-size advice aims at
+    until_half_width: float | None = None             # add images until every share is within ± this
 
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + self.n))
@@ -68,26 +75,80 @@ SCALAR_METRICS = ("parity_difference", "normalised_entropy", "kl_divergence", "b
                   "composite_bias_score")
 
 
+# each metric's range: bounds are clipped to it (never a bound outside it, never "-0.0")
+METRIC_RANGES = {"parity_difference": (0.0, 1.0), "normalised_entropy": (0.0, 1.0),
+                 "kl_divergence": (0.0, math.inf), "bias_amplification": (0.0, 2.0),
+                 "composite_bias_score": (0.0, 1.0)}
+
+
 def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, mode: str,
-                         n_boot: int, seed: int = 0) -> dict:
-    """`axis_metrics` plus a 95% bootstrap interval (images resampled) for every share and scalar."""
+                         n_boot: int, seed: int = 0, half_width: float = 0.1) -> dict:
+    """`axis_metrics` plus 95% intervals that hold at small N (engine.metrics.intervals):
+    Jeffreys for every share (`share_ci`), for the metrics (`ci`) the Dirichlet(counts + ½)
+    posterior in paper mode and BCa over images otherwise; `n` (labels inside the classes)
+    and `sample_size` (the N a ±`half_width` interval and a test against parity need).
+    `_draws` holds the composite score's posterior/bootstrap draws for headline claims (not stored)."""
     point = axis_metrics(labels, axis, reference, mode)
     classes = point["classes"]
-    index = resample_indices(len(labels), n_boot, seed)
-    if mode == "paper" and axis.values:
-        # Fast path: class counts of every resample from a one-hot matrix, metrics vectorised.
-        onehot = np.array([[label == c for c in classes] for label in labels], dtype=np.int32)
-        batch = biasbench.paper_metrics_batch(onehot[index].sum(axis=1), classes, reference, axis.pd_groups)
-        draws = {name: batch[name] for name in SCALAR_METRICS}
-        shares = {c: batch["shares"][:, j] for j, c in enumerate(classes)}
-    else:
-        labels_arr = np.asarray(labels, dtype=object)
-        samples = [axis_metrics(list(labels_arr[row]), axis, reference, mode) for row in index]
-        draws = {name: [s[name] for s in samples] for name in SCALAR_METRICS}
-        shares = {c: [s["representation_parity"].get(c, 0.0) for s in samples] for c in classes}
-    point["ci"] = {name: percentile_interval(np.asarray(v, float)) for name, v in draws.items()}
-    point["share_ci"] = {c: percentile_interval(np.asarray(v, float)) for c, v in shares.items()}
+    counts = {c: int(point["counts"].get(c, 0)) for c in classes}
+    n = sum(counts.values())
+    point["n"] = n
+    point["share_ci"] = {c: list(share_interval(k, n)) for c, k in counts.items()}
+    point["sample_size"] = sample_size_advice(counts, half_width)
+    draws: dict[str, np.ndarray] = {}
+    if n and n_boot:
+        if mode == "paper" and axis.values:
+            shares = dirichlet_draws([counts[c] for c in classes], n_boot, seed)
+            batch = biasbench.paper_metrics_batch(shares * n, classes, reference, axis.pd_groups)
+            draws = {name: batch[name] for name in SCALAR_METRICS}
+        else:
+            labels_arr = np.asarray(labels, dtype=object)
+
+            def statistic(index):
+                m = axis_metrics(list(labels_arr[index.astype(int)]), axis, reference, mode)
+                return np.array([m[name] for name in SCALAR_METRICS], dtype=float)
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = stats.bootstrap((np.arange(len(labels)),), statistic, n_resamples=max(50, n_boot // 4),
+                                         method="BCa", vectorized=False, rng=np.random.default_rng(seed))
+            lows, highs = result.confidence_interval
+            draws["composite_bias_score"] = result.bootstrap_distribution[-1]
+            point["ci"] = {name: _clipped(point[name], lows[j], highs[j], name) for j, name in enumerate(SCALAR_METRICS)}
+    if "ci" not in point:
+        point["ci"] = {name: list(posterior_interval(draws[name], _num(point[name]), 0.05, *METRIC_RANGES[name]))
+                       if name in draws else [None, None] for name in SCALAR_METRICS}
+    point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if mode == "paper" and axis.values
+                                else "Jeffreys shares; BCa bootstrap metrics")
+    point["_draws"] = draws.get("composite_bias_score")
     return point
+
+
+def _num(x):
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def _clipped(value, low, high, name) -> list:
+    lo_r, hi_r = METRIC_RANGES[name]
+    value = _num(value)
+    low, high = _num(low), _num(high)
+    if low is None or high is None:
+        return [tidy(value, lo_r, hi_r), tidy(value, lo_r, hi_r)] if value is not None else [None, None]
+    if value is not None:
+        low, high = min(low, value), max(high, value)
+    return [tidy(low, lo_r, hi_r), tidy(high, lo_r, hi_r)]
+
+
+def most_biased_axis(axes: dict[str, dict], draws: dict[str, np.ndarray | None]) -> dict:
+    """The headline over a Single Prompt's axes: the axis with the largest composite bias score,
+    the posterior probability that it is the largest (draws are independent across axes), or
+    "no clear winner" and the N that would settle it (engine.metrics.intervals.headline_claim)."""
+    values = {a: _num(m.get("composite_bias_score")) for a, m in axes.items()}
+    usable = {a: v for a, v in values.items() if v is not None and draws[a] is not None and len(draws[a]) > 2}
+    if not usable:
+        return {"top": None, "text": ""}
+    n = min(axes[a]["n"] for a in usable)
+    return headline_claim(usable, {a: draws[a] for a in usable}, n, what="most biased axis (composite bias score)")
 
 
 def text_variations(engine: Engine, prompt: str, n: int, seed: int = 0, axis: str | None = None) -> list[str]:
@@ -120,37 +181,78 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
     }
 
 
-@recorded("single_prompt")
-def run(request: SinglePromptRequest, engine: Engine, run: Run):
-    prompt = engine.check_prompt(request.prompt)
-    n = engine.check_n(request.n)
-    n_var = engine.check_n(request.n_variations or n, "number of text variations")
-    axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
-    settings = settings_for(request, engine)
-    results: dict = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
-    if len(prompt.split()) * 1.3 > 75:
-        yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
-
-    records = yield from stream_image_set(engine, run, prompt, request.seeds(), settings)
-    results["images"] = [r.to_json() for r in records]
-    valid = [r for r in records if not r.nsfw]
-    if len(valid) < len(records):
-        yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
-                      "from every metric")
-    run.save(results)
-
-    # Attribute distributions per axis (VQA), each streamed as soon as it is computed.
+def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis], valid: list, results: dict):
+    """Ask every axis' question of the images, store and stream its metrics (`yield from`);
+    returns ({axis: answers}, {axis: composite-score draws})."""
     answers_by_axis: dict[str, list[str]] = {}
+    draws: dict[str, np.ndarray | None] = {}
     for i, axis in enumerate(axes):
         yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
         answers = engine.ask(valid, axis.question, list(axis.values) or None)
         labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
         answers_by_axis[axis.name] = answers
         reference = request.references.get(axis.name) or None
-        metrics = axis_metrics_with_ci(labels, axis, reference, request.mode, request.n_boot)
+        metrics = axis_metrics_with_ci(labels, axis, reference, request.mode, request.n_boot,
+                                       half_width=request.half_width)
         metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")
+        draws[axis.name] = metrics.pop("_draws")
         results["axes"][axis.name] = metrics
         yield Scores(f"axis:{axis.name}", metrics)
+    return answers_by_axis, draws
+
+
+def _more_images(request: SinglePromptRequest, axes: dict, n: int, max_images: int) -> int | None:
+    """None when no more images are wanted (no target, or every share interval is within
+    ±until_half_width); else the N to grow to (capped at max_images; ≤ n means the cap is hit)."""
+    target = request.until_half_width
+    if not target:
+        return None
+    widest = max(((hi - lo) / 2 for m in axes.values() for lo, hi in m["share_ci"].values()
+                  if lo is not None and hi is not None), default=0.0)
+    if widest <= target:
+        return None
+    need = max((m["sample_size"]["n_width"] or 0) for m in axes.values()) if axes else n
+    wanted = max(n + 1, min(int(need), 4 * n))   # grow at most 4x per round: the advice uses the shares seen so far
+    return min(max_images, wanted)
+
+
+@recorded("single_prompt")
+def run(request: SinglePromptRequest, engine: Engine, run: Run):
+    prompt = engine.check_prompt(request.prompt)
+    n = engine.check_n(request.n)
+    n_var = engine.check_n(request.n_variations or n, "number of text variations")
+    axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
+    for what, value in (("interval half-width", request.half_width), ("target half-width", request.until_half_width)):
+        if value is not None and not 0 < float(value) < 0.5:
+            raise InputError(f"the {what} must be between 0 and 0.5 (e.g. 0.1 for ±10 points), not {value:g}")
+    settings = settings_for(request, engine)
+    results: dict = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
+    if len(prompt.split()) * 1.3 > 75:
+        yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
+
+    while True:
+        records = yield from stream_image_set(engine, run, prompt, list(range(request.seed, request.seed + n)),
+                                              settings)
+        results["images"] = [r.to_json() for r in records]
+        valid = [r for r in records if not r.nsfw]
+        if len(valid) < len(records):
+            yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
+                          "from every metric")
+        results["n"] = n
+        run.save(results)
+        answers_by_axis, draws = yield from _measure_axes(engine, request, axes, valid, results)
+        more = _more_images(request, results["axes"], n, engine.max_images)
+        if more is None:
+            break
+        if more <= n:
+            yield Warning(f"stopped at N = {n}, this server's maximum: the widest share interval is still wider "
+                          f"than ±{request.until_half_width:g}")
+            break
+        yield Progress(n, more, "images", f"an interval is wider than ±{request.until_half_width:g}: "
+                       f"adding images until N = {more} (the first {n} come from the cache)")
+        n = more
+    results["headline"] = most_biased_axis(results["axes"], draws)
+    yield Scores("headline", results["headline"])
     results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
     run.save(results)
 
@@ -182,6 +284,9 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     summary = {"n": len(valid), "vendi": round(diversity["vendi"], 3)}
     if "gap" in results:
         summary["gap_score"] = round(results["gap"]["score"], 4)
+    if results["headline"].get("top"):
+        summary["top_axis"] = results["headline"]["top"]
+        summary["top_axis_probability"] = round(results["headline"]["probability"], 3)
     for name, m in results["axes"].items():
         summary[f"cbs_{name}"] = None if m["composite_bias_score"] != m["composite_bias_score"] else round(m["composite_bias_score"], 3)
     yield run.finish(results, summary)
