@@ -20,7 +20,7 @@ from ..errors import GapLensError
 from ..events import Done, Progress, Scores, Warning
 
 # engine/cli/<name>.py for each command, in --help order
-COMMANDS = ["generate", "counterfactuals", "intersectional", "mine", "mitigate", "runs", "status"]
+COMMANDS = ["generate", "single-prompt", "counterfactuals", "intersectional", "mine", "mitigate", "runs", "status"]
 
 
 def common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="GapLens engine")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").add_parser(sub, common_arguments)
+        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").add_parser(sub, common_arguments)
     return parser
 
 

@@ -216,11 +216,11 @@ def headline_claim(values: dict[str, float], draws: dict[str, Sequence[float]], 
         n_settle = max_n if d <= 0 else min(max_n, max(n + 1, math.ceil(n * (stats.norm.ppf(clear) * s / d) ** 2)))
     pct = f"{probability:.0%}" if math.isfinite(probability) else "?"
     if is_clear:
-        text = f"{what}: {top} ({fmt.format(value)}; top in {pct} of resamples, N = {n})"
+        text = f"{what}: {top} ({fmt.format(value)}; the top one with probability {pct}, N = {n})"
     else:
         settle = (f"about {n_settle} images per set would settle it" if n_settle and n_settle < max_n
                   else "more images would not settle it: the top two are tied")
-        text = (f"no clear winner for {what}: {top} ({fmt.format(value)}) is top in only {pct} of resamples, "
+        text = (f"no clear winner for {what}: {top} ({fmt.format(value)}) is the top one with probability {pct} only, "
                 f"{runner_up} ({fmt.format(values[runner_up])}) is next (N = {n}); {settle}")
     return {"top": top, "value": value, "probability": probability, "clear": is_clear, "n": n,
             "n_to_settle": n_settle, "runner_up": runner_up, "text": text}
