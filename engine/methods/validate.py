@@ -304,7 +304,7 @@ def _summary_line(out: dict) -> str:
     if not out.get("n_checked"):
         return f"no labels yet ({out['n_images']} images)"
     k, (lo, hi) = out["kappa"], out["kappa_ci"]
-    pairs = ", ".join(f"{c} {out["raw"][c]:.2f} -> {out['corrected'][c]:.2f} "
+    pairs = ", ".join(f"{c} {out['raw'][c]:.2f} -> {out['corrected'][c]:.2f} "
                       f"[{out['corrected_ci'][c][0]:.2f}, {out['corrected_ci'][c][1]:.2f}]" for c in out["classes"])
     kappa = f"kappa {k:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None else "")
     return f"{out['n_checked']} checked, {kappa}; raw -> corrected: {pairs}"
