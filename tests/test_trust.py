@@ -1,0 +1,227 @@
+"""Trust the numbers (issue 16): small-N intervals and their coverage in the synthetic world,
+agreement and correction against hand-computed numbers, the planted evaluator error and its
+correction, sample-size advice, headline claims, and the `single-prompt` / `validate` commands."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from engine.axes import axis_for
+from engine.backends.base import ModelSpec
+from engine.backends.synthetic import load_world
+from engine.core import Engine
+from engine.metrics.agreement import agreement, cohens_kappa, correct_shares, rogan_gladen
+from engine.metrics.intervals import (bca_interval, headline_claim, n_for_half_width, n_for_power,
+                                      sample_size_advice, share_interval, top_probability)
+from engine.methods import single_prompt, validate
+from engine.presets import SYNTHETIC_TABLE
+
+ROOT = Path(__file__).resolve().parents[1]
+COVERAGE_PROMPTS = [f"a photo of a {s}" for s in
+                    ("firefighter", "nurse", "doctor", "ceo", "teacher", "chef", "engineer", "farmer")]
+
+
+# -- intervals -------------------------------------------------------------------------------------
+def test_jeffreys_interval_matches_published_values_and_never_collapses():
+    # Brown, Cai & DasGupta (2001): Jeffreys for 0 of 10 is [0, 0.217]; here 7/8 and 8/8 too
+    assert share_interval(0, 10)[0] == 0.0
+    assert share_interval(0, 10)[1] == pytest.approx(0.2172, abs=5e-4)
+    lo, hi = share_interval(8, 8)
+    assert hi == 1.0 and 0.70 < lo < 0.78          # not [1, 1]
+    lo, hi = share_interval(7, 8)
+    assert 0.5 < lo < 0.6 and 0.98 < hi < 1.0
+    # the same beta quantiles computed by hand
+    assert share_interval(3, 16) == pytest.approx((stats.beta.ppf(0.025, 3.5, 13.5), stats.beta.ppf(0.975, 3.5, 13.5)))
+    assert share_interval(0, 0) != share_interval(0, 0)   # nan: no images, no interval
+
+
+@pytest.mark.parametrize("n", [8, 16, 48])
+def test_share_intervals_cover_the_planted_share_95_percent_of_the_time(n):
+    """Calibration in the synthetic world: labels drawn from the planted probabilities of 8
+    prompts × 3 axes (every class), 600 repetitions with fresh seeds each; the Jeffreys 95%
+    intervals Single Prompt shows must contain the planted share 93–97% of the time."""
+    world = load_world(SYNTHETIC_TABLE)
+    hits = total = 0
+    for p, prompt in enumerate(COVERAGE_PROMPTS):
+        for a, axis in enumerate(("gender", "age", "skin tone")):
+            planted = world.expected_distribution(prompt, axis)
+            probs = np.array(list(planted.values()))
+            rng = np.random.default_rng([n, p, a])                    # fresh seeds per repetition block
+            counts = rng.multinomial(n, probs, size=600)              # (600, k)
+            low, high = share_interval(counts, n)
+            inside = (low <= probs) & (probs <= high)
+            hits += inside.sum()
+            total += inside.size
+    coverage = hits / total
+    assert 0.93 <= coverage <= 0.97, f"coverage {coverage:.3f} at N = {n}"
+
+
+def test_single_prompt_shows_these_intervals_in_range_with_their_n():
+    axis = axis_for("gender")
+    m = single_prompt.axis_metrics_with_ci(["male"] * 8, axis, None, "paper", n_boot=500)
+    assert m["n"] == 8
+    assert m["share_ci"]["male"] == list(share_interval(8, 8))
+    for name, (lo, hi) in m["ci"].items():
+        assert lo is not None and hi is not None and lo <= m[name] <= hi, name
+        assert not str(lo).startswith("-0") and lo >= 0.0 and hi <= single_prompt.METRIC_RANGES[name][1]
+    # entropy 0 sits at the edge: its interval includes it and stays inside [0, 1]
+    assert m["ci"]["normalised_entropy"][0] == 0.0
+    assert "-0.0" not in json.dumps(m["ci"])
+
+
+def test_bca_interval_and_its_degenerate_case():
+    data = np.array([1, 1, 1, 0, 1, 1, 1, 1.0])
+    lo, hi = bca_interval(np.mean, data, low=0.0, high=1.0)
+    assert 0.0 <= lo < 0.875 <= hi <= 1.0
+    assert bca_interval(np.mean, np.ones(8)) == (1.0, 1.0)
+
+
+# -- how many images -------------------------------------------------------------------------------
+def test_sample_size_advice_against_the_textbook_formulas():
+    # ±0.1 around a share of one half: z²·p(1−p)/h² = 96 by the normal approximation
+    assert 90 <= n_for_half_width(0.5, 0.1) <= 100
+    lo, hi = share_interval(round(0.5 * n_for_half_width(0.5, 0.1)), n_for_half_width(0.5, 0.1))
+    assert (hi - lo) / 2 <= 0.1
+    # 0.9 vs parity 0.5 with 80% power, α = 0.05: ((1.96·0.5 + 0.8416·0.3) / 0.4)² = 9.5 → 10
+    assert n_for_power(0.9, 0.5) == 10
+    assert n_for_power(0.5, 0.5) is None
+    advice = sample_size_advice({"male": 7, "female": 1})
+    assert advice["n"] == 8 and advice["n_parity"] == n_for_power(0.875, 0.5)
+
+
+# -- agreement and correction ----------------------------------------------------------------------
+def test_kappa_accuracy_and_recall_by_hand():
+    # po = 35/50 = 0.7, pe = (25·30 + 25·20) / 50² = 0.5, κ = 0.4
+    assert cohens_kappa(np.array([[20, 5], [10, 15]])) == pytest.approx(0.4)
+    truth = ["a"] * 25 + ["b"] * 25
+    pred = ["a"] * 20 + ["b"] * 5 + ["a"] * 10 + ["b"] * 15
+    out = agreement(truth, pred, ["a", "b"])
+    assert out["kappa"] == pytest.approx(0.4) and out["accuracy"] == pytest.approx(0.7)
+    assert out["confusion"] == [[20, 5], [10, 15]]
+    assert out["recall"] == {"a": 0.8, "b": 0.6}
+    assert out["kappa_ci"][0] < 0.4 < out["kappa_ci"][1]
+    assert out["accuracy_ci"] == list(share_interval(35, 50))
+
+
+def test_rogan_gladen_and_constrained_least_squares_by_hand():
+    # (q + Sp − 1) / (Se + Sp − 1) = (0.6 + 0.8 − 1) / 0.7
+    assert rogan_gladen(0.6, 0.9, 0.8) == pytest.approx(0.4 / 0.7)
+    assert rogan_gladen(0.05, 0.9, 0.8) == 0.0        # clipped, never negative
+    m = np.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.2, 0.0, 0.8]])
+    p = np.array([0.5, 0.3, 0.2])
+    assert correct_shares(m.T @ p, m) == pytest.approx(p, abs=1e-3)
+
+
+# -- the planted evaluator error and its correction ------------------------------------------------
+def test_planted_error_is_in_the_model_id_and_follows_its_pattern(tmp_path):
+    noisy = Engine("synthetic", data_dir=str(tmp_path), vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
+    assert "error=0.3" in noisy.model_id("vqa")
+    clean = Engine("synthetic", data_dir=str(tmp_path))
+    records = clean.image_set("a photo of a firefighter", range(200))
+    q = axis_for("age").question
+    truth = clean.ask(records, q, ["young", "middle-aged", "old"])
+    said = noisy.ask(records, q, ["young", "middle-aged", "old"])
+    wrong = [(t, s) for t, s in zip(truth, said) if t != s]
+    assert 0.2 < len(wrong) / len(truth) < 0.4
+    nxt = {"young": "middle-aged", "middle-aged": "old", "old": "young"}
+    assert all(s == nxt[t] for t, s in wrong)             # the planted pattern: always the next class
+
+
+def test_spot_check_of_40_images_corrects_the_planted_error(tmp_path):
+    """Firefighters (planted 90% male) judged by a VQA that confuses gender 30% of the time: a
+    40-image spot-check (labels = the error-free VQA's answers) gives a corrected male share
+    whose interval holds the error-free share and that is closer to it than the raw share."""
+    noisy = Engine("synthetic", data_dir=str(tmp_path), vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
+    request = single_prompt.SinglePromptRequest("a photo of a firefighter", n=96, axes=["gender", "age"], gap=False,
+                                                n_boot=200)
+    done = list(single_prompt.run(request, noisy))[-1]
+    clean = Engine("synthetic", data_dir=str(tmp_path))
+    keys = list(done.results["answers"])
+    records = clean.store.get_images(keys)
+    q = axis_for("gender").question
+    truth = dict(zip(keys, clean.ask([records[k] for k in keys], q, ["male", "female"])))
+    error_free = sum(truth[k] == "male" for k in keys) / len(keys)
+
+    item = validate.checkable_axes(noisy.store.get_run(done.run_id))["gender"]
+    sample = validate.spot_check_sample(item, 40, seed=1)
+    assert len(sample) == 40 and len(set(sample)) == 40
+    validate.add_labels(noisy.store, done.run_id,
+                        [{"image_key": k, "axis": "gender", "label": truth[k]} for k in sample], "tester")
+    out = validate.validate_run(noisy.store, done.run_id)["axes"]["gender"]
+    raw, corrected, (lo, hi) = out["raw"]["male"], out["corrected"]["male"], out["corrected_ci"]["male"]
+    assert out["n_checked"] == 40 and out["kappa"] < 0.9
+    assert lo <= error_free <= hi
+    assert abs(corrected - error_free) < abs(raw - error_free)
+    assert lo <= corrected <= hi and 0.0 <= lo and hi <= 1.0
+
+
+def test_stratified_sample_keeps_every_evaluator_label():
+    item = validate.CheckAxis("gender", "?", ["male", "female"], [f"k{i}" for i in range(100)],
+                              ["male"] * 95 + ["female"] * 5, [""] * 100)
+    sample = validate.spot_check_sample(item, 10, seed=0)
+    labels = [item.predicted[item.keys.index(k)] for k in sample]
+    assert len(sample) == 10 and labels.count("female") >= 1 and labels.count("male") >= 8
+    assert validate.spot_check_sample(item, 10, seed=0, done=set(sample)) != sample
+
+
+# -- claims ----------------------------------------------------------------------------------------
+def test_headline_claim_says_no_clear_winner_when_draws_overlap():
+    rng = np.random.default_rng(0)
+    draws = {"a": rng.normal(0.32, 0.1, 2000), "b": rng.normal(0.30, 0.1, 2000), "c": rng.normal(0.1, 0.01, 2000)}
+    probs = top_probability(draws)
+    assert sum(probs.values()) == pytest.approx(1.0) and probs["c"] < 0.01
+    claim = headline_claim({"a": 0.32, "b": 0.30, "c": 0.1}, draws, 8)
+    assert not claim["clear"] and claim["top"] == "a" and "no clear winner" in claim["text"]
+    assert claim["n_to_settle"] > 8 and "N = 8" in claim["text"]
+    sure = headline_claim({"a": 0.9, "b": 0.1}, {"a": rng.normal(0.9, 0.01, 500), "b": rng.normal(0.1, 0.01, 500)}, 8)
+    assert sure["clear"] and sure["probability"] == 1.0 and "probability 100%" in sure["text"]
+
+
+# -- commands --------------------------------------------------------------------------------------
+def _cli(*args, data_dir):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "engine", *args, "--preset", "synthetic", "--data-dir", str(data_dir)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+
+
+def test_single_prompt_and_validate_commands(tmp_path):
+    out = _cli("single-prompt", "--prompt", "a photo of a firefighter", "-n", "8", "--axes", "gender", "age",
+               "--no-gap", "--json", "--quiet", data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    gender = result["axes"]["gender"]
+    assert gender["n"] == 8 and set(gender["share_ci"]) == {"male", "female"}
+    assert gender["sample_size"]["n_width"] > 8
+    assert result["headline"]["text"]
+    assert "-0.0" not in out.stdout
+
+    labels = tmp_path / "labels.csv"
+    with labels.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["image_key", "axis", "label"])
+        for key in list(result["answers"])[:6]:
+            w.writerow([key, "gender", "male"])
+        w.writerow([list(result["answers"])[6], "gender", "can't tell"])
+    out = _cli("validate", result["run_id"], "--labels", str(labels), "--json", "--quiet", data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    g = json.loads(out.stdout)["axes"]["gender"]
+    assert g["n_checked"] == 6 and g["cant_tell"] == 1
+    for key in ("kappa", "raw", "corrected", "corrected_ci"):
+        assert key in g
+    assert set(g["corrected_ci"]) == {"male", "female"} and all(len(v) == 2 for v in g["corrected_ci"].values())
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("key,label\nx,male\n")
+    out = _cli("validate", result["run_id"], "--labels", str(bad), data_dir=tmp_path)
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and "image_key,axis,label" in out.stderr
+    out = _cli("validate", "no-such-run", data_dir=tmp_path)
+    assert out.returncode == 2 and "no run" in out.stderr
