@@ -258,8 +258,11 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec, seed
         stats = agreement(first, theirs, classes, seed=seed)
         axes[name] = {**stats, "agreement_matrix": stats["confusion"], "question": item.question,
                       "first": dict(Counter(first)), "second": dict(Counter(theirs))}
-    return {"run_id": run_id, "first": (run.get("models") or {}).get("vqa", "the run's evaluator"),
-            "second": spec.label, "second_id": second.model_id("vqa"), "axes": axes}
+    first_label = str((run.get("models") or {}).get("vqa", "the run's evaluator"))
+    backend, _, model = first_label.partition(":")
+    if "/" in model:  # a local path: its file name says enough
+        first_label = f"{backend}:{model.rstrip('/').rsplit('/', 1)[-1]}"
+    return {"run_id": run_id, "first": first_label, "second": spec.label, "second_id": second.model_id("vqa"), "axes": axes}
 
 
 def _run(store: Store, run_id: str) -> dict:
