@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 
 from . import charts
+from .report import trust
 
 
 def fmt(value, digits: int = 3) -> str:
@@ -29,7 +30,8 @@ def axis_html(name: str, m: dict) -> str:
     ref = m.get("reference")
     targets = ([ref.get(c) for c in classes] if isinstance(ref, dict)
                else [1 / len(classes)] * len(classes) if classes else None)
-    chart = charts.bar_chart(classes, shares, title=f"{name}", counts=[counts.get(c, 0) for c in classes],
+    title = f"{name} (corrected for the evaluator's errors)" if m.get("distribution") == "corrected" else f"{name}"
+    chart = charts.bar_chart(classes, shares, title=title, counts=[counts.get(c, 0) for c in classes],
                              ci=share_ci, reference=targets, vmax=1.0, chart_id=f"axis-{name}")
     ci = m.get("ci", {})
     rows = [("Composite Bias Score", "composite_bias_score"), ("Parity Difference", "parity_difference"),
@@ -42,7 +44,7 @@ def axis_html(name: str, m: dict) -> str:
                 f"(e.g. 'other') are excluded.</p>" if m.get("n_excluded") else "")
     return (f"<div class='gl-axis' data-axis='{name}'><div class='gl-chart'>{chart}</div>"
             f"<table style='font-size:13px'><tr><th>metric ({m.get('mode', '')} mode)</th><th>value [95% CI]</th></tr>"
-            f"{table}</table>{excluded}</div>")
+            f"{table}</table>{excluded}{trust.axis_extras_html(name, m)}</div>")
 
 
 def gap_html(gap: dict) -> str:
@@ -74,6 +76,7 @@ def gap_html(gap: dict) -> str:
 def single_prompt_html(results: dict) -> str:
     """A whole Single Prompt result: axes, diversity, gap score and Top-K concepts."""
     parts = [f"<h3>Single Prompt: {html.escape(results.get('prompt', ''))}</h3>"]
+    parts.append(str(trust.headline_html(results.get("headline"))))  # issue 16: how sure the headline is
     axes = results.get("axes", {})
     if axes:
         parts.append("<div style='display:flex;flex-wrap:wrap;gap:18px'>"

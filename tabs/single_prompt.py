@@ -8,10 +8,12 @@ import gradio as gr
 from engine.axes import known_axes, parse_targets
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
-from engine.methods import single_prompt
+from engine.methods import single_prompt, validate
+from engine.report import trust
 
 from engine.render import axis_html, diversity_text, gap_html
 
+from . import spotcheck
 from .common import gallery_items, gpu, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
@@ -53,6 +55,10 @@ def build(engine) -> list:
             with gr.Row():
                 details = gr.Markdown("Click an image to see its seed and VQA answers.", elem_id="sp-details")
                 regenerate = gr.Button("Regenerate this image alone", size="sm", elem_id="sp-regenerate")
+    with gr.Row():  # issue 16: the metrics on the raw or the spot-check-corrected distribution
+        distribution = gr.Radio(["raw", "corrected"], value="raw", label="Distribution the metrics use",
+                                info="corrected: adjusted by the evaluator's errors measured in 'Check the labels'",
+                                elem_id="sp-distribution")
     axes_out = gr.HTML(elem_id="sp-axes")
     with gr.Row():
         diversity = gr.Markdown(elem_id="sp-diversity")
@@ -60,6 +66,7 @@ def build(engine) -> list:
                             elem_id="sp-topk", interactive=False)
     gap_out = gr.HTML(elem_id="sp-gap")
     state = gr.State({})
+    spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "sp-spot")
 
     @user_errors
     def fill_defaults():
@@ -100,6 +107,8 @@ def build(engine) -> list:
                 axis_blocks[event.name[5:]] = axis_html(event.name[5:], event.values)
                 yield update(2, "<div style='display:flex;flex-wrap:wrap;gap:18px'>"
                              + "".join(axis_blocks.values()) + "</div>")
+            elif isinstance(event, Scores) and event.name == "headline":
+                yield update(2, str(trust.headline_html(event.values)) + latest[2])
             elif isinstance(event, Scores) and event.name == "diversity":
                 yield update(3, diversity_text(event.values))
             elif isinstance(event, Scores) and event.name == "gap":
@@ -135,11 +144,30 @@ def build(engine) -> list:
         verdict = "identical to the stored image" if same else f"differs from the stored image by up to {diff} grey levels"
         return f"Seed {record['seed']} regenerated alone: {verdict}."
 
+    @user_errors
+    def show_distribution(view, which):
+        """The axes again, on the raw or the corrected distribution, and the spot-check so far."""
+        results = (view or {}).get("results")
+        if not results:
+            return gr.skip(), gr.skip()
+        validation = validate.validate_run(engine.store, view["run_id"])
+        shown = validate.corrected_axes(results["axes"], validation) if which == "corrected" else results["axes"]
+        checked = any(a.get("n_checked") for a in validation["axes"].values())
+        if which == "corrected" and not checked:
+            gr.Warning("no labels checked yet for this run's images: use 'Check the labels' first")
+        blocks = "".join(axis_html(name, m) for name, m in shown.items())
+        return (str(trust.headline_html(results.get("headline")))
+                + f"<div style='display:flex;flex-wrap:wrap;gap:18px'>{blocks}</div>",
+                trust.validation_html(validation) if checked else "")
+
     inputs = [prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes, references, mode,
               alpha, combine]
     outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
-    go.click(measure, inputs, outputs, api_name="single_prompt")
-    prompt.submit(measure, inputs, outputs, api_name=False)
+    go.click(measure, inputs, outputs, api_name="single_prompt").then(
+        show_distribution, [state, distribution], [axes_out, spot["result"]], api_name=False)
+    prompt.submit(measure, inputs, outputs, api_name=False).then(
+        show_distribution, [state, distribution], [axes_out, spot["result"]], api_name=False)
+    distribution.change(show_distribution, [state, distribution], [axes_out, spot["result"]], api_name=False)
     gallery.select(show_image, [state], [details, state], api_name=False)
     regenerate.click(regenerate_alone, [state], [details], api_name="regenerate")
     return [(fill_defaults, [steps, guidance, width, height])]

@@ -36,6 +36,7 @@ CANT_TELL = "can't tell"
 OTHER = "other"
 MAX_FREE_CLASSES = 8          # a free-text axis keeps its 8 commonest answers; the rest are 'other'
 METRIC_RANGES = {"parity_difference": (0.0, 1.0), "normalised_entropy": (0.0, 1.0),
+                 "kl_divergence": (0.0, math.inf), "bias_amplification": (0.0, 2.0),
                  "composite_bias_score": (0.0, 1.0)}
 
 
@@ -52,6 +53,7 @@ class CheckAxis:
     predicted: list[str]
     groups: list[str]
     pd_groups: tuple | None = None
+    reference: dict | None = None      # target shares of the metrics (None = uniform)
 
 
 def checkable_axes(run: dict) -> dict[str, CheckAxis]:
@@ -68,8 +70,10 @@ def checkable_axes(run: dict) -> dict[str, CheckAxis]:
                 continue
             axis = axis_for(name)
             classes = list(m.get("classes") or axis.values)
+            reference = m.get("reference") if isinstance(m.get("reference"), dict) else None
             out[name] = CheckAxis(name, m.get("question") or axis.question, classes, keys, labels,
-                                  [""] * len(keys), axis.pd_groups if list(axis.values) == classes else None)
+                                  [""] * len(keys), axis.pd_groups if list(axis.values) == classes else None,
+                                  reference)
     elif run.get("method") == "counterfactuals":
         for name, question in (results.get("questions") or {}).items():
             keys, labels, groups = [], [], []
@@ -156,7 +160,7 @@ def validate_run(store: Store, run_id: str, seed: int = 0) -> dict:
             draws = corrected.pop("_draws")
             out.update(corrected)
             out["corrected_metrics"] = corrected_metrics(corrected["raw"], corrected["corrected"], draws,
-                                                         item.classes, item.pd_groups, sum(counts))
+                                                         item.classes, item.pd_groups, sum(counts), item.reference)
             groups = sorted(set(item.groups) - {""})
             if groups:
                 out["by_set"] = {}
@@ -175,12 +179,12 @@ def validate_run(store: Store, run_id: str, seed: int = 0) -> dict:
 
 
 def corrected_metrics(raw: dict, corrected: dict, draws: np.ndarray, classes: list[str], pd_groups,
-                      n: int) -> dict:
-    """T2I-BiasBench paper-mode metrics (PD, normalised entropy, composite) on the raw and on the
-    corrected shares, the corrected ones with posterior intervals from the correction's draws:
-    {"raw": {...}, "corrected": {...}, "corrected_ci": {...}}."""
+                      n: int, reference: dict | None = None) -> dict:
+    """T2I-BiasBench paper-mode metrics (PD, normalised entropy, KL, BA, composite) on the raw and
+    on the corrected shares, the corrected ones with posterior intervals from the correction's
+    draws: {"raw": {...}, "corrected": {...}, "corrected_ci": {...}}."""
     def batch(shares: np.ndarray) -> dict:
-        return biasbench.paper_metrics_batch(np.atleast_2d(shares) * max(n, 1), classes, None, pd_groups)
+        return biasbench.paper_metrics_batch(np.atleast_2d(shares) * max(n, 1), classes, reference, pd_groups)
 
     raw_b = batch(np.array([raw[c] for c in classes]))
     cor_b = batch(np.array([corrected[c] for c in classes]))
@@ -190,6 +194,26 @@ def corrected_metrics(raw: dict, corrected: dict, draws: np.ndarray, classes: li
         out["raw"][name] = tidy(raw_b[name][0], lo, hi)
         out["corrected"][name] = tidy(cor_b[name][0], lo, hi)
         out["corrected_ci"][name] = list(posterior_interval(all_b[name], float(cor_b[name][0]), 0.05, lo, hi))
+    return out
+
+
+def corrected_axes(axes: dict[str, dict], validation: dict) -> dict[str, dict]:
+    """Single Prompt's axis results with, on every axis the spot-check covers, the corrected
+    shares, share intervals and metrics in place of the raw ones (`"distribution": "corrected"`;
+    counts stay the evaluator's). What the metrics show when the user picks "corrected"."""
+    out = {}
+    for name, m in axes.items():
+        v = (validation.get("axes") or {}).get(name) or {}
+        if not v.get("n_checked") or "corrected_metrics" not in v:
+            out[name] = m
+            continue
+        c = {**m, "ci": dict(m.get("ci") or {}), "distribution": "corrected"}
+        c["representation_parity"] = {k: v["corrected"].get(k, 0.0) for k in m["classes"]}
+        c["share_ci"] = {k: v["corrected_ci"].get(k, [None, None]) for k in m["classes"]}
+        for metric in METRIC_RANGES:
+            c[metric] = v["corrected_metrics"]["corrected"][metric]
+            c["ci"][metric] = v["corrected_metrics"]["corrected_ci"][metric]
+        out[name] = c
     return out
 
 

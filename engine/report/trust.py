@@ -32,14 +32,15 @@ def comparison_html(comparison: dict) -> Markup:
     return render("trust/comparison.html", f=f, **comparison)
 
 
-def spot_item_html(run_id: str, axis: str, question: str, classes: list[str], key: str, position: int,
-                   total: int) -> Markup:
-    return render("trust/spot_item.html", run_id=run_id, axis=axis, question=question, classes=classes, key=key,
-                  position=position, total=total)
+def spot_item_html(prefix: str, run_id: str, axis: str, question: str, classes: list[str], key: str,
+                   position: int, total: int) -> Markup:
+    """The question over one spot-check image, where the check is, and its keys (`prefix`: the panel's id)."""
+    return render("trust/spot_item.html", prefix=prefix, run_id=run_id, axis=axis, question=question,
+                  classes=classes, key=key, position=position, total=total)
 
 
-def spot_done_html(run_id: str, answered: int, who: str, more: str = "") -> Markup:
-    return render("trust/spot_done.html", run_id=run_id, answered=answered, who=who, more=more)
+def spot_done_html(prefix: str, run_id: str, answered: int, who: str, more: str = "") -> Markup:
+    return render("trust/spot_done.html", prefix=prefix, run_id=run_id, answered=answered, who=who, more=more)
 
 
 def axis_extras_html(name: str, m: dict) -> Markup:
