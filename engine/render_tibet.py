@@ -9,6 +9,7 @@ import html
 
 from . import charts
 from .render import fmt, fmt_ci
+from .report import trust
 
 CAS_NOTE = ("CAS: how similar the concepts in a counterfactual's images are to those of the initial prompt's "
             "images (1 = identical); the initial images lean toward the high-CAS counterfactuals. Intervals "
@@ -33,7 +34,8 @@ def mad_html(results: dict) -> str:
         matrix = [[results["per_prompt"][p]["mad"].get(a) for a in order] for p in prompts]
         note += charts.heatmap(matrix, prompts, order, diverging=False, title="MAD per prompt",
                                table_id="mad-per-prompt")
-    return f"<div id='cf-mad-panel'><div class='gl-chart'>{chart}</div>{note}</div>"
+    headline = trust.headline_html(results.get("headline"))  # issue 16: how sure "most biased" is
+    return f"<div id='cf-mad-panel'>{headline}<div class='gl-chart'>{chart}</div>{note}</div>"
 
 
 def cas_html(axes: dict[str, dict]) -> str:

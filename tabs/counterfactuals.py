@@ -11,7 +11,7 @@ from engine import render_tibet
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import counterfactuals
 
-from . import axes_table
+from . import axes_table, spotcheck
 from .common import fmt, gpu, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
@@ -89,6 +89,7 @@ def build(engine) -> list:
     gallery = gr.Gallery(label="Images of the chosen set with their VQA answers", columns=8, height=260,
                          elem_id="cf-gallery", object_fit="contain")
     state = gr.State({})
+    spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
     @gpu
     @user_errors
@@ -126,9 +127,10 @@ def build(engine) -> list:
                 r = event.results
                 choices = set_choices(r)
                 first_cf = next((c[1] for c in choices if "axis=" in c[1]), None)
+                claim = (r.get("headline") or {}).get("text") or (  # issue 16: the claim states how sure it is
+                    f"Most biased axis: {r['mad_order'][0]} (MAD {fmt(r['mad'][r['mad_order'][0]], 2)})")
                 text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
-                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). Most biased axis: "
-                        f"**{r['mad_order'][0]}** (MAD {fmt(r['mad'][r['mad_order'][0]], 2)}).")
+                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). {claim[0].upper()}{claim[1:]}.")
                 yield (text, render_tibet.mad_html(r), render_tibet.cas_html(render_tibet.by_axis(r)),
                        render_tibet.counterfactual_rows(r), skip, skip,
                        gr.update(choices=choices, value=first_cf), {"results": r, "run_id": event.run_id})
