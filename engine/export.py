@@ -10,7 +10,7 @@ Three forms (DESIGN.md "The store"; issue 8):
         images/<key>.png        every image once, named by its content key (the original bytes)
         gaplens/manifest.json   format, version, runs, counts
         gaplens/runs.jsonl      the runs rows verbatim (request, results, summary, models, ...)
-        gaplens/run_images.jsonl, images.jsonl, answers.jsonl, embeddings.jsonl
+        gaplens/run_images.jsonl, images.jsonl, answers.jsonl, embeddings.jsonl, labels.jsonl
         scores.json, scores.csv, report.html, README.md
 
     `datasets.load_dataset("imagefolder", data_dir=<unzipped>)` (or data_files=<zip>) reads the
@@ -182,6 +182,11 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
         by_image.setdefault(a["image_key"], []).append(
             {"question": a["question"], "answer": a["answer"], "evaluator": a["evaluator"]})
     method_of = {r["id"]: r["method"] for r in runs}
+    labels = [row for i in ids for row in store.label_rows(i)]  # issue 16: the runs' spot-checks
+    labels_of: dict[tuple[str, str], list] = {}
+    for row in labels:
+        labels_of.setdefault((row["run_id"], row["image_key"]), []).append(
+            {k: row[k] for k in ("axis", "label", "who", "created")})
 
     metadata = []
     for link in run_image_rows:
@@ -195,13 +200,13 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
             "negative_prompt": row["negative_prompt"], "seed": row["seed"], "generator": row["generator"],
             "steps": row["steps"], "guidance": row["guidance"], "width": row["width"], "height": row["height"],
             "scheduler": row["scheduler"], "nsfw": bool(row["nsfw"]), "image_key": key, "sha256": row["sha256"],
-            "vqa": by_image.get(key, [])})
+            "vqa": by_image.get(key, []), "labels": labels_of.get((link["run_id"], key), [])})
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "gaplens_version": __version__,
         "exported": time.time(), "source_data_dir": str(store.data_dir),
         "runs": [{"id": r["id"], "method": r["method"], "status": r["status"], "prompt": run_prompt(r)} for r in runs],
         "counts": {"runs": len(runs), "images": len(keys) - len(missing), "answers": len(answers),
-                   "embeddings": len(embeddings), "metadata_rows": len(metadata)},
+                   "embeddings": len(embeddings), "metadata_rows": len(metadata), "labels": len(labels)},
         "missing_images": missing,
     }
     path = Path(path)
@@ -218,6 +223,7 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
         zf.writestr("gaplens/images.jsonl", _jsonl(
             {**image_rows[k], "file": f"images/{k}.png"} for k in keys if k not in missing))
         zf.writestr("gaplens/answers.jsonl", _jsonl(answers))
+        zf.writestr("gaplens/labels.jsonl", _jsonl(labels))
         zf.writestr("gaplens/embeddings.jsonl", _jsonl(
             {**{k: v for k, v in e.items() if k != "vector"},
              "vector_b64": base64.b64encode(bytes(e["vector"])).decode("ascii")} for e in embeddings))
@@ -244,7 +250,8 @@ def _dataset_readme(manifest: dict) -> str:
   `run_id`, `method`, `label` (the image set within the run), `position`, `prompt`,
   `negative_prompt`, `seed`, `generator`, `steps`, `guidance`, `width`, `height`, `scheduler`,
   `nsfw` (flagged by the safety checker), `image_key`, `sha256` and `vqa` (every stored VQA answer
-  and caption of the image: question, answer, evaluator).
+  and caption of the image: question, answer, evaluator) and `labels` (a person's spot-check answers
+  of the image in that run: axis, label, who, created).
 - Scores: `scores.csv` (one row per score, with its 95% interval where there is one) and
   `scores.json` (each run's request, summary, results and scores).
 - `report.html`: a self-contained one-page report (open it in any browser, offline; printable).
@@ -318,6 +325,7 @@ def _import_zip(store: Store, path, replace: bool) -> dict:
                 if json.dumps(rewritten, default=_json_default) != json.dumps(results, default=_json_default):
                     run["results"] = json.dumps(rewritten, default=_json_default)
         store.import_rows(runs=todo, run_images=links, answers=answers, embeddings=embeddings)
+        store.import_labels([r for r in rows("gaplens/labels.jsonl") if r.get("run_id") in todo_ids])
     return {"imported": [r["id"] for r in todo], "skipped": sorted(existing - todo_ids),
             "images_added": added, "images_present": present, "answers": len(answers),
             "embeddings": len(embeddings), "paths_rewritten": len(moved)}

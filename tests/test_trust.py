@@ -225,3 +225,45 @@ def test_single_prompt_and_validate_commands(tmp_path):
     assert out.returncode == 2 and out.stderr.startswith("error: ") and "image_key,axis,label" in out.stderr
     out = _cli("validate", "no-such-run", data_dir=tmp_path)
     assert out.returncode == 2 and "no run" in out.stderr
+
+
+def test_labels_travel_with_the_exported_run(tmp_path):
+    from engine import export
+    from engine.store import Store
+
+    source = Engine("synthetic", data_dir=str(tmp_path / "a"))
+    done = list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a nurse", n=6, axes=["gender"],
+                                                                    gap=False, n_boot=50), source))[-1]
+    keys = list(done.results["answers"])
+    validate.add_labels(source.store, done.run_id, [{"image_key": keys[0], "axis": "gender", "label": "female"},
+                                                    {"image_key": keys[1], "axis": "gender", "label": "can't tell"}],
+                        "Ada")
+    with pytest.raises(Exception, match="not one of"):
+        validate.add_labels(source.store, done.run_id, [{"image_key": keys[0], "axis": "gender", "label": "cat"}], "x")
+    manifest = export.export_zip(source.store, [done.run_id], tmp_path / "run.zip")
+    assert manifest["counts"]["labels"] == 2
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "run.zip") as zf:
+        meta = [json.loads(line) for line in zf.read("metadata.jsonl").decode().splitlines()]
+        assert "gaplens/labels.jsonl" in zf.namelist()
+    first = next(m for m in meta if m["image_key"] == keys[0])
+    assert first["labels"][0]["label"] == "female" and first["labels"][0]["who"] == "Ada"
+    target = Store(tmp_path / "b")
+    export.import_zip(target, tmp_path / "run.zip")
+    assert sorted(r["label"] for r in target.label_rows(done.run_id)) == ["can't tell", "female"]
+    assert validate.validate_run(target, done.run_id)["axes"]["gender"]["n_checked"] == 1
+
+
+def test_counterfactuals_headline_states_its_certainty(tmp_path):
+    """The issue's firefighter: environment tops the MAD ranking at N = 16 while every interval
+    overlaps, so the headline must not claim a winner without saying how sure it is."""
+    from engine.methods import counterfactuals
+
+    engine = Engine("synthetic", data_dir=str(tmp_path))
+    request = counterfactuals.CounterfactualsRequest(prompt="a photo of a firefighter", n=16, n_boot=300)
+    results = list(counterfactuals.run(request, engine))[-1].results
+    claim = results["headline"]
+    assert claim["top"] == results["mad_order"][0]
+    assert 0 < claim["probability"] < 0.95 and not claim["clear"]
+    assert "no clear winner" in claim["text"] and claim["n_to_settle"] > 16 and "N = 16" in claim["text"]

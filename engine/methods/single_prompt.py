@@ -145,7 +145,7 @@ def most_biased_axis(axes: dict[str, dict], draws: dict[str, np.ndarray | None])
     "no clear winner" and the N that would settle it (engine.metrics.intervals.headline_claim)."""
     values = {a: _num(m.get("composite_bias_score")) for a, m in axes.items()}
     usable = {a: v for a, v in values.items() if v is not None and draws[a] is not None and len(draws[a]) > 2}
-    if not usable:
+    if len(usable) < 2:  # one axis: nothing to rank
         return {"top": None, "text": ""}
     n = min(axes[a]["n"] for a in usable)
     return headline_claim(usable, {a: draws[a] for a in usable}, n, what="most biased axis (composite bias score)")
