@@ -45,7 +45,7 @@ FORMAT_VERSION = 1
 CSV_COLUMNS = ["run_id", "method", "status", "prompt", "generator", "group", "metric", "value", "ci_low", "ci_high"]
 METADATA_COLUMNS = ["file_name", "run_id", "method", "label", "position", "prompt", "negative_prompt", "seed",
                     "generator", "steps", "guidance", "width", "height", "scheduler", "nsfw", "image_key",
-                    "sha256", "vqa"]
+                    "sha256", "vqa", "labels"]
 
 
 def _runs(store: Store, run_ids) -> list[dict]:

@@ -222,6 +222,9 @@ def headline(run: dict) -> tuple[str, float | None]:
             axis = max(cbs, key=cbs.get)
             value = float(cbs[axis])
             parts.append(f"max CBS {value:.3f} ({axis})")
+            p = _num(summary.get("top_axis_probability"))  # issue 16: how sure "most biased" is
+            if p is not None and summary.get("top_axis") == axis:
+                parts[-1] += f", top with probability {p:.2f}" + ("" if p >= 0.95 else ": no clear winner")
         if _num(summary.get("vendi")) is not None:
             parts.append(f"Vendi {summary['vendi']:.2f}")
         if _num(summary.get("gap_score")) is not None:
