@@ -16,7 +16,7 @@ pytestmark = pytest.mark.browser
 def test_spot_check_flow_with_buttons_and_keys(data_dir):
     # an evaluator with a planted 30% error, so the check has something to find
     engine = Engine("synthetic", data_dir=data_dir, vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
-    request = single_prompt.SinglePromptRequest("a photo of a firefighter", n=24, axes=["gender"], gap=False,
+    request = single_prompt.SinglePromptRequest("a photo of a firefighter", n=24, axes=["gender", "age"], gap=False,
                                                 n_boot=100)
     run_id = [e for e in single_prompt.run(request, engine) if isinstance(e, Done)][0].run_id
     with running_app(engine) as url, browser_page() as page:
@@ -27,7 +27,7 @@ def test_spot_check_flow_with_buttons_and_keys(data_dir):
         page.locator("#runs-table").get_by_text("a photo of a firefighter").filter(visible=True).first.click()
         page.wait_for_selector("#runs-view svg[data-chart='axis-gender']", timeout=30_000)
         # the view states the N and how many images a ±0.1 interval needs, and how sure its headline is
-        assert page.locator("#runs-view .gl-trust-n [data-need='width']").count() == 1
+        assert page.locator("#runs-view .gl-trust-n [data-need='width']").count() == 2
         assert page.locator("#runs-view .gl-headline").count() == 1
 
         page.locator("#runs-spot-panel").get_by_text("Check the labels (spot-check").click()
@@ -70,3 +70,18 @@ def test_spot_check_flow_with_buttons_and_keys(data_dir):
         page.click("#runs-open")
         page.wait_for_selector("#runs-view #trust-validation [data-metric='corrected']", timeout=30_000)
         assert "<b>" not in page.inner_text("#runs-view")  # nothing the researcher typed is markup
+
+        # Single Prompt over the same (cached) images reuses the labels: "corrected" redraws the axes
+        page.get_by_role("tab", name="Single Prompt").click()
+        page.fill("#sp-prompt textarea", "a photo of a firefighter")
+        page.locator("#sp-n input[type='number']").fill("24")
+        page.locator("#sp-n input[type='number']").press("Enter")
+        page.locator("#sp-spot-panel").get_by_text("Check the labels (spot-check").click()
+        page.click("#sp-generate")
+        page.wait_for_function("document.querySelector('#sp-progress').innerText.includes('Done')", timeout=60_000)
+        page.wait_for_selector("#sp-axes .gl-headline", timeout=30_000)
+        page.wait_for_selector("#sp-spot-validation #trust-validation", timeout=30_000)
+        page.locator("#sp-distribution").get_by_text("corrected", exact=True).click()
+        page.wait_for_function("document.querySelector('#sp-axes').innerText.includes('corrected for the "
+                               "evaluator')", timeout=30_000)
+        assert page.locator("#sp-axes svg[data-chart='axis-gender']").count() == 1
