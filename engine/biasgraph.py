@@ -15,6 +15,7 @@ import math
 import re
 
 from . import charts
+from .report import trust
 
 POSITIVE, NEGATIVE = "#2b6cb0", "#c53030"
 # pyvis' template loads bootstrap from a CDN (unused here) and comments out a node_modules copy of vis
@@ -119,7 +120,8 @@ def summary_html(results: dict) -> str:
     policy = {"drop": "dropped (distributions renormalised over the choices)",
               "other_bin": "counted in an 'other' category the target gives 0"}[results["other_policy"]]
     ideals = "; ".join(f"{a}: " + ", ".join(f"{v} {w:.2f}" for v, w in d.items()) for a, d in results["ideals"].items())
-    return (f"<div id='ic-summary' style='font-size:13px'><p><b>{len(kept)}</b> of {len(results['edges'])} ordered "
+    return (f"<div id='ic-summary' style='font-size:13px'>{trust.headline_html(results.get('headline'))}"  # issue 16
+            f"<p><b>{len(kept)}</b> of {len(results['edges'])} ordered "
             f"pairs kept ({results['level']} level: χ² p &lt; {results['p_threshold']:g}"
             + (f" and |IS| ≥ {results['min_abs_is']:g}" if results["min_abs_is"] else "") + "). "
             f"MaxImp (most impact, by {'edge count' if results['importance'] == 'count' else 'sum of |IS|'}): "

@@ -89,7 +89,7 @@ def build(engine) -> list:
     gallery = gr.Gallery(label="Images of the chosen set with their VQA answers", columns=8, height=260,
                          elem_id="cf-gallery", object_fit="contain")
     state = gr.State({})
-    spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
+    spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
     @gpu
     @user_errors
@@ -140,6 +140,8 @@ def build(engine) -> list:
 
     inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, steps, guidance, caption, synonyms,
               renormalise, sum_normalise, min_frequency, n_boot, top_k]
-    go.click(compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals")
+    go.click(compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals").then(
+        lambda view: spotcheck.checked_html(engine.store, view["run_id"]) if (view or {}).get("run_id") else "",
+        [state], [spot["result"]], api_name=False)  # labels of these images checked before: raw beside corrected
     pick.change(show, [state, pick], [drill, gallery], api_name=False)
     return []

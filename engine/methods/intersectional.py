@@ -26,6 +26,7 @@ Choices the spec leaves open, each a request field or stated here:
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from ..events import Graph, Progress, Scores, Table, Warning
 from ..llm_prompts import axis_question_prompt
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
+from ..metrics.intervals import headline_claim
 from .cfsets import (SetSpec, SetsRequest, add_set_arguments, counterfactual_value, generate_set, prepare,
                      resample_weights, set_request_fields)
 from .generate import settings_for
@@ -194,7 +196,7 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
     level = request.level if request.level != "auto" else ("aggregated" if len(prompts) > 1 else "prompt")
     point_tables = {x: {y: t[0] for y, t in ys.items()} for x, ys in tables.items()}
     edges = bc.chi2_edges(point_tables, matrix, level, request.p_threshold, request.min_abs_is)
-    low = high = None
+    low = high = draws = None
     if request.n_boot:
         boot_init, boot_tables = tally(specs, axes, answers, weights)
         draws = np.array([sensitivity(boot_init, boot_tables, ideals, b).matrix for b in range(request.n_boot)])
@@ -223,6 +225,8 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
                           for y in axes},
         "outside_choices": outside,
     }
+    if draws is not None:
+        results["headline"], results["sensitivity"]["p_positive"] = cell_claims(list(matrix.axes), np.asarray(matrix.matrix, float), draws, request.n)
     if len(prompts) > 1:
         own = {k: [spec for spec in specs if spec.prompt_index == k] for k in range(len(prompts))}
         results["per_prompt"] = {p: _matrix(sensitivity(*tally(own[k], axes, answers), ideals).matrix)
@@ -233,6 +237,29 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
                "max_impact": results["max_impact"], "max_influenced": results["max_influenced"],
                "distortion": round(results["distortion"], 3)}
     yield run.finish(results, summary)
+
+
+def cell_claims(axes: list[str], matrix, draws: np.ndarray, n: int) -> tuple[dict, list]:
+    """Issue 16 for the matrix: the strongest off-diagonal cell (largest |IS|) with the bootstrap
+    probability that it is the strongest (or "no clear winner" and the N that would settle it),
+    how many cells have a clear sign, and P(IS > 0) per cell. Returns (headline, p_positive)."""
+    k = len(axes)
+    values, cell_draws = {}, {}
+    for i in range(k):
+        for j in range(k):
+            d = draws[:, i, j]
+            if i != j and math.isfinite(matrix[i, j]) and np.isfinite(d).mean() > 0.9:
+                values[f"{axes[i]} → {axes[j]}"] = abs(float(matrix[i, j]))
+                cell_draws[f"{axes[i]} → {axes[j]}"] = np.where(np.isfinite(d), np.abs(d), 0.0)
+    with np.errstate(invalid="ignore"):
+        positive = np.nanmean(np.where(np.isfinite(draws), draws > 0, np.nan), axis=0)
+    clear = sum(1 for i in range(k) for j in range(k)
+                if i != j and math.isfinite(positive[i, j]) and (positive[i, j] >= 0.975 or positive[i, j] <= 0.025))
+    claim = headline_claim(values, cell_draws, n, what="strongest intersectional effect (|IS|)")
+    claim["clear_signs"] = clear
+    claim["cells"] = k * (k - 1)
+    claim["text"] += f"; {clear} of {k * (k - 1)} cells have a sign the 95% interval is sure of"
+    return claim, _matrix(positive)
 
 
 def add_cli(sub, common_arguments) -> None:

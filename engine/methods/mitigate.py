@@ -82,6 +82,7 @@ from ..events import Progress, Scores, Table, Warning
 from ..metrics import biasconnect as bc
 from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..metrics.intervals import share_interval
 from . import intersectional
 from .cfsets import (ARTICLES, SetSpec, SetsRequest, add_set_arguments, axis_name, counterfactual_value, prepare,
                      set_request_fields)
@@ -389,16 +390,14 @@ class Measurer:
             counts_y = init[y][0]
             w_bar[y] = bc.w_bar(counts_y, setup.ideals[y]) if counts_y.sum() else math.nan
             draws = None
-            share_draws = None
             if boot is not None:
                 draws = np.array([bc.w_bar(row, setup.ideals[y]) if row.sum() else math.nan for row in boot[y]])
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    share_draws = boot[y] / boot[y].sum(axis=1, keepdims=True)
             draws_w[y] = draws
             w_ci[y] = _est(w_bar[y], draws)
             shares = counts_y / counts_y.sum() if counts_y.sum() else np.full(len(counts_y), math.nan)
             names = setup.values[y] + (["other"] if setup.policy == "other_bin" else [])
-            intervals = [percentile_interval(share_draws[:, k]) if share_draws is not None else (math.nan, math.nan)
+            # Jeffreys intervals for the shares (issue 16: they hold at small N; 8 of 8 is not [1, 1])
+            intervals = [share_interval(counts_y[k], counts_y.sum()) if counts_y.sum() else (math.nan, math.nan)
                          for k in range(len(names))]
             dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [_num(s) for s in shares],
                         "low": [_num(lo) for lo, _ in intervals], "high": [_num(hi) for _, hi in intervals],
