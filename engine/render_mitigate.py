@@ -54,7 +54,9 @@ def _alerts(alerts: list[dict]) -> str:
     items = "".join(
         f"<li data-axis='{ESC(a['axis'])}' data-step='{a['step']}'>step {a['step']}: <b>{ESC(a['axis'])}</b> w̄ "
         f"{fmt(a['before'])} → {fmt(a['after'])} (change {a['change']:+.3f}, 95% CI {_ci(a.get('change_ci'))}"
-        f"{'' if a.get('significant') else ', within sampling noise'})</li>" for a in alerts)
+        f"{'' if a.get('significant') else ', within sampling noise'}"
+        + (f"; worse in {a['probability_worse']:.0%} of resamples" if a.get("probability_worse") is not None else "")
+        + ")</li>" for a in alerts)
     return f"<ul class='gl-mit-tradeoffs'>{items}</ul>" if alerts else "<p>No axis got worse.</p>"
 
 

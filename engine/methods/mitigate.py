@@ -664,11 +664,15 @@ def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[d
         if w0 is None or w1 is None or w1 - w0 <= tolerance:
             continue
         d0, d1 = before["_draws"]["w_bar"].get(y), after["_draws"]["w_bar"].get(y)
-        low = high = None
+        low = high = worse = None
         if d0 is not None and d1 is not None:
             low, high = (_num(v) for v in percentile_interval(d1 - d0))
+            diff = np.asarray(d1 - d0, float)
+            diff = diff[np.isfinite(diff)]
+            worse = float((diff > 0).mean()) if len(diff) else None  # issue 16: how sure the trade-off is
         alerts.append({"step": step, "axis": y, "before": w0, "after": w1, "change": w1 - w0,
-                       "change_ci": [low, high], "significant": low is not None and low > 0})
+                       "change_ci": [low, high], "significant": low is not None and low > 0,
+                       "probability_worse": worse})
     return alerts
 
 
