@@ -1,9 +1,11 @@
 """Single Prompt: N images of one prompt, then (streamed as each is ready) the attribute
-distribution and T2I-BiasBench metrics of every axis with bootstrap CIs, CLIP diversity
+distribution and T2I-BiasBench metrics of every axis with small-N intervals (Jeffreys shares,
+posterior or BCa metric intervals, the N a narrower interval needs), CLIP diversity
 (Vendi), the MineTheGap gap score with its missed interpretations, and Top-K concepts.
 
 Specs: minethegap-and-biasbench.md Part B (metrics), A.3 (gap score, a reconstruction),
-Part C (wiring); thesis §2.8 (Top-K concepts).
+Part C (wiring); thesis §2.8 (Top-K concepts); issue 16 (intervals, headline certainty, adding
+images until the intervals are narrow enough).
 """
 from __future__ import annotations
 

@@ -31,13 +31,11 @@ from ..metrics.agreement import agreement, corrected_distribution
 from ..metrics.intervals import posterior_interval, tidy
 from ..presets import parse_model_override
 from ..store import Store
+from .single_prompt import METRIC_RANGES
 
 CANT_TELL = "can't tell"
 OTHER = "other"
 MAX_FREE_CLASSES = 8          # a free-text axis keeps its 8 commonest answers; the rest are 'other'
-METRIC_RANGES = {"parity_difference": (0.0, 1.0), "normalised_entropy": (0.0, 1.0),
-                 "kl_divergence": (0.0, math.inf), "bias_amplification": (0.0, 2.0),
-                 "composite_bias_score": (0.0, 1.0)}
 
 
 @dataclass
