@@ -266,3 +266,28 @@ def test_counterfactuals_headline_states_its_certainty(tmp_path):
     assert claim["top"] == results["mad_order"][0]
     assert 0 < claim["probability"] < 0.95 and not claim["clear"]
     assert "no clear winner" in claim["text"] and claim["n_to_settle"] > 16 and "N = 16" in claim["text"]
+
+
+def test_add_images_until_every_interval_is_narrow_enough(tmp_path):
+    engine = Engine("synthetic", data_dir=str(tmp_path), max_images=256)
+    request = single_prompt.SinglePromptRequest("a photo of a firefighter", n=8, axes=["gender"], gap=False,
+                                                n_boot=100, until_half_width=0.12)
+    events = list(single_prompt.run(request, engine))
+    results = events[-1].results
+    n = results["n"]
+    widest = max((hi - lo) / 2 for lo, hi in results["axes"]["gender"]["share_ci"].values())
+    assert n > 8 and widest <= 0.12 and len(results["images"]) == n
+    assert engine.stats.images_generated == n            # the first images were not drawn twice
+    assert engine.stats.image_cache_hits >= 8
+    assert any("adding images" in getattr(e, "message", "") for e in events)
+    with pytest.raises(Exception, match="between 0 and 0.5"):
+        list(single_prompt.run(single_prompt.SinglePromptRequest("a photo", n=4, until_half_width=2.0), engine))
+
+
+def test_reference_mode_metrics_get_bca_intervals():
+    axis = axis_for("age")
+    labels = ["young"] * 5 + ["old"] * 2 + ["middle-aged"]
+    m = single_prompt.axis_metrics_with_ci(labels, axis, None, "reference", n_boot=200)
+    assert "BCa" in m["interval_method"]
+    for name, (lo, hi) in m["ci"].items():
+        assert lo <= m[name] <= hi, name
