@@ -47,6 +47,10 @@ def build(engine) -> list:
                                 info="paper: the paper's equations; reference: bit-exact with the authors' code")
                 alpha = gr.Slider(5, 50, value=25, step=5, label="Gap score α (percentile)")
                 combine = gr.Radio(["diff", "missed_only", "mean"], value="diff", label="Gap score combination")
+                until = gr.Number(0, label="Add images until every share's interval is within ± (0 = off)",
+                                  info="e.g. 0.1: more seeds are generated (the first ones come from the cache) "
+                                  "up to the server's maximum", minimum=0, maximum=0.49, step=0.01,
+                                  elem_id="sp-until")
             go = gr.Button("Generate and measure", variant="primary", elem_id="sp-generate")
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="sp-progress")
@@ -76,12 +80,13 @@ def build(engine) -> list:
     @gpu
     @user_errors
     def measure(prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes,
-                references, mode, alpha, combine):
+                references, mode, alpha, combine, until=0):
         request = single_prompt.SinglePromptRequest(
             prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative or "",
             steps=_int(steps), guidance=_float(guidance), width=_int(width), height=_int(height),
             axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
-            references=parse_targets(references), mode=mode, alpha=float(alpha), combine=combine)
+            references=parse_targets(references), mode=mode, alpha=float(alpha), combine=combine,
+            until_half_width=float(until) if until else None)
         records, axis_blocks, started = [], {}, time.perf_counter()
         view = {"records": {}}
         # latest value of every output; each event changes one and the others are skipped, the
@@ -161,7 +166,7 @@ def build(engine) -> list:
                 trust.validation_html(validation) if checked else "")
 
     inputs = [prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes, references, mode,
-              alpha, combine]
+              alpha, combine, until]
     outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
     go.click(measure, inputs, outputs, api_name="single_prompt").then(
         show_distribution, [state, distribution], [axes_out, spot["result"]], api_name=False)

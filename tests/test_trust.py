@@ -291,3 +291,23 @@ def test_reference_mode_metrics_get_bca_intervals():
     assert "BCa" in m["interval_method"]
     for name, (lo, hi) in m["ci"].items():
         assert lo <= m[name] <= hi, name
+
+
+def test_two_evaluators_compared_on_the_same_images(tmp_path):
+    """The planted 'shift' error shows up in the agreement matrix against the error-free VQA;
+    CLIP zero-shot over the synthetic embedder agrees with the error-free VQA."""
+    noisy = Engine("synthetic", data_dir=str(tmp_path), vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
+    done = list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a doctor", n=48, axes=["age"],
+                                                                    gap=False, n_boot=50), noisy))[-1]
+    out = validate.compare_evaluators(noisy, done.run_id, f"synthetic_vqa:{SYNTHETIC_TABLE}")
+    age = out["axes"]["age"]
+    m = np.array(age["agreement_matrix"])                 # rows: the noisy run's labels, columns: error-free
+    assert m.sum() == 48 and 0.2 < 1 - np.trace(m) / 48 < 0.45 and age["kappa"] < 0.8
+    # the noisy VQA says the next class: its 'middle-aged' images are really 'young', never 'old'
+    classes = age["classes"]
+    assert m[classes.index("middle-aged"), classes.index("old")] == 0
+    clean = Engine("synthetic", data_dir=str(tmp_path))
+    done = list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a doctor", n=16, axes=["age"],
+                                                                    gap=False, n_boot=50), clean))[-1]
+    clip = validate.compare_evaluators(clean, done.run_id, "clip_vqa:synthetic")
+    assert clip["axes"]["age"]["kappa"] == 1.0 and clip["second_id"].startswith("clip_vqa:")
