@@ -331,5 +331,6 @@ def _summary_line(out: dict) -> str:
     k, (lo, hi) = out["kappa"], out["kappa_ci"]
     pairs = ", ".join(f"{c} {out['raw'][c]:.2f} -> {out['corrected'][c]:.2f} "
                       f"[{out['corrected_ci'][c][0]:.2f}, {out['corrected_ci'][c][1]:.2f}]" for c in out["classes"])
-    kappa = f"kappa {k:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None else "")
+    kappa = ("kappa undefined (every label in one class)" if k is None
+             else f"kappa {k:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None else ""))
     return f"{out['n_checked']} checked, {kappa}; raw -> corrected: {pairs}"

@@ -39,8 +39,8 @@ def confusion_matrix(truth: Sequence[str], predicted: Sequence[str], classes: Se
 
 def cohens_kappa(cm: np.ndarray) -> float:
     """Return Cohen's κ = (p_o − p_e) / (1 − p_e) of a confusion matrix (Cohen 1960, eq. 1);
-    p_o the share on the diagonal, p_e the chance agreement Σ rowᵢ·colᵢ / N². 1 when both
-    raters use one and the same class throughout (p_e = 1), nan with no pairs."""
+    p_o the share on the diagonal, p_e the chance agreement Σ rowᵢ·colᵢ / N². nan when it is
+    undefined: no pairs, or both raters used one and the same class throughout (p_e = 1)."""
     cm = np.asarray(cm, dtype=float)
     n = cm.sum()
     if n == 0:
@@ -48,7 +48,7 @@ def cohens_kappa(cm: np.ndarray) -> float:
     po = np.trace(cm) / n
     pe = float((cm.sum(axis=1) * cm.sum(axis=0)).sum() / n ** 2)
     if pe >= 1.0:
-        return 1.0 if po >= 1.0 else 0.0
+        return math.nan
     return tidy((po - pe) / (1.0 - pe), -1.0, 1.0)
 
 
@@ -66,7 +66,9 @@ def agreement(truth: Sequence[str], predicted: Sequence[str], classes: Sequence[
            "accuracy": tidy(correct / n, 0, 1) if n else None,
            "accuracy_ci": list(share_interval(correct, n, alpha)) if n else [None, None],
            "kappa": cohens_kappa(cm) if n else None, "kappa_ci": [None, None]}
-    if n >= 2:
+    if out["kappa"] is not None and math.isnan(out["kappa"]):
+        out["kappa"] = None      # undefined: every label in one class (say so rather than print 1 or nan)
+    if n >= 2 and out["kappa"] is not None:
         t = np.array([classes.index(a) for a, _ in pairs])
         p = np.array([classes.index(b) for _, b in pairs])
         k = len(classes)

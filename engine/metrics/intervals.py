@@ -89,11 +89,15 @@ def bca_interval(statistic: Callable, *data, alpha: float = 0.05, n_resamples: i
                  low: float = -math.inf, high: float = math.inf, paired: bool = False) -> tuple[float, float]:
     """Return the BCa bootstrap interval of `statistic(*data)` (scipy.stats.bootstrap, Efron 1987).
 
-    Items are resampled (jointly across `data` when `paired`). When BCa is undefined (every
-    resample gives the same value, as with identical labels) the interval is the point itself.
+    Items are resampled (jointly across `data` when `paired`). Where BCa is undefined because
+    some resamples have no value (Cohen's κ of a resample with one class) the percentile
+    interval of the resamples that have one is used; when every resample gives the same value
+    the interval is that value.
     """
     value = float(statistic(*data))
     data = tuple(np.asarray(d) for d in data)
+    if not math.isfinite(value):
+        return math.nan, math.nan
     if len(data[0]) < 2:
         return tidy(value, low, high), tidy(value, low, high)
     import warnings
@@ -104,6 +108,8 @@ def bca_interval(statistic: Callable, *data, alpha: float = 0.05, n_resamples: i
                                  method="BCa", paired=paired, vectorized=False,
                                  rng=np.random.default_rng(seed))
     lo, hi = float(result.confidence_interval.low), float(result.confidence_interval.high)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        lo, hi = posterior_interval(result.bootstrap_distribution, value, alpha)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         lo = hi = value
     return tidy(min(lo, value), low, high), tidy(max(hi, value), low, high)
