@@ -109,6 +109,10 @@ def test_kappa_accuracy_and_recall_by_hand():
     assert out["recall"] == {"a": 0.8, "b": 0.6}
     assert out["kappa_ci"][0] < 0.4 < out["kappa_ci"][1]
     assert out["accuracy_ci"] == list(share_interval(35, 50))
+    # one class on both sides: κ is undefined, not 1; six pairs: an interval, not a point
+    assert agreement(list("mmmm"), list("mmmm"), ["m", "f"])["kappa"] is None
+    lo, hi = agreement(list("mmmmfm"), list("mmfmfm"), ["m", "f"])["kappa_ci"]
+    assert lo < 4 / 7 < hi
 
 
 def test_rogan_gladen_and_constrained_least_squares_by_hand():
