@@ -317,6 +317,9 @@ def run(request: ValidateRequest, engine: Engine):
                             request.who or f"file:{path.name}")
         yield Progress(1, 1, "labels", f"stored {stored} label(s) with run {request.run}")
     results = validate_run(engine.store, request.run, request.seed)
+    if not results["axes"]:
+        raise InputError(f"run {request.run} ({results['method']}) has no evaluator labels to check; Single Prompt "
+                         "and Counterfactuals runs have")
     for name, out in results["axes"].items():
         yield Scores(f"axis:{name}", out)
     if request.compare_vqa:
