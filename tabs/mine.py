@@ -51,6 +51,8 @@ def _progress_text(results: dict, run_id: str, status: str) -> str:
     done = len(results.get("iterations", []))
     best = results["archive"][0] if results.get("archive") else None
     best_text = f"; most biased so far **{best['score']:.3f}** “{best['prompt']}”" if best else ""
+    claim = (results.get("headline") or {}).get("text")  # issue 16: how sure the best prompt is
+    best_text += f" ({claim})" if claim and best else ""
     return (f"**{status}**: run `{run_id}`, <span id='mine-iterations'>{done}</span> of {p.get('T')} "
             f"iterations{best_text}.")
 

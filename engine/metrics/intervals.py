@@ -225,7 +225,7 @@ def headline_claim(values: dict[str, float], draws: dict[str, Sequence[float]], 
         text = f"{what}: {top} ({fmt.format(value)}; the top one with probability {pct}, N = {n})"
     else:
         settle = (f"about {n_settle} images per set would settle it" if n_settle and n_settle < max_n
-                  else "more images would not settle it: the top two are tied")
+                  else f"even {max_n} images per set would not settle it: the top two are as good as tied")
         text = (f"no clear winner for {what}: {top} ({fmt.format(value)}) is the top one with probability {pct} only, "
                 f"{runner_up} ({fmt.format(values[runner_up])}) is next (N = {n}); {settle}")
     return {"top": top, "value": value, "probability": probability, "clear": is_clear, "n": n,
