@@ -315,3 +315,25 @@ def test_two_evaluators_compared_on_the_same_images(tmp_path):
                                                                     gap=False, n_boot=50), clean))[-1]
     clip = validate.compare_evaluators(clean, done.run_id, "clip_vqa:synthetic")
     assert clip["axes"]["age"]["kappa"] == 1.0 and clip["second_id"].startswith("clip_vqa:")
+
+
+def test_best_mined_prompt_claim_follows_its_bootstrap():
+    from types import SimpleNamespace
+
+    from engine.methods.mine import best_prompt_claim
+    from engine.metrics.gap import gap_score_from_similarity
+
+    rng = np.random.default_rng(0)
+    request = SimpleNamespace(image_seed=0, alpha=25.0, combine="diff", n=8)
+    biased = np.full((8, 8), 0.2)
+    biased[:, :] += rng.normal(0, 0.01, (8, 8))
+    biased[:2, :] = 0.9                                    # every image matches only two of the readings
+    fair = np.eye(8) * 0.7 + 0.2 + rng.normal(0, 0.01, (8, 8))
+    details = {"a": {"similarity": biased.tolist()}, "b": {"similarity": fair.tolist()},
+               "c": {"similarity": (fair + 0.001).tolist()}}
+    archive = [{"id": k, "prompt": k, "score": gap_score_from_similarity(np.asarray(d["similarity"])).score}
+               for k, d in details.items()]
+    claim = best_prompt_claim(archive, details, request)
+    assert claim["top"] == "a" and claim["clear"] and claim["probability"] >= 0.95
+    tie = best_prompt_claim([a for a in archive if a["id"] != "a"], details, request)
+    assert not tie["clear"] and "no clear winner" in tie["text"]
