@@ -150,7 +150,8 @@ def most_biased_axis(axes: dict[str, dict], draws: dict[str, np.ndarray | None])
     if len(usable) < 2:  # one axis: nothing to rank
         return {"top": None, "text": ""}
     n = min(axes[a]["n"] for a in usable)
-    return headline_claim(usable, {a: draws[a] for a in usable}, n, what="most biased axis (composite bias score)")
+    return headline_claim(usable, {a: draws[a] for a in usable}, n, what="most biased axis (composite bias score)",
+                          unit="images")
 
 
 def text_variations(engine: Engine, prompt: str, n: int, seed: int = 0, axis: str | None = None) -> list[str]:
