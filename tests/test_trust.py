@@ -271,6 +271,20 @@ def test_counterfactuals_headline_states_its_certainty(tmp_path):
     assert 0 < claim["probability"] < 0.95 and not claim["clear"]
     assert "no clear winner" in claim["text"] and claim["n_to_settle"] > 16 and "N = 16" in claim["text"]
 
+    # its free-form answers can be spot-checked too: raw beside corrected for every image set
+    run_id = engine.store.list_runs()[0]["id"]
+    item = validate.checkable_axes(engine.store.get_run(run_id))["gender"]
+    assert {"man", "woman"} <= set(item.classes) and len(set(item.groups)) > 1
+    sample = validate.spot_check_sample(item, 12, seed=0)
+    truth = {k: p for k, p in zip(item.keys, item.predicted)}
+    validate.add_labels(engine.store, run_id, [{"image_key": k, "axis": "gender", "label": truth[k]} for k in sample],
+                        "tester")
+    gender = validate.validate_run(engine.store, run_id)["axes"]["gender"]
+    assert gender["n_checked"] == 12 and gender["accuracy"] == 1.0
+    assert set(gender["by_set"]) == set(item.groups)
+    for s in gender["by_set"].values():
+        assert s["corrected"] == pytest.approx(s["raw"], abs=1e-9)   # a perfect evaluator needs no correction
+
 
 def test_add_images_until_every_interval_is_narrow_enough(tmp_path):
     engine = Engine("synthetic", data_dir=str(tmp_path), max_images=256)
