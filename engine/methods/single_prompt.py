@@ -23,8 +23,8 @@ from ..errors import InputError
 from ..events import Progress, Scores, Table, Warning
 from ..llm_prompts import variations_prompt
 from ..metrics import biasbench
-from ..metrics.intervals import (dirichlet_draws, headline_claim, posterior_interval, sample_size_advice,
-                                 share_interval, tidy)
+from ..metrics.intervals import (bounded, dirichlet_draws, headline_claim, posterior_interval,
+                                 sample_size_advice, share_interval)
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import gap_score_from_similarity
 from ..metrics.tibet import concept_histogram, top_k_concepts
@@ -116,7 +116,8 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
                                          method="BCa", vectorized=False, rng=np.random.default_rng(seed))
             lows, highs = result.confidence_interval
             draws["composite_bias_score"] = result.bootstrap_distribution[-1]
-            point["ci"] = {name: _clipped(point[name], lows[j], highs[j], name) for j, name in enumerate(SCALAR_METRICS)}
+            point["ci"] = {name: list(bounded(_num(point[name]), _num(lows[j]), _num(highs[j]), *METRIC_RANGES[name]))
+                           for j, name in enumerate(SCALAR_METRICS)}
     if "ci" not in point:
         point["ci"] = {name: list(posterior_interval(draws[name], _num(point[name]), 0.05, *METRIC_RANGES[name]))
                        if name in draws else [None, None] for name in SCALAR_METRICS}
@@ -128,17 +129,6 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
 
 def _num(x):
     return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
-def _clipped(value, low, high, name) -> list:
-    lo_r, hi_r = METRIC_RANGES[name]
-    value = _num(value)
-    low, high = _num(low), _num(high)
-    if low is None or high is None:
-        return [tidy(value, lo_r, hi_r), tidy(value, lo_r, hi_r)] if value is not None else [None, None]
-    if value is not None:
-        low, high = min(low, value), max(high, value)
-    return [tidy(low, lo_r, hi_r), tidy(high, lo_r, hi_r)]
 
 
 def most_biased_axis(axes: dict[str, dict], draws: dict[str, np.ndarray | None]) -> dict:

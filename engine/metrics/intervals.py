@@ -37,6 +37,21 @@ def tidy(x: float | None, low: float = -math.inf, high: float = math.inf) -> flo
     return min(max(x, low), high) + 0.0
 
 
+def bounded(value: float | None, low: float | None, high: float | None, lowest: float = -math.inf,
+            highest: float = math.inf) -> tuple[float | None, float | None]:
+    """Return the interval (low, high) stretched to include `value` and clipped to
+    [lowest, highest]: a number is never shown outside its own interval or its metric's range.
+    Missing bounds give (value, value); nothing at all gives (None, None)."""
+    finite = [x for x in (value, low, high) if x is not None and math.isfinite(x)]
+    if not finite:
+        return None, None
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        low = high = value
+    if value is not None and math.isfinite(value):
+        low, high = min(low, value), max(high, value)
+    return tidy(low, lowest, highest), tidy(high, lowest, highest)
+
+
 def share_interval(k, n, alpha: float = 0.05):
     """Return the Jeffreys interval (low, high) of the share k/n (arrays broadcast).
 
@@ -80,9 +95,7 @@ def posterior_interval(draws, value: float | None = None, alpha: float = 0.05,
     if not len(draws):
         return math.nan, math.nan
     lo, hi = np.percentile(draws, [50 * alpha, 100 - 50 * alpha])
-    if value is not None and math.isfinite(value):
-        lo, hi = min(lo, value), max(hi, value)
-    return tidy(lo, low, high), tidy(hi, low, high)
+    return bounded(value, float(lo), float(hi), low, high)
 
 
 def bca_interval(statistic: Callable, *data, alpha: float = 0.05, n_resamples: int = 2000, seed: int = 0,
@@ -110,9 +123,7 @@ def bca_interval(statistic: Callable, *data, alpha: float = 0.05, n_resamples: i
     lo, hi = float(result.confidence_interval.low), float(result.confidence_interval.high)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         lo, hi = posterior_interval(result.bootstrap_distribution, value, alpha)
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        lo = hi = value
-    return tidy(min(lo, value), low, high), tidy(max(hi, value), low, high)
+    return bounded(value, lo, hi, low, high)
 
 
 # -- how many images -----------------------------------------------------------------------------
