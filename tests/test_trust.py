@@ -371,3 +371,21 @@ def test_corrected_interval_carries_both_sampling_errors(p_true, n, error, check
         lo, hi = out["corrected_ci"]["m"]
         hits += lo <= p_true <= hi
     assert 0.92 <= hits / 300 <= 0.98
+
+
+def test_the_pooled_confusion_corrects_each_image_set():
+    """Two sets (90% and 10% 'm') judged by one evaluator that swaps classes 30% of the time, one
+    40-image check drawn from both: each set's corrected share moves to its planted share."""
+    from engine.metrics.agreement import corrected_distribution
+
+    rng = np.random.default_rng(3)
+    truth = np.concatenate([np.where(rng.random(64) < 0.9, "m", "f"), np.where(rng.random(64) < 0.1, "m", "f")])
+    pred = np.where(rng.random(128) < 0.3, np.where(truth == "m", "f", "m"), truth)
+    idx = rng.choice(128, 40, replace=False)
+    pooled = [(pred == "m").sum(), (pred == "f").sum()]
+    for part, planted in ((slice(0, 64), 0.9), (slice(64, 128), 0.1)):
+        counts = [(pred[part] == "m").sum(), (pred[part] == "f").sum()]
+        out = corrected_distribution(pooled, truth[idx], pred[idx], ["m", "f"], target_counts=counts)
+        lo, hi = out["corrected_ci"]["m"]
+        assert out["n_images"] == 64 and lo <= planted <= hi
+        assert abs(out["corrected"]["m"] - planted) < abs(out["raw"]["m"] - planted)

@@ -165,7 +165,7 @@ def validate_run(store: Store, run_id: str, seed: int = 0) -> dict:
                 for g in groups:
                     g_counts = [sum(p == c for p, gg in zip(item.predicted, item.groups) if gg == g)
                                 for c in item.classes]
-                    by = corrected_distribution(g_counts, truth, pred, item.classes, seed=seed)
+                    by = corrected_distribution(counts, truth, pred, item.classes, seed=seed, target_counts=g_counts)
                     by.pop("_draws")
                     out["by_set"][g] = {k: by[k] for k in ("raw", "raw_ci", "corrected", "corrected_ci")}
         else:

@@ -125,21 +125,23 @@ def correct_shares(q: Sequence[float], confusion: np.ndarray) -> np.ndarray:
 
 def corrected_distribution(raw_counts: Sequence[int], truth: Sequence[str], predicted: Sequence[str],
                            classes: Sequence[str], alpha: float = 0.05, n_draws: int = 2000,
-                           seed: int = 0) -> dict:
+                           seed: int = 0, target_counts: Sequence[int] | None = None) -> dict:
     """Return the raw and corrected shares of `classes` with their intervals.
 
-    `raw_counts`: the evaluator's class counts over all the run's images; (`truth`,
-    `predicted`): the spot-checked images' reference and evaluator labels. Returns
-    {"raw", "raw_ci", "corrected", "corrected_ci", "confusion_estimated", "method", "n_images",
-    "n_checked", "unchecked_classes"} (shares by class; intervals [low, high]); see the module
-    docstring for the estimator and its interval.
+    `raw_counts`: the evaluator's class counts over all the images the spot-check was drawn
+    from; (`truth`, `predicted`): the spot-checked images' reference and evaluator labels.
+    `target_counts`: correct another image set's counts (a subset, e.g. one counterfactual's
+    images) with the confusion M estimated from the whole; M = P(evaluator | truth) carries
+    over between sets where P(truth | evaluator) does not. Returns {"raw", "raw_ci",
+    "corrected", "corrected_ci", "confusion_estimated", "method", "n_images", "n_checked",
+    "unchecked_classes", "_draws"} (shares by class; intervals [low, high]; `_draws` the
+    corrected shares' posterior draws); see the module docstring for the estimator.
     """
     classes = list(classes)
     k = len(classes)
     counts = np.asarray(raw_counts, dtype=float)
-    n = counts.sum()
     cm = confusion_matrix(truth, predicted, classes).astype(float)
-    q = counts / n if n else np.full(k, 1.0 / k)
+    q = counts / counts.sum() if counts.sum() else np.full(k, 1.0 / k)
     column_totals = cm.sum(axis=0)
 
     def columns(checked: np.ndarray) -> np.ndarray:
@@ -147,25 +149,28 @@ def corrected_distribution(raw_counts: Sequence[int], truth: Sequence[str], pred
         return np.where(column_totals > 0, checked / np.where(column_totals > 0, column_totals, 1.0), np.eye(k))
 
     m = confusion_from_calibration(q, columns(cm))
-    corrected = correct_shares(q, m)
+    target = counts if target_counts is None else np.asarray(target_counts, dtype=float)
+    n = target.sum()
+    q_target = target / n if n else np.full(k, 1.0 / k)
+    corrected = correct_shares(q_target, m)
     rng = np.random.default_rng(seed)
     q_draws = rng.dirichlet(counts + 0.5, size=n_draws)
     col_draws = np.stack([rng.dirichlet(cm[:, j] + 0.5, size=n_draws) for j in range(k)], axis=-1)
     m_draws = confusion_from_calibration(q_draws, col_draws)
+    qt_draws = q_draws if target_counts is None else rng.dirichlet(target + 0.5, size=n_draws)
     if k == 2:
         se, sp = m_draws[:, 0, 0], m_draws[:, 1, 1]
         denominator = se + sp - 1.0
         with np.errstate(invalid="ignore", divide="ignore"):
-            p0 = np.where(np.abs(denominator) > 1e-12, (q_draws[:, 0] + sp - 1.0) / denominator, q_draws[:, 0])
+            p0 = np.where(np.abs(denominator) > 1e-12, (qt_draws[:, 0] + sp - 1.0) / denominator, qt_draws[:, 0])
         p0 = np.clip(p0, 0.0, 1.0)
         p_draws = np.stack([p0, 1.0 - p0], axis=1)
     else:
-        p_draws = np.array([correct_shares(qd, md) for qd, md in zip(q_draws, m_draws)])
-    raw_ci = {c: list(share_interval(counts[i], n, alpha)) for i, c in enumerate(classes)}
+        p_draws = np.array([correct_shares(qd, md) for qd, md in zip(qt_draws, m_draws)])
     return {
         "classes": classes,
-        "raw": {c: tidy(q[i], 0, 1) for i, c in enumerate(classes)},
-        "raw_ci": raw_ci,
+        "raw": {c: tidy(q_target[i], 0, 1) for i, c in enumerate(classes)},
+        "raw_ci": {c: list(share_interval(target[i], n, alpha)) for i, c in enumerate(classes)},
         "corrected": {c: tidy(corrected[i], 0, 1) for i, c in enumerate(classes)},
         "corrected_ci": {c: list(posterior_interval(p_draws[:, i], corrected[i], alpha, 0.0, 1.0))
                          for i, c in enumerate(classes)},
