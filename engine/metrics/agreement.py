@@ -13,7 +13,9 @@ each checked image with evaluator label j stands for q_j·N / c_j images of the 
 checked images labelled j), so a sample stratified by the evaluator's label (as the app
 draws it) estimates M without bias. The interval draws q from Dirichlet(raw counts + ½) and
 every column P(truth | evaluator says j) from Dirichlet(checked counts + ½), rebuilds M and
-solves again, so it carries the sampling error of the images and of the spot-check.
+solves again, so it carries the sampling error of the images and of the spot-check. A subset
+of the images (one image set of a Counterfactuals run) is corrected with the M of the whole:
+P(evaluator | truth) carries over between sets with different shares; P(truth | evaluator) does not.
 """
 from __future__ import annotations
 
