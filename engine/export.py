@@ -36,6 +36,7 @@ import numpy as np
 
 from . import __version__
 from .errors import InputError
+from .methods.validate import validate_run
 from .runs import (compare_html, compare_runs, get_run, headline, results_html, run_header_html, run_prompt,
                    run_records, scores, short_model, thumbnails_html)
 from .store import Store, _json_default
@@ -62,8 +63,15 @@ def scores_json(store: Store, run_ids) -> dict:
         out.append({k: run[k] for k in ("id", "method", "status", "request", "summary", "models", "version",
                                          "error", "created", "updated")}
                    | {"prompt": run_prompt(run), "headline": headline(run)[0],
-                      "scores": [s.to_json() for s in scores(run)], "results": run["results"]})
+                      "scores": [s.to_json() for s in scores(run)], "results": run["results"]}
+                   | _validation(store, run["id"]))
     return {"format": "gaplens-scores", "gaplens_version": __version__, "exported": time.time(), "runs": out}
+
+
+def _validation(store: Store, run_id: str) -> dict:
+    """{"validation": the evaluator checked against the run's spot-check} when it has one (issue 16)."""
+    checked = validate_run(store, run_id)
+    return {"validation": checked} if any(a.get("n_checked") for a in checked["axes"].values()) else {}
 
 
 def scores_csv(store: Store, run_ids) -> str:

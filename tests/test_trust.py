@@ -245,6 +245,7 @@ def test_labels_travel_with_the_exported_run(tmp_path):
         validate.add_labels(source.store, done.run_id, [{"image_key": keys[0], "axis": "gender", "label": "cat"}], "x")
     manifest = export.export_zip(source.store, [done.run_id], tmp_path / "run.zip")
     assert manifest["counts"]["labels"] == 2
+    assert export.scores_json(source.store, [done.run_id])["runs"][0]["validation"]["axes"]["gender"]["n_checked"] == 1
     import zipfile
 
     with zipfile.ZipFile(tmp_path / "run.zip") as zf:
