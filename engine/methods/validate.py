@@ -171,7 +171,7 @@ def validate_run(store: Store, run_id: str, seed: int = 0) -> dict:
         else:
             n = sum(counts)
             out["raw"] = {c: tidy(k / n, 0, 1) if n else None for c, k in zip(item.classes, counts)}
-            out["n_checked"] = 0
+            out.update(n_checked=0, kappa=None, corrected=None, corrected_ci=None)  # nothing checked yet
         axes[name] = out
     return {"run_id": run_id, "method": run.get("method"), "axes": axes}
 
