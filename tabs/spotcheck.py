@@ -43,7 +43,8 @@ def checked_html(store, run_id: str) -> str:
     if run is None or not validate.checkable_axes(run):
         return ""
     validation = validate.validate_run(store, run_id)
-    return str(trust.validation_html(validation)) if any(a.get("n_checked") for a in validation["axes"].values()) else ""
+    checked = any(a.get("n_checked") for a in validation["axes"].values())
+    return str(trust.validation_html(validation)) if checked else ""
 
 
 def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dict:
@@ -142,9 +143,10 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
         return trust.comparison_html(validate.compare_evaluators(engine, run_id, other_spec.strip()))
 
     shown = [image, item] + buttons + [cant, result]
-    start.click(begin, [run_input, axis, size, who], [axis, state] + shown, api_name=f"{prefix}_start")
+    api = prefix.replace("-", "_")
+    start.click(begin, [run_input, axis, size, who], [axis, state] + shown, api_name=f"{api}_start")
     for i, button in enumerate(buttons, start=1):
         button.click(answer(i), [state], [state] + shown, api_name=False)
     cant.click(answer(0), [state], [state] + shown, api_name=False)
-    compare_btn.click(compare, [run_input, other], [comparison], api_name=f"{prefix}_compare")
+    compare_btn.click(compare, [run_input, other], [comparison], api_name=f"{api}_compare")
     return {"result": result, "state": state}

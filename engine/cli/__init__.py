@@ -20,7 +20,8 @@ from ..errors import GapLensError
 from ..events import Done, Progress, Scores, Warning
 
 # engine/cli/<name>.py for each command, in --help order
-COMMANDS = ["generate", "single-prompt", "counterfactuals", "intersectional", "mine", "mitigate", "validate", "runs", "status"]
+COMMANDS = ["generate", "single-prompt", "counterfactuals", "intersectional", "mine", "mitigate", "validate", "runs",
+            "status"]
 
 
 def common_arguments(parser: argparse.ArgumentParser) -> None:

@@ -284,7 +284,8 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec, seed
     backend, _, model = first_label.partition(":")
     if "/" in model:  # a local path: its file name says enough
         first_label = f"{backend}:{model.rstrip('/').rsplit('/', 1)[-1]}"
-    return {"run_id": run_id, "first": first_label, "second": spec.label, "second_id": second.model_id("vqa"), "axes": axes}
+    return {"run_id": run_id, "first": first_label, "second": spec.label, "second_id": second.model_id("vqa"),
+            "axes": axes}
 
 
 def _run(store: Store, run_id: str) -> dict:
