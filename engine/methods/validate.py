@@ -260,6 +260,8 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec, seed
     Returns {"run_id", "first", "second", "axes": {axis: {...}}}."""
     run = _run(engine.store, run_id)
     spec = parse_model_override(other) if isinstance(other, str) else other
+    # the same engine (store, model manager, stats) with another VQA: its answers are cached under
+    # their own evaluator id, and the run's evaluator stays loaded for the next question
     second = copy.copy(engine)
     second.preset = replace(engine.preset, vqa=spec)
     items = checkable_axes(run)
