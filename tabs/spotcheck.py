@@ -99,7 +99,7 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
                 + [gr.Button(visible=True), gr.skip()])
 
     @user_errors
-    def begin(run_value, axis_name, n, name):
+    def begin(run_value, axis_name, n, name, request: gr.Request = None):
         run_id = run_id_of(run_value)
         if not run_id:
             raise InputError("open or finish a run first: the check labels that run's images")
@@ -116,7 +116,7 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
         queue = validate.spot_check_sample(chosen, int(n), seed=len(done), done=done)
         s = {"run_id": run_id, "axis": chosen.axis, "question": chosen.question, "queue": queue, "pos": 0,
              "classes": chosen.classes[:MAX_CLASSES],
-             "who": (name or "").strip()[:80] or "anonymous", "answered": 0}
+             "who": (name or "").strip()[:80] or getattr(request, "username", None) or "anonymous", "answered": 0}
         if not queue:
             gr.Info(f"every image of '{chosen.axis}' in this run is already checked")
         return [gr.Dropdown(choices=list(items), value=chosen.axis), s] + show(s)
