@@ -306,7 +306,7 @@ class Run:
 
 
 def recorded(method: str):
-    """Decorator for a method generator `fn(request, engine, run)`: creates its run record and
+    """Decorator for a method generator `fn(request, engine, run_record)`: creates its run record and
     marks it failed (with the message) or stopped when the consumer closes the stream early.
     Whatever the method stored before the failure stays in the store."""
 

@@ -6,11 +6,11 @@ import time
 
 import gradio as gr
 
-from engine import biasgraph
 from engine.axes import parse_targets
 from engine.errors import InputError
 from engine.events import Done, Progress, Table, Warning
 from engine.methods import cfsets, intersectional
+from engine.report import intersectional as report
 
 from . import axes_table
 from .common import gpu, user_errors
@@ -96,54 +96,59 @@ def build(engine) -> list:
 
     @gpu
     @user_errors
-    def connect(prompt, fill, rows, n, seed, targets, policy, level, p_threshold, min_abs_is, importance, n_boot,
-                negative, steps, guidance):
+    def connect(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto", p_threshold=None,
+                min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None, guidance=None):
         request = intersectional.IntersectionalRequest(
-            prompt=prompt, axes=axes_table.axes_of(rows), fill=axes_table.parse_fill(fill), n=int(n),
-            seed=int(seed or 0), ideals=parse_targets(targets), other_policy=policy, level=level,
+            prompt=prompt, axes=axes_table.axes_of(table), fill=axes_table.parse_fill(fill), n=int(n),
+            seed=int(seed or 0), ideals=parse_targets(targets or ""), other_policy=other_policy, level=level,
             p_threshold=None if p_threshold in (None, "") else float(p_threshold),
             min_abs_is=None if min_abs_is in (None, "") else float(min_abs_is), importance=importance,
-            n_boot=int(n_boot), negative_prompt=negative or "", steps=None if steps in (None, "") else int(steps),
+            n_boot=int(n_boot), negative_prompt=negative_prompt or "",
+            steps=None if steps in (None, "") else int(steps),
             guidance=None if guidance in (None, "") else float(guidance))
-        skip = gr.skip()
         started = time.perf_counter()
-        # outputs: progress, summary, matrix, graph, edges, questions, axes table, pair, state
+        asked, proposed = [], {}
+        # each event updates the outputs it names; the last yield names every output of the run
+        # (the axes table, an input, only when the LLM proposed it)
         for event in intersectional.run(request, engine):
             if isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield (f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)",
-                       *[skip] * 8)
+                yield {progress: f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"}
             elif isinstance(event, Warning):
                 gr.Warning(event.message)
             elif isinstance(event, Table) and event.name == "axes":
-                yield *[skip] * 6, event.rows, skip, skip
+                proposed = {editor.table: event.rows}
+                yield proposed
             elif isinstance(event, Table) and event.name == "questions":
-                yield *[skip] * 5, event.rows, skip, skip, skip
+                asked = event.rows
+                yield {questions: asked}
             elif isinstance(event, Done):
                 r = event.results
                 axes = r["sensitivity"]["axes"]
                 pairs = [(f"{x} → {y}", f"{x}|{y}") for x in axes for y in axes if x != y]
                 best = max(r["kept_edges"] or r["edges"], key=lambda e: abs(e["is"] or 0), default=None)
-                text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
-                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-                yield (text, biasgraph.summary_html(r), biasgraph.matrix_html(r),
-                       biasgraph.iframe(biasgraph.graph_from_results(r), elem_id="ic-graph-frame"),
-                       edge_rows(r), skip, skip,
-                       gr.update(choices=pairs, value=f"{best['source']}|{best['target']}" if best else None),
-                       {"results": r, "run_id": event.run_id})
+                yield {progress: (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, "
+                                  f"in {event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`)."),
+                       summary: report.summary_html(r), matrix: report.matrix_html(r),
+                       graph: report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame"),
+                       edges: edge_rows(r), questions: asked, **proposed,
+                       pair: gr.update(choices=pairs, value=f"{best['source']}|{best['target']}" if best else None),
+                       state: {"results": r, "run_id": event.run_id}}
 
     def show_pair(view, value):
         results = (view or {}).get("results")
         if not results or not value:
             return ""
         x, y = value.split("|")
-        return biasgraph.pair_html(results, x, y)
+        return report.pair_html(results, x, y)
 
     reference.upload(load_reference, [reference], [targets], api_name=False)
     from_cf.click(latest_counterfactuals, None, [editor.prompt, editor.fill, editor.table, n, seed], api_name=False)
-    inputs = [editor.prompt, editor.fill, editor.table, n, seed, targets, policy, level, p_threshold, min_abs_is,
-              importance, n_boot, negative, steps, guidance]
-    go.click(connect, inputs, [progress, summary, matrix, graph, edges, questions, editor.table, pair, state],
+    form = dict(prompt=editor.prompt, table=editor.table, n=n, fill=editor.fill, seed=seed, targets=targets,
+                other_policy=policy, level=level, p_threshold=p_threshold, min_abs_is=min_abs_is,
+                importance=importance, n_boot=n_boot, negative_prompt=negative, steps=steps, guidance=guidance)
+    go.click(connect, inputs_kwargs=form,
+             outputs=[progress, summary, matrix, graph, edges, questions, editor.table, pair, state],
              api_name="intersectional")
     pair.change(show_pair, [state, pair], [pair_view], api_name=False)
     return []

@@ -11,7 +11,7 @@ from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import single_prompt, validate
 from engine.report import trust
 
-from engine.render import axis_html, diversity_text, gap_html
+from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
 
 from . import spotcheck
 from .common import gallery_items, gpu, user_errors
@@ -79,52 +79,52 @@ def build(engine) -> list:
 
     @gpu
     @user_errors
-    def measure(prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes,
-                references, mode, alpha, combine, until=0):
+    def measure(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
+                axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0):
         request = single_prompt.SinglePromptRequest(
-            prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative or "",
+            prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative_prompt or "",
             steps=_int(steps), guidance=_float(guidance), width=_int(width), height=_int(height),
             axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
-            references=parse_targets(references), mode=mode, alpha=float(alpha), combine=combine,
+            references=parse_targets(references or ""), mode=mode, alpha=float(alpha), combine=combine,
             until_half_width=float(until) if until else None)
         records, axis_blocks, started = [], {}, time.perf_counter()
         view = {"records": {}}
-        # latest value of every output; each event changes one and the others are skipped, the
-        # last yield sends them all (what an API client receives as the result)
-        latest = [[], "", "", "", "", [], view]
-
-        def update(index, value):
-            latest[index] = value
-            return tuple(value if i == index else gr.skip() for i in range(len(latest)))
-
+        # each event updates the outputs it names; the last yield names them all (an API
+        # client's result)
+        shown = {gallery: [], progress: "", axes_out: "", diversity: "", gap_out: "", topk: [], state: view}
         for event in single_prompt.run(request, engine):
             if isinstance(event, Images):
                 records += event.records
                 records.sort(key=lambda r: r.seed)
                 view["records"] = {r.seed: r.to_json() for r in records}
-                yield update(0, gallery_items(records))
+                update = {gallery: gallery_items(records)}
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield update(1, f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)")
+                update = {progress: f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"}
             elif isinstance(event, Warning):
                 gr.Warning(event.message)
+                continue
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
                 axis_blocks[event.name[5:]] = axis_html(event.name[5:], event.values)
-                yield update(2, "<div style='display:flex;flex-wrap:wrap;gap:18px'>"
-                             + "".join(axis_blocks.values()) + "</div>")
-            elif isinstance(event, Scores) and event.name == "headline":
-                yield update(2, str(trust.headline_html(event.values)) + latest[2])
+                update = {axes_out: axes_html(axis_blocks.values())}
+            elif isinstance(event, Scores) and event.name == "headline":  # issue 16: how sure the headline is
+                update = {axes_out: trust.headline_html(event.values) + axes_html(axis_blocks.values())}
             elif isinstance(event, Scores) and event.name == "diversity":
-                yield update(3, diversity_text(event.values))
+                update = {diversity: diversity_text(event.values)}
             elif isinstance(event, Scores) and event.name == "gap":
-                yield update(4, gap_html(event.values))
+                update = {gap_out: gap_html(event.values)}
             elif isinstance(event, Table):
-                yield update(5, event.rows)
+                update = {topk: event.rows}
             elif isinstance(event, Done):
                 view.update(run_id=event.run_id, results=event.results, request=request.__dict__)
-                latest[1] = (f"**Done**: {len(records)} images measured in {event.summary.get('seconds', 0):.1f} s "
-                             f"(run `{event.run_id}`).")
-                yield tuple(latest)
+                shown[progress] = (f"**Done**: {len(records)} images measured in "
+                                   f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+                yield shown
+                continue
+            else:
+                continue
+            shown.update(update)
+            yield update
 
     def show_image(view, evt: gr.SelectData):
         records = sorted(view.get("records", {}).values(), key=lambda r: r["seed"])
@@ -160,19 +160,18 @@ def build(engine) -> list:
         checked = any(a.get("n_checked") for a in validation["axes"].values())
         if which == "corrected" and not checked:
             gr.Warning("no labels checked yet for this run's images: use 'Check the labels' first")
-        blocks = "".join(axis_html(name, m) for name, m in shown.items())
-        return (str(trust.headline_html(results.get("headline")))
-                + f"<div style='display:flex;flex-wrap:wrap;gap:18px'>{blocks}</div>",
+        return (trust.headline_html(results.get("headline")) + axes_html(axis_html(a, m) for a, m in shown.items()),
                 trust.validation_html(validation) if checked else "")
 
-    inputs = [prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes, references, mode,
-              alpha, combine, until]
+    form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, steps=steps, guidance=guidance, width=width,
+                height=height, axes=axes, extra_axes=extra_axes, references=references, mode=mode, alpha=alpha,
+                combine=combine, until=until)
     outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
-    go.click(measure, inputs, outputs, api_name="single_prompt").then(
-        show_distribution, [state, distribution], [axes_out, spot["result"]], api_name=False)
-    prompt.submit(measure, inputs, outputs, api_name=False).then(
-        show_distribution, [state, distribution], [axes_out, spot["result"]], api_name=False)
-    distribution.change(show_distribution, [state, distribution], [axes_out, spot["result"]], api_name=False)
+    redraw = dict(fn=show_distribution, inputs=[state, distribution], outputs=[axes_out, spot["result"]],
+                  api_name=False)
+    go.click(measure, inputs_kwargs=form, outputs=outputs, api_name="single_prompt").then(**redraw)
+    prompt.submit(measure, inputs_kwargs=form, outputs=outputs, api_name=False).then(**redraw)
+    distribution.change(**redraw)
     gallery.select(show_image, [state], [details, state], api_name=False)
     regenerate.click(regenerate_alone, [state], [details], api_name="regenerate")
     return [(fill_defaults, [steps, guidance, width, height])]

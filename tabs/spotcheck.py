@@ -37,14 +37,14 @@ if (!window.__glSpotKeys) {
 """
 
 
-def checked_html(store, run_id: str) -> str:
-    """The evaluator check of a run (raw beside corrected) when any of its images is labelled, else ''."""
+def checked_html(store, run_id: str):
+    """The evaluator check of a run (raw beside corrected, Markup) when any of its images is labelled, else ''."""
     run = store.get_run(run_id)
     if run is None or not validate.checkable_axes(run):
         return ""
     validation = validate.validate_run(store, run_id)
     checked = any(a.get("n_checked") for a in validation["axes"].values())
-    return str(trust.validation_html(validation)) if checked else ""
+    return trust.validation_html(validation) if checked else ""
 
 
 def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dict:

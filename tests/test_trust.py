@@ -231,7 +231,7 @@ def test_single_prompt_and_validate_commands(tmp_path):
 
 
 def test_labels_travel_with_the_exported_run(tmp_path):
-    from engine import export
+    from engine.report import export
     from engine.store import Store
 
     source = Engine("synthetic", data_dir=str(tmp_path / "a"))
@@ -390,3 +390,15 @@ def test_the_pooled_confusion_corrects_each_image_set():
         lo, hi = out["corrected_ci"]["m"]
         assert out["n_images"] == 64 and lo <= planted <= hi
         assert abs(out["corrected"]["m"] - planted) < abs(out["raw"]["m"] - planted)
+
+
+def test_headline_over_a_fixed_and_a_free_text_axis():
+    """Posterior draws (paper mode) and BCa resamples (a free-text axis) differ in number; the
+    headline still compares them (they are independent across axes)."""
+    fixed = single_prompt.axis_metrics_with_ci(["male"] * 7 + ["female"], axis_for("gender"), None, "paper", 400)
+    free = single_prompt.axis_metrics_with_ci(["red", "blue", "red", "green"] * 2, axis_for("hair colour"), None,
+                                              "paper", 400)
+    assert len(fixed["_draws"]) != len(free["_draws"])
+    claim = single_prompt.most_biased_axis({"gender": fixed, "hair colour": free},
+                                           {"gender": fixed["_draws"], "hair colour": free["_draws"]})
+    assert claim["top"] == "gender" and 0 < claim["probability"] <= 1

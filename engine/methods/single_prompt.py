@@ -3,7 +3,7 @@ distribution and T2I-BiasBench metrics of every axis with small-N intervals (Jef
 posterior or BCa metric intervals, the N a narrower interval needs), CLIP diversity
 (Vendi), the MineTheGap gap score with its missed interpretations, and Top-K concepts.
 
-Specs: minethegap-and-biasbench.md Part B (metrics), A.3 (gap score, a reconstruction),
+Specs (docs/spec/): minethegap-and-biasbench.md Part B (metrics), A.3 (gap score, a reconstruction),
 Part C (wiring); thesis §2.8 (Top-K concepts); issue 16 (intervals, headline certainty, adding
 images until the intervals are narrow enough).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 from scipy import stats
@@ -26,34 +27,37 @@ from ..metrics import biasbench
 from ..metrics.intervals import (bounded, dirichlet_draws, headline_claim, posterior_interval,
                                  sample_size_advice, share_interval)
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
-from ..metrics.gap import gap_score_from_similarity
+from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..metrics.tibet import concept_histogram, top_k_concepts
-from .generate import settings_for
+from ..scores import Score, as_interval, number
+from .generate import GenerationOptions, settings_for
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
 
 
 @dataclass
-class SinglePromptRequest:
-    prompt: str
-    n: int = 16
-    seed: int = 0
-    negative_prompt: str = ""
-    steps: int | None = None
-    guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
-    axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES))
+class SinglePromptRequest(GenerationOptions):
+    prompt: str = field(metadata={"help": "the prompt to audit"})
+    n: int = field(default=16, metadata={"flag": "-n", "help": "images"})
+    seed: int = field(default=0, metadata={"help": "images use the seeds seed .. seed+n-1"})
+    axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES), metadata={
+        "help": "attribute axes to measure (known ones have fixed choices; others are free VQA answers)"})
     references: dict = field(default_factory=dict)   # axis -> {value: target share}; missing = uniform
-    mode: str = "paper"                               # T2I-BiasBench: "paper" or "reference"
-    n_variations: int | None = None                   # MineTheGap text variations (default: n)
-    alpha: float = 25.0                               # MineTheGap percentile (spec A.3)
-    combine: str = "diff"                             # "diff" | "missed_only" | "mean"
-    n_boot: int = 1000
-    top_k: int = 10
-    gap: bool = True                                  # compute the gap score (needs the LLM)
-    half_width: float = 0.1                           # the ± interval the sample-size advice aims at
-    until_half_width: float | None = None             # add images until every share is within ± this
+    mode: str = field(default="paper", metadata={
+        "help": "T2I-BiasBench: the paper's equations, or bit-exact with the authors' code",
+        "choices": ("paper", "reference")})
+    n_variations: int | None = field(default=None, metadata={
+        "help": "MineTheGap text variations of the prompt (default: n)"})
+    alpha: float = field(default=25.0, metadata={"help": "gap-score percentile (spec A.3)"})
+    combine: str = field(default="diff", metadata={"help": "how the gap score combines its terms",
+                                                   "choices": COMBINATIONS})
+    n_boot: int = field(default=1000, metadata={"help": "posterior draws / bootstrap resamples per interval"})
+    top_k: int = field(default=10, metadata={"help": "concepts listed"})
+    gap: bool = field(default=True, metadata={"flag": "--no-gap", "help": "skip the gap score (it needs the LLM)"})
+    half_width: float = field(default=0.1, metadata={
+        "help": "the ± interval the 'how many images' advice aims at"})
+    until_half_width: float | None = field(default=None, metadata={
+        "metavar": "X", "help": "add images (reusing the cache) until every share's interval is within ±X"})
 
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + self.n))
@@ -116,10 +120,10 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
                                          method="BCa", vectorized=False, rng=np.random.default_rng(seed))
             lows, highs = result.confidence_interval
             draws["composite_bias_score"] = result.bootstrap_distribution[-1]
-            point["ci"] = {name: list(bounded(_num(point[name]), _num(lows[j]), _num(highs[j]), *METRIC_RANGES[name]))
-                           for j, name in enumerate(SCALAR_METRICS)}
+            point["ci"] = {name: list(bounded(_finite(point[name]), _finite(lows[j]), _finite(highs[j]),
+                                              *METRIC_RANGES[name])) for j, name in enumerate(SCALAR_METRICS)}
     if "ci" not in point:
-        point["ci"] = {name: list(posterior_interval(draws[name], _num(point[name]), 0.05, *METRIC_RANGES[name]))
+        point["ci"] = {name: list(posterior_interval(draws[name], _finite(point[name]), 0.05, *METRIC_RANGES[name]))
                        if name in draws else [None, None] for name in SCALAR_METRICS}
     point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if mode == "paper" and axis.values
                                 else "Jeffreys shares; BCa bootstrap metrics")
@@ -127,7 +131,8 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
     return point
 
 
-def _num(x):
+def _finite(x) -> float | None:
+    """`x` as a float when it is a finite number, else None."""
     return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
@@ -135,7 +140,7 @@ def most_biased_axis(axes: dict[str, dict], draws: dict[str, np.ndarray | None])
     """The headline over a Single Prompt's axes: the axis with the largest composite bias score,
     the posterior probability that it is the largest (draws are independent across axes), or
     "no clear winner" and the N that would settle it (engine.metrics.intervals.headline_claim)."""
-    values = {a: _num(m.get("composite_bias_score")) for a, m in axes.items()}
+    values = {a: _finite(m.get("composite_bias_score")) for a, m in axes.items()}
     usable = {a: v for a, v in values.items() if v is not None and draws[a] is not None and len(draws[a]) > 2}
     if len(usable) < 2:  # one axis: nothing to rank
         return {"top": None, "text": ""}
@@ -174,6 +179,22 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
     }
 
 
+class SinglePromptResults(TypedDict, total=False):
+    """What a Single Prompt run stores (`Done.results`); saved step by step as it goes."""
+
+    prompt: str
+    settings: dict                       # the generator settings used
+    n: int                               # images measured (grown by `until_half_width`)
+    images: list[dict]                   # ImageRecord.to_json of every image
+    axes: dict[str, dict]                # per axis: axis_metrics_with_ci + question, labels, reference
+    headline: dict                       # the most biased axis and how sure the intervals are of it
+    answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer
+    diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
+    gap: dict                            # gap_for_images (when request.gap)
+    captions: list[str]
+    top_concepts: list[list]             # [concept, frequency per image], most frequent first
+
+
 def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis], valid: list, results: dict):
     """Ask every axis' question of the images, store and stream its metrics (`yield from`);
     returns ({axis: answers}, {axis: composite-score draws})."""
@@ -210,7 +231,20 @@ def _more_images(request: SinglePromptRequest, axes: dict, n: int, max_images: i
 
 
 @recorded("single_prompt")
-def run(request: SinglePromptRequest, engine: Engine, run: Run):
+def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
+    """N images of one prompt measured for bias: the attribute distribution of every axis with
+    T2I-BiasBench metrics and small-N intervals, CLIP diversity, the MineTheGap gap score and
+    Top-K concepts, each streamed as soon as it is computed.
+
+    Request: SinglePromptRequest (prompt, N, seed, axes and their reference distributions,
+    metric mode, gap-score settings, interval settings, Top-K).
+    Yields: Warning for an over-long prompt and flagged images; Images and Progress while
+    generating; Progress("vqa") and Scores("axis:<name>") per axis (again after images are
+    added); Scores("headline"); Scores("diversity"); Progress("gap") and Scores("gap") (when
+    `gap`); Table("top_concepts"); one Done.
+    Results: SinglePromptResults.
+    """
+    # 1. Check the request.
     prompt = engine.check_prompt(request.prompt)
     n = engine.check_n(request.n)
     n_var = engine.check_n(request.n_variations or n, "number of text variations")
@@ -219,12 +253,15 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
         if value is not None and not 0 < float(value) < 0.5:
             raise InputError(f"the {what} must be between 0 and 0.5 (e.g. 0.1 for ±10 points), not {value:g}")
     settings = settings_for(request, engine)
-    results: dict = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
+    results: SinglePromptResults = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
     if len(prompt.split()) * 1.3 > 75:
         yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
 
+    # 2. Generate the images (flagged ones are kept but left out of every metric) and measure
+    #    every axis (VQA; spec B.2-B.3); with `until_half_width`, add images until the share
+    #    intervals are narrow enough.
     while True:
-        records = yield from stream_image_set(engine, run, prompt, list(range(request.seed, request.seed + n)),
+        records = yield from stream_image_set(engine, run_record, prompt, list(range(request.seed, request.seed + n)),
                                               settings)
         results["images"] = [r.to_json() for r in records]
         valid = [r for r in records if not r.nsfw]
@@ -232,7 +269,7 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
             yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
                           "from every metric")
         results["n"] = n
-        run.save(results)
+        run_record.save(results)
         answers_by_axis, draws = yield from _measure_axes(engine, request, axes, valid, results)
         more = _more_images(request, results["axes"], n, engine.max_images)
         if more is None:
@@ -247,9 +284,9 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     results["headline"] = most_biased_axis(results["axes"], draws)
     yield Scores("headline", results["headline"])
     results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
-    run.save(results)
+    run_record.save(results)
 
-    # Diversity over CLIP image embeddings.
+    # 3. Diversity over CLIP image embeddings (Vendi).
     image_emb = engine.embed_images(valid)
     diversity = {"vendi": vendi_score(image_emb), "vendi_normalised": normalised_vendi(image_emb),
                  "mean_pairwise_similarity": mean_pairwise_similarity(image_emb), "n": len(valid),
@@ -257,16 +294,16 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     results["diversity"] = diversity
     yield Scores("diversity", diversity)
 
-    # MineTheGap gap score (reconstruction, spec A.3).
+    # 4. MineTheGap gap score (reconstruction, spec A.3).
     if request.gap:
         yield Progress(0, 1, "gap", "asking the LLM for text variations of the prompt")
         gap_result = gap_for_images(engine, prompt, valid, image_emb, n_var, request.alpha, request.combine,
                                     seed=request.seed)
         results["gap"] = gap_result
         yield Scores("gap", gap_result)
-        run.save(results)
+        run_record.save(results)
 
-    # Top-K concepts from every VQA answer plus a caption per image (thesis §2.8).
+    # 5. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8).
     captions = engine.caption(valid)
     per_image = [[answers_by_axis[a][j] for a in answers_by_axis] + [captions[j]] for j in range(len(valid))]
     top = top_k_concepts(concept_histogram(per_image), request.top_k)
@@ -282,10 +319,55 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
         summary["top_axis_probability"] = round(results["headline"]["probability"], 3)
     for name, m in results["axes"].items():
         summary[f"cbs_{name}"] = None if m["composite_bias_score"] != m["composite_bias_score"] else round(m["composite_bias_score"], 3)
-    yield run.finish(results, summary)
+    yield run_record.finish(results, summary)
 
 
 def image_details(engine: Engine, image_key: str) -> dict:
     """What the gallery shows for one clicked image: its row in the store and every VQA answer."""
     rows = engine.store.image_rows([image_key])
     return {"image": rows[0] if rows else None, "answers": engine.store.answers_for_image(image_key)}
+
+
+def scores(results: dict, summary: dict) -> list[Score]:
+    """Per axis the T2I-BiasBench scalars and each class' share (with their bootstrap
+    intervals), then diversity, the gap score and the Top-K concept frequencies."""
+    rows = []
+    for axis, m in results.get("axes", {}).items():
+        ci = m.get("ci", {})
+        for key in ("composite_bias_score", *SCALAR_METRICS[:-1]):
+            if number(m.get(key)) is not None:
+                rows.append(Score(axis, key, float(m[key]), *(as_interval(ci.get(key)) or (None, None))))
+        for c in m.get("classes", []):
+            share = m.get("representation_parity", {}).get(c, 0.0)
+            rows.append(Score(axis, f"share: {c}", float(share),
+                              *(as_interval(m.get("share_ci", {}).get(c)) or (None, None))))
+    d = results.get("diversity") or {}
+    for key in ("vendi", "vendi_normalised", "mean_pairwise_similarity"):
+        if number(d.get(key)) is not None:
+            rows.append(Score("diversity", key, float(d[key])))
+    g = results.get("gap") or {}
+    for key in ("score", "coverage_term", "alignment_term"):
+        if number(g.get(key)) is not None:
+            rows.append(Score("gap", key, float(g[key])))
+    for concept, freq in results.get("top_concepts") or []:
+        rows.append(Score("top concepts", str(concept), float(freq)))
+    return rows
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("max CBS 0.412 (gender) · Vendi 3.10 · gap 0.120", the largest CBS) of a stored run."""
+    summary = record.get("summary") or {}
+    cbs = {k[4:]: v for k, v in summary.items() if k.startswith("cbs_") and number(v) is not None}
+    parts, value = [], None
+    if cbs:
+        axis = max(cbs, key=cbs.get)
+        value = float(cbs[axis])
+        parts.append(f"max CBS {value:.3f} ({axis})")
+        p = number(summary.get("top_axis_probability"))  # issue 16: how sure "most biased" is
+        if p is not None and summary.get("top_axis") == axis:
+            parts[-1] += f", top with probability {p:.2f}" + ("" if p >= 0.95 else ": no clear winner")
+    if number(summary.get("vendi")) is not None:
+        parts.append(f"Vendi {summary['vendi']:.2f}")
+    if number(summary.get("gap_score")) is not None:
+        parts.append(f"gap {summary['gap_score']:.3f}")
+    return " · ".join(parts), value

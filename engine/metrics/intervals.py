@@ -188,10 +188,13 @@ def top_probability(draws: dict[str, Sequence[float]], largest: bool = True) -> 
     """Return {name: share of draws in which it has the largest (or smallest) value}.
 
     `draws` holds one array per candidate, aligned draw by draw (the same bootstrap resample or
-    posterior draw in row b); draws where any value is nan are left out; ties split evenly.
+    posterior draw in row b) or independent (then of any lengths: the longer ones are cut to the
+    shortest); draws where any value is nan are left out; ties split evenly.
     """
     names = list(draws)
-    matrix = np.array([np.asarray(draws[n], dtype=float) for n in names]).T
+    arrays = [np.asarray(draws[n], dtype=float).reshape(-1) for n in names]
+    shortest = min((len(a) for a in arrays), default=0)
+    matrix = np.array([a[:shortest] for a in arrays]).T
     matrix = matrix[np.isfinite(matrix).all(axis=1)]
     if not len(matrix) or not names:
         return {n: math.nan for n in names}
@@ -224,7 +227,8 @@ def headline_claim(values: dict[str, float], draws: dict[str, Sequence[float]], 
     probs = top_probability({k: draws[k] for k in names}, largest)
     probability = probs[top]
     runner_up = order[1]
-    diff = np.asarray(draws[top], float) - np.asarray(draws[runner_up], float)
+    a, b = np.asarray(draws[top], float).reshape(-1), np.asarray(draws[runner_up], float).reshape(-1)
+    diff = a[:min(len(a), len(b))] - b[:min(len(a), len(b))]
     diff = diff[np.isfinite(diff)]
     d, s = abs(values[top] - values[runner_up]), float(diff.std()) if len(diff) else math.nan
     is_clear = bool(math.isfinite(probability) and probability >= clear)

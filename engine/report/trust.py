@@ -4,32 +4,22 @@ narrower interval needs, and headlines that say how sure they are. Templates:
 `templates/trust/*.html` (autoescaped)."""
 from __future__ import annotations
 
-import math
-
 from . import Markup, render
 
 METRIC_LABELS = [("parity_difference", "Parity Difference"), ("normalised_entropy", "Normalised entropy"),
                  ("composite_bias_score", "Composite Bias Score")]
 
 
-def f(value, digits: int = 3) -> str:
-    """A number for a page: 'n/a' for None/nan, never '-0.000'."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    text = f"{float(value) + 0.0:.{digits}f}"
-    return text[1:] if text.startswith("-") and float(text) == 0 else text
-
-
 def validation_html(validation: dict) -> Markup:
     """Per axis: accuracy and κ with intervals, confusion and recall, raw beside corrected shares
     and metrics (engine.methods.validate.validate_run's result)."""
     return render("trust/validation.html", run_id=validation.get("run_id"), axes=validation.get("axes", {}),
-                  f=f, metric_labels=METRIC_LABELS)
+                  metric_labels=METRIC_LABELS)
 
 
 def comparison_html(comparison: dict) -> Markup:
     """The agreement matrix and κ of two evaluators (engine.methods.validate.compare_evaluators)."""
-    return render("trust/comparison.html", f=f, **comparison)
+    return render("trust/comparison.html", **comparison)
 
 
 def spot_item_html(prefix: str, run_id: str, axis: str, question: str, classes: list[str], key: str,
