@@ -75,6 +75,16 @@ CREATE TABLE IF NOT EXISTS run_images (
     PRIMARY KEY (run_id, image_key, label)
 );
 """
+# spot-check labels (issue 16): a person's label of one image on one axis, kept with the run it
+# was checked in; looked up by image key too, so a later run over the same images reuses them
+SCHEMA += """
+CREATE TABLE IF NOT EXISTS labels (
+    run_id TEXT NOT NULL, image_key TEXT NOT NULL, axis TEXT NOT NULL, label TEXT NOT NULL,
+    who TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (run_id, image_key, axis, who)
+);
+CREATE INDEX IF NOT EXISTS labels_by_image ON labels(image_key);
+"""
 
 # Columns added after the first release (added to older stores when they are opened):
 # images.provenance 'local' (generated here) or 'imported' (from an archive: never a cache hit
@@ -376,6 +386,30 @@ class Store:
     def new_run_id(self) -> str:
         return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
+    # -- spot-check labels (issue 16) ---------------------------------------------------------
+    def put_labels(self, rows: Iterable[tuple[str, str, str, str, str]]) -> int:
+        """Store (run_id, image_key, axis, label, who) rows, stamped now; a person's new answer for
+        the same image and axis in the same run replaces the old one. Returns how many were written."""
+        rows = [(str(r), str(k), str(a).strip().lower(), str(lab).strip().lower(), str(w), time.time())
+                for r, k, a, lab, w in rows]
+        with self._write() as db:
+            db.executemany("INSERT OR REPLACE INTO labels VALUES (?,?,?,?,?,?)", rows)
+        return len(rows)
+
+    def label_rows(self, run_id: str | None = None, image_keys: Sequence[str] = ()) -> list[dict]:
+        """Stored labels of a run (with `run_id`) or of some images in any run (`image_keys`), oldest first."""
+        if run_id is not None:
+            return [dict(r) for r in self._read("SELECT * FROM labels WHERE run_id=? ORDER BY created", (run_id,))]
+        return [dict(r) for r in self._read_in("SELECT * FROM labels", "image_key", image_keys, "created")]
+
+    def import_labels(self, rows: Sequence[dict]) -> None:
+        """Insert exported label rows verbatim (a run imported with its spot-check)."""
+        with self._write() as db:
+            db.executemany("INSERT OR REPLACE INTO labels VALUES (?,?,?,?,?,?)",
+                           [(str(r["run_id"]), str(r["image_key"]), str(r["axis"]), str(r["label"]), str(r["who"]),
+                             float(r["created"])) for r in rows])
+
+    # -- runs ----------------------------------------------------------------------------------
     def create_run(self, method: str, request: dict, models: dict, version: str,
                    run_id: str | None = None, cost: int = 0) -> str:
         """A new run in status 'running', owned by the current visitor and recording this
@@ -528,6 +562,7 @@ class Store:
                 raise NotAllowedError(f"run '{run_id}' is not yours: visitors may delete only their own runs")
             keys = [r[0] for r in db.execute("SELECT DISTINCT image_key FROM run_images WHERE run_id=?", (run_id,))]
             db.execute("DELETE FROM run_images WHERE run_id=?", (run_id,))
+            db.execute("DELETE FROM labels WHERE run_id=?", (run_id,))
             db.execute("DELETE FROM runs WHERE id=?", (run_id,))
             orphans = [] if keep_images else [
                 k for k in keys
@@ -774,3 +809,4 @@ def _json_default(obj):
 
         return asdict(obj)
     return str(obj)
+

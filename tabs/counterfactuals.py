@@ -11,7 +11,7 @@ from engine.methods import counterfactuals
 from engine.report import counterfactuals as report
 from engine.report import fmt
 
-from . import axes_table
+from . import axes_table, spotcheck
 from .common import gpu, gpu_seconds_for_sets, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
@@ -69,6 +69,7 @@ def build(engine) -> list:
     gallery = gr.Gallery(label="Images of the chosen set with their VQA answers", columns=8, height=260,
                          elem_id="cf-gallery", object_fit="contain")
     state = gr.State({})
+    spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
     def compare_seconds(prompt, fill, rows, n, seed, negative, steps, *rest):
         return gpu_seconds_for_sets(n, steps, rows)  # ZeroGPU: images x steps of every set
@@ -109,9 +110,10 @@ def build(engine) -> list:
                 r = event.results
                 choices = set_choices(r)
                 first_cf = next((c[1] for c in choices if "axis=" in c[1]), None)
+                claim = (r.get("headline") or {}).get("text") or (  # issue 16: the claim states how sure it is
+                    f"Most biased axis: {r['mad_order'][0]} (MAD {fmt(r['mad'][r['mad_order'][0]], 2)})")
                 text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
-                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). Most biased axis: "
-                        f"**{r['mad_order'][0]}** (MAD {fmt(r['mad'][r['mad_order'][0]], 2)}).")
+                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). {claim[0].upper()}{claim[1:]}.")
                 yield (text, report.mad_html(r), report.cas_html(report.by_axis(r)),
                        report.counterfactual_rows(r), skip, skip,
                        gr.update(choices=choices, value=first_cf), {"results": r, "run_id": event.run_id})
@@ -121,6 +123,8 @@ def build(engine) -> list:
 
     inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, steps, guidance, caption, synonyms,
               renormalise, sum_normalise, min_frequency, n_boot, top_k]
-    go.click(compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals")
+    go.click(compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals").then(
+        lambda view: spotcheck.checked_html(engine.store, view["run_id"]) if (view or {}).get("run_id") else "",
+        [state], [spot["result"]], api_name=False)  # labels of these images checked before: raw beside corrected
     pick.change(show, [state, pick], [drill, gallery], api_name=False)
     return []

@@ -19,6 +19,7 @@ from engine.report import export
 from engine.report import runs as runs_page
 from engine.report import study as study_page
 
+from . import spotcheck
 from .common import gallery_items, user_errors
 
 HEADERS = ["run", "method", "prompt", "generator", "date", "headline score", "status"]
@@ -96,6 +97,7 @@ def build(engine) -> list:
     gallery = gr.Gallery(label="Images of the run", columns=8, height=280, elem_id="runs-gallery",
                          object_fit="contain", allow_preview=True)
     comparison = gr.HTML(elem_id="runs-comparison")
+    spotcheck.build(engine, lambda selected: (_ids(selected) or [None])[-1], selected, "runs-spot")
 
     with gr.Accordion("Import runs from an exported zip", open=False):
         upload = gr.File(label="GapLens export (.zip)", file_types=[".zip"], elem_id="runs-import-file")
@@ -156,7 +158,7 @@ def build(engine) -> list:
         opened = runs_page.open_run(store, ids[-1])
         records = [r for r, _ in opened["records"]]
         labels = [f"seed {r.seed}" + (f" · {label}" if label else "") for r, label in opened["records"]]
-        return opened["html"], gallery_items(records, labels)
+        return opened["html"] + spotcheck.checked_html(store, ids[-1]), gallery_items(records, labels)
 
     def click_row(selected, evt: gr.SelectData):
         row = evt.row_value or []

@@ -9,10 +9,12 @@ from engine.axes import known_axes, parse_targets
 from engine.device import on_zero_gpu
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
-from engine.methods import single_prompt
+from engine.methods import single_prompt, validate
+from engine.report import trust
 
 from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
 
+from . import spotcheck
 from .common import gallery_items, gpu, gpu_seconds, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
@@ -46,6 +48,10 @@ def build(engine) -> list:
                                 info="paper: the paper's equations; reference: bit-exact with the authors' code")
                 alpha = gr.Slider(5, 50, value=25, step=5, label="Gap score α (percentile)")
                 combine = gr.Radio(["diff", "missed_only", "mean"], value="diff", label="Gap score combination")
+                until = gr.Number(0, label="Add images until every share's interval is within ± (0 = off)",
+                                  info="e.g. 0.1: more seeds are generated (the first ones come from the cache) "
+                                  "up to the server's maximum", minimum=0, maximum=0.49, step=0.01,
+                                  elem_id="sp-until")
             go = gr.Button("Generate and measure", variant="primary", elem_id="sp-generate")
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="sp-progress")
@@ -54,6 +60,10 @@ def build(engine) -> list:
             with gr.Row():
                 details = gr.Markdown("Click an image to see its seed and VQA answers.", elem_id="sp-details")
                 regenerate = gr.Button("Regenerate this image alone", size="sm", elem_id="sp-regenerate")
+    with gr.Row():  # issue 16: the metrics on the raw or the spot-check-corrected distribution
+        distribution = gr.Radio(["raw", "corrected"], value="raw", label="Distribution the metrics use",
+                                info="corrected: adjusted by the evaluator's errors measured in 'Check the labels'",
+                                elem_id="sp-distribution")
     axes_out = gr.HTML(elem_id="sp-axes")
     with gr.Row():
         diversity = gr.Markdown(elem_id="sp-diversity")
@@ -61,6 +71,7 @@ def build(engine) -> list:
                             elem_id="sp-topk", interactive=False)
     gap_out = gr.HTML(elem_id="sp-gap")
     state = gr.State({})
+    spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "sp-spot")
 
     @user_errors
     def fill_defaults():
@@ -75,12 +86,13 @@ def build(engine) -> list:
     @gpu(duration=measure_seconds)
     @user_errors
     def measure(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
-                axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff"):
+                axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0):
         request = single_prompt.SinglePromptRequest(
             prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative_prompt or "",
             steps=_int(steps), guidance=_float(guidance), width=_int(width), height=_int(height),
             axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
-            references=parse_targets(references or ""), mode=mode, alpha=float(alpha), combine=combine)
+            references=parse_targets(references or ""), mode=mode, alpha=float(alpha), combine=combine,
+            until_half_width=float(until) if until else None)
         records, axis_blocks, started = [], {}, time.perf_counter()
         view = {"records": {}}
         # each event updates the outputs it names; the last yield names them all (an API
@@ -101,6 +113,8 @@ def build(engine) -> list:
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
                 axis_blocks[event.name[5:]] = axis_html(event.name[5:], event.values)
                 update = {axes_out: axes_html(axis_blocks.values())}
+            elif isinstance(event, Scores) and event.name == "headline":  # issue 16: how sure the headline is
+                update = {axes_out: trust.headline_html(event.values) + axes_html(axis_blocks.values())}
             elif isinstance(event, Scores) and event.name == "diversity":
                 update = {diversity: diversity_text(event.values)}
             elif isinstance(event, Scores) and event.name == "gap":
@@ -143,12 +157,29 @@ def build(engine) -> list:
         verdict = "identical to the stored image" if same else f"differs from the stored image by up to {diff} grey levels"
         return f"Seed {record['seed']} regenerated alone: {verdict}."
 
+    @user_errors
+    def show_distribution(view, which):
+        """The axes again, on the raw or the corrected distribution, and the spot-check so far."""
+        results = (view or {}).get("results")
+        if not results:
+            return gr.skip(), gr.skip()
+        validation = validate.validate_run(engine.store, view["run_id"])
+        shown = validate.corrected_axes(results["axes"], validation) if which == "corrected" else results["axes"]
+        checked = any(a.get("n_checked") for a in validation["axes"].values())
+        if which == "corrected" and not checked:
+            gr.Warning("no labels checked yet for this run's images: use 'Check the labels' first")
+        return (trust.headline_html(results.get("headline")) + axes_html(axis_html(a, m) for a, m in shown.items()),
+                trust.validation_html(validation) if checked else "")
+
     form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, steps=steps, guidance=guidance, width=width,
                 height=height, axes=axes, extra_axes=extra_axes, references=references, mode=mode, alpha=alpha,
-                combine=combine)
+                combine=combine, until=until)
     outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
-    go.click(measure, inputs_kwargs=form, outputs=outputs, api_name="single_prompt")
-    prompt.submit(measure, inputs_kwargs=form, outputs=outputs, api_name=False)
+    redraw = dict(fn=show_distribution, inputs=[state, distribution], outputs=[axes_out, spot["result"]],
+                  api_name=False)
+    go.click(measure, inputs_kwargs=form, outputs=outputs, api_name="single_prompt").then(**redraw)
+    prompt.submit(measure, inputs_kwargs=form, outputs=outputs, api_name=False).then(**redraw)
+    distribution.change(**redraw)
     gallery.select(show_image, [state], [details, state], api_name=False)
     regenerate.click(regenerate_alone, [state], [details], api_name="regenerate")
     return [(fill_defaults, [steps, guidance, width, height])]

@@ -26,7 +26,7 @@ from ..methods import METHODS
 from .options import method_parser
 
 # engine/cli/<name>.py for each command, in --help order
-COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["runs", "biasbench", "status", "plan", "doctor"]
+COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["validate", "runs", "biasbench", "status", "plan", "doctor"]
 ROLE_EXAMPLES = {"generator": "diffusers:/path/to/model", "embedder": "open_clip:ViT-B-32",
                  "llm": "hf_chat:Qwen/Qwen2.5-1.5B-Instruct", "vqa": "blip_vqa:Salesforce/blip-vqa-base"}
 

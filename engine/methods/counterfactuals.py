@@ -36,6 +36,7 @@ from ..distributed import distributed_image_sets
 from ..events import Progress, Scores, Table
 from ..metrics import tibet
 from ..metrics.bootstrap import percentile_interval
+from ..metrics.intervals import headline_claim
 from ..metrics.diversity import unit_rows
 from ..metrics.wordnet import wordnet_synonyms
 from ..presets import ASSETS
@@ -169,6 +170,7 @@ def axis_scores(cfs: list[dict], sum_normalise: bool) -> dict:
         out[mad_key] = tibet.mad_normalised([c[key] for c in cfs], sum_normalise)
         draws = [tibet.mad_normalised(col, sum_normalise) for col in np.array([c[f"_{key}"] for c in cfs]).T]
         out[f"{mad_key}_ci"] = _interval(draws)
+        out[f"_{mad_key}_draws"] = np.asarray(draws, float)   # aligned across axes: for the headline's certainty
         for c in cfs:
             c[f"{key}_ci"] = _interval(c[f"_{key}"])
     return out
@@ -188,14 +190,18 @@ def _set_json(s: ConceptSet, answers: dict[str, list[str]], captions: list[str],
                         **({"caption": captions[i]} if captions else {})} for i, r in enumerate(s.records)]}
 
 
-def summarise(scored: dict[str, dict]) -> dict:
-    """The score part of the results from {axis: {"cfs": [...], "mad": ..., ...}}."""
+def summarise(scored: dict[str, dict], n: int | None = None) -> dict:
+    """The score part of the results from {axis: {"cfs": [...], "mad": ..., ...}}, with the
+    "most biased axis" headline and the bootstrap probability that it is the top one (issue 16)."""
     out = {"counterfactuals": [_public(c) for a in scored.values() for c in a["cfs"]],
            "cas": {axis: {c["prompt"]: c["cas"] for c in a["cfs"]} for axis, a in scored.items()},
            "cas_clip": {axis: {c["prompt"]: c["cas_clip"] for c in a["cfs"]} for axis, a in scored.items()}}
     for key in ("mad", "mad_ci", "mad_clip", "mad_clip_ci"):
         out[key] = {axis: a[key] for axis, a in scored.items()}
     out["mad_order"] = sorted(out["mad"], key=lambda a: -out["mad"][a])
+    draws = {axis: a.get("_mad_draws") for axis, a in scored.items()}
+    if n and all(d is not None and len(d) for d in draws.values()):
+        out["headline"] = headline_claim(out["mad"], draws, n, what="most biased axis (MAD of CAS)")
     return out
 
 
@@ -289,7 +295,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
             yield Scores(f"axis:{axis}", {"prompt": prompt, "axis": axis, **_public(scored[axis]),
                                           "counterfactuals": [_public(c) for c in cfs]})
         per_prompt.append(scored)
-        results["per_prompt"][prompt] = summarise(scored)
+        results["per_prompt"][prompt] = summarise(scored, request.n)
         run_record.save(results)
 
     # 3. One prompt: its scores; aggregate mode: CAS averaged over the prompts, then MAD.
@@ -298,8 +304,10 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     else:
         averaged = {axis: _average([s[axis]["cfs"] for s in per_prompt]) for axis in axes}
         results.update(summarise({axis: {"cfs": cfs, **axis_scores(cfs, request.sum_normalise)}
-                                  for axis, cfs in averaged.items()}))
+                                  for axis, cfs in averaged.items()}, request.n))
         yield Scores("aggregate", {k: results[k] for k in ("mad", "mad_ci", "mad_order", "counterfactuals")})
+    if results.get("headline"):
+        yield Scores("headline", results["headline"])
     summary = {"prompts": len(prompts), "sets": len(specs), "n": request.n,
                **{f"mad_{a}": round(results["mad"][a], 3) for a in results["mad_order"]}}
     yield run_record.finish(results, summary)

@@ -37,7 +37,8 @@ from ..distributed import distributed_image_sets
 from ..errors import GapLensError, InputError, LLMOutputError
 from ..events import Images, Progress, Scores, Table, Warning
 from ..llm_prompts import mutations_prompt, random_prompts_prompt
-from ..metrics.gap import COMBINATIONS
+from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
+from ..metrics.intervals import headline_claim
 from ..scores import number
 from ..store import ImageRecord, image_key
 from .generate import GenerationOptions, settings_for
@@ -464,7 +465,7 @@ class Miner:
                        "n_variations": request.n_variations, "alpha": request.alpha, "combine": request.combine,
                        "keep_parents": request.keep_parents, "seed": request.seed, "image_seed": request.image_seed},
             "settings": self.settings.__dict__, "model_ids": self.model_ids, "image_seeds": request.seeds(),
-            "archive": self.archive(),
+            "archive": self.archive(), "headline": best_prompt_claim(self.archive(), self.details, request),
             "best_per_iteration": self.best_per_iteration(), "best_so_far": self.best_so_far(),
             "iterations": self.iterations, "nodes": self.nodes, "details": self.details, "pending": self.pending,
             "complete": len(self.iterations) >= request.iterations and not self.pending,
@@ -485,6 +486,30 @@ class Miner:
                 "iterations": len(self.iterations), "prompts_scored": self.scored_total(),
                 "top": [f"{a['score']:.3f} {a['prompt']}" for a in archive[:3]],
                 "strategy": self.request.strategy}
+
+
+def best_prompt_claim(archive: list[dict], details: dict, request, n_draws: int = 200) -> dict | None:
+    """Issue 16 for mining: the most biased archived prompt (lowest gap score) with the bootstrap
+    probability that it is the lowest, or "no clear winner" and the N that would settle it.
+    Texts and images of every prompt's similarity matrix are resampled with the same indices in
+    draw b (resampling lowers every coverage score alike, so the ranking, not the level, is what
+    the draws measure). None with fewer than two scored archived prompts."""
+    scored = [a for a in archive if a.get("score") is not None and a["id"] in details]
+    if len(scored) < 2:
+        return None
+    rng = np.random.default_rng(request.image_seed)
+    values, draws = {}, {}
+    shapes = {np.asarray(details[a["id"]]["similarity"]).shape for a in scored}
+    rows = {shape: rng.integers(0, shape[0], size=(n_draws, shape[0])) for shape in shapes}
+    cols = {shape: rng.integers(0, shape[1], size=(n_draws, shape[1])) for shape in shapes}
+    for a in scored:
+        sim = np.asarray(details[a["id"]]["similarity"], float)
+        r, c = rows[sim.shape], cols[sim.shape]
+        values[a["prompt"]] = float(a["score"])
+        draws[a["prompt"]] = np.array([gap_score_from_similarity(sim[np.ix_(r[b], c[b])], request.alpha,
+                                                                 request.combine).score for b in range(n_draws)])
+    return headline_claim(values, draws, request.n, largest=False, what="most biased prompt (lowest gap score)",
+                          fmt="{:.3f}")
 
 
 def _compact(gap: dict) -> dict:
@@ -543,6 +568,7 @@ class MineResults(TypedDict, total=False):
     model_ids: dict[str, str]
     image_seeds: list[int]
     archive: list[dict]                 # every selected prompt once, most biased (lowest gap) first, with lineage
+    headline: dict | None               # the most biased prompt and how sure the bootstrap is of it
     best_per_iteration: list[float | None]
     best_so_far: list[float | None]
     iterations: list[dict]              # per iteration: its population and the selected prompts

@@ -84,6 +84,7 @@ from ..events import Progress, Scores, Warning
 from ..metrics import biasconnect as bc
 from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..metrics.intervals import share_interval
 from ..scores import number
 from . import intersectional
 from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
@@ -399,16 +400,14 @@ class Measurer:
             counts_y = init[y][0]
             w_bar[y] = bc.w_bar(counts_y, setup.ideals[y]) if counts_y.sum() else math.nan
             draws = None
-            share_draws = None
             if boot is not None:
                 draws = np.array([bc.w_bar(row, setup.ideals[y]) if row.sum() else math.nan for row in boot[y]])
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    share_draws = boot[y] / boot[y].sum(axis=1, keepdims=True)
             draws_w[y] = draws
             w_ci[y] = _est(w_bar[y], draws)
             shares = counts_y / counts_y.sum() if counts_y.sum() else np.full(len(counts_y), math.nan)
             names = setup.values[y] + (["other"] if setup.policy == "other_bin" else [])
-            intervals = [percentile_interval(share_draws[:, k]) if share_draws is not None else (math.nan, math.nan)
+            # Jeffreys intervals for the shares (issue 16: they hold at small N; 8 of 8 is not [1, 1])
+            intervals = [share_interval(counts_y[k], counts_y.sum()) if counts_y.sum() else (math.nan, math.nan)
                          for k in range(len(names))]
             dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [_finite(s) for s in shares],
                         "low": [_finite(lo) for lo, _ in intervals], "high": [_finite(hi) for _, hi in intervals],
@@ -659,11 +658,15 @@ def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[d
         if w0 is None or w1 is None or w1 - w0 <= tolerance:
             continue
         d0, d1 = before["_draws"]["w_bar"].get(y), after["_draws"]["w_bar"].get(y)
-        low = high = None
+        low = high = worse = None
         if d0 is not None and d1 is not None:
             low, high = (_finite(v) for v in percentile_interval(d1 - d0))
+            diff = np.asarray(d1 - d0, float)
+            diff = diff[np.isfinite(diff)]
+            worse = float((diff > 0).mean()) if len(diff) else None  # issue 16: how sure the trade-off is
         alerts.append({"step": step, "axis": y, "before": w0, "after": w1, "change": w1 - w0,
-                       "change_ci": [low, high], "significant": low is not None and low > 0})
+                       "change_ci": [low, high], "significant": low is not None and low > 0,
+                       "probability_worse": worse})
     return alerts
 
 

@@ -15,7 +15,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
-from . import Markup, charts, fmt, macro, signed
+from . import Markup, charts, fmt, macro, signed, trust
 
 POSITIVE, NEGATIVE = "#2b6cb0", "#c53030"
 MARKS = {"MaxImp": "MaxImp: most impact on other axes (outgoing edges)",
@@ -127,7 +127,8 @@ def summary_html(results: dict) -> Markup:
     policy = {"drop": "dropped (distributions renormalised over the choices)",
               "other_bin": "counted in an 'other' category the target gives 0"}.get(results["other_policy"],
                                                                                    results["other_policy"])
-    return macro("intersectional.html", "summary")(r=results, policy=policy)
+    return macro("intersectional.html", "summary")(r=results, policy=policy,
+                                                   headline=trust.headline_html(results.get("headline")))
 
 
 def pair_html(results: dict, intervened: str, affected: str) -> Markup:

@@ -38,7 +38,8 @@ def progress_text(results: dict, run_id: str, status: str) -> Markup:
     archive = results.get("archive") or []
     return macro("mine.html", "progress")(status=status, run_id=run_id, done=len(results.get("iterations", [])),
                                           total=results.get("params", {}).get("T"),
-                                          best=archive[0] if archive else None)
+                                          best=archive[0] if archive else None,
+                                          claim=(results.get("headline") or {}).get("text"))  # issue 16
 
 
 def selected_html(info: dict) -> tuple[Markup, Markup]:
