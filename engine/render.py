@@ -85,7 +85,7 @@ def single_prompt_html(results: dict) -> str:
         parts.append(gap_html(results["gap"]))
     if results.get("top_concepts"):
         rows = "".join(f"<tr><td>{html.escape(str(c))}</td><td>{f}</td></tr>" for c, f in results["top_concepts"])
-        parts.append(f"<table><tr><th>concept</th><th>frequency per image</th></tr>{rows}</table>")
+        parts.append(f"<table><tr><th>concept</th><th>share of images</th></tr>{rows}</table>")
     return "\n".join(parts)
 
 

@@ -56,7 +56,7 @@ def build(engine) -> list:
     axes_out = gr.HTML(elem_id="sp-axes")
     with gr.Row():
         diversity = gr.Markdown(elem_id="sp-diversity")
-        topk = gr.Dataframe(headers=["concept", "frequency per image"], label="Top-K concepts",
+        topk = gr.Dataframe(headers=["concept", "share of images"], label="Top-K concepts",
                             elem_id="sp-topk", interactive=False)
     gap_out = gr.HTML(elem_id="sp-gap")
     state = gr.State({})

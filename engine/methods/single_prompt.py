@@ -20,7 +20,7 @@ from ..metrics import biasbench
 from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import gap_score_from_similarity
-from ..metrics.tibet import concept_histogram, top_k_concepts
+from ..metrics.concepts import top_phrases
 from .generate import settings_for
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -171,13 +171,14 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
         yield Scores("gap", gap_result)
         run.save(results)
 
-    # Top-K concepts from every VQA answer plus a caption per image (thesis §2.8).
+    # Top-K concepts from every VQA answer plus a caption per image (thesis §2.8), as whole
+    # phrases with variants merged (metrics.concepts; CAS keeps TIBET's unigrams).
     captions = engine.caption(valid)
-    per_image = [[answers_by_axis[a][j] for a in answers_by_axis] + [captions[j]] for j in range(len(valid))]
-    top = top_k_concepts(concept_histogram(per_image), request.top_k)
+    per_image = [[answers_by_axis[a][j] for a in answers_by_axis] for j in range(len(valid))]
+    top = top_phrases(per_image, captions, request.top_k, known=prompt.lower().split())
     results["captions"] = captions
     results["top_concepts"] = [[c, round(f, 3)] for c, f in top]
-    yield Table("top_concepts", ["concept", "frequency per image"], results["top_concepts"])
+    yield Table("top_concepts", ["concept", "share of images"], results["top_concepts"])
 
     summary = {"n": len(valid), "vendi": round(diversity["vendi"], 3)}
     if "gap" in results:
