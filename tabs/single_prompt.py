@@ -132,6 +132,9 @@ def build(engine) -> list:
         same, diff = engine.regenerate_check(request["prompt"], record["seed"],
                                              single_prompt.settings_for(single_prompt.SinglePromptRequest(**request), engine),
                                              record["key"])
+        if diff is None:
+            return (f"Seed {record['seed']}: the stored image is missing (deleted with another run, or its file "
+                    "is gone), so there is nothing to compare it with. Run the prompt again to regenerate it.")
         verdict = "identical to the stored image" if same else f"differs from the stored image by up to {diff} grey levels"
         return f"Seed {record['seed']} regenerated alone: {verdict}."
 

@@ -39,7 +39,7 @@ from ..metrics.diversity import unit_rows
 from ..metrics.concepts import top_phrases
 from ..metrics.wordnet import wordnet_synonyms
 from ..presets import ASSETS
-from .cfsets import (SetSpec, SetsRequest, add_set_arguments, generate_set, prepare, resample_weights,
+from .cfsets import (SetSpec, SetsRequest, add_set_arguments, check, generate_set, prepare, resample_weights,
                      set_request_fields)
 from .generate import settings_for
 
@@ -196,7 +196,7 @@ def summarise(scored: dict[str, dict]) -> dict:
     return out
 
 
-@recorded("counterfactuals")
+@recorded("counterfactuals", check)
 def run(request: CounterfactualsRequest, engine: Engine, run: Run):
     prompts, axes, specs = yield from prepare(request, engine)
     settings = settings_for(request, engine)

@@ -34,7 +34,13 @@ def settings_for(request, engine: Engine):
                            height=request.height, negative_prompt=request.negative_prompt or "")
 
 
-@recorded("generate")
+def check(request, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
+    [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
+    engine.check_n(request.n)
+
+
+@recorded("generate", check)
 def run(request: GenerateRequest, engine: Engine, run: Run):
     prompts = [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
     unique = list(dict.fromkeys(prompts))

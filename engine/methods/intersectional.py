@@ -40,7 +40,7 @@ from ..events import Graph, Progress, Scores, Table, Warning
 from ..llm_prompts import axis_question_prompt
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
-from .cfsets import (SetSpec, SetsRequest, add_set_arguments, counterfactual_value, generate_set, prepare,
+from .cfsets import (SetSpec, SetsRequest, add_set_arguments, check, counterfactual_value, generate_set, prepare,
                      resample_weights, set_request_fields)
 from .generate import settings_for
 
@@ -138,7 +138,7 @@ def _matrix(values) -> list:
     return [_floats(row) for row in values]
 
 
-@recorded("intersectional")
+@recorded("intersectional", check)
 def run(request: IntersectionalRequest, engine: Engine, run: Run):
     if request.other_policy not in bc.OTHER_POLICIES:
         raise InputError(f"the other-answer policy must be one of {', '.join(bc.OTHER_POLICIES)}")

@@ -170,6 +170,10 @@ def resolve(request: MineRequest, engine: Engine) -> tuple[MineRequest, dict | N
     stored = {k: v for k, v in record["results"]["request"].items() if k in MineRequest.__dataclass_fields__}
     effective = MineRequest(**{**stored, "resume": request.resume,
                                "iterations": request.iterations or stored["iterations"]})
+    done = len(record["results"].get("iterations", []))
+    if done >= effective.iterations:
+        raise InputError(f"run '{request.resume}' has finished its {done} iterations; raise T above {done} "
+                         "to continue it")
     return check_request(effective, engine), record["results"]
 
 
@@ -209,7 +213,11 @@ class Miner:
         self.iterations: list[dict] = [dict(i) for i in stored.get("iterations", [])]
         self.pending: dict | None = stored.get("pending")
         self.details: dict[str, dict] = dict(stored.get("details", {}))
-        self.run_chain: list[str] = list(stored.get("run_chain", [])) + ([request.resume] if request.resume else [])
+        # runs this search continued from (a resume continues under the same id: not listed again)
+        chain = list(stored.get("run_chain", []))
+        if request.resume and request.resume not in chain and (run is None or run.id != request.resume):
+            chain.append(request.resume)
+        self.run_chain: list[str] = chain
         self.by_id = {n["id"]: n for n in self.nodes}
         self.seen = {normalise_prompt(n["prompt"]) for n in self.nodes}
         self.warnings: list[str] = []
@@ -504,7 +512,11 @@ def _round(value):
     return None if value is None else round(float(value), 4)
 
 
-@recorded("mine")
+def _check(request: MineRequest, engine: Engine) -> None:
+    resolve(request, engine)
+
+
+@recorded("mine", _check, continues=lambda request: request.resume)
 def run(request: MineRequest, engine: Engine, run: Run):
     request, stored = resolve(request, engine)
     miner = Miner(request, engine, run, stored)

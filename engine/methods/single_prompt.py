@@ -120,7 +120,14 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
     }
 
 
-@recorded("single_prompt")
+def check(request: SinglePromptRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
+    n = engine.check_n(request.n)
+    engine.check_prompt(request.prompt)
+    engine.check_n(request.n_variations or n, "number of text variations")
+
+
+@recorded("single_prompt", check)
 def run(request: SinglePromptRequest, engine: Engine, run: Run):
     prompt = engine.check_prompt(request.prompt)
     n = engine.check_n(request.n)

@@ -1,0 +1,52 @@
+"""Issue 17 (a first visit without contradictions): the engine-side fixes, one test each."""
+from __future__ import annotations
+
+import pytest
+
+from engine.core import Engine
+from engine.errors import InputError
+from engine.events import Done
+from engine.methods import counterfactuals, generate, single_prompt
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return Engine("synthetic", data_dir=str(tmp_path / "store"))
+
+
+def finish(events):
+    for event in events:
+        if isinstance(event, Done):
+            return event
+    raise AssertionError("no Done event")
+
+
+def test_bad_input_creates_no_run(engine):
+    for method, request in [(single_prompt.run, single_prompt.SinglePromptRequest(prompt="  ")),
+                            (single_prompt.run, single_prompt.SinglePromptRequest(prompt="a cat", n=0)),
+                            (generate.run, generate.GenerateRequest(prompt="")),
+                            (counterfactuals.run, counterfactuals.CounterfactualsRequest(prompt=""))]:
+        with pytest.raises(InputError):
+            list(method(request, engine))
+    assert engine.store.count("runs") == 0
+
+
+def test_a_consumer_closing_after_done_leaves_the_run_done(engine):
+    events = single_prompt.run(single_prompt.SinglePromptRequest(prompt="a photo of a doctor", n=4, n_boot=20,
+                                                                 gap=False), engine)
+    done = finish(events)
+    events.close()
+    assert engine.store.get_run(done.run_id)["status"] == "done"
+
+
+def test_regenerate_after_the_image_was_deleted_says_missing(engine):
+    done = finish(generate.run(generate.GenerateRequest(prompt="a photo of a nurse", n=2), engine))
+    record = engine.store.get_run(done.run_id)
+    settings = engine.default_settings()
+    from engine.store import image_key
+    key = image_key(engine.model_id("generator"), "a photo of a nurse", 1, settings)
+    assert engine.regenerate_check("a photo of a nurse", 1, settings, key) == (True, 0)
+    calls = engine.stats.generator_calls
+    engine.store.delete_run(record["id"])
+    assert engine.regenerate_check("a photo of a nurse", 1, settings, key) == (False, None)
+    assert engine.stats.generator_calls == calls      # nothing generated for a comparison that cannot be made
