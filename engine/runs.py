@@ -23,6 +23,7 @@ from typing import Callable, Iterable
 
 from . import render
 from .errors import InputError
+from .names import readable
 from .store import ImageRecord, Store
 
 STATUSES = ("done", "running", "stopped", "failed")
@@ -221,7 +222,7 @@ def headline(run: dict) -> tuple[str, float | None]:
         if cbs:
             axis = max(cbs, key=cbs.get)
             value = float(cbs[axis])
-            parts.append(f"max CBS {value:.3f} ({axis})")
+            parts.append(f"max {readable('composite_bias_score')} {value:.3f} ({axis})")
         if _num(summary.get("vendi")) is not None:
             parts.append(f"Vendi {summary['vendi']:.2f}")
         if _num(summary.get("gap_score")) is not None:
@@ -231,7 +232,7 @@ def headline(run: dict) -> tuple[str, float | None]:
         n = summary.get("n")
         return (f"{n} images" if n is not None else ""), _num(n)
     items = [(k, v) for k, v in summary.items() if k not in ("seconds", "n") and _num(v) is not None]
-    text = " · ".join(f"{k} {_short_number(v)}" for k, v in items[:3])
+    text = " · ".join(f"{readable(k)} {_short_number(v)}" for k, v in items[:3])
     return text, (float(items[0][1]) if items else None)
 
 
@@ -483,7 +484,7 @@ def compare_html(comparison: dict, store: Store | None = None, thumbs: int = 12)
         cells = "".join(f"<td class='gl-metric'>{_cell(v)}</td>" for v in row["values"])
         cells += "".join(f"<td class='gl-metric'>{_diff_cell(d)}</td>" for d in row["differences"])
         body.append(f"<tr data-metric='{html.escape(row['group'])}/{html.escape(row['metric'])}'>"
-                    f"<td>{html.escape(row['group'])}</td><td>{html.escape(row['metric'])}</td>{cells}</tr>")
+                    f"<td>{html.escape(row['group'])}</td><td>{html.escape(readable(row['metric']))}</td>{cells}</tr>")
     parts.append(f"<table class='gl-compare-table'><tr><th>group</th><th>score</th>{head}</tr>{''.join(body)}</table>"
                  "<p class='gl-note'>Values are shown as value [95% interval] where the method computed one "
                  "(bootstrap over images). Differences are from run A, with an approximate 95% interval "

@@ -50,3 +50,16 @@ def test_regenerate_after_the_image_was_deleted_says_missing(engine):
     engine.store.delete_run(record["id"])
     assert engine.regenerate_check("a photo of a nurse", 1, settings, key) == (False, None)
     assert engine.stats.generator_calls == calls      # nothing generated for a comparison that cannot be made
+
+
+def test_readable_names_in_headlines():
+    from engine.names import readable
+    from engine.runs import headline
+
+    assert readable("tau_initial") == "τ before" and readable("mad_environment") == "MAD (environment)"
+    assert readable("composite_bias_score") == "Composite Bias Score" and readable("cbs_skin tone").endswith("(skin tone)")
+    assert readable("prompts_scored") == "prompts scored" and readable("kl_divergence").startswith("KL divergence")
+    text, value = headline({"method": "mitigate", "summary": {"axes": 2, "tau_initial": 0.385, "tau_final": 0.1}})
+    assert "τ before 0.385" in text and "tau_" not in text
+    text, _ = headline({"method": "counterfactuals", "summary": {"prompts": 1, "mad_environment": 0.322}})
+    assert "MAD (environment) 0.322" in text and "mad_" not in text

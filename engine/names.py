@@ -1,0 +1,80 @@
+"""Readable names of stored keys: one mapping for the tabs, the Runs table, compare and the CLI.
+
+Methods store their scores under short keys ("tau_initial", "mad_environment", "cbs_gender",
+"composite_bias_score"); a person reads "τ before mitigation", "MAD (environment)", "Composite
+Bias Score (gender)". `readable(key)` is the one place that translates them.
+"""
+from __future__ import annotations
+
+NAMES = {
+    # T2I-BiasBench (Single Prompt)
+    "composite_bias_score": "Composite Bias Score",
+    "parity_difference": "Parity Difference",
+    "max_parity_difference": "max Parity Difference",
+    "normalised_entropy": "normalised entropy",
+    "kl_divergence": "KL divergence from the target",
+    "bias_amplification": "Bias Amplification",
+    "representation_parity": "shares",
+    # diversity and the gap score
+    "vendi": "Vendi score",
+    "vendi_normalised": "Vendi score / N",
+    "mean_pairwise_similarity": "mean pairwise similarity",
+    "gap_score": "gap score",
+    "score": "score",
+    "coverage_term": "coverage term",
+    "alignment_term": "alignment term",
+    # TIBET (Counterfactuals)
+    "mad": "MAD",
+    "mad_clip": "MAD (CLIP)",
+    "cas": "CAS",
+    "cas_clip": "CAS (CLIP)",
+    # BiasConnect (Intersectional)
+    "kept_edges": "edges kept",
+    "max_impact": "most influential axis",
+    "max_influenced": "most influenced axis",
+    "distortion": "distortion",
+    # MineTheGap (Mine Prompts)
+    "best_score": "most biased gap score",
+    "best_prompt": "most biased prompt",
+    "prompts_scored": "prompts scored",
+    "iterations": "iterations",
+    "strategy": "search",
+    # InterMit (Mitigate)
+    "tau_initial": "τ before",
+    "tau_final": "τ after",
+    "reached": "target reached",
+    "steps": "mitigation steps",
+    "targets": "targets",
+    "mitigated": "mitigated axes",
+    "stop": "stopped because",
+    # counts
+    "n": "images per set",
+    "prompts": "prompts",
+    "sets": "image sets",
+    "axes": "axes",
+    "flagged": "flagged images",
+    "image_seconds": "seconds of generation",
+    "seconds": "seconds",
+}
+
+# key prefix -> name with the rest of the key in brackets ("mad_environment" -> "MAD (environment)")
+PREFIXES = {"cbs_": "Composite Bias Score", "mad_clip_": "MAD (CLIP)", "mad_": "MAD", "cas_": "CAS",
+            "share: ": "share"}
+
+
+def readable(key: str) -> str:
+    """Returns the readable name of a stored key: 'tau_initial' -> 'τ before', 'mad_environment'
+    -> 'MAD (environment)', 'cbs_skin tone' -> 'Composite Bias Score (skin tone)'; an unknown key
+    with its underscores as spaces."""
+    key = str(key)
+    if key in NAMES:
+        return NAMES[key]
+    for prefix, name in PREFIXES.items():
+        if key.startswith(prefix) and len(key) > len(prefix):
+            rest = key[len(prefix):]
+            if rest.endswith("_ci"):
+                return f"{name} ({rest[:-3].replace('_', ' ')}), 95% interval"
+            return f"{name} ({rest.replace('_', ' ')})" if prefix != "share: " else f"share {rest}"
+    if key.endswith("_ci") and key[:-3] in NAMES:
+        return f"{NAMES[key[:-3]]}, 95% interval"
+    return key.replace("_", " ")
