@@ -268,10 +268,7 @@ def build(engine) -> list:
             elif isinstance(event, Done):
                 r = event.results
                 generated = engine.stats.images_generated - before
-                stop = r["stop"]
-                text = (f"**Done** ({'reached' if stop['reached'] else 'not reached'}): {stop['message']}. "
-                        f"{len(r['steps'])} step(s), τ {r['states'][0]['tau']:.3f} → {r['states'][-1]['tau']:.3f}; "
-                        f"{generated} image(s) generated, the rest from the store; "
+                text = (f"**{mitigate.outcome(r)}**. {generated} image(s) generated, the rest from the store; "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
                 update(progress=text, view=mitigate_html(r, with_preview=False), preview=preview_html(r.get("preview")),
                        export=_export_file(r, event.run_id) if not request.preview_only else None)

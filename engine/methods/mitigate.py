@@ -103,6 +103,26 @@ STOP_MESSAGES = {
     "baseline_done": "every axis of B* mitigated (baseline: all axes, no sensitivity matrix, no early stop)",
     "preview": "preview only: the sensitivity matrix was measured, nothing was mitigated",
 }
+# The preview predicts from the sensitivity matrix: its outcome is a forecast, never a success.
+PREVIEW_MESSAGES = {
+    "below_threshold": "τ is already below ε on the initial images: nothing to mitigate",
+    "threshold_reached": "predicted to bring τ below ε (not run yet)",
+    "no_gain": "predicted to stop with τ above ε: no remaining axis would lower τ",
+    "all_used": "predicted to stop with τ above ε after mitigating every candidate axis",
+}
+
+
+def outcome(results: dict) -> str:
+    """Returns the one-sentence outcome of a finished run for the status line; a preview says
+    it is a prediction, so it cannot contradict the preview panel."""
+    stop = results.get("stop") or {}
+    states = results.get("states") or [{}]
+    if stop.get("reason") == "preview":
+        forecast = (results.get("preview") or {}).get("message", "")
+        return f"Preview done (nothing mitigated yet): {forecast}"
+    tau = f"τ {states[0].get('tau', float('nan')):.3f} → {states[-1].get('tau', float('nan')):.3f}"
+    verdict = "ε reached" if stop.get("reached") else "ε not reached"
+    return f"Done, {verdict}: {stop.get('message', '')}; {len(results.get('steps') or [])} step(s), {tau}"
 
 
 @dataclass
@@ -536,7 +556,7 @@ def preview(sensitivity, priorities: dict[str, float], epsilon: float = DEFAULT_
                       "w_bar": {a: _num(v) for a, v in w.items()}, "tau": _num(tau)})
         if tau < epsilon:
             stop = "threshold_reached"
-    return {"tau0": _num(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": STOP_MESSAGES[stop]}
+    return {"tau0": _num(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": PREVIEW_MESSAGES[stop]}
 
 
 # -- quality ----------------------------------------------------------------------------------------
@@ -704,7 +724,7 @@ def run(request: MitigateRequest, engine: Engine, run: Run):
     reason = "below_threshold" if state["tau"] < epsilon and request.strategy == "intermit" else None
     if reason:
         results["preview"] = {"tau0": state["tau"], "epsilon": epsilon, "steps": [], "stop": reason,
-                              "message": STOP_MESSAGES[reason]}
+                              "message": PREVIEW_MESSAGES[reason]}
     baseline_order = sorted(targets, key=lambda a: (-setup.priorities[a], targets.index(a)))
     while reason is None:
         step = len(mitigated) + 1
