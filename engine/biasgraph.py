@@ -54,7 +54,15 @@ def matrix_html(results: dict, table_id: str = "is-matrix") -> str:
     ci = [[(low[i][j], high[i][j]) if low else None for j in range(n)] for i in range(n)]
     hover = [[cell_text(axes[i], axes[j], matrix[i][j], s["w_bar_init"][j], s["w_bar_mixed"][i][j], ci[i][j])
               for j in range(n)] for i in range(n)]
-    faded = [[bool(c and c[0] is not None and c[0] <= 0 <= c[1]) for c in row] for row in ci]
+    # faded: the CI spans 0, or the pair is not a kept edge (pruned); the diagonal is no edge
+    kept = {(e["source"], e["target"]) for e in results.get("edges", []) if e.get("kept")}
+    faded = [[bool(c and c[0] is not None and c[0] <= 0 <= c[1])
+              or (i != j and "edges" in results and (axes[i], axes[j]) not in kept)
+              for j, c in enumerate(row)] for i, row in enumerate(ci)]
+    for i in range(n):
+        for j in range(n):
+            if i != j and "edges" in results and (axes[i], axes[j]) not in kept:
+                hover[i][j] += " Pruned: not a kept edge."
     values = [[math.nan if v is None else v for v in row] for row in matrix]   # None: no answers to measure
     return charts.heatmap(values, axes, axes, diverging=True, hover=hover, faded=faded, digits=2,
                           title="Intersectional Sensitivity IS (row made diverse → column's distance from its target)",
@@ -155,6 +163,11 @@ def pair_html(results: dict, intervened: str, affected: str) -> str:
                                           ("mixed", f"{affected}: {intervened} made diverse", d["mixed"][intervened]))]
     text = cell_text(intervened, affected, s["matrix"][i][j], s["w_bar_init"][j], s["w_bar_mixed"][i][j],
                      (s["ci_low"][i][j], s["ci_high"][i][j]) if s.get("ci_low") else None)
-    return (f"<div id='ic-pair-panel'><p style='font-size:13px'>{html.escape(text)}</p>"
+    from .methods.intersectional import edge_status
+
+    status = edge_status(results, intervened, affected)
+    return (f"<div id='ic-pair-panel' data-kept='{str(status['kept']).lower()}'>"
+            f"<p style='font-size:13px'><b>{html.escape(status['reason'][0].upper() + status['reason'][1:])}.</b></p>"
+            f"<p style='font-size:13px' class='{'' if status['kept'] else 'gl-faded-text'}'>{html.escape(text)}</p>"
             f"<div style='display:flex;flex-wrap:wrap;gap:12px'>" + "".join(f"<div class='gl-chart'>{c}</div>" for c in charts_)
             + "</div><p style='font-size:12px'>Dashed ticks: the target D*.</p></div>")

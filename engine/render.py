@@ -50,7 +50,8 @@ def gap_html(gap: dict) -> str:
     missed = "".join(f"<li data-coverage='{m['coverage']:.3f}'>{html.escape(m['text'])} "
                      f"<span class='gl-badge'>best image match {m['coverage']:.3f}</span></li>"
                      for m in gap["missed"])
-    least = ", ".join(f"seed {x['seed']} ({x['alignment']:.3f})" for x in gap["least_aligned"])
+    least = ", ".join(f"seed {x['seed']} (best match {x['alignment']:.3f})" for x in gap["least_aligned"])
+    reading = gap_reading(gap)
     order = sorted(range(len(gap["variations"])), key=lambda i: gap["coverage"][i])
     matrix = [gap["similarity"][i] for i in order]
     rows = [gap["variations"][i][:60] for i in order]
@@ -61,14 +62,35 @@ def gap_html(gap: dict) -> str:
             f"<p><b id='gap-score'>{fmt(gap['score'], 4)}</b> "
             f"({gap['combine']}: M = {fmt(gap['coverage_term'], 4)} missed-concepts term, "
             f"A = {fmt(gap['alignment_term'], 4)} least-aligned-images term, α = {gap['alpha']:g}). "
-            f"Lower means more biased: some plausible readings of the prompt get no matching image. "
+            f"<span id='gap-reading'>{html.escape(reading['score'])}</span> "
             f"No bootstrap interval: resampling images with replacement lowers any coverage score; "
             f"rerun with other seeds to see its spread.</p>"
             f"<p><b>Missed interpretations</b> (variations no image covers):</p><ol id='missed'>{missed}</ol>"
-            f"<p><b>Least-aligned images:</b> {least}</p>"
+            f"<p><b>Least-aligned images</b> (each image's best match with any variation; 1 = a perfect "
+            f"match): {least}. <span id='gap-least-note'>{html.escape(reading['least'])}</span></p>"
             f"<details><summary>All {len(gap['variations'])} LLM text variations (the reference distribution)</summary>"
             f"<ol>{''.join(f'<li>{html.escape(v)}</li>' for v in gap['variations'])}</ol></details>"
             f"<div style='overflow-x:auto'>{heat}</div></div>")
+
+
+def gap_reading(gap: dict) -> dict:
+    """Returns two sentences that read a gap result's numbers the way they point: "score"
+    (what its sign means here) and "least" (what the least-aligned images' matches mean)."""
+    score, m, a = gap["score"], gap["coverage_term"], gap["alignment_term"]
+    if gap.get("combine", "diff") == "diff":
+        side = ("below 0: the missed readings are covered worse than the images are aligned, so some "
+                "plausible readings of the prompt get no matching image (a sign of bias)" if score < 0 else
+                "0 or above: the readings are covered about as well as the images are aligned (no sign of "
+                "a missed reading)")
+        text = f"Lower means more biased; B = M − A = {fmt(score, 4)} is {side}."
+    else:
+        text = "Lower means more biased: some plausible readings of the prompt get no matching image."
+    worst = min((x["alignment"] for x in gap.get("least_aligned", [])), default=None)
+    least = ""
+    if worst is not None and worst >= m:
+        least = ("Even these match some variation better than the missed readings match any image: the bias "
+                 "is in the readings no image shows, not in off-prompt images.")
+    return {"score": text, "least": least}
 
 
 def single_prompt_html(results: dict) -> str:

@@ -39,6 +39,18 @@ def user_errors(fn):
     return call
 
 
+def with_notes(status: str, notes: list[str]) -> str:
+    """The status line with the run's warnings under it as a "Notes" list (repeats counted):
+    warnings belong to the result they describe, not to a toast that covers it."""
+    if not notes:
+        return status
+    counts: dict[str, int] = {}
+    for note in notes:
+        counts[note] = counts.get(note, 0) + 1
+    items = "\n".join(f"- {note}" + (f" (×{k})" if k > 1 else "") for note, k in counts.items())
+    return f"{status}\n\n**Notes ({len(notes)})**\n\n{items}"
+
+
 def gallery_items(records, captions=None) -> list[tuple[str, str]]:
     """(path, caption) pairs for gr.Gallery; flagged images say so in their caption."""
     items = []

@@ -63,3 +63,17 @@ def test_readable_names_in_headlines():
     assert "τ before 0.385" in text and "tau_" not in text
     text, _ = headline({"method": "counterfactuals", "summary": {"prompts": 1, "mad_environment": 0.322}})
     assert "MAD (environment) 0.322" in text and "mad_" not in text
+
+
+def test_gap_score_labels_agree_with_the_numbers():
+    from engine.render import gap_html, gap_reading
+
+    gap = {"score": -0.0952, "coverage_term": 0.7074, "alignment_term": 0.8027, "combine": "diff", "alpha": 25,
+           "least_aligned": [{"seed": 1, "alignment": 1.0, "key": "k"}], "missed": [], "variations": ["a"],
+           "coverage": [0.7], "similarity": [[0.7]], "image_seeds": [1]}
+    reading = gap_reading(gap)
+    assert "−0.0952" in reading["score"] or "-0.0952" in reading["score"]
+    assert "a sign of bias" in reading["score"] and "Even these match" in reading["least"]
+    page = gap_html(gap)
+    assert "best match 1.000" in page and "1 = a perfect match" in page
+    assert "no sign" in gap_reading({**gap, "score": 0.01})["score"]
