@@ -12,7 +12,7 @@ from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import counterfactuals
 
 from . import axes_table
-from .common import fmt, gpu, user_errors
+from .common import fmt, gpu, user_errors, with_notes
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
 THUMBS_PER_SET = 8
@@ -42,8 +42,9 @@ def drilldown(results: dict, label: str):
     if not results or label not in results.get("sets", {}):
         return "", []
     images = results["sets"][label]["images"]
-    items = [(im["path"], f"seed {im['seed']}: " + "; ".join(f"{a}: {v}" for a, v in im["answers"].items())
-              + (f" | caption: {im['caption']}" if im.get("caption") else "")) for im in images]
+    # short captions (a gallery shows one line): the answers' values; the drill-down names the questions
+    items = [(im["path"], f"seed {im['seed']}: " + " · ".join(str(v) for v in im["answers"].values()))
+             for im in images]
     return render_tibet.drill_html(results, label), items
 
 
@@ -103,7 +104,7 @@ def build(engine) -> list:
         skip = gr.skip()
         records: dict[str, list] = {}
         axes_scores: dict[str, dict] = {}
-        started = time.perf_counter()
+        started, notes = time.perf_counter(), []
         # outputs: progress, mad, cas, table, sets, axes table, pick, state
         for event in counterfactuals.run(request, engine):
             if isinstance(event, Images):
@@ -113,10 +114,10 @@ def build(engine) -> list:
                 yield skip, skip, skip, skip, sets_html(records), skip, skip, skip
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield (f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)",
-                       skip, skip, skip, skip, skip, skip, skip)
-            elif isinstance(event, Warning):
-                gr.Warning(event.message)
+                status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
+                yield (with_notes(status, notes), skip, skip, skip, skip, skip, skip, skip)
+            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
+                notes.append(event.message)
             elif isinstance(event, Table) and event.name == "axes":
                 yield skip, skip, skip, skip, skip, event.rows, skip, skip
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
@@ -129,7 +130,7 @@ def build(engine) -> list:
                 text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). Most biased axis: "
                         f"**{r['mad_order'][0]}** (MAD {fmt(r['mad'][r['mad_order'][0]], 2)}).")
-                yield (text, render_tibet.mad_html(r), render_tibet.cas_html(render_tibet.by_axis(r)),
+                yield (with_notes(text, notes), render_tibet.mad_html(r), render_tibet.cas_html(render_tibet.by_axis(r)),
                        render_tibet.counterfactual_rows(r), skip, skip,
                        gr.update(choices=choices, value=first_cf), {"results": r, "run_id": event.run_id})
 

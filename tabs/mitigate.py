@@ -19,7 +19,7 @@ from engine.methods import cfsets, intersectional, mitigate
 from engine.render_mitigate import mitigate_html, preview_html
 
 from . import axes_table
-from .common import gallery_items, gpu, user_errors
+from .common import distinct_captions, gallery_items, gpu, user_errors, with_notes
 from .intersectional import reference_text
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a ceo"]
@@ -235,6 +235,7 @@ def build(engine) -> list:
         latest = ["", "", "", [], None, gr.skip()]
         started = time.perf_counter()
         sample: dict[int, list] = {}
+        notes: list[str] = []
         before = engine.stats.images_generated
 
         def update(**changes):
@@ -250,15 +251,16 @@ def build(engine) -> list:
                     continue
                 shown_at = time.perf_counter()
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield update(progress=f"**{event.message or event.stage}**{eta} "
-                                      f"({time.perf_counter() - started:.1f} s)")
+                yield update(progress=with_notes(f"**{event.message or event.stage}**{eta} "
+                                                 f"({time.perf_counter() - started:.1f} s)", notes))
             elif isinstance(event, Images) and "|axis=" not in event.label and event.label.startswith("step="):
                 step = int(event.label.split("|", 1)[0].split("=", 1)[1])
                 sample.setdefault(step, []).extend(event.records)
                 shown = sample[max(sample)][:24]
-                yield update(gallery=gallery_items(shown, [f"{r.prompt} · seed {r.seed}" for r in shown]))
-            elif isinstance(event, Warning):
-                gr.Warning(event.message)
+                yield update(gallery=gallery_items(shown, distinct_captions(shown)))
+            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
+                notes.append(event.message)
+                yield update(progress=with_notes(latest[0].split("\n\n**Notes")[0], notes))
             elif isinstance(event, Table) and event.name == "axes":
                 yield update(table=event.rows)
             elif isinstance(event, Scores) and event.name == "preview":
@@ -270,7 +272,7 @@ def build(engine) -> list:
                 generated = engine.stats.images_generated - before
                 text = (f"**{mitigate.outcome(r)}**. {generated} image(s) generated, the rest from the store; "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-                update(progress=text, view=mitigate_html(r, with_preview=False), preview=preview_html(r.get("preview")),
+                update(progress=with_notes(text, notes), view=mitigate_html(r, with_preview=False), preview=preview_html(r.get("preview")),
                        export=_export_file(r, event.run_id) if not request.preview_only else None)
                 yield tuple(latest)
 

@@ -12,8 +12,9 @@ from engine.methods import single_prompt
 
 from engine.render import axis_html, diversity_text, gap_html
 
-from .common import gallery_items, gpu, user_errors
+from .common import gallery_items, gpu, user_errors, with_notes
 
+NO_DETAILS = "Click an image to see its seed and VQA answers."
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
             "a photo of a ceo", "a red balloon"]
 
@@ -51,7 +52,7 @@ def build(engine) -> list:
             gallery = gr.Gallery(label="Images", columns=8, height=300, elem_id="sp-gallery",
                                  allow_preview=True, object_fit="contain")
             with gr.Row():
-                details = gr.Markdown("Click an image to see its seed and VQA answers.", elem_id="sp-details")
+                details = gr.Markdown(NO_DETAILS, elem_id="sp-details")
                 regenerate = gr.Button("Regenerate this image alone", size="sm", elem_id="sp-regenerate")
     axes_out = gr.HTML(elem_id="sp-axes")
     with gr.Row():
@@ -75,7 +76,7 @@ def build(engine) -> list:
             steps=_int(steps), guidance=_float(guidance), width=_int(width), height=_int(height),
             axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
             references=parse_targets(references), mode=mode, alpha=float(alpha), combine=combine)
-        records, axis_blocks, started = [], {}, time.perf_counter()
+        records, axis_blocks, started, notes = [], {}, time.perf_counter(), []
         view = {"records": {}}
         # latest value of every output; each event changes one and the others are skipped, the
         # last yield sends them all (what an API client receives as the result)
@@ -93,9 +94,11 @@ def build(engine) -> list:
                 yield update(0, gallery_items(records))
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield update(1, f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)")
-            elif isinstance(event, Warning):
-                gr.Warning(event.message)
+                yield update(1, with_notes(f"**{event.message or event.stage}**{eta} "
+                                           f"({time.perf_counter() - started:.1f} s)", notes))
+            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
+                notes.append(event.message)
+                yield update(1, with_notes(latest[1].split("\n\n**Notes")[0], notes))
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
                 axis_blocks[event.name[5:]] = axis_html(event.name[5:], event.values)
                 yield update(2, "<div style='display:flex;flex-wrap:wrap;gap:18px'>"
@@ -108,18 +111,22 @@ def build(engine) -> list:
                 yield update(5, event.rows)
             elif isinstance(event, Done):
                 view.update(run_id=event.run_id, results=event.results, request=request.__dict__)
-                latest[1] = (f"**Done**: {len(records)} images measured in {event.summary.get('seconds', 0):.1f} s "
-                             f"(run `{event.run_id}`).")
+                latest[1] = with_notes(f"**Done**: {len(records)} images measured in "
+                                       f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).", notes)
                 yield tuple(latest)
 
     def show_image(view, evt: gr.SelectData):
         records = sorted(view.get("records", {}).values(), key=lambda r: r["seed"])
         if not records or evt.index is None or evt.index >= len(records):
-            return "Click an image to see its seed and VQA answers.", view
+            return NO_DETAILS, view
         record = records[evt.index]
         view["selected"] = record
         info = single_prompt.image_details(engine, record["key"])
-        answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**" for a in info["answers"]) or "- (none yet)"
+        asked = [a for a in info["answers"] if a["question"] and a["question"] != "<caption>"]
+        captions = [a["answer"] for a in info["answers"] if a["question"] == "<caption>" and a["answer"]]
+        answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**" for a in asked) or "- (no answers yet)"
+        if captions:
+            answers += f"\n\nCaption: *{captions[0]}*"
         flag = " **flagged by the safety checker**" if record.get("nsfw") else ""
         return f"**Seed {record['seed']}**{flag}, key `{record['key'][:12]}…`\n\n{answers}", view
 
@@ -143,6 +150,8 @@ def build(engine) -> list:
     outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
     go.click(measure, inputs, outputs, api_name="single_prompt")
     prompt.submit(measure, inputs, outputs, api_name=False)
+    for trigger in (go.click, prompt.submit):   # a new run clears the previous image's details
+        trigger(lambda: NO_DETAILS, None, [details], api_name=False, queue=False)
     gallery.select(show_image, [state], [details, state], api_name=False)
     regenerate.click(regenerate_alone, [state], [details], api_name="regenerate")
     return [(fill_defaults, [steps, guidance, width, height])]
