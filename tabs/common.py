@@ -52,19 +52,16 @@ def with_notes(status: str, notes: list[str]) -> str:
 
 
 def distinct_captions(records) -> list[str]:
-    """'seed N: <what differs>' per record: the words every shown prompt shares at its start
-    and end are left out, so captions cut to one line still say which prompt an image is of
-    ('seed 3: female doctor' rather than 'a photo of a…')."""
+    """'seed N: <what differs>' per record: the words every shown prompt starts with are left
+    out, so captions cut to one line still say which prompt an image is of ('seed 3: a female
+    doctor' rather than 'a photo of a...')."""
     words = [r.prompt.split() for r in records]
     if len({tuple(w) for w in words}) < 2:
         return [f"seed {r.seed}" for r in records]
     start = 0
     while all(len(w) > start for w in words) and len({w[start] for w in words}) == 1:
         start += 1
-    end = 0
-    while all(len(w) > start + end for w in words) and len({w[-1 - end] for w in words}) == 1:
-        end += 1
-    return [f"seed {r.seed}: " + " ".join(w[start:len(w) - end] or w) for r, w in zip(records, words)]
+    return [f"seed {r.seed}: " + " ".join(w[start:] or w) for r, w in zip(records, words)]
 
 
 def gallery_items(records, captions=None) -> list[tuple[str, str]]:
