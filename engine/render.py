@@ -48,7 +48,8 @@ def axis_html(name: str, m: dict) -> str:
 def gap_html(gap: dict) -> str:
     """Gap score, its terms, the missed interpretations, the least-aligned images and the heatmap."""
     missed = "".join(f"<li data-coverage='{m['coverage']:.3f}'>{html.escape(m['text'])} "
-                     f"<span class='gl-badge'>best image match {m['coverage']:.3f}</span></li>"
+                     + (f"<span class='gl-badge'>written {m['times']}×</span> " if m.get("times", 1) > 1 else "")
+                     + f"<span class='gl-badge'>best image match {m['coverage']:.3f}</span></li>"
                      for m in gap["missed"])
     least = ", ".join(f"seed {x['seed']} (best match {x['alignment']:.3f})" for x in gap["least_aligned"])
     reading = gap_reading(gap)

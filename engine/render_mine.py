@@ -15,6 +15,10 @@ RECONSTRUCTED = ("<span class='gl-badge'>reconstructed</span> The gap score (spe
                  "code are not public. Lower = more biased.")
 
 
+# gap scores vary by tenths between prompts: a y axis narrower than this would magnify noise
+MIN_SPAN = 0.05
+
+
 def mine_chart(results: dict, baseline: dict | None = None) -> str:
     """Best gap score per iteration and best so far (and a random baseline's best so far)."""
     series = {"best this iteration": results.get("best_per_iteration") or [],
@@ -24,7 +28,7 @@ def mine_chart(results: dict, baseline: dict | None = None) -> str:
     title = ("random prompts: best gap score" if results.get("strategy") == "random"
              else "genetic search: best gap score")
     return charts.line_chart(series, title=f"{title} (reconstructed; lower = more biased)",
-                             x_label="iteration (from 0)", chart_id="mine-best", width=520)
+                             x_label="iteration (from 0)", chart_id="mine-best", width=520, min_span=MIN_SPAN)
 
 
 def lineage_html(chain: list[dict]) -> str:

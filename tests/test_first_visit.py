@@ -77,3 +77,27 @@ def test_gap_score_labels_agree_with_the_numbers():
     page = gap_html(gap)
     assert "best match 1.000" in page and "1 = a perfect match" in page
     assert "no sign" in gap_reading({**gap, "score": 0.01})["score"]
+
+
+def test_missed_interpretations_are_listed_once():
+    from engine.methods.single_prompt import missed_readings
+
+    missed = missed_readings(["green rose outdoors", "red rose", "green rose outdoors", "white rose", "a rose"],
+                             [0.2, 0.9, 0.2, 0.5, 0.8], k=3)
+    assert [m["text"] for m in missed] == ["green rose outdoors", "white rose", "a rose"]
+    assert missed[0]["times"] == 2 and missed[1]["times"] == 1
+
+
+def test_chart_axis_does_not_magnify_a_tiny_change():
+    from engine.charts import line_chart, value_range
+
+    lo, hi = value_range([-0.676, -0.675], min_span=0.05)
+    assert hi - lo == pytest.approx(0.05) and lo < -0.676 and hi > -0.675
+    assert value_range([0.0, 1.0], 0.05) == (0.0, 1.0) and value_range([2.0, 2.0]) == (1.5, 2.5)
+    from engine.render_mine import mine_chart
+
+    svg = mine_chart({"best_per_iteration": [-0.675, -0.676], "best_so_far": [-0.675, -0.676]})
+    import re
+
+    labels = [float(x.replace("−", "-")) for x in re.findall(r'text-anchor="end">([^<]*)<', svg)]
+    assert max(labels) - min(labels) == pytest.approx(0.05, abs=0.002)   # not −0.675 … −0.676

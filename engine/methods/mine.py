@@ -221,6 +221,7 @@ class Miner:
         self.by_id = {n["id"]: n for n in self.nodes}
         self.seen = {normalise_prompt(n["prompt"]) for n in self.nodes}
         self.warnings: list[str] = []
+        self.end_reason: str | None = None     # why the search ended before T iterations
         self.scored_here = 0
         self.from_memory = 0      # images served from the in-process score memo
         self.use_memo = not isinstance(engine, _CacheOnlyEngine)   # a budget replay counts store hits
@@ -250,6 +251,7 @@ class Miner:
                     yield Warning(self.warnings.pop(0))
             population = [self.by_id[i] for i in self.pending["population"]]
             if not population:
+                self.end_reason = f"the LLM gave no new prompt at iteration {t + 1} of {T}"
                 yield Warning(f"iteration {t + 1}: the LLM gave no new prompt; the search stops here")
                 break
             todo = [n for n in population if n.get("score") is None and not n.get("skipped")]
@@ -449,7 +451,7 @@ class Miner:
             "best_per_iteration": self.best_per_iteration(), "best_so_far": self.best_so_far(),
             "iterations": self.iterations, "nodes": self.nodes, "details": self.details, "pending": self.pending,
             "complete": len(self.iterations) >= request.iterations and not self.pending,
-            "run_chain": self.run_chain, "resumed_from": request.resume,
+            "end_reason": self.end_reason, "run_chain": self.run_chain, "resumed_from": request.resume,
             "reconstructed": "gap score (spec A.3) and GA defaults (A.4) are a reconstruction",
         }
 

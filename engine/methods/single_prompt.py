@@ -98,6 +98,24 @@ def text_variations(engine: Engine, prompt: str, n: int, seed: int = 0, axis: st
                            temperature=1.0, seed=seed)[:n]
 
 
+def missed_readings(variations: list[str], coverage, k: int = 4) -> list[dict]:
+    """Returns the k worst-covered variations, each text once (a repeated variation weighs
+    the reference distribution but is one missed interpretation), lowest coverage first,
+    with how often the LLM wrote it."""
+    counts: dict[str, int] = {}
+    for v in variations:
+        counts[v] = counts.get(v, 0) + 1
+    out, seen = [], set()
+    for i in np.argsort(np.asarray(coverage, float), kind="stable"):
+        if variations[i] in seen:
+            continue
+        seen.add(variations[i])
+        out.append({"text": variations[i], "coverage": float(coverage[i]), "times": counts[variations[i]]})
+        if len(out) == k:
+            break
+    return out
+
+
 def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.ndarray, n_variations: int,
                    alpha: float = 25.0, combine: str = "diff", seed: int = 0, axis: str | None = None) -> dict:
     """The MineTheGap gap score (reconstruction, spec A.3) of one prompt's images (`records`,
@@ -112,7 +130,7 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
         "alignment_term": gap.alignment_term, "alpha": alpha, "combine": combine,
         "variations": variations, "similarity": gap.similarity.tolist(),
         "coverage": gap.coverage.tolist(), "alignment": gap.alignment.tolist(),
-        "missed": [{"text": variations[i], "coverage": float(gap.coverage[i])} for i in gap.missed_variations],
+        "missed": missed_readings(variations, gap.coverage),
         "least_aligned": [{"seed": records[j].seed, "key": records[j].key, "alignment": float(gap.alignment[j])}
                           for j in gap.least_aligned_images],
         "image_seeds": [r.seed for r in records],
