@@ -70,7 +70,9 @@ def build(engine) -> list:
             with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
                 caption = gr.Checkbox(True, label="Add each image's caption to its concepts (thesis; the released "
                                       "code leaves it out)")
-                synonyms = gr.Checkbox(True, label="Merge WordNet synonyms before comparing")
+                missing = counterfactuals.synonyms_note()   # said beside the option, not only in the server log
+                synonyms = gr.Checkbox(True, label="Merge WordNet synonyms before comparing", elem_id="cf-synonyms",
+                                       info=missing or None)
                 renormalise = gr.Checkbox(True, label="HistIoU on histograms rescaled to sum 1 (released code)")
                 sum_normalise = gr.Checkbox(True, label="Divide an axis' CAS by their sum before MAD (MAD in [0, 1])")
                 min_frequency = gr.Number(0.01, label="Drop concepts rarer than this per image")

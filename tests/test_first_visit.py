@@ -101,3 +101,11 @@ def test_chart_axis_does_not_magnify_a_tiny_change():
 
     labels = [float(x.replace("−", "-")) for x in re.findall(r'text-anchor="end">([^<]*)<', svg)]
     assert max(labels) - min(labels) == pytest.approx(0.05, abs=0.002)   # not −0.675 … −0.676
+
+
+def test_missing_wordnet_is_said_beside_the_option(tmp_path):
+    from engine.metrics.wordnet import DEFAULT_WORDNET_DIR, missing_note
+
+    note = missing_note(str(tmp_path))
+    assert "WordNet is not installed" in note and "wordnet-base" in note
+    assert missing_note(DEFAULT_WORDNET_DIR) == ""        # CI installs wordnet-base

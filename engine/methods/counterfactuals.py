@@ -37,7 +37,7 @@ from ..metrics import tibet
 from ..metrics.bootstrap import percentile_interval
 from ..metrics.diversity import unit_rows
 from ..metrics.concepts import top_phrases
-from ..metrics.wordnet import wordnet_synonyms
+from ..metrics.wordnet import missing_note, wordnet_synonyms
 from ..presets import ASSETS
 from .cfsets import (SetSpec, SetsRequest, add_set_arguments, check, generate_set, prepare, resample_weights,
                      set_request_fields)
@@ -69,6 +69,11 @@ def tibet_question(axis: str) -> str:
         if any(w.startswith(k) for k in entry["keywords"] for w in words):
             return entry["question"]
     return bank["template"].format(axis=" ".join(words) or axis)
+
+
+def synonyms_note() -> str:
+    """Returns "" when WordNet is installed, else the sentence the synonym option needs."""
+    return missing_note()
 
 
 @functools.lru_cache(maxsize=65536)
