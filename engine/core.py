@@ -5,12 +5,13 @@ serves each from the store when it can and computes (and stores) it otherwise.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -103,6 +104,15 @@ class Engine:
 
     def unload(self) -> list[str]:
         return self.models.unload()
+
+    def with_generator(self, spec: ModelSpec, label: str = "") -> "Engine":
+        """Returns a view of this engine whose preset has `spec` as its generator (compare
+        models): the store, the model manager (one memory budget), the other models and the
+        stats are shared, so only the generator differs."""
+        view = copy.copy(self)
+        view.preset = replace(self.preset, name=f"{self.preset.name}+{label or spec.label}", generator=spec)
+        view.preset_reason = f"{self.preset_reason}; generator replaced by {spec.label} to compare models"
+        return view
 
     def set_preset(self, name: str, **model_overrides) -> None:
         """Switch to another preset: models of the old one are unloaded, the store is kept."""

@@ -109,3 +109,18 @@ def test_missing_wordnet_is_said_beside_the_option(tmp_path):
     note = missing_note(str(tmp_path))
     assert "WordNet is not installed" in note and "wordnet-base" in note
     assert missing_note(DEFAULT_WORDNET_DIR) == ""        # CI installs wordnet-base
+
+
+def test_readme_set_up_is_two_commands_and_the_second_is_what_ci_runs():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    block = re.search(r"## Set up, run, test\s+```sh\n(.*?)```", readme, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+    assert commands == ["pip install -r requirements.txt && python app.py", "bash .ci/run"]
+    assert "wordnet-base" in readme.split("## Presets")[0]
+    script = (root / ".ci" / "run").read_text()
+    assert "requirements-test.txt" in script and "chromium" in script and "wordnet-base" in script
+    assert 'python -m pytest -q "$@"' in script
