@@ -97,3 +97,21 @@ def test_bad_requests_name_the_problem_and_leave_no_run(engine):
         with pytest.raises(InputError, match=words):
             list(compare_models.run(request, engine))
     assert engine.store.count("runs") == 0
+
+
+def test_cli_generators_flag_compares_side_by_side(tmp_path, flipped_world, capsys):
+    from engine.__main__ import main
+
+    axes = json.dumps({"gender": ["a photo of a male doctor", "a photo of a female doctor"],
+                       "age": ["a photo of a young doctor", "a photo of an old doctor"]})
+    data = str(tmp_path / "cli")
+    assert main(["intersectional", "--preset", "synthetic", "--data-dir", data, "--prompt", "a photo of a doctor",
+                 "-n", "12", "--axes", axes, "--generators", "synthetic", f"synthetic_generator:{flipped_world}",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "intersectional" and len(out["runs"]) == 2
+    groups = {row["group"] for row in out["comparison"]["rows"]}
+    assert "IS gender → age" in groups and "graph" in groups
+    assert main(["counterfactuals", "--preset", "synthetic", "--data-dir", data, "--prompt", "a photo of a doctor",
+                 "--axes", axes, "--generators", "synthetic"]) == 2
+    assert "two or more" in capsys.readouterr().err
