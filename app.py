@@ -14,7 +14,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
-from tabs import counterfactuals, intersectional, mine, mitigate, model_panel, runs, single_prompt  # noqa: E402
+from tabs import (compare_models, counterfactuals, intersectional, mine, mitigate, model_panel, runs,  # noqa: E402
+                  single_prompt)
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
 HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure with confidence "
@@ -22,9 +23,27 @@ HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure wit
           "is most biased on, and try mitigations.")
 
 
+# Errors belong to the action that caused them: starting another action (a button, Enter in a
+# text box, another tab) dismisses the toasts still up from an earlier one.
+DISMISS_STALE_TOASTS = """
+if (!window.glToastRule) {
+  window.glToastRule = true;
+  const clear = () => document.querySelectorAll('.toast-wrap .toast-close').forEach((b) => b.click());
+  document.addEventListener('click', (e) => {
+    const b = e.target.closest && e.target.closest('button');
+    if (b && !b.closest('.toast-wrap')) clear();
+  }, true);
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && e.target && e.target.matches('textarea, input')) clear();
+  }, true);
+}
+"""
+
+
 def build_app(engine: Engine) -> gr.Blocks:
     with gr.Blocks(title="GapLens") as demo:
         gr.Markdown(HEADER)
+        gr.HTML("", js_on_load=DISMISS_STALE_TOASTS, elem_id="gl-toast-rule", container=False, padding=False)
         model_panel.build(engine)
         load_hooks = []
         with gr.Tabs():
@@ -38,6 +57,8 @@ def build_app(engine: Engine) -> gr.Blocks:
                 load_hooks += mine.build(engine)
             with gr.Tab("Mitigate", id="mitigate"):
                 load_hooks += mitigate.build(engine)
+            with gr.Tab("Compare models", id="compare-models"):
+                load_hooks += compare_models.build(engine)
             with gr.Tab("Runs", id="runs"):
                 load_hooks += runs.build(engine)
         for fn, outputs in load_hooks:

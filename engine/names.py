@@ -20,6 +20,8 @@ NAMES = {
     "vendi_normalised": "Vendi score / N",
     "mean_pairwise_similarity": "mean pairwise similarity",
     "gap_score": "gap score",
+    "IS": "IS",
+    "IS (pruned)": "IS (pruned)",
     "score": "score",
     "coverage_term": "coverage term",
     "alignment_term": "alignment term",
@@ -59,7 +61,7 @@ NAMES = {
 
 # key prefix -> name with the rest of the key in brackets ("mad_environment" -> "MAD (environment)")
 PREFIXES = {"cbs_": "Composite Bias Score", "mad_clip_": "MAD (CLIP)", "mad_": "MAD", "cas_": "CAS",
-            "share: ": "share"}
+            "share: ": "share", "cas: ": "CAS"}
 
 
 def readable(key: str) -> str:
@@ -74,7 +76,9 @@ def readable(key: str) -> str:
             rest = key[len(prefix):]
             if rest.endswith("_ci"):
                 return f"{name} ({rest[:-3].replace('_', ' ')}), 95% interval"
-            return f"{name} ({rest.replace('_', ' ')})" if prefix != "share: " else f"share {rest}"
+            if prefix.endswith(": "):
+                return f"{name} {rest}"
+            return f"{name} ({rest.replace('_', ' ')})"
     if key.endswith("_ci") and key[:-3] in NAMES:
         return f"{NAMES[key[:-3]]}, 95% interval"
     return key.replace("_", " ")

@@ -56,7 +56,7 @@ def build(engine) -> list:
             targets = gr.Textbox(label="Target distribution D* per axis (uniform when empty)", elem_id="ic-targets",
                                  placeholder="gender: male=50, female=50; age: young=30, middle-aged=40, old=30")
             reference = gr.File(label="…or a real-world reference CSV (columns axis, value, share)",
-                                file_types=[".csv"], elem_id="ic-reference", height=90)
+                                file_types=[".csv"], elem_id="ic-reference", height=130)
             policy = gr.Radio(POLICIES, value="drop", label="VQA answers outside an axis' choices",
                               elem_id="ic-policy")
             with gr.Accordion("Edges, importance, uncertainty", open=False):

@@ -111,7 +111,7 @@ def build(engine) -> list:
                                      info="InterMit may still intervene on an axis outside B* when that lowers τ")
             weights = gr.Markdown(weights_markdown([], [], []), elem_id="mt-weights")
             reference = gr.File(label="Real-world D* from a CSV (columns axis, value, share)", file_types=[".csv"],
-                                elem_id="mt-reference", height=90)
+                                elem_id="mt-reference", height=130)
             slots = []
             for i in range(MAX_AXES):
                 with gr.Group(visible=False, elem_id=f"mt-axis-{i}") as group:

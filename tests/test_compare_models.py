@@ -115,3 +115,16 @@ def test_cli_generators_flag_compares_side_by_side(tmp_path, flipped_world, caps
     assert main(["counterfactuals", "--preset", "synthetic", "--data-dir", data, "--prompt", "a photo of a doctor",
                  "--axes", axes, "--generators", "synthetic"]) == 2
     assert "two or more" in capsys.readouterr().err
+
+
+def test_the_page_shows_models_side_by_side_with_escaped_names(engine, flipped_world):
+    from engine.report.compare_models import page
+
+    hostile = "a photo of a <b>doctor</b>"
+    done = finish(compare_models.run(compare_models.CompareModelsRequest(
+        "single_prompt", ["synthetic", f"synthetic_generator:{flipped_world}"],
+        {"prompt": hostile, "n": 8, "n_boot": 50, "gap": False, "axes": ["gender"]}), engine))
+    html = str(page(done.results))
+    assert "<b>doctor</b>" not in html and "&lt;b&gt;doctor&lt;/b&gt;" in html
+    assert html.count("data-chart=\"axis-gender\"") + html.count("data-chart='axis-gender'") == 2
+    assert "B − A" in html and "share male" in html
