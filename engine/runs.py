@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 
 from . import render
 from .errors import InputError
-from .names import readable
+from .names import readable, readable_method
 from .store import ImageRecord, Store
 
 STATUSES = ("done", "running", "stopped", "failed")
@@ -228,6 +228,9 @@ def headline(run: dict) -> tuple[str, float | None]:
         if _num(summary.get("gap_score")) is not None:
             parts.append(f"gap {summary['gap_score']:.3f}")
         return " · ".join(parts), value
+    if method == "compare_models":
+        generators = summary.get("generators") or []
+        return f"{readable_method(summary.get('method', ''))} on " + " vs ".join(map(str, generators)), None
     if method == "generate":
         n = summary.get("n")
         return (f"{n} images" if n is not None else ""), _num(n)
@@ -299,6 +302,12 @@ def renderer_for(method: str) -> Callable[[dict], str] | None:
     if fn is None and method.isidentifier():
         import importlib
 
+        try:    # a page module of engine.report (`page(results)`), e.g. compare_models
+            page = getattr(importlib.import_module(f"{__package__}.report.{method}"), "page", None)
+            if page is not None:
+                return lambda results: str(page(results))
+        except ImportError:
+            pass
         try:
             fn = getattr(importlib.import_module(f"{__package__}.render_{method}"), f"{method}_html", None)
         except ImportError:
@@ -407,7 +416,11 @@ def compare_runs(store: Store, run_ids: list[str]) -> dict:
         table.append({"group": key[0], "metric": key[1],
                       "values": [v.to_json() if v else None for v in values],
                       "differences": [difference(values[0], v) for v in values[1:]]})
-    return {"runs": [{"id": r["id"], "method": r["method"], "status": r["status"], "prompt": run_prompt(r),
+    by_model: dict[str, list[str]] = {}     # generator -> the runs made with it, in the order picked
+    for r in runs:
+        by_model.setdefault(short_model((r.get("models") or {}).get("generator", "")), []).append(r["id"])
+    return {"by_model": [{"generator": g, "runs": ids} for g, ids in by_model.items()],
+            "runs": [{"id": r["id"], "method": r["method"], "status": r["status"], "prompt": run_prompt(r),
                       "generator": short_model((r.get("models") or {}).get("generator", "")),
                       "date": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
                       "headline": headline(r)[0]} for r in runs],
@@ -475,6 +488,12 @@ def compare_html(comparison: dict, store: Store | None = None, thumbs: int = 12)
              f"<th>date</th><th>status</th></tr>{who}</table>"]
     if comparison.get("note"):
         parts.append(f"<p class='gl-note'>{html.escape(comparison['note'])}</p>")
+    letter_of = {r["id"]: letters[i] for i, r in enumerate(runs)}
+    groups = comparison.get("by_model") or []
+    if len(groups) > 1:
+        parts.append("<p class='gl-compare-models'><b>By model:</b> " + "; ".join(
+            f"<code>{html.escape(g['generator'])}</code>: {', '.join(letter_of[i] for i in g['runs'])}"
+            for g in groups) + "</p>")
     if store is not None and comparison.get("method") == "single_prompt":
         parts.append(_axes_side_by_side(store, runs, letters))
     head = "".join(f"<th>{letters[i]}</th>" for i in range(len(runs)))

@@ -128,3 +128,17 @@ def test_the_page_shows_models_side_by_side_with_escaped_names(engine, flipped_w
     assert "<b>doctor</b>" not in html and "&lt;b&gt;doctor&lt;/b&gt;" in html
     assert html.count("data-chart=\"axis-gender\"") + html.count("data-chart='axis-gender'") == 2
     assert "B − A" in html and "share male" in html
+
+
+def test_runs_compare_groups_runs_by_model_and_opens_a_compare_run(engine, flipped_world):
+    from engine import runs
+
+    done = finish(compare_models.run(compare_models.CompareModelsRequest(
+        "single_prompt", ["synthetic", f"synthetic_generator:{flipped_world}"],
+        {"prompt": "a photo of a doctor", "n": 6, "n_boot": 20, "gap": False, "axes": ["gender"]}), engine))
+    comparison = runs.compare_runs(engine.store, done.results["runs"])
+    assert [len(g["runs"]) for g in comparison["by_model"]] == [1, 1]
+    assert "By model:" in runs.compare_html(comparison)
+    row = next(r for r in runs.list_runs(engine.store) if r["id"] == done.run_id)
+    assert row["headline"].startswith("Single Prompt on synthetic vs synthetic_generator:")
+    assert 'id="cm-page"' in runs.results_html("compare_models", engine.store.get_run(done.run_id)["results"])
