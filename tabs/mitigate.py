@@ -113,17 +113,20 @@ def build(engine) -> list:
             reference = gr.File(label="Real-world D* from a CSV (columns axis, value, share)", file_types=[".csv"],
                                 elem_id="mt-reference", height=130)
             slots = []
-            for i in range(MAX_AXES):
-                with gr.Group(visible=False, elem_id=f"mt-axis-{i}") as group:
-                    title = gr.Markdown(elem_id=f"mt-axis-title-{i}")
-                    with gr.Row():
-                        priority = gr.Slider(0, 1, value=DEFAULT_PRIORITY, step=0.05, label="priority",
-                                             elem_id=f"mt-priority-{i}", min_width=140)
-                        mode = gr.Dropdown(MODES, value="uniform", label="ideal distribution D*",
-                                           elem_id=f"mt-mode-{i}", min_width=140)
-                        shares = gr.Textbox(label="D* shares (value=percent, …)", lines=1, min_width=160,
-                                            elem_id=f"mt-shares-{i}")
-                slots.append(Slot(group, title, priority, mode, shares))
+            # one compact group for every axis' priority and target (eight open rows made the
+            # column ~3,500 px tall); the normalised priorities above summarise it when closed
+            with gr.Accordion("Priority and target D* of each axis", open=False, elem_id="mt-slots"):
+                for i in range(MAX_AXES):
+                    with gr.Group(visible=False, elem_id=f"mt-axis-{i}") as group:
+                        title = gr.Markdown(elem_id=f"mt-axis-title-{i}")
+                        with gr.Row():
+                            priority = gr.Slider(0, 1, value=DEFAULT_PRIORITY, step=0.05, label="priority",
+                                                 elem_id=f"mt-priority-{i}", min_width=140)
+                            mode = gr.Dropdown(MODES, value="uniform", label="ideal distribution D*",
+                                               elem_id=f"mt-mode-{i}", min_width=140)
+                            shares = gr.Textbox(label="D* shares (value=percent, …)", lines=1, min_width=160,
+                                                elem_id=f"mt-shares-{i}")
+                    slots.append(Slot(group, title, priority, mode, shares))
             with gr.Row():
                 epsilon = gr.Slider(0.01, 1.0, value=mitigate.DEFAULT_EPSILON, step=0.01, label="Threshold ε",
                                     elem_id="mt-epsilon", info="stop once τ = ⟨w̄_B*, p⟩ < ε (thesis: 0.35)")

@@ -38,7 +38,8 @@ def build(engine) -> list:
                 height = gr.Number(None, label="Height", precision=0)
             axes = gr.CheckboxGroup(axis_names, value=list(single_prompt.DEFAULT_AXES), label="Axes to measure",
                                     elem_id="sp-axes-pick")
-            extra_axes = gr.Textbox(label="More axes (free text, comma-separated)", placeholder="hair color, setting")
+            extra_axes = gr.Textbox(label="More axes (free text, comma-separated)", placeholder="hair color, setting",
+                                    elem_id="sp-extra-axes")
             with gr.Accordion("Reference distribution and metric options", open=False):
                 references = gr.Textbox(label="Targets (uniform when empty)",
                                         placeholder="gender: male=50, female=50; age: young=30, middle-aged=40, old=30")
