@@ -124,3 +124,13 @@ def test_readme_set_up_is_two_commands_and_the_second_is_what_ci_runs():
     script = (root / ".ci" / "run").read_text()
     assert "requirements-test.txt" in script and "chromium" in script and "wordnet-base" in script
     assert 'python -m pytest -q "$@"' in script
+
+
+def test_mine_status_line_says_why_a_search_ended_early():
+    from tabs.mine import _progress_text
+
+    results = {"params": {"T": 30}, "iterations": [{}] * 13, "archive": [],
+               "end_reason": "the LLM gave no new prompt at iteration 14 of 30"}
+    line = _progress_text(results, "run-1", "Done")
+    assert "13</span> of 30" in line and "Ended early: the LLM gave no new prompt at iteration 14 of 30" in line
+    assert "Ended early" not in _progress_text({**results, "end_reason": None}, "run-1", "Done")
