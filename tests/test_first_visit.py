@@ -134,3 +134,13 @@ def test_mine_status_line_says_why_a_search_ended_early():
     line = _progress_text(results, "run-1", "Done")
     assert "13</span> of 30" in line and "Ended early: the LLM gave no new prompt at iteration 14 of 30" in line
     assert "Ended early" not in _progress_text({**results, "end_reason": None}, "run-1", "Done")
+
+
+def test_sample_captions_say_which_prompt_not_a_photo_of():
+    from types import SimpleNamespace as R
+
+    from tabs.common import distinct_captions
+
+    shown = [R(prompt="a photo of a female doctor", seed=1), R(prompt="a photo of an old male doctor", seed=2)]
+    assert distinct_captions(shown) == ["seed 1: a female doctor", "seed 2: an old male doctor"]
+    assert distinct_captions([R(prompt="a photo of a doctor", seed=3)] * 2) == ["seed 3", "seed 3"]

@@ -179,6 +179,16 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
         wait_text(page, "#runs-table", "Composite Bias Score")
         listing = text(page, "#runs-table")
         assert "tau_initial" not in listing and "mad_" not in listing and "prompts_scored" not in listing
+        # compare: the two models' runs, image grids side by side (the app's stylesheet), grouped by model
+        for run_id in engine.store.get_run(engine.store.list_runs("compare_models")[0]["id"])["results"]["runs"]:
+            page.locator("#runs-selected input").fill(run_id)
+            page.locator("#runs-selected input").press("Enter")
+        page.click("#runs-compare-btn")
+        page.wait_for_selector("#runs-comparison .gl-thumbs", timeout=LONG)
+        assert page.eval_on_selector("#runs-comparison .gl-thumbs", "e => getComputedStyle(e).display") == "flex"
+        assert "By model:" in text(page, "#runs-comparison")
+        assert "composite_bias_score" not in text(page, "#runs-comparison")
+        page.click("text=Clear selection")
         page.locator("#runs-selected input").fill(sp_run)
         page.locator("#runs-selected input").press("Enter")
         page.check("#runs-confirm input")
