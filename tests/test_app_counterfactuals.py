@@ -42,7 +42,8 @@ def test_api_streams_sets_edits_axes_and_returns_both_views(app_url, engine):
     from gradio_client import Client
 
     client = Client(app_url, verbose=False)
-    table = client.predict("a photo of a nurse", "", api_name="/cf_propose_axes")
+    table, left_out = client.predict("a photo of a nurse", "", api_name="/cf_propose_axes")
+    assert isinstance(left_out, str)   # what the proposal left out sits beside the table (empty here)
     assert table["headers"] == ["axis", "counterfactual"] and len(table["data"]) >= 6
     table["data"] = [row for row in table["data"] if row[0] in ("gender", "age")]
     table["data"][0][1] = "a photo of a man nurse"          # edited by hand: 'man' names the gender too

@@ -97,6 +97,9 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
         page.click("#sp-generate")                                  # the regenerate message does not outlive its run
         wait_text(page, "#sp-details", "Click an image")
         wait_text(page, "#sp-progress", "Done")
+        page.locator("#sp-gallery img").first.click()              # selected again, for the end of the walk
+        wait_text(page, "#sp-details", "Seed")
+        page.keyboard.press("Escape")
         failed = [r for r in engine.store.list_runs() if r["status"] == "failed"]
         assert failed == []
         shot_single = screenshot(page, "first_visit_single_prompt")
@@ -189,12 +192,20 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
         assert "By model:" in text(page, "#runs-comparison")
         assert "composite_bias_score" not in text(page, "#runs-comparison")
         page.click("text=Clear selection")
-        page.locator("#runs-selected input").fill(sp_run)
-        page.locator("#runs-selected input").press("Enter")
+        doctor_runs = [r["id"] for r in engine.store.list_runs()]   # every run (several use the doctor images)
+        for run_id in doctor_runs:
+            page.locator("#runs-selected input").fill(run_id)
+            page.locator("#runs-selected input").press("Enter")
         page.check("#runs-confirm input")
         page.click("#runs-delete")
-        wait_text(page, "#runs-message", "Deleted 1 run")
+        wait_text(page, "#runs-message", f"Deleted {len(doctor_runs)} run(s)")
         page.wait_for_function("id => !document.querySelector('#runs-table').innerText.includes(id)", arg=sp_run,
                                timeout=LONG)                       # the list refreshed ...
-        assert "Deleted 1 run" in text(page, "#runs-message")      # ... and the message stayed
+        assert f"Deleted {len(doctor_runs)} run(s)" in text(page, "#runs-message")   # ... and the message stayed
+
+        # -- back in Single Prompt: regenerating an image whose stored copy is gone says so
+        page.get_by_role("tab", name="Single Prompt").click()
+        page.click("#sp-regenerate")
+        wait_text(page, "#sp-details", "the stored image is missing")
+        assert "grey levels" not in text(page, "#sp-details")
     assert shot_single.exists()
