@@ -39,7 +39,7 @@ def test_api_previews_then_mitigates_from_the_store_and_exports_the_prompt_set(a
     app_url, engine = app
     client = Client(app_url, verbose=False, download_files=False)
     progress, preview, view, *_ = client.predict(*args(), api_name="/mitigate_preview")
-    assert "preview only" in progress and "mt-preview" in preview and 'data-axis="gender"' not in view
+    assert "Preview done (nothing mitigated yet)" in progress and "mt-preview" in preview and 'data-axis="gender"' not in view
     assert "<td>gender</td>" in preview                        # predicted first step
     generated = engine.stats.images_generated
     progress, preview, view, gallery, export, _ = client.predict(*args(), api_name="/mitigate")
