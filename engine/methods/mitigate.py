@@ -106,9 +106,9 @@ STOP_MESSAGES = {
 # The preview predicts from the sensitivity matrix: its outcome is a forecast, never a success.
 PREVIEW_MESSAGES = {
     "below_threshold": "τ is already below ε on the initial images: nothing to mitigate",
-    "threshold_reached": "predicted to bring τ below ε (not run yet)",
-    "no_gain": "predicted to stop with τ above ε: no remaining axis would lower τ",
-    "all_used": "predicted to stop with τ above ε after mitigating every candidate axis",
+    "threshold_reached": "τ would fall below ε (not run yet)",
+    "no_gain": "it would stop with τ above ε: no remaining axis would lower τ",
+    "all_used": "it would stop with τ above ε after mitigating every candidate axis",
 }
 
 
@@ -119,7 +119,7 @@ def outcome(results: dict) -> str:
     states = results.get("states") or [{}]
     if stop.get("reason") == "preview":
         forecast = (results.get("preview") or {}).get("message", "")
-        return f"Preview done (nothing mitigated yet): {forecast}"
+        return f"Preview done (nothing mitigated yet); predicted: {forecast}"
     tau = f"τ {states[0].get('tau', float('nan')):.3f} → {states[-1].get('tau', float('nan')):.3f}"
     verdict = "ε reached" if stop.get("reached") else "ε not reached"
     return f"Done, {verdict}: {stop.get('message', '')}; {len(results.get('steps') or [])} step(s), {tau}"
