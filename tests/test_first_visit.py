@@ -144,3 +144,11 @@ def test_sample_captions_say_which_prompt_not_a_photo_of():
     shown = [R(prompt="a photo of a female doctor", seed=1), R(prompt="a photo of an old male doctor", seed=2)]
     assert distinct_captions(shown) == ["seed 1: a female doctor", "seed 2: an old male doctor"]
     assert distinct_captions([R(prompt="a photo of a doctor", seed=3)] * 2) == ["seed 3", "seed 3"]
+
+
+def test_a_search_that_runs_out_of_prompts_records_why(engine):
+    from engine.methods import mine
+
+    r = mine.search(mine.MineRequest(iterations=30, population=8, select=2, mutations=3, n=4, n_variations=4), engine)
+    assert len(r["iterations"]) < 30
+    assert r["end_reason"] == f"the LLM gave no new prompt at iteration {len(r['iterations']) + 1} of 30"
