@@ -47,10 +47,10 @@ def flipped_world(tmp_path) -> str:
 
 def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch):
     from engine.methods import counterfactuals
+    from engine.metrics.wordnet import missing_note
 
     # a machine where only `pip install -r requirements.txt` ran: no WordNet database
-    monkeypatch.setattr(counterfactuals, "synonyms_note", lambda: __import__(
-        "engine.metrics.wordnet", fromlist=["missing_note"]).missing_note("/nonexistent-wordnet"))
+    monkeypatch.setattr(counterfactuals, "synonyms_note", lambda: missing_note("/nonexistent-wordnet"))
     stored = next(e for e in mine.run(mine.MineRequest(iterations=1, population=6, select=1, mutations=3, n=4,
                                                        n_variations=4), engine) if isinstance(e, Done))
     with running_app(engine) as url, browser_page(width=1400, height=1000) as page:
@@ -86,7 +86,6 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
         wait_text(page, "#sp-details", "Seed")
         details = text(page, "#sp-details")
         assert "Caption:" in details and "<caption>" not in details
-        assert not any(line.strip() in ("", "→") and line.startswith("•") for line in details.splitlines())
         assert page.locator("#sp-details li").count() == 4 and all(
             "→" in li.inner_text() for li in page.locator("#sp-details li").all())
         page.keyboard.press("Escape")
