@@ -8,7 +8,7 @@ import time
 import gradio as gr
 
 from engine.axes import known_axes
-from engine.events import Done, Progress, Table, Warning
+from engine.events import Done, Progress, Scores, Table, Warning
 from engine.methods import compare_models, single_prompt
 from engine.presets import PRESETS
 from engine.report.compare_models import page
@@ -55,6 +55,8 @@ def build(engine) -> list:
             fields.update(axes=axes_table.axes_of(rows) or {}, fill=axes_table.parse_fill(fill), n_boot=300)
         request = compare_models.CompareModelsRequest(method, generators, fields)
         notes, started, status = [], time.perf_counter(), ""
+        partial = {"method": method, "generators": list(dict.fromkeys(generators)), "runs": [], "results": [],
+                   "request": fields}   # the page grows model by model
         for event in compare_models.run(request, engine):
             if isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
@@ -64,6 +66,10 @@ def build(engine) -> list:
                 notes.append(event.message)
             elif isinstance(event, Table) and event.name == "axes":
                 yield gr.skip(), gr.skip(), event.rows
+            elif isinstance(event, Scores) and event.name == "model":
+                partial["runs"].append(event.values["run_id"])
+                partial["results"].append(event.values["results"])
+                yield gr.skip(), str(page(partial)), gr.skip()
             elif isinstance(event, Done):
                 text = (f"**Done**: {len(event.results['runs'])} generators compared in "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`; each model's audit is a "
