@@ -171,7 +171,7 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
         page.fill("#cm-prompt textarea", "a photo of a doctor")
         set_number(page, "#cm-n", 16)
         page.click("#cm-run")
-        page.wait_for_selector("#cm-page", timeout=LONG)
+        wait_text(page, "#cm-progress", "Done")          # the page grows model by model until then
         assert page.locator("#cm-page .gl-side").count() >= 2 * 3 and page.locator("#cm-table tr").count() > 5
         screenshot(page, "first_visit_compare_models")
 
