@@ -152,3 +152,14 @@ def test_a_search_that_runs_out_of_prompts_records_why(engine):
     r = mine.search(mine.MineRequest(iterations=30, population=8, select=2, mutations=3, n=4, n_variations=4), engine)
     assert len(r["iterations"]) < 30
     assert r["end_reason"] == f"the LLM gave no new prompt at iteration {len(r['iterations']) + 1} of 30"
+
+
+def test_bad_intersectional_settings_create_no_run(engine):
+    from engine.methods import intersectional
+
+    axes = {"gender": ["a photo of a male doctor", "a photo of a female doctor"]}
+    for bad in ({"other_policy": "guess"}, {"level": "galaxy"}):
+        with pytest.raises(InputError):
+            list(intersectional.run(intersectional.IntersectionalRequest("a photo of a doctor", axes=axes, **bad),
+                                    engine))
+    assert engine.store.count("runs") == 0

@@ -138,12 +138,17 @@ def _matrix(values) -> list:
     return [_floats(row) for row in values]
 
 
-@recorded("intersectional", check)
-def run(request: IntersectionalRequest, engine: Engine, run: Run):
+def check_request(request: IntersectionalRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
     if request.other_policy not in bc.OTHER_POLICIES:
         raise InputError(f"the other-answer policy must be one of {', '.join(bc.OTHER_POLICIES)}")
     if request.level not in LEVELS or request.importance not in IMPORTANCE:
         raise InputError(f"level must be one of {', '.join(LEVELS)} and importance one of {', '.join(IMPORTANCE)}")
+    check(request, engine)
+
+
+@recorded("intersectional", check_request)
+def run(request: IntersectionalRequest, engine: Engine, run: Run):
     prompts, axes, specs = yield from prepare(request, engine)
     template = request.prompt.strip()
     settings = settings_for(request, engine)
