@@ -163,3 +163,11 @@ def test_bad_intersectional_settings_create_no_run(engine):
             list(intersectional.run(intersectional.IntersectionalRequest("a photo of a doctor", axes=axes, **bad),
                                     engine))
     assert engine.store.count("runs") == 0
+
+
+def test_an_empty_mitigate_prompt_creates_no_run(engine):
+    from engine.methods import mitigate
+
+    with pytest.raises(InputError, match="empty"):
+        list(mitigate.run(mitigate.MitigateRequest(prompt=" "), engine))
+    assert engine.store.count("runs") == 0

@@ -83,6 +83,7 @@ from ..metrics import biasconnect as bc
 from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
 from . import intersectional
+from . import cfsets
 from .cfsets import (ARTICLES, SetSpec, SetsRequest, add_set_arguments, axis_name, counterfactual_value, prepare,
                      set_request_fields)
 from .generate import settings_for
@@ -693,7 +694,7 @@ def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[d
     return alerts
 
 
-@recorded("mitigate")
+@recorded("mitigate", cfsets.check)
 def run(request: MitigateRequest, engine: Engine, run: Run):
     setup, epsilon = yield from _settle(request, engine)
     settings = settings_for(request, engine)
