@@ -14,6 +14,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
+from engine.methods import METHODS  # noqa: E402
 from tabs import (compare_models, counterfactuals, intersectional, mine, mitigate, model_panel, runs,  # noqa: E402
                   single_prompt)
 
@@ -47,17 +48,17 @@ def build_app(engine: Engine) -> gr.Blocks:
         model_panel.build(engine)
         load_hooks = []
         with gr.Tabs():
-            with gr.Tab("Single Prompt", id="single"):
+            with gr.Tab(METHODS["single_prompt"].title, id="single"):
                 load_hooks += single_prompt.build(engine)
-            with gr.Tab("Counterfactuals", id="counterfactuals"):
+            with gr.Tab(METHODS["counterfactuals"].title, id="counterfactuals"):
                 load_hooks += counterfactuals.build(engine)
-            with gr.Tab("Intersectional Matrix", id="intersectional"):
+            with gr.Tab(METHODS["intersectional"].title, id="intersectional"):
                 load_hooks += intersectional.build(engine)
-            with gr.Tab("Mine Prompts", id="mine"):
+            with gr.Tab(METHODS["mine"].title, id="mine"):
                 load_hooks += mine.build(engine)
-            with gr.Tab("Mitigate", id="mitigate"):
+            with gr.Tab(METHODS["mitigate"].title, id="mitigate"):
                 load_hooks += mitigate.build(engine)
-            with gr.Tab("Compare models", id="compare-models"):
+            with gr.Tab(METHODS["compare_models"].title, id="compare-models"):
                 load_hooks += compare_models.build(engine)
             with gr.Tab("Runs", id="runs"):
                 load_hooks += runs.build(engine)

@@ -36,7 +36,8 @@ def known_axes() -> dict[str, Axis]:
 
 def axis_for(name: str, values: list[str] | None = None) -> Axis:
     """The known axis of that name, or a free-text axis asked with TIBET's template
-    'What is {axis} in the image?' (spec §2.4). Given `values`, they become its choices."""
+    'What is {axis} in the image?' (docs/spec/thesis-tibet-biasconnect-intermit.md §2.4). Given `values`, they
+    become its choices."""
     key = name.strip().lower()
     known = known_axes().get(key)
     if known and not values:

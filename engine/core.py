@@ -329,7 +329,7 @@ class Run:
 
 
 def recorded(method: str, check: Callable | None = None, continues: Callable | None = None):
-    """Decorator for a method generator `fn(request, engine, run)`: creates its run record and
+    """Decorator for a method generator `fn(request, engine, run_record)`: creates its run record and
     marks it failed (with the message) or stopped when the consumer closes the stream early.
     Whatever the method stored before the failure stays in the store.
 

@@ -52,12 +52,11 @@ class Table(Event):
 
 @dataclass
 class Graph(Event):
-    """A graph: nodes, weighted directed edges, and a self-contained HTML rendering."""
+    """A graph: nodes and weighted directed edges (data only; engine.report draws it)."""
 
     name: str
     nodes: list[dict]
     edges: list[dict]
-    html: str = ""
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Every meta-prompt GapLens sends to a language model, in one place.
 
-TIBET's three turns are copied verbatim from the thesis (spec §2.3). The MineTheGap prompts
-are the spec's reconstruction (Part A.5, labelled [R]): the paper's wording is not public.
+TIBET's three turns are copied verbatim from the thesis (docs/spec/thesis-tibet-biasconnect-intermit.md §2.3). The
+MineTheGap prompts are the spec's reconstruction (Part A.5, labelled [R]): the paper's wording is not public.
 The synthetic world's lexicon LLM recognises these prompts by their first words, so keep the
 openings stable (tests check the round trip).
 """
@@ -16,7 +16,7 @@ TIBET_COUNTERFACTUALS = ("Generate many counterfactuals for each axis. Create co
 TIBET_TO_JSON = ("Convert these to a JSON dictionary where the axes are the keys and the "
                  "counterfactuals are list for each key. Only return json.")
 
-# --- MineTheGap (spec A.5, reconstruction) -----------------------------------------------------
+# --- MineTheGap (docs/spec/minethegap-and-biasbench.md A.5, reconstruction) --------------------
 OPEN_SET_HINT = ("for example the people (gender, age, ethnicity, body, disability), the setting, "
                  "time of day, weather, viewpoint, art style, and objects present")
 

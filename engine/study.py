@@ -31,7 +31,6 @@ rho (scipy), as TIBET correlated median ratings with MAD.
 from __future__ import annotations
 
 import csv
-import html
 import io
 import itertools
 import json
@@ -45,7 +44,7 @@ import numpy as np
 
 from . import __version__
 from .errors import InputError
-from .runs import get_run, run_prompt, run_records, short_model, thumbnail_data_uri
+from .runs import get_run, run_prompt, run_records, short_model
 
 KEY_FORMAT = "gaplens-study-key"
 ANSWER_COLUMNS = ["participant", "form", "position", "item", "set_a", "set_b", "answer", "rt_ms"]
@@ -171,7 +170,9 @@ def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender
                seed: int = 0, n_raters: int | None = None, n_attention: int = 2, thumbnail_size: int = 256,
                max_items: int = MAX_ITEMS_PER_FORM) -> dict:
     """Build a study pack from the image sets of `run_ids` (module docstring). Returns
-    {"key": answer key, "participant": data embedded in the form, "html": the form}.
+    {"key": answer key, "participant": data embedded in the form (its "sets" filled in by
+    the form page), "images": {set id: paths of the images shown}, "thumbnail_size": int};
+    `engine.report.study.form_page(pack)` makes the participant's form from it.
 
     When there are more trials than `max_items` (19 sets make 342 ordered pairs), each form
     shows one block of about `max_items` consecutive trials of a Williams row, and the default
@@ -191,7 +192,7 @@ def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender
     used: set = set()
 
     # Opaque set ids in random order; images sampled and shuffled per set.
-    sets, uris = {}, {}
+    sets, images = {}, {}
     for i in rng.permutation(len(conditions)):
         c = conditions[int(i)]
         set_id = "S" + _token(rng, used, 4)
@@ -203,7 +204,7 @@ def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender
                         "generator": short_model((c["run"].get("models") or {}).get("generator", "")),
                         "images_in_set": len(c["records"]), "shown": [{"key": r.key, "seed": r.seed} for r in shown],
                         "auto_score": score, "auto_score_name": score_name, "auto_score_source": source}
-        uris[set_id] = [thumbnail_data_uri(r.path, thumbnail_size, 85) for r in shown]
+        images[set_id] = [str(r.path) for r in shown]
     set_ids = list(sets)
 
     trials = ([(s,) for s in set_ids] if question == "rating"
@@ -269,8 +270,8 @@ def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender
         "sets": sets, "forms": key_forms, "balance": balance_table(key_forms, set_ids),
     }
     participant = {"question_type": question, "options": [{"value": v, "label": lab} for v, lab in options],
-                   "forms": participant_forms, "sets": uris}
-    return {"key": key, "participant": participant, "html": form_html(participant)}
+                   "forms": participant_forms, "sets": {}}
+    return {"key": key, "participant": participant, "images": images, "thumbnail_size": int(thumbnail_size)}
 
 
 def balance_table(forms: list[dict], set_ids: list[str]) -> dict:
@@ -303,8 +304,9 @@ def pack_summary(pack: dict) -> dict:
             "sets_with_automatic_score": scored, "text": text}
 
 
-def write_pack(pack: dict, path) -> str:
-    """The pack zip: participant/ (the form and how to use it) and researcher/ (the key)."""
+def write_pack(pack: dict, path, form_html: str) -> str:
+    """The pack zip: participant/ (the form `form_html`, from `engine.report.study.form_page`,
+    and how to use it) and researcher/ (the key). Returns its path."""
     key = pack["key"]
     design = io.StringIO()
     w = csv.writer(design, lineterminator="\n")
@@ -319,7 +321,7 @@ def write_pack(pack: dict, path) -> str:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("participant/study.html", pack["html"])
+        zf.writestr("participant/study.html", str(form_html))
         zf.writestr("participant/README.txt", PARTICIPANT_README)
         zf.writestr("researcher/answer_key.json", json.dumps(key, indent=1, ensure_ascii=False))
         zf.writestr("researcher/design.csv", design.getvalue())
@@ -348,126 +350,6 @@ RESEARCHER_README = """# GapLens user-study pack
 - Analyse: `python -m engine runs study analyse --key <this zip> --answers answers-*.csv`, or the
   Runs tab's study importer: Krippendorff's alpha between raters and Spearman's rho between the
   human and automatic scores of the sets.
-"""
-
-
-# -- the participant form --------------------------------------------------------------------
-FORM_CSS = """
-body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; max-width: 1100px; margin: 20px auto;
-       padding: 0 16px; color: #222; }
-h1 { font-size: 22px; } .note { color: #555; font-size: 13px; }
-.sets { display: flex; gap: 24px; flex-wrap: wrap; margin: 12px 0; }
-.set { flex: 1 1 420px; border: 1px solid #ccc; border-radius: 6px; padding: 8px; }
-.set h3 { margin: 0 0 6px; font-size: 15px; }
-.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(96px, 1fr)); gap: 4px; }
-.grid img { width: 100%; height: auto; display: block; border-radius: 3px; }
-.question { font-size: 17px; font-weight: 600; margin: 10px 0; }
-.options { display: flex; gap: 10px; flex-wrap: wrap; margin: 8px 0 16px; }
-.options label { border: 1px solid #888; border-radius: 6px; padding: 8px 14px; cursor: pointer; }
-.options input:checked + span { font-weight: 700; }
-button, .download { font-size: 16px; padding: 8px 18px; border-radius: 6px; border: 1px solid #346;
-                    background: #4e79a7; color: #fff; cursor: pointer; text-decoration: none; display: inline-block; }
-button:disabled { background: #aab; border-color: #aab; cursor: default; }
-.progress { color: #555; font-size: 13px; } .hidden { display: none; }
-input[type=text], select { font-size: 16px; padding: 4px 8px; }
-"""
-
-FORM_JS = r"""
-(function () {
-  const DATA = JSON.parse(document.getElementById('study-data').textContent);
-  const $ = (id) => document.getElementById(id);
-  const params = new URLSearchParams((location.hash || '').replace(/^#/, '') || location.search.replace(/^\?/, ''));
-  const formSelect = $('form-number');
-  DATA.forms.forEach((f) => { const o = document.createElement('option'); o.value = f.form; o.textContent = f.form; formSelect.appendChild(o); });
-  if (params.get('form')) formSelect.value = params.get('form');
-  if (params.get('participant')) $('participant').value = params.get('participant');
-  let form = null, index = 0, shownAt = 0; const answers = [];
-  function csvCell(v) { v = String(v == null ? '' : v); return /[",\n]/.test(v) ? '"' + v.replace(/"/g, '""') + '"' : v; }
-  function setBlock(title, setId) {
-    const div = document.createElement('div'); div.className = 'set';
-    if (title) { const h = document.createElement('h3'); h.textContent = title; div.appendChild(h); }
-    const grid = document.createElement('div'); grid.className = 'grid';
-    DATA.sets[setId].forEach((uri, i) => { const img = document.createElement('img'); img.src = uri; img.alt = 'image ' + (i + 1); grid.appendChild(img); });
-    div.appendChild(grid); return div;
-  }
-  function show() {
-    const item = form.items[index];
-    $('progress').textContent = 'Item ' + (index + 1) + ' of ' + form.items.length;
-    const sets = $('sets'); sets.innerHTML = '';
-    if (item.sets.length === 2) { sets.appendChild(setBlock('Left set', item.sets[0])); sets.appendChild(setBlock('Right set', item.sets[1])); }
-    else sets.appendChild(setBlock('', item.sets[0]));
-    $('question').textContent = item.question;
-    const opts = $('options'); opts.innerHTML = '';
-    DATA.options.forEach((o) => {
-      const label = document.createElement('label'); const input = document.createElement('input');
-      input.type = 'radio'; input.name = 'answer'; input.value = o.value;
-      input.addEventListener('change', () => { $('next').disabled = false; });
-      const span = document.createElement('span'); span.textContent = ' ' + o.label;
-      label.appendChild(input); label.appendChild(span); opts.appendChild(label);
-    });
-    $('next').disabled = true; $('next').textContent = index + 1 === form.items.length ? 'Finish' : 'Next';
-    shownAt = performance.now(); window.scrollTo(0, 0);
-  }
-  $('start').addEventListener('click', () => {
-    const pid = $('participant').value.trim();
-    if (!pid) { $('start-error').textContent = 'Please enter your participant ID.'; return; }
-    form = DATA.forms.find((f) => String(f.form) === String(formSelect.value));
-    $('intro').classList.add('hidden'); $('study').classList.remove('hidden'); index = 0; show();
-  });
-  $('next').addEventListener('click', () => {
-    const chosen = document.querySelector('input[name=answer]:checked'); if (!chosen) return;
-    const item = form.items[index];
-    answers.push([$('participant').value.trim(), form.form, index + 1, item.item, item.sets[0], item.sets[1] || '',
-                  chosen.value, Math.round(performance.now() - shownAt)]);
-    index += 1;
-    if (index < form.items.length) { show(); return; }
-    $('study').classList.add('hidden'); $('done').classList.remove('hidden');
-    const header = ['participant', 'form', 'position', 'item', 'set_a', 'set_b', 'answer', 'rt_ms'];
-    const text = [header].concat(answers).map((r) => r.map(csvCell).join(',')).join('\n') + '\n';
-    const link = $('download');
-    link.href = URL.createObjectURL(new Blob([text], {type: 'text/csv'}));
-    link.download = 'answers-' + $('participant').value.trim().replace(/[^A-Za-z0-9_-]/g, '_') + '-form' + form.form + '.csv';
-    $('csv-text').value = text;
-  });
-})();
-"""
-
-
-def form_html(participant: dict) -> str:
-    """The static study form: a single HTML file with the images inlined; no server, no network."""
-    data = json.dumps(participant, separators=(",", ":")).replace("</", "<\\/")
-    kind = participant["question_type"]
-    how = ("You will see one set of images at a time and rate it on a scale from 1 to 5."
-           if kind == "rating" else "You will see two sets of images at a time and choose one of them.")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Image study</title><style>{FORM_CSS}</style></head><body>
-<h1>Image study</h1>
-<div id="intro">
-  <p>{html.escape(how)} There are no right or wrong answers except for a few items that tell you
-  exactly what to select. Please answer every item; it takes a few minutes.</p>
-  <p><label>Participant ID <input type="text" id="participant" autocomplete="off"></label></p>
-  <p><label>Form number <select id="form-number"></select></label>
-  <span class="note">(the number you were given)</span></p>
-  <p><button id="start">Start</button> <span id="start-error" class="note"></span></p>
-</div>
-<div id="study" class="hidden">
-  <p id="progress" class="progress"></p>
-  <div id="sets" class="sets"></div>
-  <p id="question" class="question"></p>
-  <div id="options" class="options"></div>
-  <button id="next" disabled>Next</button>
-</div>
-<div id="done" class="hidden">
-  <h2>Thank you!</h2>
-  <p>Save your answers and send the file to the researcher:</p>
-  <p><a id="download" class="download" href="#">Download answers (CSV)</a></p>
-  <p class="note">If the download does not start, copy the text below into a file named answers.csv.</p>
-  <textarea id="csv-text" rows="8" cols="90" readonly></textarea>
-</div>
-<script type="application/json" id="study-data">{data}</script>
-<script>{FORM_JS}</script>
-</body></html>
 """
 
 
@@ -681,32 +563,3 @@ def analysis_text(a: dict) -> str:
         lines.append(f"  {c['set']}  human {_f(c['human_score'])}  auto {_f(c['auto_score'])}  "
                      f"{c['method']} {c['run_id']} {c['label']} {c['prompt'][:50]}")
     return "\n".join(lines)
-
-
-def analysis_html(a: dict) -> str:
-    from . import charts
-
-    ag, sp = a["agreement"], a["spearman"]
-    chart = charts.bar_chart([c["set"] for c in a["conditions"]], [c["human_score"] or 0.0 for c in a["conditions"]],
-                             title=f"human score ({a['human_score']})", chart_id="study-human",
-                             vmax=5.0 if a["question_type"] == "rating" else 1.0)
-    rows = "".join(f"<tr><td><code>{c['set']}</code></td><td class='gl-metric'>{_f(c['human_score'])}</td>"
-                   f"<td class='gl-metric'>{_f(c['human_median'], 1)}</td><td>{c['n_answers']}</td>"
-                   f"<td class='gl-metric'>{_f(c['auto_score'])}</td><td>{html.escape(c['method'])}</td>"
-                   f"<td><code>{html.escape(c['run_id'])}</code> {html.escape(c['label'])}</td>"
-                   f"<td>{html.escape(c['prompt'][:80])}</td><td><code>{html.escape(c['generator'])}</code></td></tr>"
-                   for c in a["conditions"])
-    consistency = (f"<p>Self-consistency (same set chosen when a pair is shown both ways round): "
-                   f"{a['self_consistency']:.0%}.</p>" if a.get("self_consistency") is not None else "")
-    return (f"<div id='study-analysis'><p><b>{a['participants']}</b> rater(s), <b>{a['kept']}</b> kept "
-            f"({len(a['failed_attention'])} failed an attention check{', excluded' if a['excluded'] else ''}); "
-            f"{a['answers']} answers.</p>"
-            f"<p>Agreement between raters: Krippendorff's alpha ({ag['level']}) = "
-            f"<b id='study-alpha'>{_f(ag['alpha'])}</b> over {ag['units']} unit(s)"
-            + (f"; ordinal {_f(ag['alpha_ordinal'])}" if ag.get("alpha_ordinal") is not None else "") + ".</p>"
-            f"<p>Spearman ρ between the human score ({html.escape(a['human_score'])}) and the automatic score "
-            f"({html.escape(a['auto_score'])}): <b id='study-spearman'>{_f(sp['rho'])}</b> "
-            f"(p = {_f(sp['p'], 4)}, n = {sp['n']} sets){' — ' + html.escape(sp['note']) if sp['note'] else ''}.</p>"
-            f"{consistency}<div class='gl-chart'>{chart}</div>"
-            f"<table style='font-size:13px'><tr><th>set</th><th>human</th><th>median</th><th>answers</th>"
-            f"<th>automatic</th><th>method</th><th>run / set</th><th>prompt</th><th>generator</th></tr>{rows}</table></div>")

@@ -84,6 +84,3 @@ def status_markdown(status: dict) -> str:
             f"**Store:** `{status['data_dir']}`: {status['stored_images']} images, {status['runs']} runs; "
             f"at most {status['max_images']} images per set")
 
-
-# Rendering is shared with the Runs view and the exported HTML report, so it lives in the engine.
-from engine.render import axis_html, fmt, fmt_ci  # noqa: E402,F401

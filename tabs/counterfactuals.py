@@ -2,39 +2,19 @@
 CAS per counterfactual, and drill into any counterfactual's images, answers and concepts."""
 from __future__ import annotations
 
-import html
 import time
 
 import gradio as gr
 
-from engine import render_tibet
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import counterfactuals
+from engine.report import counterfactuals as report
+from engine.report import fmt
 
 from . import axes_table
-from .common import fmt, gpu, user_errors, with_notes
+from .common import gpu, user_errors, with_notes
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
-THUMBS_PER_SET = 8
-
-
-def _esc(text) -> str:
-    return html.escape(str(text), quote=True)
-
-
-def sets_html(records_by_label: dict[str, list]) -> str:
-    """A grid of small image sets, one per prompt, in generation order."""
-    blocks = []
-    for label, records in records_by_label.items():
-        title = label.split("|cf=")[-1] if "|cf=" in label else "initial prompt"
-        shown = sorted(records, key=lambda r: r.seed)[:THUMBS_PER_SET]
-        thumbs = "".join(f"<img src='gradio_api/file={_esc(r.path)}' title='seed {r.seed}' "
-                         f"style='display:inline-block;width:44px;height:44px;object-fit:cover;margin:1px'>" for r in shown)
-        more = f"<span style='font-size:11px'> +{len(records) - len(shown)}</span>" if len(records) > len(shown) else ""
-        blocks.append(f"<figure class='gl-set' data-label='{_esc(label)}' style='margin:0;width:190px'>"
-                      f"<figcaption style='font-size:11px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis' "
-                      f"title='{_esc(label)}'>{_esc(title)}</figcaption><div>{thumbs}{more}</div></figure>")
-    return "<div id='cf-sets-grid' style='display:flex;flex-wrap:wrap;gap:8px'>" + "".join(blocks) + "</div>"
 
 
 def drilldown(results: dict, label: str):
@@ -45,7 +25,7 @@ def drilldown(results: dict, label: str):
     # short captions (a gallery shows one line): the answers' values; the drill-down names the questions
     items = [(im["path"], f"seed {im['seed']}: " + " · ".join(str(v) for v in im["answers"].values()))
              for im in images]
-    return render_tibet.drill_html(results, label), items
+    return report.drill_html(results, label), items
 
 
 def set_choices(results: dict) -> list[tuple[str, str]]:
@@ -113,7 +93,7 @@ def build(engine) -> list:
                 if event.label.endswith("initial"):
                     records.clear()       # aggregate mode: show the current prompt's sets only
                 records.setdefault(event.label, []).extend(event.records)
-                yield skip, skip, skip, skip, sets_html(records), skip, skip, skip
+                yield skip, skip, skip, skip, report.sets_html(records), skip, skip, skip
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
                 status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
@@ -124,7 +104,7 @@ def build(engine) -> list:
                 yield skip, skip, skip, skip, skip, event.rows, skip, skip
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
                 axes_scores[event.values["axis"]] = event.values
-                yield skip, skip, render_tibet.cas_html(axes_scores), skip, skip, skip, skip, skip
+                yield skip, skip, report.cas_html(axes_scores), skip, skip, skip, skip, skip
             elif isinstance(event, Done):
                 r = event.results
                 choices = set_choices(r)
@@ -132,8 +112,8 @@ def build(engine) -> list:
                 text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). Most biased axis: "
                         f"**{r['mad_order'][0]}** (MAD {fmt(r['mad'][r['mad_order'][0]], 2)}).")
-                yield (with_notes(text, notes), render_tibet.mad_html(r), render_tibet.cas_html(render_tibet.by_axis(r)),
-                       render_tibet.counterfactual_rows(r), skip, skip,
+                yield (with_notes(text, notes), report.mad_html(r), report.cas_html(report.by_axis(r)),
+                       report.counterfactual_rows(r), skip, skip,
                        gr.update(choices=choices, value=first_cf), {"results": r, "run_id": event.run_id})
 
     def show(view, label):

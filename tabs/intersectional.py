@@ -6,11 +6,11 @@ import time
 
 import gradio as gr
 
-from engine import biasgraph
 from engine.axes import parse_targets
 from engine.errors import InputError
 from engine.events import Done, Progress, Table, Warning
 from engine.methods import cfsets, intersectional
+from engine.report import intersectional as report
 
 from . import axes_table
 from .common import gpu, user_errors, with_notes
@@ -103,29 +103,33 @@ def build(engine) -> list:
 
     @gpu
     @user_errors
-    def connect(prompt, fill, rows, n, seed, targets, policy, level, p_threshold, min_abs_is, importance, n_boot,
-                negative, steps, guidance):
+    def connect(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto", p_threshold=None,
+                min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None, guidance=None):
         request = intersectional.IntersectionalRequest(
-            prompt=prompt, axes=axes_table.axes_of(rows), fill=axes_table.parse_fill(fill), n=int(n),
-            seed=int(seed or 0), ideals=parse_targets(targets), other_policy=policy, level=level,
+            prompt=prompt, axes=axes_table.axes_of(table), fill=axes_table.parse_fill(fill), n=int(n),
+            seed=int(seed or 0), ideals=parse_targets(targets or ""), other_policy=other_policy, level=level,
             p_threshold=None if p_threshold in (None, "") else float(p_threshold),
             min_abs_is=None if min_abs_is in (None, "") else float(min_abs_is), importance=importance,
-            n_boot=int(n_boot), negative_prompt=negative or "", steps=None if steps in (None, "") else int(steps),
+            n_boot=int(n_boot), negative_prompt=negative_prompt or "",
+            steps=None if steps in (None, "") else int(steps),
             guidance=None if guidance in (None, "") else float(guidance))
-        skip = gr.skip()
         started, notes = time.perf_counter(), []
-        # outputs: progress, summary, matrix, graph, edges, questions, axes table, pair, state
+        asked, proposed = [], {}
+        # each event updates the outputs it names; the last yield names every output of the run
+        # (the axes table, an input, only when the LLM proposed it)
         for event in intersectional.run(request, engine):
             if isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
                 status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
-                yield (with_notes(status, notes), *[skip] * 8)
+                yield {progress: with_notes(status, notes)}
             elif isinstance(event, Warning):    # shown with this result, not as a toast over it
                 notes.append(event.message)
             elif isinstance(event, Table) and event.name == "axes":
-                yield *[skip] * 6, event.rows, skip, skip
+                proposed = {editor.table: event.rows}
+                yield proposed
             elif isinstance(event, Table) and event.name == "questions":
-                yield *[skip] * 5, event.rows, skip, skip, skip
+                asked = event.rows
+                yield {questions: asked}
             elif isinstance(event, Done):
                 r = event.results
                 axes = r["sensitivity"]["axes"]
@@ -133,12 +137,13 @@ def build(engine) -> list:
                 best = intersectional.default_pair(r)     # a kept edge, never a pruned pair
                 text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-                graph_view = (biasgraph.iframe(biasgraph.graph_from_results(r), elem_id="ic-graph-frame")
+                graph_view = (report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame")
                               if r["kept_edges"] else NO_EDGE)
-                yield (with_notes(text, notes), biasgraph.summary_html(r), biasgraph.matrix_html(r), graph_view,
-                       edge_rows(r), skip, skip,
-                       gr.update(choices=pairs, value="|".join(best) if best else None),
-                       {"results": r, "run_id": event.run_id})
+                yield {progress: with_notes(text, notes),
+                       summary: report.summary_html(r), matrix: report.matrix_html(r), graph: graph_view,
+                       edges: edge_rows(r), questions: asked, **proposed,
+                       pair: gr.update(choices=pairs, value="|".join(best) if best else None),
+                       state: {"results": r, "run_id": event.run_id}}
 
     def show_pair(view, value):
         results = (view or {}).get("results")
@@ -147,13 +152,15 @@ def build(engine) -> list:
         if not results or not value:
             return ""
         x, y = value.split("|")
-        return biasgraph.pair_html(results, x, y)
+        return report.pair_html(results, x, y)
 
     reference.upload(load_reference, [reference], [targets], api_name=False)
     from_cf.click(latest_counterfactuals, None, [editor.prompt, editor.fill, editor.table, n, seed], api_name=False)
-    inputs = [editor.prompt, editor.fill, editor.table, n, seed, targets, policy, level, p_threshold, min_abs_is,
-              importance, n_boot, negative, steps, guidance]
-    go.click(connect, inputs, [progress, summary, matrix, graph, edges, questions, editor.table, pair, state],
+    form = dict(prompt=editor.prompt, table=editor.table, n=n, fill=editor.fill, seed=seed, targets=targets,
+                other_policy=policy, level=level, p_threshold=p_threshold, min_abs_is=min_abs_is,
+                importance=importance, n_boot=n_boot, negative_prompt=negative, steps=steps, guidance=guidance)
+    go.click(connect, inputs_kwargs=form,
+             outputs=[progress, summary, matrix, graph, edges, questions, editor.table, pair, state],
              api_name="intersectional")
     pair.change(show_pair, [state, pair], [pair_view], api_name=False)
     return []

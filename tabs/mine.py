@@ -11,8 +11,7 @@ import gradio as gr
 from engine.errors import InputError
 from engine.events import Done, Progress, Scores, Warning
 from engine.methods import mine
-from engine.render import fmt, gap_html
-from engine.render_mine import RECONSTRUCTED, lineage_html, mine_chart
+from engine.report import mine as report
 
 from .common import gallery_items, gpu, user_errors, with_notes
 
@@ -46,17 +45,6 @@ def _pick_choices(results: dict) -> list[tuple[str, str]]:
     return [(f"{a['rank']}. {a['score']:.3f}  {a['prompt']}", a["id"]) for a in results.get("archive", [])]
 
 
-def _progress_text(results: dict, run_id: str, status: str) -> str:
-    p = results.get("params", {})
-    done = len(results.get("iterations", []))
-    best = results["archive"][0] if results.get("archive") else None
-    best_text = f"; most biased so far **{best['score']:.3f}** “{best['prompt']}”" if best else ""
-    early = (f" <span id='mine-end-reason'>Ended early: {html.escape(results['end_reason'])}.</span>"
-             if results.get("end_reason") else "")
-    return (f"**{status}**: run `{run_id}`, <span id='mine-iterations'>{done}</span> of {p.get('T')} "
-            f"iterations{best_text}.{early}")
-
-
 class _View:
     """The latest value of every live output; each event changes some, the rest are skipped."""
 
@@ -82,7 +70,7 @@ class _View:
         if results.get("pending"):
             iteration = results["pending"]["iteration"]
         self.state = {"run_id": run_id, "results": results}
-        return self.update(progress=_progress_text(results, run_id, status), chart=mine_chart(results, baseline),
+        return self.update(progress=report.progress_text(results, run_id, status), chart=report.mine_chart(results, baseline),
                            population=mine.population_rows(results, max(0, iteration)) if results.get("nodes") else [],
                            archive=mine.archive_rows(results.get("archive", [])),
                            pick=gr.update(choices=_pick_choices(results)), state=self.state)
@@ -105,7 +93,7 @@ def _baseline_for(engine, results: dict) -> dict | None:
 def build(engine) -> list:
     """Lay out the tab; returns its page-load hooks as (fn, outputs) pairs."""
     gr.Markdown("Mine the prompts this model is most biased on: a genetic search over LLM-written prompts "
-                "scored by the MineTheGap gap score (images vs. LLM variations of the prompt).  \n" + RECONSTRUCTED,
+                "scored by the MineTheGap gap score (images vs. LLM variations of the prompt).  \n" + report.reconstructed(),
                 elem_id="mine-intro")
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
@@ -297,11 +285,7 @@ def build(engine) -> list:
             return NO_DETAILS, [], ""
         info = mine.prompt_details(engine, results, node_id)
         node = info["node"]
-        head = (f"<h4 id='mine-selected'>{html.escape(node['prompt'])} "
-                f"<span class='gl-badge'>gap {fmt(node.get('score'), 4)}</span></h4><p><b>Lineage</b> (parent → child):</p>{lineage_html(info['lineage'])}")
-        if info["missing_images"]:
-            head += f"<p>{info['missing_images']} image(s) are no longer in the store.</p>"
-        gap = gap_html(info["gap"]) if info["gap"] else f"<p>{html.escape(info['note'] or 'not scored')}</p>"
+        head, gap = report.selected_html(info)
         return head, gallery_items(info["images"]), gap
 
     def select_row(view_state, evt: gr.SelectData):

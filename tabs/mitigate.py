@@ -4,6 +4,7 @@ matrix, then mitigate step by step: w̄ bars before/after, τ against ε, the pr
 with its weights, sample images, trade-off alerts, the final report and the JSON export."""
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import time
@@ -16,7 +17,7 @@ from engine.axes import known_axes, parse_targets
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import cfsets, intersectional, mitigate
-from engine.render_mitigate import mitigate_html, preview_html
+from engine.report import mitigate as report
 
 from . import axes_table
 from .common import distinct_captions, gallery_items, gpu, user_errors, with_notes
@@ -124,7 +125,7 @@ def build(engine) -> list:
                                                  elem_id=f"mt-priority-{i}", min_width=140)
                             mode = gr.Dropdown(MODES, value="uniform", label="ideal distribution D*",
                                                elem_id=f"mt-mode-{i}", min_width=140)
-                            shares = gr.Textbox(label="D* shares (value=percent, …)", lines=1, min_width=160,
+                            shares = gr.Textbox("", label="D* shares (value=percent, …)", lines=1, min_width=160,
                                                 elem_id=f"mt-shares-{i}")
                     slots.append(Slot(group, title, priority, mode, shares))
             with gr.Row():
@@ -155,13 +156,17 @@ def build(engine) -> list:
                              height=90)
     axes_state = gr.State([])
     slot_components = [c for s in slots for c in (s.group, s.title, s.priority, s.mode, s.shares)]
-    slot_values = [c for s in slots for c in (s.priority, s.mode, s.shares)]
-    priorities = [s.priority for s in slots]
+    # each slot's inputs by name: priority_0, mode_0, shares_0, priority_1, ...
+    slot_inputs = {f"{name}_{i}": getattr(s, name) for i, s in enumerate(slots) for name in ("priority", "mode", "shares")}
+    priorities = {f"priority_{i}": s.priority for i, s in enumerate(slots)}
+
+    def slot_values(slot_form: dict) -> list:
+        return [slot_form.get(f"{name}_{i}") for i in range(MAX_AXES) for name in ("priority", "mode", "shares")]
 
     def kept_values(axes, values) -> dict:
         return {a: tuple(values[3 * i:3 * i + 3]) for i, a in enumerate((axes or [])[:MAX_AXES])}
 
-    def refresh(prompt, rows, axes, chosen, *values):
+    def refresh(prompt, rows, axes, chosen, **slot_form):
         """The table changed: one slot per axis, settings kept by axis name."""
         found = axes_and_values(prompt, rows)
         if len(found) > MAX_AXES:
@@ -171,34 +176,32 @@ def build(engine) -> list:
         if names == list(axes or []):
             # the same axes (a cell edit, or a button that already filled the slots): keep every
             # setting; the slot values this event carries may predate that button's update
-            return (gr.skip(), gr.skip(), *[gr.skip()] * len(slot_components), gr.skip())
-        kept = kept_values(axes, values)
+            return gr.skip()
+        kept = kept_values(axes, slot_values(slot_form))
         chosen = [a for a in (chosen or []) if a in names] if axes else []
         chosen = chosen or names
-        updates = slot_updates({a: found[a] for a in names}, kept)
         prios = [kept.get(a, (DEFAULT_PRIORITY,))[0] for a in names]
-        return (names, gr.update(choices=names, value=chosen, visible=bool(names)), *updates,
-                weights_markdown(names, chosen, prios))
+        return {axes_state: names, bstar: gr.update(choices=names, value=chosen, visible=bool(names)),
+                **dict(zip(slot_components, slot_updates({a: found[a] for a in names}, kept))),
+                weights: weights_markdown(names, chosen, prios)}
 
-    def show_weights(axes, chosen, *values):
-        return weights_markdown(axes or [], chosen or [], list(values))
+    def show_weights(axes, chosen, **priority_form):
+        return weights_markdown(axes or [], chosen or [], [priority_form[f"priority_{i}"] for i in range(MAX_AXES)])
 
     @user_errors
-    def load_reference(path, axes, *values):
+    def load_reference(path, axes):
         if not path:
-            return [gr.skip()] * len(slot_values)
+            return gr.skip()
         shares = intersectional.load_reference_csv(path)
-        out = []
-        for i in range(MAX_AXES):
-            axis = axes[i] if i < len(axes or []) else None
-            if axis in shares:
-                out += [gr.skip(), "real-world CSV", reference_text({axis: shares[axis]}).split(": ", 1)[1]]
-            else:
-                out += [gr.skip()] * 3
         missing = set(shares) - set(axes or [])
         if missing:
             gr.Warning(f"the CSV names axes not in the table: {', '.join(sorted(missing))}")
-        return out
+        update = {}
+        for slot, axis in zip(slots, axes or []):
+            if axis in shares:
+                update.update({slot.mode: "real-world CSV",
+                               slot.shares: reference_text({axis: shares[axis]}).split(": ", 1)[1]})
+        return update or gr.skip()
 
     @user_errors
     def latest_intersectional():
@@ -214,97 +217,93 @@ def build(engine) -> list:
         ideals = request.get("ideals") or {}
         kept = {a: (DEFAULT_PRIORITY, "typed percentages", reference_text({a: ideals[a]}).split(": ", 1)[1])
                 for a in names if ideals.get(a)}
-        return (request["prompt"], ", ".join(request.get("fill") or []), cfsets.rows_from_axes(results["axes"]),
-                request["n"], request["seed"], names, gr.update(choices=names, value=names, visible=True),
-                *slot_updates({a: axes[a] for a in names}, kept),
-                weights_markdown(names, names, [DEFAULT_PRIORITY] * len(names)))
+        return {editor.prompt: request["prompt"], editor.fill: ", ".join(request.get("fill") or []),
+                editor.table: cfsets.rows_from_axes(results["axes"]), n: request["n"], seed: request["seed"],
+                axes_state: names, bstar: gr.update(choices=names, value=names, visible=True),
+                **dict(zip(slot_components, slot_updates({a: axes[a] for a in names}, kept))),
+                weights: weights_markdown(names, names, [DEFAULT_PRIORITY] * len(names))}
 
-    def make_request(prompt, fill, rows, chosen, n, seed, eps, strat, pol, boot, tol, neg, steps_, guid,
-                     values, preview_only):
-        table = axes_table.axes_of(rows)
-        axes = list(axes_and_values(prompt, rows))   # the slots' order (see refresh)
-        if table and not chosen:
+    @gpu
+    @user_errors
+    def mitigate_or_preview(preview_only: bool, prompt, table, n, axes_to_mitigate=(), fill=None, seed=0,
+                            epsilon=mitigate.DEFAULT_EPSILON, strategy="intermit", other_policy="drop", n_boot=200,
+                            tradeoff_tolerance=0.02, negative_prompt=None, steps=None, guidance=None, **slot_form):
+        """Both endpoints: the inputs by name (the slots' as priority_i, mode_i, shares_i)."""
+        axes = axes_table.axes_of(table)
+        if axes and not axes_to_mitigate:
             raise InputError("tick at least one axis to mitigate (B*)")
-        prios, ideals = request_parts(axes or [], chosen or [], list(values))
-        return mitigate.MitigateRequest(
-            prompt=prompt, axes=table, fill=axes_table.parse_fill(fill), n=int(n), seed=int(seed or 0),
-            mitigate=list(chosen or []) if table else [], priorities=prios if table else {}, ideals=ideals,
-            epsilon=float(eps), strategy=strat, other_policy=pol, n_boot=int(boot), tradeoff_tolerance=float(tol),
-            negative_prompt=neg or "", steps=None if steps_ in (None, "") else int(steps_),
-            guidance=None if guid in (None, "") else float(guid), preview_only=preview_only)
+        names = list(axes_and_values(prompt, table))   # the slots' order (see refresh)
+        prios, ideals = request_parts(names, list(axes_to_mitigate), slot_values(slot_form))
+        request = mitigate.MitigateRequest(
+            prompt=prompt, axes=axes, fill=axes_table.parse_fill(fill), n=int(n), seed=int(seed or 0),
+            mitigate=list(axes_to_mitigate) if axes else [], priorities=prios if axes else {}, ideals=ideals,
+            epsilon=float(epsilon), strategy="intermit" if preview_only else strategy, other_policy=other_policy,
+            n_boot=0 if preview_only else int(n_boot), tradeoff_tolerance=float(tradeoff_tolerance),
+            negative_prompt=negative_prompt or "", steps=None if steps in (None, "") else int(steps),
+            guidance=None if guidance in (None, "") else float(guidance), preview_only=preview_only)
+        yield from stream(request)
 
     def stream(request):
-        """Run the method; yields (progress, preview, view, gallery, export, table)."""
-        latest = ["", "", "", [], None, gr.skip()]
+        """Run the method; each event updates the outputs it names, the last names them all."""
+        shown = {progress: "", preview_box: "", view: "", gallery: [], export: None}
         started = time.perf_counter()
         sample: dict[int, list] = {}
         notes: list[str] = []
         before = engine.stats.images_generated
-
-        def update(**changes):
-            order = ("progress", "preview", "view", "gallery", "export", "table")
-            for k, v in changes.items():
-                latest[order.index(k)] = v
-            return tuple(changes.get(k, gr.skip()) for k in order)
-
         shown_at = 0.0
         for event in mitigate.run(request, engine):
+            update = {}
             if isinstance(event, Progress):
                 if time.perf_counter() - shown_at < UPDATE_EVERY:
                     continue
                 shown_at = time.perf_counter()
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield update(progress=with_notes(f"**{event.message or event.stage}**{eta} "
-                                                 f"({time.perf_counter() - started:.1f} s)", notes))
+                update = {progress: with_notes(f"**{event.message or event.stage}**{eta} "
+                                               f"({time.perf_counter() - started:.1f} s)", notes)}
             elif isinstance(event, Images) and "|axis=" not in event.label and event.label.startswith("step="):
                 step = int(event.label.split("|", 1)[0].split("=", 1)[1])
                 sample.setdefault(step, []).extend(event.records)
-                shown = sample[max(sample)][:24]
-                yield update(gallery=gallery_items(shown, distinct_captions(shown)))
+                sampled = sample[max(sample)][:24]
+                update = {gallery: gallery_items(sampled, distinct_captions(sampled))}
             elif isinstance(event, Warning):    # shown with this result, not as a toast over it
                 notes.append(event.message)
-                yield update(progress=with_notes(latest[0].split("\n\n**Notes")[0], notes))
+                update = {progress: with_notes(str(shown[progress]).split("\n\n**Notes")[0], notes)}
             elif isinstance(event, Table) and event.name == "axes":
-                yield update(table=event.rows)
+                update = {editor.table: event.rows}
             elif isinstance(event, Scores) and event.name == "preview":
-                yield update(preview=preview_html(event.values))
+                update = {preview_box: report.preview_html(event.values)}
             elif isinstance(event, Scores) and event.name == "results":
-                yield update(view=mitigate_html(event.values, with_preview=False))
+                update = {view: report.page(event.values, with_preview=False)}
             elif isinstance(event, Done):
                 r = event.results
                 generated = engine.stats.images_generated - before
                 text = (f"**{mitigate.outcome(r)}**. {generated} image(s) generated, the rest from the store; "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-                update(progress=with_notes(text, notes), view=mitigate_html(r, with_preview=False), preview=preview_html(r.get("preview")),
-                       export=_export_file(r, event.run_id) if not request.preview_only else None)
-                yield tuple(latest)
-
-    @gpu
-    @user_errors
-    def run_mitigation(prompt, fill, rows, chosen, n, seed, eps, strat, pol, boot, tol, neg, steps_, guid, *values):
-        request = make_request(prompt, fill, rows, chosen, n, seed, eps, strat, pol, boot, tol, neg, steps_, guid,
-                               values, False)
-        yield from stream(request)
-
-    @gpu
-    @user_errors
-    def run_preview(prompt, fill, rows, chosen, n, seed, eps, strat, pol, boot, tol, neg, steps_, guid, *values):
-        request = make_request(prompt, fill, rows, chosen, n, seed, eps, "intermit", pol, 0, tol, neg, steps_, guid,
-                               values, True)
-        yield from stream(request)
+                shown.update({
+                    progress: with_notes(text, notes),
+                    view: report.page(r, with_preview=False), preview_box: report.preview_html(r.get("preview")),
+                    export: _export_file(r, event.run_id) if not request.preview_only else None})
+                yield shown
+            if update:
+                shown.update(update)
+                yield update
 
     refresh_outputs = [axes_state, bstar, *slot_components, weights]
-    editor.table.change(refresh, [editor.prompt, editor.table, axes_state, bstar, *slot_values], refresh_outputs,
-                        api_name=False)
-    for slider in priorities:
-        slider.change(show_weights, [axes_state, bstar, *priorities], [weights], api_name=False)
-    bstar.change(show_weights, [axes_state, bstar, *priorities], [weights], api_name=False)
-    reference.upload(load_reference, [reference, axes_state, *slot_values], slot_values, api_name=False)
+    editor.table.change(refresh, inputs_kwargs=dict(prompt=editor.prompt, rows=editor.table, axes=axes_state,
+                                                    chosen=bstar, **slot_inputs),
+                        outputs=refresh_outputs, api_name=False)
+    for trigger in [bstar, *priorities.values()]:
+        trigger.change(show_weights, inputs_kwargs=dict(axes=axes_state, chosen=bstar, **priorities), outputs=[weights],
+                       api_name=False)
+    reference.upload(load_reference, [reference, axes_state], [s.mode for s in slots] + [s.shares for s in slots],
+                     api_name=False)
     from_ic.click(latest_intersectional, None, [editor.prompt, editor.fill, editor.table, n, seed, *refresh_outputs],
                   api_name=False)
-    inputs = [editor.prompt, editor.fill, editor.table, bstar, n, seed, epsilon, strategy, policy, n_boot,
-              tolerance, negative, steps, guidance, *slot_values]
+    form = dict(prompt=editor.prompt, fill=editor.fill, table=editor.table, axes_to_mitigate=bstar, n=n, seed=seed,
+                epsilon=epsilon, strategy=strategy, other_policy=policy, n_boot=n_boot, tradeoff_tolerance=tolerance,
+                negative_prompt=negative, steps=steps, guidance=guidance, **slot_inputs)
     outputs = [progress, preview_box, view, gallery, export, editor.table]
-    go.click(run_mitigation, inputs, outputs, api_name="mitigate")
-    preview_btn.click(run_preview, inputs, outputs, api_name="mitigate_preview")
+    go.click(functools.partial(mitigate_or_preview, False), inputs_kwargs=form, outputs=outputs, api_name="mitigate")
+    preview_btn.click(functools.partial(mitigate_or_preview, True), inputs_kwargs=form, outputs=outputs,
+                      api_name="mitigate_preview")
     return []

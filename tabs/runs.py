@@ -1,6 +1,6 @@
 """Runs tab: every run in the store (any method, app or CLI): search, sort, open, compare,
-delete, export, import, and user-study packs. Thin: engine/runs.py, engine/export.py and
-engine/study.py do the work; results are rendered with engine/render.py as their tab shows them."""
+delete, export, import, and user-study packs. Thin: engine/runs.py, engine/report/export.py and
+engine/study.py do the work; engine/report draws the runs as their tabs show them."""
 from __future__ import annotations
 
 import tempfile
@@ -9,9 +9,12 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine import export, runs, study
+from engine import runs, study
 from engine.axes import known_axes
 from engine.errors import InputError
+from engine.report import export
+from engine.report import runs as runs_page
+from engine.report import study as study_page
 
 from .common import gallery_items, user_errors
 
@@ -130,7 +133,7 @@ def build(engine) -> list:
         ids = _ids(selected)
         if not ids:
             raise InputError("pick a run first: click a row of the table")
-        opened = runs.open_run(store, ids[-1])
+        opened = runs_page.open_run(store, ids[-1])
         records = [r for r, _ in opened["records"]]
         labels = [f"seed {r.seed}" + (f" · {label}" if label else "") for r, label in opened["records"]]
         return opened["html"], gallery_items(records, labels)
@@ -148,7 +151,7 @@ def build(engine) -> list:
     @user_errors
     def compare(selected):
         comparison_ = runs.compare_runs(store, _ids(selected))
-        return runs.compare_html(comparison_, store)
+        return runs_page.compare_html(comparison_, store)
 
     @user_errors
     def delete(selected, confirmed, keep):
@@ -196,7 +199,8 @@ def build(engine) -> list:
         pack = study.build_pack(engine, ids, question=question, axis=axis or "overall",
                                 images_per_set=int(per_set), seed=int(seed or 0),
                                 n_raters=int(raters) if raters else None, n_attention=int(checks))
-        path = study.write_pack(pack, _export_dir() / f"study-{question}-seed{int(seed or 0)}.zip")
+        path = study.write_pack(pack, _export_dir() / f"study-{question}-seed{int(seed or 0)}.zip",
+                                study_page.form_page(pack))
         summary = study.pack_summary(pack)
         missing = summary["sets"] - summary["sets_with_automatic_score"]
         note = (f"\n\n{missing} set(s) have no automatic score for this question; Spearman will leave them out."
@@ -211,7 +215,7 @@ def build(engine) -> list:
             raise InputError("upload the answers CSV file(s)")
         paths = answer_paths if isinstance(answer_paths, list) else [answer_paths]
         texts = [Path(p).read_text(encoding="utf-8") for p in paths]
-        return study.analysis_html(study.analyse(study.load_key(key_path), texts, bool(exclude_inattentive)))
+        return study_page.analysis_html(study.analyse(study.load_key(key_path), texts, bool(exclude_inattentive)))
 
     list_inputs = [search, method, status, sort, selected]
     list_outputs = [table, selected, method, message]

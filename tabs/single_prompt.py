@@ -10,7 +10,7 @@ from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import single_prompt
 
-from engine.render import axis_html, diversity_text, gap_html
+from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
 
 from .common import gallery_items, gpu, user_errors, with_notes
 
@@ -70,51 +70,50 @@ def build(engine) -> list:
 
     @gpu
     @user_errors
-    def measure(prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes,
-                references, mode, alpha, combine):
+    def measure(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
+                axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff"):
         request = single_prompt.SinglePromptRequest(
-            prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative or "",
+            prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative_prompt or "",
             steps=_int(steps), guidance=_float(guidance), width=_int(width), height=_int(height),
             axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
-            references=parse_targets(references), mode=mode, alpha=float(alpha), combine=combine)
+            references=parse_targets(references or ""), mode=mode, alpha=float(alpha), combine=combine)
         records, axis_blocks, started, notes = [], {}, time.perf_counter(), []
         view = {"records": {}}
-        # latest value of every output; each event changes one and the others are skipped, the
-        # last yield sends them all (what an API client receives as the result)
-        latest = [[], "", "", "", "", [], view]
-
-        def update(index, value):
-            latest[index] = value
-            return tuple(value if i == index else gr.skip() for i in range(len(latest)))
-
+        # each event updates the outputs it names; the last yield names them all (an API
+        # client's result)
+        shown = {gallery: [], progress: "", axes_out: "", diversity: "", gap_out: "", topk: [], state: view}
         for event in single_prompt.run(request, engine):
             if isinstance(event, Images):
                 records += event.records
                 records.sort(key=lambda r: r.seed)
                 view["records"] = {r.seed: r.to_json() for r in records}
-                yield update(0, gallery_items(records))
+                update = {gallery: gallery_items(records)}
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield update(1, with_notes(f"**{event.message or event.stage}**{eta} "
-                                           f"({time.perf_counter() - started:.1f} s)", notes))
+                update = {progress: with_notes(f"**{event.message or event.stage}**{eta} "
+                                               f"({time.perf_counter() - started:.1f} s)", notes)}
             elif isinstance(event, Warning):    # shown with this result, not as a toast over it
                 notes.append(event.message)
-                yield update(1, with_notes(latest[1].split("\n\n**Notes")[0], notes))
+                update = {progress: with_notes(shown[progress].split("\n\n**Notes")[0], notes)}
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
                 axis_blocks[event.name[5:]] = axis_html(event.name[5:], event.values)
-                yield update(2, "<div style='display:flex;flex-wrap:wrap;gap:18px'>"
-                             + "".join(axis_blocks.values()) + "</div>")
+                update = {axes_out: axes_html(axis_blocks.values())}
             elif isinstance(event, Scores) and event.name == "diversity":
-                yield update(3, diversity_text(event.values))
+                update = {diversity: diversity_text(event.values)}
             elif isinstance(event, Scores) and event.name == "gap":
-                yield update(4, gap_html(event.values))
+                update = {gap_out: gap_html(event.values)}
             elif isinstance(event, Table):
-                yield update(5, event.rows)
+                update = {topk: event.rows}
             elif isinstance(event, Done):
                 view.update(run_id=event.run_id, results=event.results, request=request.__dict__)
-                latest[1] = with_notes(f"**Done**: {len(records)} images measured in "
-                                       f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).", notes)
-                yield tuple(latest)
+                shown[progress] = with_notes(f"**Done**: {len(records)} images measured in "
+                                             f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).", notes)
+                yield shown
+                continue
+            else:
+                continue
+            shown.update(update)
+            yield update
 
     def show_image(view, evt: gr.SelectData):
         records = sorted(view.get("records", {}).values(), key=lambda r: r["seed"])
@@ -146,11 +145,12 @@ def build(engine) -> list:
         verdict = "identical to the stored image" if same else f"differs from the stored image by up to {diff} grey levels"
         return f"Seed {record['seed']} regenerated alone: {verdict}."
 
-    inputs = [prompt, negative, n, seed, steps, guidance, width, height, axes, extra_axes, references, mode,
-              alpha, combine]
+    form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, steps=steps, guidance=guidance, width=width,
+                height=height, axes=axes, extra_axes=extra_axes, references=references, mode=mode, alpha=alpha,
+                combine=combine)
     outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
-    go.click(measure, inputs, outputs, api_name="single_prompt")
-    prompt.submit(measure, inputs, outputs, api_name=False)
+    go.click(measure, inputs_kwargs=form, outputs=outputs, api_name="single_prompt")
+    prompt.submit(measure, inputs_kwargs=form, outputs=outputs, api_name=False)
     for trigger in (go.click, prompt.submit):   # a new run clears the previous image's details
         trigger(lambda: NO_DETAILS, None, [details], api_name=False, queue=False)
     gallery.select(show_image, [state], [details, state], api_name=False)

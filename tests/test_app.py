@@ -6,15 +6,7 @@ import pytest
 
 from apphelpers import browser_page, running_app, screenshot
 
-ARGS = dict(negative="", seed=0, steps=None, guidance=None, width=None, height=None,
-            axes=["gender", "age", "skin tone"], extra_axes="", references="", mode="paper",
-            alpha=25, combine="diff")
-
-
-def single_prompt_args(prompt, n):
-    a = dict(ARGS)
-    return [prompt, a["negative"], n, a["seed"], a["steps"], a["guidance"], a["width"], a["height"],
-            a["axes"], a["extra_axes"], a["references"], a["mode"], a["alpha"], a["combine"]]
+AXES = ["gender", "age", "skin tone"]   # the endpoint's other inputs keep their defaults
 
 
 @pytest.fixture
@@ -28,7 +20,7 @@ def test_gallery_streams_batch_by_batch_through_gradio_client(app_url, engine):
     from gradio_client import Client
 
     client = Client(app_url, verbose=False)
-    job = client.submit(*single_prompt_args("a photo of a firefighter", 16), api_name="/single_prompt")
+    job = client.submit(prompt="a photo of a firefighter", n=16, axes=AXES, api_name="/single_prompt")
     sizes = []
     for output in job:
         gallery = output[0]
@@ -47,9 +39,9 @@ def test_bad_input_is_an_error_through_the_api(app_url):
 
     client = Client(app_url, verbose=False)
     with pytest.raises(Exception, match="empty"):
-        client.predict(*single_prompt_args("", 4), api_name="/single_prompt")
+        client.predict(prompt="", n=4, api_name="/single_prompt")
     with pytest.raises(Exception, match="maximum"):
-        client.predict(*single_prompt_args("a photo of a doctor", 10_000), api_name="/single_prompt")
+        client.predict(prompt="a photo of a doctor", n=10_000, api_name="/single_prompt")
 
 
 @pytest.mark.browser

@@ -10,15 +10,10 @@ from apphelpers import browser_page, running_app, screenshot
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # prompt, fill, axes table, n, seed, negative, steps, guidance, then each tab's own options
 CF_OPTIONS = [True, True, True, True, 0.01, 50, 5]          # caption .. top-k
-IC_OPTIONS = ["", "drop", "auto", None, None, "count", 50]   # targets .. n_boot
 
 
 def cf_args(prompt, table, n=8):
     return [prompt, "", table, n, 0, "", None, None, *CF_OPTIONS]
-
-
-def ic_args(prompt, table, n=8):
-    return [prompt, "", table, n, 0, *IC_OPTIONS, "", None, None]
 
 
 def open_tab(page, url: str, tab: str, prefix: str, prompt: str) -> None:
@@ -57,7 +52,7 @@ def test_api_streams_sets_edits_axes_and_returns_both_views(app_url, engine):
 
     calls = engine.stats.generator_calls
     progress, summary, matrix, graph, edges, questions, _, pair = client.predict(
-        *ic_args("a photo of a nurse", table), api_name="/intersectional")
+        prompt="a photo of a nurse", table=table, n=8, n_boot=100, api_name="/intersectional")
     assert engine.stats.generator_calls == calls               # the same sets, from the store
     assert "Done" in progress and 'id="is-matrix"' in matrix
     kept = [row for row in edges["data"] if row[-1] == "kept"]

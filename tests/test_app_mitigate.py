@@ -13,14 +13,13 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 AXES = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
         "age": ["a photo of a young doctor", "a photo of a middle-aged doctor", "a photo of an old doctor"]}
 ROWS = [[axis, cf] for axis, cfs in AXES.items() for cf in cfs]
-# per axis slot: priority, D* mode, shares (8 slots; the table's axes fill the first ones)
-SLOTS = [0.7, "uniform", "", 0.3, "typed percentages", "young=30, middle-aged=40, old=30"] + [0.5, "uniform", ""] * 6
 
 
-def args(n=24, epsilon=0.35):
-    table = {"headers": ["axis", "counterfactual"], "data": ROWS}
-    return ["a photo of a doctor", "", table, ["gender", "age"], n, 1, epsilon, "intermit", "drop", 50, 0.02, "",
-            None, None, *SLOTS]
+def form(n=24, epsilon=0.35):
+    """The endpoint's inputs by name; the slots (priority_i, mode_i, shares_i) follow the table's axes."""
+    return dict(prompt="a photo of a doctor", table={"headers": ["axis", "counterfactual"], "data": ROWS},
+                axes_to_mitigate=["gender", "age"], n=n, seed=1, epsilon=epsilon, n_boot=100, priority_0=0.7, priority_1=0.3,
+                mode_1="typed percentages", shares_1="young=30, middle-aged=40, old=30")
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +37,12 @@ def test_api_previews_then_mitigates_from_the_store_and_exports_the_prompt_set(a
 
     app_url, engine = app
     client = Client(app_url, verbose=False, download_files=False)
-    progress, preview, view, *_ = client.predict(*args(), api_name="/mitigate_preview")
-    assert "Preview done (nothing mitigated yet)" in progress and "mt-preview" in preview and 'data-axis="gender"' not in view
+    progress, preview, view, *_ = client.predict(**form(), api_name="/mitigate_preview")
+    assert "Preview done (nothing mitigated yet)" in progress and "mt-preview" in preview
+    assert 'gl-mit-step' not in view  # no step was taken
     assert "<td>gender</td>" in preview                        # predicted first step
     generated = engine.stats.images_generated
-    progress, preview, view, gallery, export, _ = client.predict(*args(), api_name="/mitigate")
+    progress, preview, view, gallery, export, _ = client.predict(**form(), api_name="/mitigate")
     assert engine.stats.images_generated == generated          # step 0 and the gender sets came from the store
     assert "Done" in progress and "reached" in progress
     assert 'data-chart="mitigate-step-1-after"' in view and "mt-report" in view and gallery

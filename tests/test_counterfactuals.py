@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 
 from engine.errors import InputError, LLMOutputError
-from engine.events import Done, Images, Scores, Table
+from engine.events import Images, Scores, Table
 from engine.methods import cfsets
 from engine.methods.cfsets import SetSpec
 from engine.methods.counterfactuals import (CounterfactualsRequest, axis_scores, cas_rows, compare, concept_set, run,
                                             tibet_question)
 from engine.metrics import tibet
+
+from runhelpers import done_event
 
 
 def axes_for(subject):
@@ -19,7 +21,7 @@ def axes_for(subject):
 
 def measure(engine, prompt, **kw):
     events = list(run(CounterfactualsRequest(prompt, **kw), engine))
-    return next(e for e in events if isinstance(e, Done)).results, events
+    return done_event(events).results, events
 
 
 # -- axes tables and counterfactual checks ---------------------------------------------------------

@@ -7,10 +7,12 @@ import pytest
 
 from engine.core import Engine
 from engine.errors import ModelLoadError
-from engine.events import Done, Warning
+from engine.events import Warning
 from engine.methods.generate import GenerateRequest, run as generate
 from engine.methods.single_prompt import SinglePromptRequest, run as single_prompt
 from tests import tiny_models
+
+from runhelpers import done_event
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def test_engine_generates_through_diffusers_with_one_seed_per_image(tiny_sd, dat
 def test_flagged_images_are_kept_marked_and_excluded_from_metrics(tiny_sd, data_dir):
     engine = Engine("synthetic", data_dir=data_dir, generator=tiny_sd[1])
     events = list(generate(GenerateRequest("a photo of a doctor", n=3, steps=1), engine))
-    done = next(e for e in events if isinstance(e, Done))
+    done = done_event(events)
     assert all(r["nsfw"] for r in done.results["images"]) and done.summary["flagged"] == 3
     assert any(isinstance(e, Warning) and "flagged" in e.message for e in events)
     pixels = np.asarray(engine.store.get_images([done.results["images"][0]["key"]])[done.results["images"][0]["key"]].image)

@@ -127,13 +127,13 @@ def test_readme_set_up_is_two_commands_and_the_second_is_what_ci_runs():
 
 
 def test_mine_status_line_says_why_a_search_ended_early():
-    from tabs.mine import _progress_text
+    from engine.report.mine import progress_text as _progress_text
 
     results = {"params": {"T": 30}, "iterations": [{}] * 13, "archive": [],
                "end_reason": "the LLM gave no new prompt at iteration 14 of 30"}
-    line = _progress_text(results, "run-1", "Done")
+    line = str(_progress_text(results, "run-1", "Done"))
     assert "13</span> of 30" in line and "Ended early: the LLM gave no new prompt at iteration 14 of 30" in line
-    assert "Ended early" not in _progress_text({**results, "end_reason": None}, "run-1", "Done")
+    assert "Ended early" not in str(_progress_text({**results, "end_reason": None}, "run-1", "Done"))
 
 
 def test_sample_captions_say_which_prompt_not_a_photo_of():

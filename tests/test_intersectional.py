@@ -6,13 +6,15 @@ import re
 import numpy as np
 import pytest
 
-from engine import biasgraph
 from engine.errors import InputError
-from engine.events import Done, Graph
+from engine.events import Graph
 from engine.metrics import biasconnect as bc
 from engine.methods import cfsets, counterfactuals, intersectional as ic
 from engine.methods.cfsets import SetSpec
 from engine.presets import SYNTHETIC_TABLE
+from engine.report import intersectional as biasgraph
+
+from runhelpers import done_event
 
 # -- IS from answers, by hand -----------------------------------------------------------------------
 
@@ -32,7 +34,8 @@ def _specs(axes):
 
 
 def test_spec_worked_example_gender_to_age_is_minus_0_075():
-    # spec §3.4: age init [.70 .25 .05]; male CF [.60 .30 .10]; female CF [.90 .10 0] (20 images per set)
+    # docs/spec/thesis-tibet-biasconnect-intermit.md §3.4: age init [.70 .25 .05]; male CF [.60 .30 .10]; female
+    # CF [.90 .10 0] (20 images per set)
     axes = {"gender": ["a male p", "a female p"], "age": ["a young p", "a middle-aged p", "an old p"]}
     values = {"gender": ["male", "female"], "age": ["young", "middle-aged", "old"]}
     age = {"initial": [14, 5, 1], "axis=gender|cf=a male p": [12, 6, 2], "axis=gender|cf=a female p": [18, 2, 0]}
@@ -145,7 +148,7 @@ def test_planted_interaction_has_its_sign_and_edge_and_independent_pairs_are_pru
             "emotion": ["a photo of a pilot who is happy", "a photo of a pilot who is serious",
                         "a photo of a pilot who is sad"]}
     events = list(ic.run(ic.IntersectionalRequest("a photo of a pilot", axes=axes, n=96, n_boot=200), pilot_engine))
-    r = next(e for e in events if isinstance(e, Done)).results
+    r = done_event(events).results
     s = r["sensitivity"]
     i, j = s["axes"].index("age"), s["axes"].index("gender")
     assert expected == pytest.approx(-0.397, abs=1e-3)
@@ -159,7 +162,7 @@ def test_planted_interaction_has_its_sign_and_edge_and_independent_pairs_are_pru
     assert r["p_values"]["age"]["gender"] < 1e-4 < r["p_values"]["emotion"]["gender"]
     assert r["questions"]["gender"] == "What is the gender (male, female) of the person in the image?"
     graph = next(e for e in events if isinstance(e, Graph))
-    assert graph.edges == r["kept_edges"] and "vis.Network" in graph.html
+    assert graph.edges == r["kept_edges"] and not hasattr(graph, "html")  # events carry data; the page draws it
 
 
 def test_a_run_after_counterfactuals_generates_nothing_new(engine):
@@ -169,8 +172,8 @@ def test_a_run_after_counterfactuals_generates_nothing_new(engine):
     list(counterfactuals.run(counterfactuals.CounterfactualsRequest("a photo of a doctor", axes=axes, n=8,
                                                                     n_boot=0), engine))
     calls, generated = engine.stats.generator_calls, engine.stats.images_generated
-    *_, done = ic.run(ic.IntersectionalRequest("a photo of a doctor", axes=axes, n=8, n_boot=20,
-                                               other_policy="other_bin", level="aggregated"), engine)
+    done = done_event(ic.run(ic.IntersectionalRequest("a photo of a doctor", axes=axes, n=8, n_boot=20,
+                                               other_policy="other_bin", level="aggregated"), engine))
     assert engine.stats.generator_calls == calls and engine.stats.images_generated == generated
     r = done.results
     assert r["level"] == "aggregated" and r["min_abs_is"] == 0.03 and r["other_policy"] == "other_bin"

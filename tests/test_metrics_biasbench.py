@@ -1,4 +1,4 @@
-"""T2I-BiasBench metrics against the spec's fixtures (spec B.4, B.6)."""
+"""T2I-BiasBench metrics against the spec's fixtures (docs/spec/minethegap-and-biasbench.md B.4, B.6)."""
 import math
 
 import pytest

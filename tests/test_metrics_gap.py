@@ -1,4 +1,4 @@
-"""MineTheGap bias score (reconstruction, spec A.3 and A.6)."""
+"""MineTheGap bias score (reconstruction, docs/spec/minethegap-and-biasbench.md A.3 and A.6)."""
 import zlib
 
 import numpy as np

@@ -1,5 +1,6 @@
-"""Mine Prompts (MineTheGap, spec A.3-A.6): the colour sanity task, the GA's convergence, mining vs.
-random on the synthetic world, reproducibility, stop/resume, budget, CLI, and the tab in a browser.
+"""Mine Prompts (MineTheGap, docs/spec/minethegap-and-biasbench.md A.3-A.6): the colour sanity
+task, the GA's convergence, mining vs. random on the synthetic world, reproducibility,
+stop/resume, budget, CLI, and the tab in a browser.
 
 The score's own properties (permutation invariance, biased < balanced, shift invariance) are
 tested in test_metrics_gap.py."""
@@ -11,9 +12,10 @@ import pytest
 from waiting import wait_until
 
 from engine.core import Engine
-from engine.events import Done, Scores
+from engine.events import Scores
 from engine.methods import mine
 from engine.methods.mine import MineRequest, search
+from runhelpers import done_event
 
 COLOUR_GA = dict(iterations=10, population=8, select=2, mutations=3, n=16)   # spec A.6
 
@@ -31,10 +33,6 @@ def colour_world(engine):
 def fully_biased(engine, prompt, n=16) -> bool:
     """Ground truth: the prompt's N images (as generated) miss at least one colour entirely."""
     return len({colour_world(engine).colour_of(prompt, seed) for seed in range(n)}) < 3
-
-
-def finish(events):
-    return next(e for e in events if isinstance(e, Done))
 
 
 # --- spec A.6: the colour sanity task --------------------------------------------------------------
@@ -130,8 +128,8 @@ def planted_bias(world, prompt) -> float:
 def test_mining_finds_prompts_more_biased_than_the_median_random_prompt(engine):
     world = engine.models.get(engine.preset.generator).world
     budget = dict(iterations=5, population=8, select=2, mutations=3, n=12, seed=0)
-    ga = finish(mine.run(MineRequest(**budget), engine)).results
-    rnd = finish(mine.run(MineRequest(**budget, strategy="random"), engine)).results
+    ga = done_event(mine.run(MineRequest(**budget), engine)).results
+    rnd = done_event(mine.run(MineRequest(**budget, strategy="random"), engine)).results
     assert len(ga["nodes"]) == len(rnd["nodes"]) == 40                       # the same budget
     random_median = float(np.median([planted_bias(world, n["prompt"]) for n in rnd["nodes"]]))
     mined = [planted_bias(world, a["prompt"]) for a in ga["archive"][:3]]
@@ -141,7 +139,7 @@ def test_mining_finds_prompts_more_biased_than_the_median_random_prompt(engine):
 
 def test_specific_bias_mode_constrains_prompts_and_variations(engine):
     world = engine.models.get(engine.preset.generator).world
-    results = finish(mine.run(MineRequest(iterations=2, population=5, select=1, mutations=2, n=8,
+    results = done_event(mine.run(MineRequest(iterations=2, population=5, select=1, mutations=2, n=8,
                                           bias="socio-demographic"), engine)).results
     assert results["axis"] == mine.BIAS_MODES["socio-demographic"][0]
     assert all(world.parse(n["prompt"]).kind == "person" for n in results["nodes"])
@@ -159,10 +157,10 @@ def ranked(results):
 def test_same_seed_and_cache_replay_the_same_run(tmp_path):
     engine = Engine("colour", data_dir=str(tmp_path / "a"))
     request = MineRequest(iterations=3, population=6, select=2, mutations=2, n=8, seed=3)
-    first = finish(mine.run(request, engine)).results
+    first = done_event(mine.run(request, engine)).results
     calls = (engine.stats.generator_calls, engine.stats.llm_calls)
     mine._SCORE_MEMO.clear()    # through the store, not this process's memory
-    again = finish(mine.run(request, Engine("colour", data_dir=str(tmp_path / "a")))).results
+    again = done_event(mine.run(request, Engine("colour", data_dir=str(tmp_path / "a")))).results
     assert ranked(again) == ranked(first) and again["nodes"] == first["nodes"]
     assert again["counts"]["images_generated"] == 0 and again["counts"]["llm_calls"] == 0
     assert (engine.stats.generator_calls, engine.stats.llm_calls) == calls
@@ -173,7 +171,7 @@ def test_same_seed_and_cache_replay_the_same_run(tmp_path):
 def test_stop_then_resume_regenerates_nothing_and_matches_an_uninterrupted_run(tmp_path):
     request = MineRequest(iterations=4, population=6, select=2, mutations=2, n=8, seed=1)
     full_engine = Engine("colour", data_dir=str(tmp_path / "full"))
-    full = finish(mine.run(request, full_engine)).results
+    full = done_event(mine.run(request, full_engine)).results
 
     mine._SCORE_MEMO.clear()
     engine = Engine("colour", data_dir=str(tmp_path / "stopped"))
@@ -196,7 +194,7 @@ def test_stop_then_resume_regenerates_nothing_and_matches_an_uninterrupted_run(t
     fresh = Engine("colour", data_dir=str(tmp_path / "stopped"))
     budget = mine.estimate_budget(MineRequest(resume=run_id), fresh)
     assert budget["prompts_to_score"] == 4 * 6 - 9 and budget["resuming"] == run_id
-    resumed = finish(mine.run(MineRequest(resume=run_id), fresh))
+    resumed = done_event(mine.run(MineRequest(resume=run_id), fresh))
     # issue 17: a resume continues the same run (no new id), and a finished run is not "resumed" to nothing
     assert resumed.run_id == run_id and resumed.results["resumed_from"] == run_id
     assert [r["id"] for r in mine.list_runs(fresh)] == [run_id] and fresh.store.get_run(run_id)["status"] == "done"

@@ -11,10 +11,14 @@ import numpy as np
 import pytest
 
 from engine.errors import InputError
-from engine.events import Done, Scores, Warning
+from engine.events import Scores, Warning
 from engine.metrics import biasconnect as bc
 from engine.methods import mitigate as mt
-from engine.runs import renderer_for, results_html
+from engine.report import page_for
+from engine.report.mitigate import page as mitigate_page
+from engine.report.runs import results_html
+
+from runhelpers import done_event
 
 DOCTOR = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
           "age": ["a photo of a young doctor", "a photo of a middle-aged doctor", "a photo of an old doctor"]}
@@ -23,7 +27,7 @@ DOCTOR = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
 def run(engine, **fields):
     events = list(mt.run(mt.MitigateRequest(**{"prompt": "a photo of a doctor", "axes": DOCTOR, "n": 24,
                                                "seed": 1, "n_boot": 100, **fields}), engine))
-    return events[-1].results, events
+    return done_event(events).results, events
 
 
 # -- by hand ------------------------------------------------------------------------------------------
@@ -138,7 +142,7 @@ def test_priorities_reach_epsilon_in_fewer_steps_than_mitigating_every_axis(engi
     assert len(everything["prompt_set"]["prompts"]) == 6
 
     html = results_html("mitigate", r)
-    assert renderer_for("mitigate") is not None and 'data-chart="mitigate-step-1-after"' in html
+    assert page_for("mitigate") is mitigate_page and 'data-chart="mitigate-step-1-after"' in html
     assert 'data-chart="mitigate-tau"' in html and 'data-chart="mitigate-final-age-final"' in html
 
 

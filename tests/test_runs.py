@@ -1,4 +1,4 @@
-"""Run history (engine/runs.py), export/import (engine/export.py) and the CLI `runs` commands."""
+"""Run history (engine/runs.py), export/import (engine/report/export.py) and the CLI `runs` commands."""
 import csv
 import hashlib
 import io
@@ -8,21 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from engine import export, runs
+from engine import runs
 from engine.core import Engine
 from engine.errors import InputError
-from engine.events import Done
 from engine.methods import generate, single_prompt
+from engine.report import export
+from engine.report import runs as runs_page
+
+from runhelpers import done_event
 
 
 def _single(engine, prompt, n=8, **kw):
     kw.setdefault("n_boot", 100)
-    return [e for e in single_prompt.run(single_prompt.SinglePromptRequest(prompt, n=n, **kw), engine)
-            if isinstance(e, Done)][0].run_id
+    return done_event(single_prompt.run(single_prompt.SinglePromptRequest(prompt, n=n, **kw), engine)).run_id
 
 
 def _generate(engine, prompt, n=4):
-    return [e for e in generate.run(generate.GenerateRequest(prompt, n=n), engine) if isinstance(e, Done)][0].run_id
+    return done_event(generate.run(generate.GenerateRequest(prompt, n=n), engine)).run_id
 
 
 def _image_bytes(store, run_id):
@@ -38,7 +40,7 @@ def test_export_delete_import_reopens_identical(engine, tmp_path):
     raw_before = store.run_rows([sp])[0]
     run_before = store.get_run(sp)
     bytes_before = _image_bytes(store, sp)
-    html_before = runs.open_run(store, sp)["html"]
+    html_before = runs_page.open_run(store, sp)["html"]
     answers_before = {k: store.answers_for_image(k) for k in bytes_before}
     assert len(bytes_before) == 8 and all(answers_before.values())
 
@@ -59,7 +61,7 @@ def test_export_delete_import_reopens_identical(engine, tmp_path):
     assert store.get_run(sp) == run_before
     assert _image_bytes(store, sp) == bytes_before           # the same image bytes
     assert {k: store.answers_for_image(k) for k in bytes_before} == answers_before
-    assert runs.open_run(store, sp)["html"] == html_before
+    assert runs_page.open_run(store, sp)["html"] == html_before
     assert export.import_zip(store, tmp_path / "sp.zip")["skipped"] == [sp]  # importing twice is a no-op
 
     # Into another store: same run, images found at that store's own paths.
@@ -72,7 +74,7 @@ def test_export_delete_import_reopens_identical(engine, tmp_path):
     assert moved["results"]["axes"] == run_before["results"]["axes"]
     assert all(str(other.store.data_dir) in i["path"] for i in moved["results"]["images"])
     assert _image_bytes(other.store, sp) == bytes_before
-    assert runs.open_run(other.store, sp)["html"] == html_before
+    assert runs_page.open_run(other.store, sp)["html"] == html_before
     # ...and a rerun of the same request there is served entirely from the imported caches.
     _single(other, "a photo of a doctor", n=8)
     assert other.stats.images_generated == 0 and other.stats.answers_computed == 0
@@ -147,7 +149,7 @@ def test_list_search_sort_and_filter(engine):
     with pytest.raises(InputError, match="unknown sort"):
         runs.list_runs(engine.store, sort="size")
     with pytest.raises(InputError, match="no run"):
-        runs.open_run(engine.store, "no-such-run")
+        runs_page.open_run(engine.store, "no-such-run")
 
 
 def test_compare_single_prompt_runs_side_by_side(engine):
@@ -160,7 +162,7 @@ def test_compare_single_prompt_runs_side_by_side(engine):
     diff = row["differences"][0]
     assert diff["value"] == pytest.approx(vb["value"] - va["value"])
     assert va["low"] is not None and diff["low"] < diff["value"] < diff["high"]
-    html = runs.compare_html(comparison, engine.store)
+    html = runs_page.compare_html(comparison, engine.store)
     assert html.count('data-chart="axis-gender"') == 2  # the two distributions side by side
     assert html.count("<img") == 24 and "B − A" in html
     with pytest.raises(InputError, match="at least two"):
@@ -197,7 +199,7 @@ def test_methods_without_a_scorer_or_renderer_fall_back_to_their_numbers(engine)
     mean = next(r for r in comparison["rows"] if r["group"] == "cas" and r["metric"] == "mean")
     assert mean["differences"][0]["value"] == pytest.approx(0.3)
     assert mean["differences"][0]["significant"] is True
-    html = runs.open_run(store, a)["html"]
+    html = runs_page.open_run(store, a)["html"]
     assert "generic-scores" in html and "axes[gender]" in html and "All results (JSON)" in html
     # Different methods: only the summaries are compared.
     sp = _single(engine, "a photo of a ceo", n=4)

@@ -8,9 +8,11 @@ import zipfile
 import pytest
 
 from apphelpers import browser_page, running_app, screenshot
-from engine import export, study
-from engine.events import Done
+from engine import study
+from engine.report import export
+from engine.report.study import form_page
 from engine.methods import single_prompt
+from runhelpers import done_event
 
 pytestmark = pytest.mark.browser
 
@@ -19,7 +21,7 @@ ALL_IMAGES_LOADED = "(sel) => [...document.querySelectorAll(sel)].every(i => i.c
 
 def _single(engine, prompt, n=8):
     request = single_prompt.SinglePromptRequest(prompt, n=n, n_boot=100)
-    return [e for e in single_prompt.run(request, engine) if isinstance(e, Done)][0].run_id
+    return done_event(single_prompt.run(request, engine)).run_id
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,7 @@ def test_study_form_works_offline_and_its_csv_imports(engine, tmp_path, browser)
     ids = [_single(engine, p) for p in ("a photo of a doctor", "a photo of a nurse", "a photo of a teacher")]
     pack = study.build_pack(engine, ids, question="pair", axis="gender", images_per_set=4, seed=2, n_attention=1)
     key = pack["key"]
-    with zipfile.ZipFile(study.write_pack(pack, tmp_path / "pack.zip")) as zf:
+    with zipfile.ZipFile(study.write_pack(pack, tmp_path / "pack.zip", form_page(pack))) as zf:
         zf.extract("participant/study.html", tmp_path)
     form = key["forms"][1]
     page = browser

@@ -1,13 +1,15 @@
 """Single Prompt on the synthetic world: planted biases come back out of the metrics."""
 import pytest
 
-from engine.events import Done, Images, Scores
+from engine.events import Images, Scores
 from engine.methods.single_prompt import SinglePromptRequest, run
+
+from runhelpers import done_event
 
 
 def measure(engine, prompt, n=48, **kw):
     events = list(run(SinglePromptRequest(prompt, n=n, **kw), engine))
-    return next(e for e in events if isinstance(e, Done)).results, events
+    return done_event(events).results, events
 
 
 @pytest.fixture

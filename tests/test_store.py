@@ -7,8 +7,10 @@ import pytest
 
 from engine.core import Engine
 from engine.errors import InputError, ModelLoadError
-from engine.events import Done, Images
+from engine.events import Images
 from engine.methods.generate import GenerateRequest, run as generate
+
+from runhelpers import done_event
 
 
 def _run(engine, **kw):
@@ -22,7 +24,7 @@ def test_repeat_request_is_served_from_the_store(engine):
     second = _run(engine, prompt="a photo of a doctor", n=8)
     assert engine.stats.generator_calls == calls  # no generator call at all
     assert engine.stats.image_cache_hits == 8
-    keys = lambda events: [r["key"] for r in next(e for e in events if isinstance(e, Done)).results["images"]]
+    keys = lambda events: [r["key"] for r in done_event(events).results["images"]]
     assert keys(first) == keys(second)
 
 
@@ -64,7 +66,7 @@ def test_two_threads_writing_at_once_lose_nothing(data_dir):
 
 
 def test_corrupt_or_missing_image_file_is_regenerated(engine):
-    done = _run(engine, prompt="a photo of a chef", n=4)[-1]
+    done = done_event(_run(engine, prompt="a photo of a chef", n=4))
     paths = [Path(r["path"]) for r in done.results["images"]]
     original = paths[0].read_bytes()
     paths[0].write_bytes(b"not a png")

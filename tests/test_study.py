@@ -11,8 +11,10 @@ import pytest
 from engine import study
 from engine.core import Engine
 from engine.errors import InputError
-from engine.events import Done
 from engine.methods import generate, single_prompt
+from engine.report.study import analysis_html, form_page
+
+from runhelpers import done_event
 
 PROMPTS = ["a photo of a teacher", "a photo of a doctor", "a photo of a firefighter", "a photo of a mechanic",
            "a photo of a nurse"]
@@ -25,7 +27,7 @@ def study_engine(tmp_path_factory):
     ids = []
     for prompt in PROMPTS:
         request = single_prompt.SinglePromptRequest(prompt, n=16, n_boot=50, gap=False)
-        ids.append([e for e in single_prompt.run(request, engine) if isinstance(e, Done)][0].run_id)
+        ids.append(done_event(single_prompt.run(request, engine)).run_id)
     return engine, ids
 
 
@@ -122,7 +124,7 @@ def test_williams_square_is_latin_and_carryover_balanced():
 def test_participant_files_name_no_condition(study_engine, tmp_path):
     engine, ids = study_engine
     pack = study.build_pack(engine, ids, question="pair", axis="gender", images_per_set=3, seed=3, n_raters=2)
-    path = study.write_pack(pack, tmp_path / "pack.zip")
+    path = study.write_pack(pack, tmp_path / "pack.zip", form_page(pack))
     runs_ = [engine.store.get_run(i) for i in ids]
     secrets = set(ids) | set(PROMPTS) | {p.split()[-1] for p in PROMPTS}
     secrets |= {"single_prompt", "synthetic", "run_id", "generator", "prompt"}
@@ -162,7 +164,7 @@ def test_simulated_answers_that_follow_the_scores_give_a_high_spearman(study_eng
     assert analysis["agreement"]["level"] == ("interval" if question == "rating" else "nominal")
     if question == "pair":
         assert analysis["self_consistency"] > 0.6
-    html = study.analysis_html(analysis)
+    html = analysis_html(analysis)
     assert "study-spearman" in html and "Krippendorff" in html
     # The same answers split over several files (one per participant) give the same result.
     lines = text.splitlines()
@@ -198,7 +200,7 @@ def test_answers_from_another_pack_or_malformed_are_clear_errors(study_engine):
 def test_runs_without_stored_scores_are_scored_from_their_images(study_engine):
     """Generate runs have no metrics: the pack computes them with the engine's (cached) VQA."""
     engine, _ = study_engine
-    ids = [[e for e in generate.run(generate.GenerateRequest(p, n=8), engine) if isinstance(e, Done)][0].run_id
+    ids = [done_event(generate.run(generate.GenerateRequest(p, n=8), engine)).run_id
            for p in ("a photo of a ceo", "a photo of a librarian")]
     key = study.build_pack(engine, ids, question="pair", axis="gender", images_per_set=4, seed=0)["key"]
     assert all(s["auto_score_source"] == "computed" and s["auto_score"] is not None for s in key["sets"].values())

@@ -6,7 +6,7 @@ into `root` and returns the `ModelSpec` that loads it back through the same
 present in `root` is not rebuilt, so a session fixture or a benchmark can call them freely.
 
 The models are noise generators: a few layers of width 32-64, built in well under a second
-each (recipes in shared/spec/offline-recipes.md). Nothing here touches a model hub.
+each (recipes in docs/spec/offline-recipes.md). Nothing here touches a model hub.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The colour world: MineTheGap's synthetic colour sanity task (spec A.6, a reconstruction) as
-a deterministic generator, embedder, LLM and VQA. numpy and PIL only; CPU, instant.
+"""The colour world: MineTheGap's synthetic colour sanity task (docs/spec/minethegap-and-biasbench.md A.6, a
+reconstruction) as a deterministic generator, embedder, LLM and VQA. numpy and PIL only; CPU, instant.
 
 It reads the 30 objects and their planted colour shares from the synthetic world's table
 (assets/synthetic_world.json: apple (1,0,0), car (.5,.5,0), truck (.6,.3,.1), balloon uniform,

@@ -2,8 +2,12 @@
 
 One module per command in this package (like diffusers' `commands/`); each exposes
 `add_parser(sub, common_arguments)`, which adds its sub-parser and sets `method` (a generator
-`fn(request, engine)`, or None for `status`) and `make_request` (args -> request) as defaults.
-`COMMANDS` lists them in the order `--help` shows them.
+`fn(request, engine)`, or None for `status`), `make_request` (args -> request) and optionally
+`before_run(request, engine)` (e.g. a budget on stderr) as defaults. A method's command
+(engine/cli/<method>.py) builds its options from the request's fields (engine/cli/options.py)
+and adds its extras (without extras the module is not needed: `method_parser` builds the
+command from METHODS). `COMMANDS` lists them in the order `--help` shows them: every method of
+METHODS that has a command, then the others.
 
 Progress goes to stderr; with --json the results go to stdout as one JSON document.
 Errors a user can fix print 'error: ...' and exit with status 2.
@@ -18,9 +22,13 @@ import time
 
 from ..errors import GapLensError
 from ..events import Done, Progress, Scores, Warning
+from ..methods import METHODS
+from .options import method_parser
 
 # engine/cli/<name>.py for each command, in --help order
-COMMANDS = ["generate", "counterfactuals", "intersectional", "mine", "mitigate", "runs", "status"]
+COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["runs", "status"]
+ROLE_EXAMPLES = {"generator": "diffusers:/path/to/model", "embedder": "open_clip:ViT-B-32",
+                 "llm": "hf_chat:Qwen/Qwen2.5-1.5B-Instruct", "vqa": "blip_vqa:Salesforce/blip-vqa-base"}
 
 
 def common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +36,9 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="store location (default $GAPLENS_DATA_DIR or ~/.cache/gaplens)")
     parser.add_argument("--max-images", type=int, default=None, help="largest N accepted per image set")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
-    for role in ("generator", "embedder", "llm", "vqa"):
+    for role, example in ROLE_EXAMPLES.items():
         parser.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL",
-                            help=f"replace the preset's {role}, e.g. diffusers:/path/to/model")
+                            help=f"replace the preset's {role}, e.g. {example}")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -40,7 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="GapLens engine")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").add_parser(sub, common_arguments)
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}" or name not in METHODS:
+                raise
+            # a method without extras: its options are its request's fields
+            method_parser(sub, common_arguments, name, " ".join((METHODS[name].run.__doc__ or name).split("\n\n")[0].split()))
+            continue
+        module.add_parser(sub, common_arguments)
     return parser
 
 
@@ -99,7 +115,10 @@ def run_command(args) -> int:
             return 0
         show = ProgressPrinter(args.quiet)
         done = None
-        for event in args.method(args.make_request(args), engine):
+        request = args.make_request(args)
+        if getattr(args, "before_run", None) and not args.quiet:
+            args.before_run(request, engine)
+        for event in args.method(request, engine):
             show(event)
             if isinstance(event, Done):
                 done = event

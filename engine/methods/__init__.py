@@ -1,1 +1,64 @@
-"""Methods: each module is one method, `run(request, engine)` a generator of events."""
+"""Methods: each module is one method, `run(request, engine)` a generator of events.
+
+`METHODS` is the one place that maps a method's name (as stored in its runs) to what every
+client needs: the request dataclass, the run function, its scores and headline for the Runs
+tab, comparison and export, the page that shows its results (a module name, so methods never
+import the reporting layer; `engine.report.page_for` reads it) and its command line
+(`python -m engine <cli>`, options built from the request's fields by `engine/cli/`).
+
+Adding a method: one module here, one page `engine/report/<name>.py`, one row below and one
+tab (docs/writing-a-method.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from ..scores import Score
+from . import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of METHODS.
+
+    name: the method's name in its runs (`@recorded(name)`) and its page module's name.
+    title: how the app and the reports title it.
+    request: the request dataclass; its fields with `metadata["help"]` are CLI options.
+    run: `run(request, engine)`, a generator of events ending in one `Done`.
+    headline: `headline(run_record) -> (text, value)`, the Runs table's line and sort value.
+    scores: `scores(results, summary) -> list[Score]`; None: every number is flattened
+        (engine.runs.flatten_scores).
+    cli: the command name (`python -m engine <cli>`, module engine/cli/<name>.py); None: none.
+    page: the module whose `page(results) -> Markup` shows the results.
+    """
+
+    name: str
+    title: str
+    request: type
+    run: Callable[..., Iterator]
+    headline: Callable[[dict], tuple[str, float | None]]
+    scores: Callable[[dict, dict], list[Score]] | None = None
+    cli: str | None = None
+    page: str = ""
+
+    def __post_init__(self):
+        if not self.page:
+            object.__setattr__(self, "page", f"engine.report.{self.name}")
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("single_prompt", "Single Prompt", single_prompt.SinglePromptRequest, single_prompt.run,
+           single_prompt.headline, single_prompt.scores, cli="single-prompt"),
+    Method("generate", "Generate", generate.GenerateRequest, generate.run, generate.headline, generate.scores,
+           cli="generate"),
+    Method("counterfactuals", "Counterfactuals", counterfactuals.CounterfactualsRequest, counterfactuals.run,
+           counterfactuals.headline, cli="counterfactuals"),
+    Method("intersectional", "Intersectional Matrix", intersectional.IntersectionalRequest, intersectional.run,
+           intersectional.headline, cli="intersectional"),
+    Method("mine", "Mine Prompts", mine.MineRequest, mine.run, mine.headline, cli="mine"),
+    Method("mitigate", "Mitigate", mitigate.MitigateRequest, mitigate.run, mitigate.headline, cli="mitigate"),
+    # no command of its own: `--generators A B` on the audits' commands (engine/cli/compare.py)
+    Method("compare_models", "Compare models", compare_models.CompareModelsRequest, compare_models.run,
+           compare_models.headline),
+)}

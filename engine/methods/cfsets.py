@@ -19,7 +19,6 @@ import difflib
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -31,7 +30,7 @@ from ..llm_prompts import tibet_turns
 from ..metrics.bootstrap import resample_indices
 from ..metrics.tibet import ENGLISH_STOPWORDS
 from ..presets import ASSETS
-from .generate import add_generation_arguments
+from .generate import GenerationOptions
 
 MAX_LENGTH_CHANGE = 5
 ARTICLES = frozenset({"a", "an", "the"})
@@ -42,20 +41,16 @@ IDENTICAL = "is the prompt itself"
 
 
 @dataclass
-class SetsRequest:
+class SetsRequest(GenerationOptions):
     """The fields every counterfactual-set method shares (a base for its request dataclass)."""
 
-    prompt: str
+    prompt: str = field(metadata={"help": "the initial prompt; may hold one {placeholder} filled by --fill"})
     axes: dict[str, list[str]] | None = None   # {axis: [counterfactual prompts]}; None: ask the LLM
-    fill: list[str] = field(default_factory=list)  # values of the prompt's {placeholder}: aggregate mode
-    n: int = 16                                 # images per set (the thesis uses 48)
-    seed: int = 0                               # every set uses seeds seed .. seed+n-1
-    negative_prompt: str = ""
-    steps: int | None = None
-    guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
-    llm_seed: int = 0
+    fill: list[str] = field(default_factory=list, metadata={
+        "help": "aggregate mode: values of the placeholder", "metavar": "VALUE"})
+    n: int = field(default=16, metadata={"flag": "-n", "help": "images per set (the thesis uses 48)"})
+    seed: int = field(default=0, metadata={"help": "every set uses the seeds seed .. seed+n-1"})
+    llm_seed: int = field(default=0, metadata={"help": "seed of the LLM's axes proposal"})
     max_length_change: int = MAX_LENGTH_CHANGE
 
     def seeds(self) -> list[int]:
@@ -286,44 +281,6 @@ def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], sett
     if not valid:
         raise InputError(f"every image of '{spec.prompt}' was flagged by the safety checker; nothing to measure")
     return valid
-
-
-# -- command line --------------------------------------------------------------------------------
-
-def add_set_arguments(p, common_arguments) -> None:
-    """The CLI options of `SetsRequest` (shared with `intersectional`)."""
-    common_arguments(p)
-    p.add_argument("--prompt", default=None, help="the initial prompt; may hold one {placeholder} filled by --fill")
-    p.add_argument("--axes", default=None, metavar="JSON|@FILE",
-                   help='{"axis": ["counterfactual prompt", ...]}; default: ask the LLM (TIBET meta-prompt)')
-    p.add_argument("--axes-preset", default=None, choices=["occupations"],
-                   help="Table 6.1's 8 axes (prompt 'A photo of a {occupation}' unless --prompt is given)")
-    p.add_argument("--fill", nargs="+", default=[], metavar="VALUE", help="aggregate mode: values of the placeholder")
-    p.add_argument("-n", type=int, default=16, help="images per set")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--llm-seed", type=int, default=0)
-    add_generation_arguments(p)
-
-
-def set_request_fields(a) -> dict:
-    """`SetsRequest` fields from the options `add_set_arguments` adds."""
-    axes, prompt = None, a.prompt
-    if a.axes_preset:
-        preset = load_preset(a.axes_preset)
-        axes, prompt = preset["axes"], prompt or preset["prompt"]
-    if a.axes:
-        try:
-            text = Path(a.axes[1:]).read_text() if a.axes.startswith("@") else a.axes
-            axes = json.loads(text)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"--axes: {exc}") from None
-        if not isinstance(axes, dict):
-            raise InputError('--axes must be a JSON object {"axis": ["counterfactual prompt", ...]}')
-    if not prompt:
-        raise InputError("give --prompt (or --axes-preset)")
-    return dict(prompt=prompt, axes=axes, fill=a.fill, n=a.n, seed=a.seed, llm_seed=a.llm_seed,
-                negative_prompt=a.negative_prompt, steps=a.steps, guidance=a.guidance, width=a.width,
-                height=a.height)
 
 
 def resample_weights(n: int, n_boot: int, run_seed: int, index: int) -> np.ndarray:

@@ -17,15 +17,16 @@ from dataclasses import dataclass, field, fields
 from ..backends.base import ModelSpec
 from ..core import Engine, Run, recorded
 from ..errors import GapLensError, InputError
+from ..names import readable_method
 from ..events import Done, Progress, Scores, Table, Warning
 from ..presets import PRESETS, parse_model_override
-from ..runs import Score, difference
+from ..scores import Score, difference
 from . import cfsets, counterfactuals, intersectional, single_prompt
 
 METHODS = {
     "single_prompt": (single_prompt.SinglePromptRequest, single_prompt.run, single_prompt.check),
     "counterfactuals": (counterfactuals.CounterfactualsRequest, counterfactuals.run, cfsets.check),
-    "intersectional": (intersectional.IntersectionalRequest, intersectional.run, intersectional.check_request),
+    "intersectional": (intersectional.IntersectionalRequest, intersectional.run, intersectional.check_before_run),
 }
 
 
@@ -180,3 +181,10 @@ def side_by_side(method: str, results: list[dict], labels: list[str]) -> dict:
                      "values": [v.to_json() if v else None for v in values],
                      "differences": [difference(values[0], v) for v in values[1:]]})
     return {"method": method, "models": labels, "rows": rows}
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("Single Prompt on sd-turbo vs sdxl-turbo", None) of a stored run."""
+    summary = record.get("summary") or {}
+    generators = summary.get("generators") or []
+    return f"{readable_method(summary.get('method', ''))} on " + " vs ".join(map(str, generators)), None

@@ -1,5 +1,5 @@
-"""Counterfactuals (TIBET, thesis Ch. 5; spec §2): bias axes and counterfactual prompts from
-the LLM (or a preset, or the user's table), an image set per prompt and per counterfactual,
+"""Counterfactuals (TIBET, thesis Ch. 5; docs/spec/thesis-tibet-biasconnect-intermit.md §2): bias axes and
+counterfactual prompts from the LLM (or a preset, or the user's table), an image set per prompt and per counterfactual,
 VQA concept histograms, CAS per counterfactual, normalised MAD per axis, with bootstrap CIs.
 
 Choices the spec leaves open (§8 items 3-6), each a request field:
@@ -25,8 +25,9 @@ import functools
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
+from typing import TypedDict
 
 import numpy as np
 
@@ -39,20 +40,25 @@ from ..metrics.diversity import unit_rows
 from ..metrics.concepts import top_phrases
 from ..metrics.wordnet import missing_note, wordnet_synonyms
 from ..presets import ASSETS
-from .cfsets import (SetSpec, SetsRequest, add_set_arguments, check, generate_set, prepare, resample_weights,
-                     set_request_fields)
+from ..scores import number
+from .cfsets import SetSpec, SetsRequest, check, generate_set, prepare, resample_weights
 from .generate import settings_for
 
 
 @dataclass
 class CounterfactualsRequest(SetsRequest):
-    caption: bool = True             # add each image's caption to its concepts (thesis; §8 item 3)
-    synonyms: bool = True            # merge WordNet synonyms before CAS (Alg. 3 step 1)
-    min_frequency: float = 0.01      # concepts rarer than this per image are dropped (§8 item 4)
-    renormalise: bool = True         # HistIoU on histograms scaled to sum 1 (§8 item 5)
-    sum_normalise: bool = True       # CAS / sum(CAS) before MAD (§8 item 6)
-    n_boot: int = 500                # bootstrap resamples of the images; 0 = no intervals
-    top_k: int = 5
+    caption: bool = field(default=True, metadata={  # thesis; spec §8 item 3
+        "help": "leave captions out of the concepts", "flag": "--no-caption"})
+    synonyms: bool = field(default=True, metadata={  # Alg. 3 step 1
+        "help": "do not merge WordNet synonyms before CAS", "flag": "--no-synonyms"})
+    min_frequency: float = field(default=0.01, metadata={  # spec §8 item 4
+        "help": "concepts rarer than this per image are dropped"})
+    renormalise: bool = field(default=True, metadata={  # spec §8 item 5
+        "help": "HistIoU without rescaling both histograms to sum 1", "flag": "--raw-histograms"})
+    sum_normalise: bool = field(default=True, metadata={  # spec §8 item 6
+        "help": "MAD of the raw CAS values (not CAS / sum CAS)", "flag": "--no-sum-normalise"})
+    n_boot: int = field(default=500, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
+    top_k: int = field(default=5, metadata={"help": "concepts listed per image set"})
 
 
 @functools.lru_cache(maxsize=1)
@@ -201,15 +207,51 @@ def summarise(scored: dict[str, dict]) -> dict:
     return out
 
 
+class CounterfactualsResults(TypedDict, total=False):
+    """What a Counterfactuals run stores (`Done.results`); saved after each prompt."""
+
+    prompt: str                              # as given (a template in aggregate mode)
+    prompts: list[str]                       # the filled prompts
+    aggregate: bool
+    n: int
+    seeds: list[int]
+    settings: dict
+    axes: dict[str, list[str]]               # {axis: [counterfactual prompts]}
+    questions: dict[str, str]                # each axis' VQA question (Table 5.2)
+    options: dict                            # caption, synonyms, min_frequency, renormalise, sum_normalise, n_boot
+    sets: dict[str, dict]                    # per set label: prompt, histogram, Top-K, images with answers
+    per_prompt: dict[str, dict]              # per prompt: the score part below
+    counterfactuals: list[dict]              # per counterfactual: axis, prompt, value, CAS, CAS^CLIP (+ _ci)
+    cas: dict[str, dict[str, float]]         # axis -> counterfactual -> CAS
+    cas_clip: dict[str, dict[str, float]]
+    mad: dict[str, float]                    # normalised MAD per axis (Eq. 5.5-5.6)
+    mad_ci: dict[str, list]
+    mad_clip: dict[str, float]
+    mad_clip_ci: dict[str, list]
+    mad_order: list[str]                     # axes by MAD, most biased first
+
+
 @recorded("counterfactuals", check)
-def run(request: CounterfactualsRequest, engine: Engine, run: Run):
+def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
+    """TIBET on one prompt (or on a {placeholder} prompt filled with each of `request.fill`,
+    CAS averaged over the prompts: aggregate mode).
+
+    Request: CounterfactualsRequest (the axes table or the LLM's, N images per set, concept
+    and normalisation choices, bootstrap size, Top-K).
+    Yields: Table("axes") when the LLM proposed the axes; Warning for dropped
+    counterfactuals and flagged images; Table("questions"); Images and Progress per set;
+    Scores("initial") per prompt, Scores("axis:<name>") per axis, Scores("aggregate") in
+    aggregate mode; one Done.
+    Results: CounterfactualsResults.
+    """
+    # 1. Settle the prompts, axes and image sets; each axis' VQA question (spec §2.4).
     prompts, axes, specs = yield from prepare(request, engine)
     settings = settings_for(request, engine)
     seeds = request.seeds()
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
     questions = {axis: tibet_question(axis) for axis in axes}
     unique_questions = list(dict.fromkeys(questions.values()))
-    results: dict = {"prompt": request.prompt.strip(), "prompts": prompts, "aggregate": len(prompts) > 1,
+    results: CounterfactualsResults = {"prompt": request.prompt.strip(), "prompts": prompts, "aggregate": len(prompts) > 1,
                      "n": request.n, "seeds": seeds, "settings": settings.__dict__, "axes": axes,
                      "questions": questions,
                      "options": {k: getattr(request, k) for k in ("caption", "synonyms", "min_frequency",
@@ -220,7 +262,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
 
     def measure(spec: SetSpec):
         i = position[spec.label]
-        records = yield from generate_set(engine, run, spec, seeds, settings, i, len(specs))
+        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs))
         yield Progress(i, len(specs), "vqa", f"asking {len(unique_questions)} question(s) about '{spec.prompt}'")
         by_question = {q: engine.ask(records, q) for q in unique_questions}
         captions = engine.caption(records) if request.caption else []
@@ -229,6 +271,8 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
         results["sets"][spec.label] = _set_json(s, {a: by_question[q] for a, q in questions.items()}, captions, request)
         return s
 
+    # 2. Per prompt: the initial set, then every counterfactual set, CAS against the initial
+    #    set (Eq. 5.1-5.4) and MAD per axis (Eq. 5.5-5.6) with bootstrap intervals.
     per_prompt = []
     for p, prompt in enumerate(prompts):
         initial_spec, *cf_specs = [s for s in specs if s.prompt_index == p]
@@ -247,8 +291,9 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
                                           "counterfactuals": [_public(c) for c in cfs]})
         per_prompt.append(scored)
         results["per_prompt"][prompt] = summarise(scored)
-        run.save(results)
+        run_record.save(results)
 
+    # 3. One prompt: its scores; aggregate mode: CAS averaged over the prompts, then MAD.
     if len(prompts) == 1:
         results.update(results["per_prompt"][prompts[0]])
     else:
@@ -258,7 +303,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run: Run):
         yield Scores("aggregate", {k: results[k] for k in ("mad", "mad_ci", "mad_order", "counterfactuals")})
     summary = {"prompts": len(prompts), "sets": len(specs), "n": request.n,
                **{f"mad_{a}": round(results["mad"][a], 3) for a in results["mad_order"]}}
-    yield run.finish(results, summary)
+    yield run_record.finish(results, summary)
 
 
 def _average(per_prompt: list[list[dict]]) -> list[dict]:
@@ -269,18 +314,12 @@ def _average(per_prompt: list[list[dict]]) -> list[dict]:
             for k, cf in enumerate(per_prompt[0])]
 
 
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine counterfactuals --prompt ... -n 8 [--axes JSON] [--json]`"""
-    p = sub.add_parser("counterfactuals", help="TIBET: counterfactual prompts, CAS per counterfactual, MAD per axis")
-    add_set_arguments(p, common_arguments)
-    p.add_argument("--no-caption", action="store_true", help="leave captions out of the concepts")
-    p.add_argument("--no-synonyms", action="store_true", help="do not merge WordNet synonyms")
-    p.add_argument("--min-frequency", type=float, default=0.01)
-    p.add_argument("--raw-histograms", action="store_true", help="HistIoU without rescaling both to sum 1")
-    p.add_argument("--no-sum-normalise", action="store_true", help="MAD of the raw CAS values")
-    p.add_argument("--n-boot", type=int, default=500)
-    p.add_argument("--top-k", type=int, default=5)
-    p.set_defaults(method=run, make_request=lambda a: CounterfactualsRequest(
-        **set_request_fields(a), caption=not a.no_caption, synonyms=not a.no_synonyms,
-        min_frequency=a.min_frequency, renormalise=not a.raw_histograms, sum_normalise=not a.no_sum_normalise,
-        n_boot=a.n_boot, top_k=a.top_k))
+def headline(record: dict) -> tuple[str, float | None]:
+    """("max MAD 0.412 (gender) · 3 sets", the largest normalised MAD) of a stored run."""
+    summary = record.get("summary") or {}
+    mads = {k[4:]: float(v) for k, v in summary.items() if k.startswith("mad_") and number(v) is not None}
+    if not mads:
+        return "", None
+    axis = max(mads, key=mads.get)
+    sets = f" · {summary['sets']} sets" if number(summary.get("sets")) is not None else ""
+    return f"max MAD {mads[axis]:.3f} ({axis}){sets}", mads[axis]

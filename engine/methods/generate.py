@@ -5,23 +5,33 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from ..core import Engine, Run, recorded, stream_image_set
 from ..distributed import distributed_image_sets
 from ..errors import InputError
 from ..events import Warning
+from ..scores import Score, number
+
+
+@dataclass(kw_only=True)
+class GenerationOptions:
+    """The generator settings every request may override (None: the model family's default,
+    `settings_for`). A base of every method's request; keyword-only, so a request's own fields
+    keep their positions."""
+
+    negative_prompt: str = field(default="", metadata={"help": "what the images should not show"})
+    steps: int | None = field(default=None, metadata={"help": "denoising steps (default: the model family's)"})
+    guidance: float | None = field(default=None, metadata={"help": "guidance scale (default: the model family's)"})
+    width: int | None = field(default=None, metadata={"help": "image width in pixels (default: the model family's)"})
+    height: int | None = field(default=None, metadata={"help": "image height in pixels (default: the model family's)"})
 
 
 @dataclass
-class GenerateRequest:
+class GenerateRequest(GenerationOptions):
     prompt: str
-    n: int = 8
-    seed: int = 0                 # images use seeds seed, seed+1, ..., seed+n-1
-    negative_prompt: str = ""
-    steps: int | None = None      # None: the generator family's default
-    guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
+    n: int = field(default=8, metadata={"flag": "-n", "help": "images per prompt"})
+    seed: int = field(default=0, metadata={"help": "images use the seeds seed, seed+1, ..., seed+n-1"})
     prompts: list[str] = field(default_factory=list)  # several prompts in one run (then `prompt` is unused)
 
     def seeds(self) -> list[int]:
@@ -34,6 +44,15 @@ def settings_for(request, engine: Engine):
                            height=request.height, negative_prompt=request.negative_prompt or "")
 
 
+class GenerateResults(TypedDict, total=False):
+    """What a Generate run stores (`Done.results`)."""
+
+    prompt: str          # the prompt (with several: the first and how many more)
+    prompts: list[str]   # with several prompts: each, without repeats
+    settings: dict       # the generator settings used
+    images: list[dict]   # ImageRecord.to_json of every image, in prompt then seed order
+
+
 def check(request, engine: Engine) -> None:
     """Raises InputError for a request that cannot run (before any run record exists)."""
     [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
@@ -41,7 +60,15 @@ def check(request, engine: Engine) -> None:
 
 
 @recorded("generate", check)
-def run(request: GenerateRequest, engine: Engine, run: Run):
+def run(request: GenerateRequest, engine: Engine, run_record: Run):
+    """N images of one prompt (or of each of `request.prompts`), recorded as one run.
+
+    Request: GenerateRequest (prompt or prompts, N, first seed, generator settings).
+    Yields: Warning for repeated or over-long prompts and flagged images; Images and Progress
+    batch by batch; one Done.
+    Results: GenerateResults.
+    """
+    # 1. Check the prompts and N; settle the generator settings.
     prompts = [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
     unique = list(dict.fromkeys(prompts))
     engine.check_n(request.n)
@@ -52,24 +79,26 @@ def run(request: GenerateRequest, engine: Engine, run: Run):
     if long:
         yield Warning(("this prompt is" if len(unique) == 1 else f"{len(long)} prompt(s) are") + " likely longer "
                       "than CLIP's 77 tokens; SD 1.x/2.x/XL text encoders will ignore the end of it")
+    # 2. Generate every prompt's images through the store (across processes when launched).
     seeds = request.seeds()
     started = time.perf_counter()
     job = yield from distributed_image_sets(engine, [(p, seeds, settings) for p in unique])
     records = []
     for i, prompt in enumerate(unique):
-        records += yield from stream_image_set(engine, run, prompt, seeds, settings, prompt if len(unique) > 1 else "",
+        records += yield from stream_image_set(engine, run_record, prompt, seeds, settings, prompt if len(unique) > 1 else "",
                                                i * len(seeds), len(unique) * len(seeds))
     image_seconds = round(time.perf_counter() - started, 3)  # the models are loaded by now: images only
     flagged = [r.seed for r in records if r.nsfw]
     if flagged:
         yield Warning(f"the safety checker flagged {len(flagged)} image(s) (seeds {flagged}); they are "
                       "kept, marked, and excluded from metrics")
-    results = {"prompt": unique[0], "settings": settings.__dict__,
+    # 3. Record the images.
+    results: GenerateResults = {"prompt": unique[0], "settings": settings.__dict__,
                "images": [r.to_json() for r in records]}
     if len(unique) > 1:
         results.update(prompt=f"{unique[0]} (+{len(unique) - 1} more)", prompts=unique)
     summary = {"n": len(records), "flagged": len(flagged), "image_seconds": image_seconds}
-    yield run.finish(results, {**summary, "distributed": job} if job else summary)
+    yield run_record.finish(results, {**summary, "distributed": job} if job else summary)
 
 
 def read_prompts_file(path: str) -> list[str]:
@@ -85,25 +114,12 @@ def read_prompts_file(path: str) -> list[str]:
     return prompts
 
 
-def add_generation_arguments(p) -> None:
-    """The CLI options every method shares to override the generator's family defaults."""
-    p.add_argument("--negative-prompt", default="")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--guidance", type=float, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--height", type=int, default=None)
+def scores(results: dict, summary: dict) -> list[Score]:
+    """The number of images and how many the safety checker flagged."""
+    return [Score("images", k, float(summary[k])) for k in ("n", "flagged") if number(summary.get(k)) is not None]
 
 
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine generate --prompt ... -n 8 [--json]` (or --prompts-file FILE: N images per line)"""
-    p = sub.add_parser("generate", help="generate N images for a prompt and store them as a run")
-    common_arguments(p)
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--prompt")
-    which.add_argument("--prompts-file", metavar="FILE", help="one prompt per line: N images of each, one run")
-    p.add_argument("-n", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    add_generation_arguments(p)
-    p.set_defaults(method=run, make_request=lambda a: GenerateRequest(
-        a.prompt or "", a.n, a.seed, a.negative_prompt, a.steps, a.guidance, a.width, a.height,
-        read_prompts_file(a.prompts_file) if a.prompts_file else []))
+def headline(record: dict) -> tuple[str, float | None]:
+    """("8 images", 8) of a stored run."""
+    n = (record.get("summary") or {}).get("n")
+    return (f"{n} images" if n is not None else ""), number(n)

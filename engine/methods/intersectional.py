@@ -1,5 +1,5 @@
-"""Intersectional Matrix (BiasConnect, thesis Ch. 6; spec §3): for every ordered pair of
-bias axes, how making one diverse (its counterfactual sets mixed equally) moves the other
+"""Intersectional Matrix (BiasConnect, thesis Ch. 6; docs/spec/thesis-tibet-biasconnect-intermit.md §3): for every
+ordered pair of bias axes, how making one diverse (its counterfactual sets mixed equally) moves the other
 toward or away from its ideal distribution D*: the signed n×n matrix of Intersectional
 Sensitivity IS, χ²-tested edges drawn as a causal BiasGraph, bootstrap CIs on every IS.
 
@@ -28,11 +28,11 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
 from ..axes import known_axes
-from ..biasgraph import graph_from_results
 from ..core import Engine, Run, recorded
 from ..distributed import distributed_image_sets
 from ..errors import InputError, LLMOutputError
@@ -40,8 +40,9 @@ from ..events import Graph, Progress, Scores, Table, Warning
 from ..llm_prompts import axis_question_prompt
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
-from .cfsets import (SetSpec, SetsRequest, add_set_arguments, check, counterfactual_value, generate_set, prepare,
-                     resample_weights, set_request_fields)
+from ..scores import number
+from .cfsets import (SetSpec, SetsRequest, axis_name, check, counterfactual_value, generate_set, prepare,
+                     resample_weights)
 from .generate import settings_for
 
 LEVELS = ("auto", "prompt", "aggregated")
@@ -51,13 +52,19 @@ IMPORTANCE = ("count", "abs_is")
 @dataclass
 class IntersectionalRequest(SetsRequest):
     ideals: dict = field(default_factory=dict)       # axis -> {value: weight}: D*; missing axis = uniform
-    other_policy: str = "drop"                        # "drop" | "other_bin"
-    level: str = "auto"                               # edge thresholds: "prompt" | "aggregated" | "auto"
-    p_threshold: float | None = None                  # None: 1e-4 (prompt) / 5e-5 (aggregated)
-    min_abs_is: float | None = None                   # None: 0 (prompt) / 0.03 (aggregated)
-    importance: str = "count"                         # MaxImp/MaxInf by edge "count" or "abs_is"
+    other_policy: str = field(default="drop", metadata={
+        "help": "answers outside an axis' choices: drop them, or count them in an 'other' bin D* gives 0",
+        "choices": bc.OTHER_POLICIES})
+    level: str = field(default="auto", metadata={
+        "help": "edge thresholds (auto: aggregated with --fill)", "choices": LEVELS})
+    p_threshold: float | None = field(default=None, metadata={
+        "help": "χ² p-value below which an edge is kept (default: 1e-4 per prompt, 5e-5 aggregated)"})
+    min_abs_is: float | None = field(default=None, metadata={
+        "help": "smallest |IS| of a kept edge (default: 0 per prompt, 0.03 aggregated)"})
+    importance: str = field(default="count", metadata={
+        "help": "MaxImp/MaxInf by edge count or sum of |IS|", "choices": IMPORTANCE})
     questions: dict = field(default_factory=dict)     # axis -> VQA question (overrides the default)
-    n_boot: int = 300                                 # bootstrap resamples; 0 = no intervals
+    n_boot: int = field(default=300, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
 
 
 def choices(template: str, cfs: list[str]) -> list[str]:
@@ -138,78 +145,170 @@ def _matrix(values) -> list:
     return [_floats(row) for row in values]
 
 
-def check_request(request: IntersectionalRequest, engine: Engine) -> None:
-    """Raises InputError for a request that cannot run (before any run record exists)."""
+# One tested edge x → y ("is" is IS_xy; kept: it passed the χ² test and the |IS| threshold).
+Edge = TypedDict("Edge", {"source": str, "target": str, "is": float, "p_value": float, "statistic": float,
+                          "dof": int, "kept": bool})
+
+
+class IntersectionalResults(TypedDict, total=False):
+    """What an Intersectional run stores (`Done.results`); every number JSON-safe (nan: None)."""
+
+    prompt: str                         # the prompt as given (a template in aggregate mode)
+    prompts: list[str]                  # the filled prompts
+    aggregate: bool
+    n: int
+    seeds: list[int]
+    settings: dict                      # the generator settings used
+    axes: dict[str, list[str]]          # {axis: [counterfactual prompts]}
+    values: dict[str, list[str]]        # each axis' answer choices
+    questions: dict[str, str]           # each axis' VQA question
+    other_policy: str
+    ideals: dict[str, dict[str, float]]  # D* per axis
+    level: str                          # "prompt" | "aggregated": which edge thresholds
+    p_threshold: float
+    min_abs_is: float
+    importance: str
+    sensitivity: dict                   # {"axes", "matrix", "w_bar_init", "w_bar_mixed", "ci_low", "ci_high"}
+    p_values: dict[str, dict[str, float]]
+    edges: list[Edge]
+    kept_edges: list[Edge]
+    max_impact: str | None
+    max_influenced: str | None
+    distortion: float                   # 𝓘
+    distributions: dict[str, dict]      # per axis: values, ideal, initial and mixed (per x) distributions
+    outside_choices: dict[str, int]     # answers outside each axis' choices
+    per_prompt: dict[str, list]         # aggregate mode: each prompt's own matrix
+
+
+@dataclass
+class Answers:
+    """Every set's answers: one-hot rows per axis, bootstrap resample weights, and how many
+    answers per axis fell outside its choices."""
+
+    onehot: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)   # set label -> axis -> (n, K)
+    weights: dict[str, np.ndarray] = field(default_factory=dict)             # set label -> (n_boot, n)
+    outside: dict[str, int] = field(default_factory=dict)
+
+
+def check_before_run(request: IntersectionalRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run, before any run record exists."""
+    check_request(request)
+    check(request, engine)
+
+
+@recorded("intersectional", check_before_run)
+def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
+    """BiasConnect's sensitivity matrix and bias graph of one prompt (or of a {placeholder}
+    prompt filled with each of `request.fill`, pooled: aggregate mode).
+
+    Request: IntersectionalRequest: the axes table (None: the LLM proposes it), N images per
+    set, D* per axis (`ideals`), the other-answer policy, edge thresholds, bootstrap size.
+    Yields: Table("axes") when the LLM proposed the axes; Warning for dropped
+    counterfactuals, one-counterfactual axes, ignored ideals and answers outside the choices;
+    Table("questions"); Images and Progress while each set is generated and asked about;
+    Progress("sensitivity"); Scores("sensitivity", results); Graph("biasgraph"); one Done.
+    Results: IntersectionalResults.
+    """
+    # 1. Check the request; settle the prompts, axes and image sets (cfsets.prepare).
+    check_request(request)
+    prompts, axes, specs = yield from prepare(request, engine)
+    settings, seeds = settings_for(request, engine), request.seeds()
+    yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
+    # 2. Each axis' choices, VQA question and ideal distribution D* (spec §3.2).
+    values = {axis: choices(request.prompt.strip(), cfs) for axis, cfs in axes.items()}
+    short = [a for a, cfs in axes.items() if len(cfs) < 2]
+    if short:
+        yield Warning(f"axes with one counterfactual cannot be tested for edges: {', '.join(short)}")
+    questions, ideals = yield from settle_questions_and_ideals(request, engine, axes, values)
+    # 3. Generate every set and ask every axis' multiple-choice question about it.
+    answers = yield from answer_sets(request, engine, run_record, specs, questions, values, settings)
+    # 4. The matrix (spec §3.4), its χ² edges (§3.5) and bootstrap intervals.
+    yield Progress(0, 1, "sensitivity", "computing the matrix, χ² edges and bootstrap intervals")
+    results = measure(request, prompts, axes, specs, values, questions, ideals, answers)
+    results.update(settings=settings.__dict__, seeds=seeds)
+    # 5. Report: the scores, the graph, the record.
+    yield Scores("sensitivity", results)
+    yield Graph("biasgraph", [{"id": a} for a in axes], results["kept_edges"])
+    yield run_record.finish(results, summarise(results))
+
+
+def check_request(request: IntersectionalRequest) -> None:
+    """InputError when a choice of the request is not one the method knows."""
     if request.other_policy not in bc.OTHER_POLICIES:
         raise InputError(f"the other-answer policy must be one of {', '.join(bc.OTHER_POLICIES)}")
     if request.level not in LEVELS or request.importance not in IMPORTANCE:
         raise InputError(f"level must be one of {', '.join(LEVELS)} and importance one of {', '.join(IMPORTANCE)}")
-    check(request, engine)
 
 
-@recorded("intersectional", check_request)
-def run(request: IntersectionalRequest, engine: Engine, run: Run):
-    prompts, axes, specs = yield from prepare(request, engine)
-    template = request.prompt.strip()
-    settings = settings_for(request, engine)
-    seeds = request.seeds()
-    yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
-    policy = request.other_policy
-    values = {axis: choices(template, cfs) for axis, cfs in axes.items()}
-    categories = {y: values[y] + (["other"] if policy == "other_bin" else []) for y in axes}
-    short = [a for a, cfs in axes.items() if len(cfs) < 2]
-    if short:
-        yield Warning(f"axes with one counterfactual cannot be tested for edges: {', '.join(short)}")
+def settle_questions_and_ideals(request, engine: Engine, axes: dict[str, list[str]], values: dict[str, list[str]]):
+    """Each axis' VQA question (`request.questions`, else `axis_question`) and ideal
+    distribution D* (`request.ideals`, axis names and values normalised; a missing axis is
+    uniform, biasconnect.ideal_distribution), shared by Intersectional and Mitigate (use
+    `yield from`: yields a Warning for ideals of axes not in the table, then
+    Table("questions")); returns (questions, ideals)."""
     questions, sources = {}, {}
     for axis in axes:
         if axis in request.questions:
             questions[axis], sources[axis] = request.questions[axis], "request"
         else:
             questions[axis], sources[axis] = axis_question(engine, axis, values[axis], request.llm_seed)
-    try:
-        ideals = {y: bc.ideal_distribution(values[y], {k.strip().lower(): v for k, v in request.ideals[y].items()}
-                                           if request.ideals.get(y) else None, policy) for y in axes}
-    except ValueError as exc:
-        raise InputError(f"ideal distribution: {exc}") from None
-    unknown = set(request.ideals) - set(axes)
+    given = {axis_name(a): {str(k).strip().lower(): v for k, v in (d or {}).items()}
+             for a, d in (request.ideals or {}).items()}
+    unknown = set(given) - set(axes)
     if unknown:
         yield Warning(f"ideal distributions for axes not in the table are ignored: {', '.join(sorted(unknown))}")
+    try:
+        ideals = {y: bc.ideal_distribution(values[y], given.get(y) or None, request.other_policy) for y in axes}
+    except ValueError as exc:
+        raise InputError(f"ideal distribution: {exc}") from None
     yield Table("questions", ["axis", "question", "choices", "source"],
                 [[a, questions[a], ", ".join(values[a]), sources[a]] for a in axes])
+    return questions, ideals
 
-    answers, weights, outside = {}, {}, dict.fromkeys(axes, 0)
+
+def answer_sets(request: IntersectionalRequest, engine: Engine, run_record: Run, specs: list[SetSpec],
+                questions: dict[str, str], values: dict[str, list[str]], settings):
+    """Generate every set through the store and ask each axis' question about its images
+    (use `yield from`: yields Images/Progress, then a Warning per axis with answers outside
+    its choices); returns the Answers."""
+    answers = Answers(outside=dict.fromkeys(questions, 0))
+    seeds = request.seeds()
     for i, spec in enumerate(specs):
-        records = yield from generate_set(engine, run, spec, seeds, settings, i, len(specs))
-        yield Progress(i, len(specs), "vqa", f"asking {len(axes)} multiple-choice question(s) about '{spec.prompt}'")
-        answers[spec.label] = {}
-        for y in axes:
+        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs))
+        yield Progress(i, len(specs), "vqa", f"asking {len(questions)} multiple-choice question(s) about '{spec.prompt}'")
+        answers.onehot[spec.label] = {}
+        for y in questions:
             labels = engine.ask(records, questions[y], values[y])
-            answers[spec.label][y] = one_hot(labels, values[y], policy)
-            outside[y] += len(labels) - int(bc.value_counts(labels, values[y], "drop").sum())
-        weights[spec.label] = resample_weights(len(records), request.n_boot, request.seed, i)
+            answers.onehot[spec.label][y] = one_hot(labels, values[y], request.other_policy)
+            answers.outside[y] += len(labels) - int(bc.value_counts(labels, values[y], "drop").sum())
+        answers.weights[spec.label] = resample_weights(len(records), request.n_boot, request.seed, i)
     total = len(specs) * request.n
-    for y, count in outside.items():
+    for y, count in answers.outside.items():
         if count:
             yield Warning(f"{count} of about {total} answers about {y} were outside its choices "
-                          f"({'dropped' if policy == 'drop' else 'counted as other'})")
+                          f"({'dropped' if request.other_policy == 'drop' else 'counted as other'})")
+    return answers
 
-    yield Progress(0, 1, "sensitivity", "computing the matrix, χ² edges and bootstrap intervals")
-    init, tables = tally(specs, axes, answers)
+
+def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, list[str]], specs: list[SetSpec],
+            values: dict[str, list[str]], questions: dict[str, str], ideals: dict[str, np.ndarray],
+            answers: Answers) -> IntersectionalResults:
+    """The sensitivity matrix (spec §3.4), its χ² edges at the request's level (§3.5; pooled
+    over the prompts in aggregate mode, §3.7), bootstrap intervals on every IS, MaxImp/MaxInf
+    and the distortion 𝓘 (§3.6): the results without `settings` and `seeds`."""
+    policy = request.other_policy
+    categories = {y: values[y] + (["other"] if policy == "other_bin" else []) for y in axes}
+    init, tables = tally(specs, axes, answers.onehot)
     matrix = sensitivity(init, tables, ideals)
     level = request.level if request.level != "auto" else ("aggregated" if len(prompts) > 1 else "prompt")
     point_tables = {x: {y: t[0] for y, t in ys.items()} for x, ys in tables.items()}
     edges = bc.chi2_edges(point_tables, matrix, level, request.p_threshold, request.min_abs_is)
-    low = high = None
-    if request.n_boot:
-        boot_init, boot_tables = tally(specs, axes, answers, weights)
-        draws = np.array([sensitivity(boot_init, boot_tables, ideals, b).matrix for b in range(request.n_boot)])
-        bounds = [[percentile_interval(draws[:, i, j]) for j in range(len(axes))] for i in range(len(axes))]
-        low, high = ([[b[k] for b in row] for row in bounds] for k in (0, 1))
+    low, high = bootstrap_bounds(request, specs, axes, ideals, answers)
     edge_rows = [{"source": e.source, "target": e.target, "is": e.sensitivity, "p_value": e.p_value,
                   "statistic": e.statistic, "dof": e.dof, "kept": e.kept} for e in edges]
-    results = {
-        "prompt": template, "prompts": prompts, "aggregate": len(prompts) > 1, "n": request.n, "seeds": seeds,
-        "settings": settings.__dict__, "axes": axes, "values": values, "questions": questions,
+    results: IntersectionalResults = {
+        "prompt": request.prompt.strip(), "prompts": prompts, "aggregate": len(prompts) > 1, "n": request.n,
+        "axes": axes, "values": values, "questions": questions,
         "other_policy": policy, "ideals": {y: dict(zip(categories[y], ideals[y].tolist())) for y in axes},
         "level": level, "p_threshold": bc.EDGE_THRESHOLDS[level][0] if request.p_threshold is None else request.p_threshold,
         "min_abs_is": bc.EDGE_THRESHOLDS[level][1] if request.min_abs_is is None else request.min_abs_is,
@@ -226,36 +325,45 @@ def run(request: IntersectionalRequest, engine: Engine, run: Run):
                               "initial": _floats(bc.mixed_distribution(init[y][0])),
                               "mixed": {x: _floats(bc.mixed_distribution(tables[x][y][0])) for x in axes}}
                           for y in axes},
-        "outside_choices": outside,
+        "outside_choices": answers.outside,
     }
     if len(prompts) > 1:
         own = {k: [spec for spec in specs if spec.prompt_index == k] for k in range(len(prompts))}
-        results["per_prompt"] = {p: _matrix(sensitivity(*tally(own[k], axes, answers), ideals).matrix)
+        results["per_prompt"] = {p: _matrix(sensitivity(*tally(own[k], axes, answers.onehot), ideals).matrix)
                                  for k, p in enumerate(prompts)}
-    yield Scores("sensitivity", results)
-    yield Graph("biasgraph", [{"id": a} for a in axes], results["kept_edges"], graph_from_results(results))
-    summary = {"prompts": len(prompts), "axes": len(axes), "n": request.n, "kept_edges": len(results["kept_edges"]),
-               "max_impact": results["max_impact"], "max_influenced": results["max_influenced"],
-               "distortion": round(results["distortion"], 3)}
-    yield run.finish(results, summary)
+    return results
 
 
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine intersectional --prompt ... -n 8 [--axes JSON] [--json]`"""
-    p = sub.add_parser("intersectional", help="BiasConnect: intersectional sensitivity matrix and χ² bias graph")
-    add_set_arguments(p, common_arguments)
-    p.add_argument("--other-policy", choices=bc.OTHER_POLICIES, default="drop",
-                   help="answers outside an axis' choices: drop them, or count them in an 'other' bin D* gives 0")
-    p.add_argument("--level", choices=LEVELS, default="auto", help="edge thresholds (auto: aggregated with --fill)")
-    p.add_argument("--p-threshold", type=float, default=None)
-    p.add_argument("--min-abs-is", type=float, default=None)
-    p.add_argument("--importance", choices=IMPORTANCE, default="count", help="MaxImp/MaxInf by edge count or sum |IS|")
-    p.add_argument("--reference-csv", default=None, help="real-world D*: a CSV with the columns axis, value, share")
-    p.add_argument("--n-boot", type=int, default=300)
-    p.set_defaults(method=run, make_request=lambda a: IntersectionalRequest(
-        **set_request_fields(a), other_policy=a.other_policy, level=a.level, p_threshold=a.p_threshold,
-        min_abs_is=a.min_abs_is, importance=a.importance, n_boot=a.n_boot,
-        ideals=load_reference_csv(a.reference_csv) if a.reference_csv else {}))
+def bootstrap_bounds(request: IntersectionalRequest, specs: list[SetSpec], axes: dict, ideals: dict,
+                     answers: Answers) -> tuple[list | None, list | None]:
+    """95% percentile intervals (low and high matrices) of every IS over `request.n_boot`
+    resamples of the images; (None, None) without resamples."""
+    if not request.n_boot:
+        return None, None
+    boot_init, boot_tables = tally(specs, axes, answers.onehot, answers.weights)
+    draws = np.array([sensitivity(boot_init, boot_tables, ideals, b).matrix for b in range(request.n_boot)])
+    bounds = [[percentile_interval(draws[:, i, j]) for j in range(len(axes))] for i in range(len(axes))]
+    low, high = ([[b[k] for b in row] for row in bounds] for k in (0, 1))
+    return low, high
+
+
+def summarise(results: IntersectionalResults) -> dict:
+    """The run's summary (Runs table, headline)."""
+    return {"prompts": len(results["prompts"]), "axes": len(results["axes"]), "n": results["n"],
+            "kept_edges": len(results["kept_edges"]), "max_impact": results["max_impact"],
+            "max_influenced": results["max_influenced"], "distortion": round(results["distortion"], 3)}
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("distortion 0.120 · 2 bias edges · most impact: gender", the distortion 𝓘) of a stored run."""
+    summary = record.get("summary") or {}
+    distortion = number(summary.get("distortion"))
+    parts = [f"distortion {distortion:.3f}"] if distortion is not None else []
+    if number(summary.get("kept_edges")) is not None:
+        parts.append(f"{summary['kept_edges']} bias edge{'' if summary['kept_edges'] == 1 else 's'}")
+    if summary.get("max_impact"):
+        parts.append(f"most impact: {summary['max_impact']}")
+    return " · ".join(parts), distortion
 
 
 # -- reading a run: which pairs are kept (the views mark the others) ------------------------------

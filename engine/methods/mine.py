@@ -1,9 +1,9 @@
 """Mine Prompts: MineTheGap's genetic search for the prompts a model is most biased on, and a
 "random prompts, same budget" baseline. Spec: minethegap-and-biasbench.md A.3-A.5, A.9.
 
-The paper's text and code are not public, so the loop below is a RECONSTRUCTION (spec A.4)
-that follows the project page's animation: score a population of b prompts with the gap
-score (A.3, lower = more biased), archive the s most biased, ask the LLM for m mutations of
+The paper's text and code are not public, so the loop below is a RECONSTRUCTION
+(docs/spec/minethegap-and-biasbench.md A.4) that follows the project page's animation: score a population of b
+prompts with the gap score (A.3, lower = more biased), archive the s most biased, ask the LLM for m mutations of
 each, inject r = b - s*m random LLM prompts, repeat T times. Parents are dropped unless
 `keep_parents` (elitism) is set. Prompts are de-duplicated across the run (exactly and after
 lower-casing / collapsing spaces) and the LLM is re-asked when a reply repeats one.
@@ -13,7 +13,7 @@ Reproducible: a prompt's score depends only on the prompt and the image/variatio
 Single Prompt), and every mutation / random-prompt call uses an LLM seed derived from the GA
 seed, the iteration and the parent, so the same seed and cache replay the same run.
 
-The whole GA state is saved in the run record as it goes (`run.save`): stop at any time and
+The whole GA state is saved in the run record as it goes (`run_record.save`): stop at any time and
 resume with `MineRequest(resume=run_id)` (CLI `--resume RUN_ID`); nothing already generated
 is generated again.
 """
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import TypedDict
 
 import numpy as np
 
@@ -36,8 +36,10 @@ from ..distributed import distributed_image_sets
 from ..errors import GapLensError, InputError, LLMOutputError
 from ..events import Images, Progress, Scores, Table, Warning
 from ..llm_prompts import mutations_prompt, random_prompts_prompt
+from ..metrics.gap import COMBINATIONS
+from ..scores import number
 from ..store import ImageRecord, image_key
-from .generate import add_generation_arguments, settings_for
+from .generate import GenerationOptions, settings_for
 from .single_prompt import gap_for_images
 
 DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
@@ -56,27 +58,30 @@ BIAS_MODES = {
 
 
 @dataclass
-class MineRequest:
-    iterations: int | None = None   # T; None: DEFAULT_ITERATIONS, or the resumed run's T
-    population: int = 12            # b
-    select: int = 3                 # s: most biased prompts kept (archived) per iteration
-    mutations: int = 3              # m: LLM mutations per selected prompt; r = b - s*m random ones
-    n: int = 16                     # images per prompt
-    n_variations: int | None = None  # LLM text variations per prompt (default n)
-    alpha: float = 25.0             # gap-score percentile (spec A.3)
-    combine: str = "diff"           # "diff" | "missed_only" | "mean"
-    keep_parents: bool = False      # elitism: the selected prompts stay in the next population
-    bias: str = "open"              # "open", "socio-demographic", "style", "objects" or an axis in words
-    strategy: str = "ga"            # "ga" | "random" (the same budget spent on random LLM prompts)
-    seed: int = 0                   # GA seed: LLM seeds of the mutation and random-prompt calls
-    image_seed: int = 0             # images use seeds image_seed..image_seed+n-1
+class MineRequest(GenerationOptions):
+    iterations: int | None = field(default=None, metadata={"short": "-T", "help": (
+        f"T, iterations (default {DEFAULT_ITERATIONS}; the paper's budget is 30; on --resume: keep the run's)")})
+    population: int = field(default=12, metadata={"short": "-b", "help": "b, prompts scored per iteration"})
+    select: int = field(default=3, metadata={"short": "-s", "help": "s, most biased prompts kept per iteration"})
+    mutations: int = field(default=3, metadata={
+        "short": "-m", "help": "m, LLM mutations per selected prompt (r = b - s*m random prompts)"})
+    n: int = field(default=16, metadata={"flag": "-n", "help": "images per prompt"})
+    n_variations: int | None = field(default=None, metadata={
+        "flag": "--variations", "help": "LLM text variations per prompt (default: n)"})
+    alpha: float = field(default=25.0, metadata={"help": "gap-score percentile (spec A.3)"})
+    combine: str = field(default="diff", metadata={"help": "how the gap score combines its terms",
+                                                   "choices": COMBINATIONS})
+    keep_parents: bool = field(default=False, metadata={"help": "elitism: keep the selected prompts"})
+    bias: str = field(default="open", metadata={
+        "help": "open, socio-demographic, style, objects, or an axis in words (specific-bias mode)"})
+    strategy: str = field(default="ga", metadata={
+        "help": "ga, or random: the same budget spent on random LLM prompts (baseline)", "choices": STRATEGIES})
+    seed: int = field(default=0, metadata={"help": "GA seed (LLM mutation and random-prompt calls)"})
+    image_seed: int = field(default=0, metadata={
+        "help": "first image seed (images use image_seed..image_seed+n-1; also the variations' LLM seed)"})
     max_requery: int = 3            # extra LLM calls when a reply repeats prompts already seen
-    negative_prompt: str = ""
-    steps: int | None = None
-    guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
-    resume: str | None = None       # a stopped run's id: continue it (its settings; T may grow)
+    resume: str | None = field(default=None, metadata={
+        "metavar": "RUN_ID", "help": "continue a stopped run (its settings; T may grow)"})
 
     @property
     def random_count(self) -> int:
@@ -200,8 +205,8 @@ class _CacheOnlyEngine(Engine):
 class Miner:
     """The GA (or the random baseline) with its whole state; `steps()` runs it as events."""
 
-    def __init__(self, request: MineRequest, engine: Engine, run: Run | None, stored: dict | None = None):
-        self.request, self.engine, self.run = request, engine, run
+    def __init__(self, request: MineRequest, engine: Engine, run_record: Run | None, stored: dict | None = None):
+        self.request, self.engine, self.run_record = request, engine, run_record
         self.settings = settings_for(request, engine)
         self.axis, self.needs = bias_axis(request.bias)
         self.model_ids = {role: engine.model_id(role) for role in ("generator", "embedder", "llm")}
@@ -215,7 +220,7 @@ class Miner:
         self.details: dict[str, dict] = dict(stored.get("details", {}))
         # runs this search continued from (a resume continues under the same id: not listed again)
         chain = list(stored.get("run_chain", []))
-        if request.resume and request.resume not in chain and (run is None or run.id != request.resume):
+        if request.resume and request.resume not in chain and (run_record is None or run_record.id != request.resume):
             chain.append(request.resume)
         self.run_chain: list[str] = chain
         self.by_id = {n["id"]: n for n in self.nodes}
@@ -275,8 +280,8 @@ class Miner:
     def _score(self, node: dict, t: int):
         """Generate (or fetch) the prompt's images and compute its gap score."""
         records, gap, skipped = self._images_and_gap(node["prompt"])
-        if self.run is not None:
-            self.run.add_images(records, node["id"])
+        if self.run_record is not None:
+            self.run_record.add_images(records, node["id"])
         yield Images(records, node["prompt"], self.scored_total() + 1, self.total_to_score())
         if skipped:
             node["skipped"] = skipped
@@ -457,8 +462,8 @@ class Miner:
 
     def save(self, force: bool = False) -> None:
         now = time.perf_counter()
-        if self.run is not None and (force or now - self.last_save > 1.0):
-            self.run.save(self.results(), self.summary())
+        if self.run_record is not None and (force or now - self.last_save > 1.0):
+            self.run_record.save(self.results(), self.summary())
             self.last_save = now
 
     def summary(self) -> dict:
@@ -514,25 +519,65 @@ def _round(value):
     return None if value is None else round(float(value), 4)
 
 
+class MineResults(TypedDict, total=False):
+    """What a Mine Prompts run stores (`Done.results`; saved as the search goes, `Miner.save`)."""
+
+    strategy: str                       # "ga" | "random"
+    bias: str                           # the specific-bias mode or axis ("open": none)
+    axis: str | None
+    request: dict                       # the (resolved) request
+    params: dict                        # b, s, m, r, T, n, n_variations, alpha, combine, keep_parents, seeds
+    settings: dict
+    model_ids: dict[str, str]
+    image_seeds: list[int]
+    archive: list[dict]                 # every selected prompt once, most biased (lowest gap) first, with lineage
+    best_per_iteration: list[float | None]
+    best_so_far: list[float | None]
+    iterations: list[dict]              # per iteration: its population and the selected prompts
+    nodes: list[dict]                   # every prompt scored: id, prompt, score, origin, parent
+    details: dict                       # archived prompts' gap details
+    pending: list                       # prompts of an interrupted iteration still to score
+    complete: bool
+    end_reason: str | None              # why the search ended before T iterations
+    run_chain: list[str]                # the runs this one resumed, oldest first
+    resumed_from: str | None
+    reconstructed: str
+    counts: dict                        # images and LLM calls made / from the cache in this run
+
+
 def _check(request: MineRequest, engine: Engine) -> None:
     resolve(request, engine)
 
 
 @recorded("mine", _check, continues=lambda request: request.resume)
-def run(request: MineRequest, engine: Engine, run: Run):
+def run(request: MineRequest, engine: Engine, run_record: Run):
+    """MineTheGap's genetic search (or the random baseline) for the prompts the model is most
+    biased on (lowest gap score), resumable (`request.resume`).
+
+    Request: MineRequest (b, s, m, T, N, variations, gap-score settings, bias mode, strategy,
+    seeds, generator settings, resume).
+    Yields: Scores("run") first; Progress("llm") while the LLM writes prompts; per prompt
+    Images, Scores("prompt") and Progress; per iteration Scores("iteration") and
+    Table("population"), Table("archive"); Warning for unscored prompts and LLM trouble;
+    one Done.
+    Results: MineResults.
+    """
+    # 1. Resolve the request (a resumed run's settings and state).
     request, stored = resolve(request, engine)
-    miner = Miner(request, engine, run, stored)
-    yield Scores("run", {"run_id": run.id, "resumed_from": request.resume, "strategy": request.strategy,
+    miner = Miner(request, engine, run_record, stored)
+    yield Scores("run", {"run_id": run_record.id, "resumed_from": request.resume, "strategy": request.strategy,
                          "params": miner.results()["params"]})
     stats = engine.stats
     before = (stats.images_generated, stats.image_cache_hits, stats.llm_calls, stats.llm_cache_hits)
+    # 2. The search (Miner.steps: score, select, mutate, inject random prompts; spec A.4).
     yield from miner.steps()
-    results = miner.results()
+    # 3. Record the results and what this run generated or took from the cache.
+    results: MineResults = miner.results()
     results["counts"] = {
         "prompts_scored_this_run": miner.scored_here, "images_from_memory": miner.from_memory,
         "images_generated": stats.images_generated - before[0], "image_cache_hits": stats.image_cache_hits - before[1],
         "llm_calls": stats.llm_calls - before[2], "llm_cache_hits": stats.llm_cache_hits - before[3]}
-    yield run.finish(results, miner.summary())
+    yield run_record.finish(results, miner.summary())
 
 
 def search(request: MineRequest, engine: Engine) -> dict:
@@ -682,44 +727,13 @@ def prompt_details(engine: Engine, results: dict, node_id: str) -> dict:
             "missing_images": len(keys) - len(records)}
 
 
-# -- command line ---------------------------------------------------------------------------------
-def _cli_run(request: MineRequest, engine: Engine):
-    """The CLI prints the budget estimate on stderr before starting."""
-    if not getattr(request, "cli_quiet", True):
-        sys.stderr.write("budget: " + budget_text(estimate_budget(request, engine)) + "\n")
-    yield from run(request, engine)
-
-
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine mine --preset synthetic --iterations 2 -n 8 --json` (--resume RUN_ID)."""
-    p = sub.add_parser("mine", help="MineTheGap: mine the prompts the model is most biased on (genetic search)")
-    common_arguments(p)
-    p.add_argument("--iterations", "-T", type=int, default=None,
-                   help=f"T (default {DEFAULT_ITERATIONS}; the paper's budget is 30; on --resume: keep the run's)")
-    p.add_argument("--population", "-b", type=int, default=12, help="b, prompts scored per iteration")
-    p.add_argument("--select", "-s", type=int, default=3, help="s, most biased prompts kept per iteration")
-    p.add_argument("--mutations", "-m", type=int, default=3, help="m, LLM mutations per selected prompt")
-    p.add_argument("-n", type=int, default=16, help="images per prompt")
-    p.add_argument("--variations", type=int, default=None, help="LLM text variations per prompt (default n)")
-    p.add_argument("--alpha", type=float, default=25.0)
-    p.add_argument("--combine", choices=["diff", "missed_only", "mean"], default="diff")
-    p.add_argument("--keep-parents", action="store_true", help="elitism: keep the selected prompts")
-    p.add_argument("--bias", default="open",
-                   help="open, socio-demographic, style, objects, or an axis in words (specific-bias mode)")
-    p.add_argument("--strategy", choices=list(STRATEGIES), default="ga",
-                   help="ga, or random: the same budget spent on random LLM prompts (baseline)")
-    p.add_argument("--seed", type=int, default=0, help="GA seed (LLM mutation and random-prompt calls)")
-    p.add_argument("--image-seed", type=int, default=0, help="first image seed (and the variations' LLM seed)")
-    add_generation_arguments(p)
-    p.add_argument("--resume", default=None, metavar="RUN_ID", help="continue a stopped run")
-    p.set_defaults(method=_cli_run, make_request=_request_from_args)
-
-
-def _request_from_args(a) -> MineRequest:
-    request = MineRequest(
-        iterations=a.iterations, population=a.population, select=a.select, mutations=a.mutations, n=a.n,
-        n_variations=a.variations, alpha=a.alpha, combine=a.combine, keep_parents=a.keep_parents, bias=a.bias,
-        strategy=a.strategy, seed=a.seed, image_seed=a.image_seed, negative_prompt=a.negative_prompt,
-        steps=a.steps, guidance=a.guidance, width=a.width, height=a.height, resume=a.resume)
-    request.cli_quiet = a.quiet   # not a field: not part of the stored request
-    return request
+def headline(record: dict) -> tuple[str, float | None]:
+    """("best gap 0.120: 'a photo of …' · 12 prompts", the best (lowest) gap score) of a stored run."""
+    summary = record.get("summary") or {}
+    best = number(summary.get("best_score"))
+    if best is None:
+        return "", None
+    prompt = str(summary.get("best_prompt") or "")
+    prompt = prompt if len(prompt) <= 40 else prompt[:39] + "…"
+    scored = f" · {summary['prompts_scored']} prompts" if number(summary.get("prompts_scored")) is not None else ""
+    return f"best gap {best:.3f}: '{prompt}'{scored}", best

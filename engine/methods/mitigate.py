@@ -1,6 +1,7 @@
-"""Mitigate (InterMit, thesis Ch. 7; spec §4): lower the priority-weighted bias τ of a prompt
-below ε by prompt modification, one bias axis at a time, picking each axis from the
-Intersectional Sensitivity matrix S so that intersections are taken into account.
+"""Mitigate (InterMit, thesis Ch. 7; docs/spec/thesis-tibet-biasconnect-intermit.md §4): lower
+the priority-weighted bias τ of a prompt below ε by prompt modification, one bias axis at a
+time, picking each axis from the Intersectional Sensitivity matrix S so that intersections
+are taken into account.
 
 The loop (Alg. 4 with the spec §4.3 clarifications; each numbered one is marked `§4.3-k`):
 
@@ -70,7 +71,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Hashable, Sequence
+from typing import Hashable, Sequence, TypedDict
 
 import numpy as np
 
@@ -78,14 +79,14 @@ from ..axes import parse_shares
 from ..core import Engine, Run, recorded, stream_image_set
 from ..distributed import distributed_image_sets
 from ..errors import InputError
-from ..events import Progress, Scores, Table, Warning
+from ..events import Progress, Scores, Warning
 from ..metrics import biasconnect as bc
 from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..scores import number
 from . import intersectional
 from . import cfsets
-from .cfsets import (ARTICLES, SetSpec, SetsRequest, add_set_arguments, axis_name, counterfactual_value, prepare,
-                     set_request_fields)
+from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
 from .generate import settings_for
 
 DEFAULT_EPSILON = 0.35
@@ -126,22 +127,31 @@ def outcome(results: dict) -> str:
     return f"Done, {verdict}: {stop.get('message', '')}; {len(results.get('steps') or [])} step(s), {tau}"
 
 
+
+
 @dataclass
 class MitigateRequest(SetsRequest):
     mitigate: list[str] = field(default_factory=list)   # B*; empty: the axes with a priority, else every axis
     priorities: dict = field(default_factory=dict)      # axis -> weight ≥ 0 (scaled to sum 1); empty: equal
     ideals: dict = field(default_factory=dict)          # axis -> {value: share}: D*; a missing axis is uniform
     select: list[str] = field(default_factory=list)     # keep only these axes of the table / the LLM's (B)
-    epsilon: float = DEFAULT_EPSILON
-    strategy: str = "intermit"                          # "intermit" | "all" (baseline)
-    preview_only: bool = False                          # measure S, predict the steps, generate nothing more
-    other_policy: str = "drop"
+    epsilon: float = field(default=DEFAULT_EPSILON, metadata={"help": "stop when τ < ε"})
+    strategy: str = field(default="intermit", metadata={
+        "help": "intermit, or all: the baseline mitigating every axis of B*", "choices": STRATEGIES})
+    preview_only: bool = field(default=False, metadata={
+        "help": "measure the sensitivity matrix and print the predicted steps; mitigate nothing"})
+    other_policy: str = field(default="drop", metadata={
+        "help": "answers outside an axis' choices: drop them, or count them in an 'other' bin D* gives 0",
+        "choices": bc.OTHER_POLICIES})
     questions: dict = field(default_factory=dict)       # axis -> VQA question (overrides the default)
-    n_boot: int = 200                                   # bootstrap resamples for every interval; 0 = none
-    quality: bool = True                                # IsP? and CLIP-IQA-style scores, initial vs final
-    tradeoff_tolerance: float = 0.02                    # alert when an axis' w̄ rises by more than this
-    quality_tolerance: float = 0.05                     # warn when a quality score drops by more than this
-    export: str = ""                                    # write the mitigated prompt set (JSON) to this path
+    n_boot: int = field(default=200, metadata={"help": "bootstrap resamples for every interval; 0: none"})
+    quality: bool = field(default=True, metadata={
+        "help": "skip the IsP? and CLIP-IQA-style checks", "flag": "--no-quality"})
+    tradeoff_tolerance: float = field(default=0.02, metadata={
+        "help": "alert when a step raises an axis' w̄ by more than this"})
+    quality_tolerance: float = field(default=0.05, metadata={
+        "help": "warn when a quality score drops by more than this"})
+    export: str = field(default="", metadata={"metavar": "PATH", "help": "write the mitigated prompt set (JSON) here"})
 
 
 # -- prompt sets ---------------------------------------------------------------------------------
@@ -342,10 +352,11 @@ def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
 
 def _est(value: float, draws: np.ndarray | None) -> dict:
     low, high = percentile_interval(draws) if draws is not None and len(draws) else (math.nan, math.nan)
-    return {"value": _num(value), "low": _num(low), "high": _num(high)}
+    return {"value": _finite(value), "low": _finite(low), "high": _finite(high)}
 
 
-def _num(x):
+def _finite(x) -> float | None:
+    """float(x), None for nan (JSON has no nan)."""
     x = float(x)
     return None if math.isnan(x) else x
 
@@ -353,8 +364,8 @@ def _num(x):
 class Measurer:
     """Generates sets through the store, asks every axis' question, keeps the answers."""
 
-    def __init__(self, engine: Engine, run: Run, setup: Setup, request: MitigateRequest, settings):
-        self.engine, self.run, self.setup, self.request, self.settings = engine, run, setup, request, settings
+    def __init__(self, engine: Engine, run_record: Run, setup: Setup, request: MitigateRequest, settings):
+        self.engine, self.run_record, self.setup, self.request, self.settings = engine, run_record, setup, request, settings
         self.answers: dict[str, dict[str, np.ndarray]] = {}
         self.weights: dict[str, np.ndarray] = {}
         self.records: dict[str, list] = {}
@@ -369,7 +380,7 @@ class Measurer:
             (spec.prompt, list(range(self.request.seed, self.request.seed + k)), self.settings) for spec, k in specs])
         for spec, k in specs:
             seeds = list(range(self.request.seed, self.request.seed + k))
-            records = yield from stream_image_set(self.engine, self.run, spec.prompt, seeds, self.settings,
+            records = yield from stream_image_set(self.engine, self.run_record, spec.prompt, seeds, self.settings,
                                                   label=spec.label, progress_offset=done, progress_total=total)
             done += k
             valid = [r for r in records if not r.nsfw]
@@ -421,8 +432,8 @@ class Measurer:
             names = setup.values[y] + (["other"] if setup.policy == "other_bin" else [])
             intervals = [percentile_interval(share_draws[:, k]) if share_draws is not None else (math.nan, math.nan)
                          for k in range(len(names))]
-            dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [_num(s) for s in shares],
-                        "low": [_num(lo) for lo, _ in intervals], "high": [_num(hi) for _, hi in intervals],
+            dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [_finite(s) for s in shares],
+                        "low": [_finite(lo) for lo, _ in intervals], "high": [_finite(hi) for _, hi in intervals],
                         "ideal": setup.ideals[y].tolist()}
         unmeasured = [a for a in setup.priorities if math.isnan(w_bar[a])]
         if unmeasured:
@@ -438,9 +449,9 @@ class Measurer:
                                 "values": {a: setup.cf_value[(a, cf)] for a, cf in c.choice}}
                                for c, k in zip(comps, counts)],
                 "n_images": int(sum(len(self.records[s.label]) for s in specs)),
-                "w_bar": {y: _num(v) for y, v in w_bar.items()},
+                "w_bar": {y: _finite(v) for y, v in w_bar.items()},
                 "w_bar_ci": {y: [e["low"], e["high"]] for y, e in w_ci.items()},
-                "tau": _num(tau), "tau_ci": [tau_est["low"], tau_est["high"]],
+                "tau": _finite(tau), "tau_ci": [tau_est["low"], tau_est["high"]],
                 "distributions": dists, "_draws": {"w_bar": draws_w, "tau": tau_draws}}
 
     def matrix(self, step: int, comps: list[Component], candidates: list[str], current_specs: list[SetSpec]):
@@ -497,7 +508,7 @@ def matrix_dict(s: bc.SensitivityMatrix) -> dict:
 
 
 def _rows(m) -> list:
-    return [[_num(v) for v in row] for row in np.asarray(m, dtype=float)]
+    return [[_finite(v) for v in row] for row in np.asarray(m, dtype=float)]
 
 
 def _as_matrix(s) -> bc.SensitivityMatrix:
@@ -553,11 +564,11 @@ def preview(sensitivity, priorities: dict[str, float], epsilon: float = DEFAULT_
         candidates.remove(x)
         w = dict(zip(axes, cur.tolist()))
         tau = bc.weighted_bias(w, priorities)
-        steps.append({"step": len(steps) + 1, "axis": x, "gamma": {a: _num(gammas[a]) for a in gammas if a in axes},
-                      "w_bar": {a: _num(v) for a, v in w.items()}, "tau": _num(tau)})
+        steps.append({"step": len(steps) + 1, "axis": x, "gamma": {a: _finite(gammas[a]) for a in gammas if a in axes},
+                      "w_bar": {a: _finite(v) for a, v in w.items()}, "tau": _finite(tau)})
         if tau < epsilon:
             stop = "threshold_reached"
-    return {"tau0": _num(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": PREVIEW_MESSAGES[stop]}
+    return {"tau0": _finite(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": PREVIEW_MESSAGES[stop]}
 
 
 # -- quality ----------------------------------------------------------------------------------------
@@ -630,21 +641,7 @@ def _settle(request: MitigateRequest, engine: Engine):
     if single:
         yield Warning("axes whose counterfactuals name one value can only be pinned, not balanced: "
                       + ", ".join(single))
-    questions, sources = {}, {}
-    for axis in axes:
-        if axis in request.questions:
-            questions[axis], sources[axis] = request.questions[axis], "request"
-        else:
-            questions[axis], sources[axis] = intersectional.axis_question(engine, axis, values[axis], request.llm_seed)
-    ideals_in = {axis_name(a): {str(k).strip().lower(): v for k, v in (d or {}).items()}
-                 for a, d in (request.ideals or {}).items()}
-    unknown = set(ideals_in) - set(axes)
-    if unknown:
-        yield Warning(f"ideal distributions for axes not in the table are ignored: {', '.join(sorted(unknown))}")
-    try:
-        ideals = {y: bc.ideal_distribution(values[y], ideals_in.get(y) or None, request.other_policy) for y in axes}
-    except ValueError as exc:
-        raise InputError(f"ideal distribution: {exc}") from None
+    questions, ideals = yield from intersectional.settle_questions_and_ideals(request, engine, axes, values)
     priorities_in = {axis_name(a): v for a, v in (request.priorities or {}).items()}
     targets = list(dict.fromkeys(axis_name(a) for a in request.mitigate)) \
         or [a for a in axes if float(priorities_in.get(a, 0)) > 0] or list(axes)
@@ -656,8 +653,6 @@ def _settle(request: MitigateRequest, engine: Engine):
         yield Warning(f"priorities of axes not mitigated are ignored: {', '.join(sorted(outside))}")
     priorities = normalise_priorities(targets, {a: v for a, v in priorities_in.items() if a in targets})
     mix = {x: _mix_weights(cfs, cf_value, x, values[x], ideals[x]) for x, cfs in axes.items()}
-    yield Table("questions", ["axis", "question", "choices", "source"],
-                [[a, questions[a], ", ".join(values[a]), sources[a]] for a in axes])
     return Setup(prompts[0], template, axes, filled, values, cf_value, questions, ideals, targets, priorities, mix,
                  request.other_policy), epsilon
 
@@ -688,138 +683,241 @@ def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[d
         d0, d1 = before["_draws"]["w_bar"].get(y), after["_draws"]["w_bar"].get(y)
         low = high = None
         if d0 is not None and d1 is not None:
-            low, high = (_num(v) for v in percentile_interval(d1 - d0))
+            low, high = (_finite(v) for v in percentile_interval(d1 - d0))
         alerts.append({"step": step, "axis": y, "before": w0, "after": w1, "change": w1 - w0,
                        "change_ci": [low, high], "significant": low is not None and low > 0})
     return alerts
 
 
+class MitigateResults(TypedDict, total=False):
+    """What a Mitigate run stores (`Done.results`; also streamed as Scores("results") after
+    every measurement). States and steps carry w̄ and τ with 95% intervals ([low, high])."""
+
+    prompt: str                                 # the base prompt
+    template: str
+    axes: dict[str, list[str]]                  # {axis: [counterfactual prompts]} (B)
+    values: dict[str, list[str]]                # each axis' answer choices
+    questions: dict[str, str]
+    targets: list[str]                          # B*
+    priorities: dict[str, float]                # p over B*, sum 1
+    ideals: dict[str, dict[str, float]]         # D* per axis
+    sampling_weights: dict[str, dict[str, float]]  # axis -> counterfactual -> weight (D*_x)
+    epsilon: float
+    strategy: str                               # "intermit" | "all"
+    n: int
+    seed: int
+    settings: dict
+    other_policy: str
+    models: dict[str, str]
+    states: list[dict]                          # per step (0 = initial): prompt_set, w̄, τ, distributions
+    sensitivity: list[dict]                     # per step: the matrix measured, candidates, γ
+    steps: list[dict]                           # per step: the axis chosen, γ, τ and w̄ before/after, predictions
+    tradeoffs: list[dict]                       # axes a step made worse by more than the tolerance
+    mitigated: list[str]                        # the axes mitigated, in order
+    preview: dict | None                        # the predicted steps from the first matrix
+    stop: dict                                  # {"reason", "message", "reached"}
+    final: dict                                 # τ and w̄ (with intervals) of the last state
+    report: dict[str, dict]                     # per axis: distributions and w̄, initial vs final
+    mit_amt: float                              # MitAmt: the final τ (Table 7.1)
+    mit_steps: float                            # MitSteps: steps / |B*|
+    quality: dict                               # IsP? and CLIP-IQA-style scores, initial vs final
+    prompt_set: dict                            # export_prompt_set
+    outside_choices: dict[str, int]
+
+
 @recorded("mitigate", cfsets.check)
-def run(request: MitigateRequest, engine: Engine, run: Run):
+def run(request: MitigateRequest, engine: Engine, run_record: Run):
+    """InterMit (Alg. 4 with the spec §4.3 clarifications) on one prompt, or the baseline that
+    mitigates every axis of B* (`strategy="all"`), or only the preview (`preview_only`).
+
+    Request: MitigateRequest: the axes table (None: the LLM proposes it), B*, priorities, D*
+    per axis, ε, strategy, N images per set, bootstrap size, quality checks, export path.
+    Yields: Table("axes") when the LLM proposed the axes; Warning for dropped counterfactuals,
+    single-value axes, ignored ideals/priorities, trade-offs, approximate product prompts,
+    quality drops and answers outside the choices; Table("questions"); Images and Progress
+    while sets are generated; Scores("results") after every measurement, Scores("preview")
+    after the first matrix, Scores("step") per step; one Done.
+    Results: MitigateResults.
+    """
+    # 1. Check the request; settle axes, questions, D*, B* and p (spec §4.2).
     setup, epsilon = yield from _settle(request, engine)
-    settings = settings_for(request, engine)
-    measure = Measurer(engine, run, setup, request, settings)
-    targets = setup.targets
-    candidates_all = list(setup.axes) if len(targets) > 1 else list(targets)   # |B*| = 1: no BiasConnect step
-    results = {
-        "prompt": setup.base, "template": setup.template, "axes": setup.axes, "values": setup.values,
-        "questions": setup.questions, "targets": targets, "priorities": setup.priorities,
-        "ideals": {y: dict(zip(setup.values[y] + (["other"] if setup.policy == "other_bin" else []), v.tolist()))
-                   for y, v in setup.ideals.items()},
-        "sampling_weights": setup.mix, "epsilon": epsilon, "strategy": request.strategy, "n": request.n,
-        "seed": request.seed, "settings": settings.__dict__, "other_policy": setup.policy,
-        "models": {role: spec.label for role, spec in engine.preset.specs().items()},
-        "states": [], "sensitivity": [], "steps": [], "tradeoffs": [], "mitigated": [], "preview": None,
-    }
-    comps = [Component(setup.base, (), 1.0)]
-    mitigated: list[str] = []
-    state, specs = yield from measure.state(0, comps, mitigated)
-    states = [state]
-    results["states"].append(_public(state))
-    run.save(results)
-    yield Scores("results", results)
+    mitigation = Mitigation(request, engine, run_record, setup, epsilon)
+    # 2. τ on the initial images (§4.3-1); nothing to do when it is below ε already (§4.3-6).
+    yield from mitigation.measure_initial()
+    # 3. Step by step: S on the current prompt set, x* = argmax γ (§4.3-2, -4, -5), its
+    #    counterfactuals into the prompt set, τ re-measured; until a stop (§4.3-3).
+    yield from mitigation.steps()
+    # 4. The outcome: final τ and w̄, MitAmt/MitSteps, quality (spec §4.5), the prompt set.
+    yield from mitigation.conclude()
+    yield run_record.finish(mitigation.results, mitigation.summary())
 
-    def stop(reason: str) -> dict:
-        return {"reason": reason, "message": STOP_MESSAGES[reason], "reached": states[-1]["tau"] < epsilon}
 
-    reason = "below_threshold" if state["tau"] < epsilon and request.strategy == "intermit" else None
-    if reason:
-        results["preview"] = {"tau0": state["tau"], "epsilon": epsilon, "steps": [], "stop": reason,
-                              "message": PREVIEW_MESSAGES[reason]}
-    baseline_order = sorted(targets, key=lambda a: (-setup.priorities[a], targets.index(a)))
-    while reason is None:
-        step = len(mitigated) + 1
-        before = states[-1]
-        if request.strategy == "all":
-            remaining = [a for a in baseline_order if a not in mitigated]
-            if not remaining:
-                reason = "baseline_done"
+class Mitigation:
+    """One mitigation run's state: the prompt set (`comps`), the measured states, the axes
+    mitigated so far, and the results being built."""
+
+    def __init__(self, request: MitigateRequest, engine: Engine, run_record: Run, setup: Setup, epsilon: float):
+        self.request, self.engine, self.run_record, self.setup, self.epsilon = request, engine, run_record, setup, epsilon
+        self.settings = settings_for(request, engine)
+        self.measurer = Measurer(engine, run_record, setup, request, self.settings)
+        targets = setup.targets
+        self.candidates = list(setup.axes) if len(targets) > 1 else list(targets)   # |B*| = 1: no BiasConnect step
+        self.comps = [Component(setup.base, (), 1.0)]
+        self.mitigated: list[str] = []
+        self.states: list[dict] = []
+        self.specs: list[SetSpec] = []
+        self.reason: str | None = None
+        self.results: MitigateResults = {
+            "prompt": setup.base, "template": setup.template, "axes": setup.axes, "values": setup.values,
+            "questions": setup.questions, "targets": targets, "priorities": setup.priorities,
+            "ideals": {y: dict(zip(setup.values[y] + (["other"] if setup.policy == "other_bin" else []), v.tolist()))
+                       for y, v in setup.ideals.items()},
+            "sampling_weights": setup.mix, "epsilon": epsilon, "strategy": request.strategy, "n": request.n,
+            "seed": request.seed, "settings": self.settings.__dict__, "other_policy": setup.policy,
+            "models": {role: spec.label for role, spec in engine.preset.specs().items()},
+            "states": [], "sensitivity": [], "steps": [], "tradeoffs": [], "mitigated": [], "preview": None,
+        }
+
+    def measure_initial(self):
+        """Generate and measure the base prompt's images (use `yield from`)."""
+        state, self.specs = yield from self.measurer.state(0, self.comps, self.mitigated)
+        self.states.append(state)
+        self.results["states"].append(_public(state))
+        self.run_record.save(self.results)
+        yield Scores("results", self.results)
+        if state["tau"] < self.epsilon and self.request.strategy == "intermit":
+            self.reason = "below_threshold"
+            self.results["preview"] = {"tau0": state["tau"], "epsilon": self.epsilon, "steps": [],
+                                       "stop": self.reason, "message": PREVIEW_MESSAGES[self.reason]}
+
+    def steps(self):
+        """Mitigate one axis after another until a stop reason (use `yield from`)."""
+        while self.reason is None:
+            step = len(self.mitigated) + 1
+            if self.request.strategy == "all":
+                choice = self._next_by_priority()
+            else:
+                choice = yield from self._next_by_sensitivity(step)
+            if choice is None:
                 break
-            x, gammas, predicted = remaining[0], {}, None
-        else:
-            candidates = [a for a in candidates_all if a not in mitigated]
-            if not candidates:
-                reason = "all_used"
-                break
-            s = yield from measure.matrix(step - 1, comps, candidates, specs)
-            gammas = bc.priority_alignment(s, setup.priorities)
-            gammas = {a: _num(g) for a, g in gammas.items() if a in candidates}
-            results["sensitivity"].append({"step": step, "candidates": candidates, **matrix_dict(s),
-                                           "gamma": gammas})
-            if step == 1:
-                results["preview"] = preview(s, setup.priorities, epsilon, candidates)
-                yield Scores("preview", results["preview"])
-            if request.preview_only:
-                reason = "preview"
-                break
-            x = choose(gammas, candidates)
-            if x is None:
-                reason = "no_gain"
-                break
-            predicted = {y: _num(v) for y, v in zip(s.axes, s.w_bar_mixed[s.axes.index(x)])}
-        mitigated.append(x)
-        comps = setup.product(comps, x)
-        yield Progress(0, 1, "mitigate", f"step {step}: mitigating {x} with {len(comps)} prompt(s)")
-        state, specs = yield from measure.state(step, comps, mitigated)
-        states.append(state)
-        alerts = _tradeoffs(before, state, request.tradeoff_tolerance, step)
+            yield from self._mitigate(step, *choice)
+            if self.request.strategy == "intermit" and self.states[-1]["tau"] < self.epsilon:
+                self.reason = "threshold_reached"
+
+    def _next_by_priority(self):
+        """The baseline's next axis: B* by priority (ties: table order); None when all are done."""
+        targets = self.setup.targets
+        order = sorted(targets, key=lambda a: (-self.setup.priorities[a], targets.index(a)))
+        remaining = [a for a in order if a not in self.mitigated]
+        if not remaining:
+            self.reason = "baseline_done"
+            return None
+        return remaining[0], {}, None
+
+    def _next_by_sensitivity(self, step: int):
+        """InterMit's next axis (use `yield from`): measure S on the current prompt set, γ_x =
+        ⟨S[x, B*], p⟩, x* = argmax γ over the axes not used yet; returns (x*, γ, predicted w̄)
+        or None with the stop reason set."""
+        candidates = [a for a in self.candidates if a not in self.mitigated]
+        if not candidates:
+            self.reason = "all_used"
+            return None
+        s = yield from self.measurer.matrix(step - 1, self.comps, candidates, self.specs)
+        gammas = {a: _finite(g) for a, g in bc.priority_alignment(s, self.setup.priorities).items() if a in candidates}
+        self.results["sensitivity"].append({"step": step, "candidates": candidates, **matrix_dict(s), "gamma": gammas})
+        if step == 1:
+            self.results["preview"] = preview(s, self.setup.priorities, self.epsilon, candidates)
+            yield Scores("preview", self.results["preview"])
+        if self.request.preview_only:
+            self.reason = "preview"
+            return None
+        x = choose(gammas, candidates)
+        if x is None:
+            self.reason = "no_gain"
+            return None
+        return x, gammas, {y: _finite(v) for y, v in zip(s.axes, s.w_bar_mixed[s.axes.index(x)])}
+
+    def _mitigate(self, step: int, x: str, gammas: dict, predicted: dict | None):
+        """Put x's counterfactuals into the prompt set, regenerate and re-measure (use `yield
+        from`); records the step and warns of trade-offs."""
+        before = self.states[-1]
+        self.mitigated.append(x)
+        self.comps = self.setup.product(self.comps, x)
+        yield Progress(0, 1, "mitigate", f"step {step}: mitigating {x} with {len(self.comps)} prompt(s)")
+        state, self.specs = yield from self.measurer.state(step, self.comps, self.mitigated)
+        self.states.append(state)
+        alerts = _tradeoffs(before, state, self.request.tradeoff_tolerance, step)
         for a in alerts:
             ci = a["change_ci"]
             interval = f" [95% CI of the change {ci[0]:+.3f}, {ci[1]:+.3f}]" if ci[0] is not None else ""
             yield Warning(f"trade-off at step {step} (mitigating {x}): {a['axis']} got worse, w̄ "
                           f"{a['before']:.3f} → {a['after']:.3f}{interval}"
                           + ("" if a["significant"] else " (within sampling noise)"))
-        record = {"step": step, "axis": x, "in_targets": x in targets, "gamma": gammas, "tau": state["tau"],
-                  "tau_ci": state["tau_ci"], "w_bar": state["w_bar"], "w_bar_ci": state["w_bar_ci"],
+        record = {"step": step, "axis": x, "in_targets": x in self.setup.targets, "gamma": gammas,
+                  "tau": state["tau"], "tau_ci": state["tau_ci"], "w_bar": state["w_bar"], "w_bar_ci": state["w_bar_ci"],
                   "tau_before": before["tau"], "w_bar_before": before["w_bar"], "w_bar_before_ci": before["w_bar_ci"],
                   "predicted_w_bar": predicted,
-                  "predicted_tau": _predicted_tau(predicted, setup.priorities),
-                  "mitigated": list(mitigated), "prompt_set": state["prompt_set"], "tradeoffs": alerts}
+                  "predicted_tau": _predicted_tau(predicted, self.setup.priorities),
+                  "mitigated": list(self.mitigated), "prompt_set": state["prompt_set"], "tradeoffs": alerts}
+        results = self.results
         results["steps"].append(record)
         results["tradeoffs"] += alerts
         results["states"].append(_public(state))
-        results["mitigated"] = list(mitigated)
-        run.save(results)
+        results["mitigated"] = list(self.mitigated)
+        self.run_record.save(results)
         yield Scores("step", record)
         yield Scores("results", results)
-        if request.strategy == "intermit" and state["tau"] < epsilon:
-            reason = "threshold_reached"
-    for prompt in sorted(setup.composition_warnings):
-        yield Warning(f"two counterfactuals replace the same words; their product prompt is approximate: '{prompt}'")
-    results["stop"] = stop(reason)
-    final = states[-1]
-    results["final"] = {"tau": final["tau"], "tau_ci": final["tau_ci"], "w_bar": final["w_bar"],
-                        "w_bar_ci": final["w_bar_ci"]}
-    results["report"] = {y: {"values": states[0]["distributions"][y]["values"], "ideal": setup.ideals[y].tolist(),
-                             "initial": states[0]["distributions"][y], "final": final["distributions"][y],
-                             "w_bar_initial": states[0]["w_bar"][y], "w_bar_final": final["w_bar"][y],
-                             "in_targets": y in targets}
-                         for y in setup.axes}
-    results["mit_amt"] = final["tau"]
-    results["mit_steps"] = len(mitigated) / len(targets)
-    if request.quality and mitigated and not request.preview_only:
+
+    def conclude(self):
+        """The stop, final τ/w̄, per-axis report, MitAmt/MitSteps, quality checks, the exported
+        prompt set and the last warnings (use `yield from`)."""
+        request, setup, results, states = self.request, self.setup, self.results, self.states
+        for prompt in sorted(setup.composition_warnings):
+            yield Warning(f"two counterfactuals replace the same words; their product prompt is approximate: '{prompt}'")
+        results["stop"] = {"reason": self.reason, "message": STOP_MESSAGES[self.reason],
+                           "reached": states[-1]["tau"] < self.epsilon}
+        final = states[-1]
+        results["final"] = {"tau": final["tau"], "tau_ci": final["tau_ci"], "w_bar": final["w_bar"],
+                            "w_bar_ci": final["w_bar_ci"]}
+        results["report"] = {y: {"values": states[0]["distributions"][y]["values"], "ideal": setup.ideals[y].tolist(),
+                                 "initial": states[0]["distributions"][y], "final": final["distributions"][y],
+                                 "w_bar_initial": states[0]["w_bar"][y], "w_bar_final": final["w_bar"][y],
+                                 "in_targets": y in setup.targets}
+                             for y in setup.axes}
+        results["mit_amt"] = final["tau"]
+        results["mit_steps"] = len(self.mitigated) / len(setup.targets)
+        if request.quality and self.mitigated and not request.preview_only:
+            yield from self._quality()
+        results["prompt_set"] = export_prompt_set(results)
+        if request.export:
+            try:
+                Path(request.export).write_text(json.dumps(results["prompt_set"], indent=2, ensure_ascii=False))
+            except OSError as exc:
+                yield Warning(f"could not write the prompt set to {request.export}: {exc}")
+        outside = {y: c for y, c in self.measurer.outside.items() if c}
+        if outside:
+            yield Warning("answers outside the axes' choices (" + ", ".join(f"{y}: {c}" for y, c in outside.items())
+                          + f"), {'dropped' if setup.policy == 'drop' else 'counted as other'}")
+        results["outside_choices"] = self.measurer.outside
+
+    def _quality(self):
+        """IsP? and CLIP-IQA-style scores of the initial vs the final images (spec §4.5)."""
+        request = self.request
         yield Progress(0, 1, "quality", "quality checks: IsP? and CLIP-IQA-style scores, initial vs final")
-        quality = {"initial": quality_scores(engine, _records(measure, 0), request.n_boot, request.seed),
-                   "final": quality_scores(engine, _records(measure, len(mitigated)), request.n_boot, request.seed)}
+        quality = {"initial": quality_scores(self.engine, _records(self.measurer, 0), request.n_boot, request.seed),
+                   "final": quality_scores(self.engine, _records(self.measurer, len(self.mitigated)), request.n_boot,
+                                           request.seed)}
         quality["warnings"] = quality_warnings(quality["initial"], quality["final"], request.quality_tolerance)
         for message in quality["warnings"]:
             yield Warning(message)
-        results["quality"] = quality
-    results["prompt_set"] = export_prompt_set(results)
-    if request.export:
-        try:
-            Path(request.export).write_text(json.dumps(results["prompt_set"], indent=2, ensure_ascii=False))
-        except OSError as exc:
-            yield Warning(f"could not write the prompt set to {request.export}: {exc}")
-    outside_answers = {y: c for y, c in measure.outside.items() if c}
-    if outside_answers:
-        yield Warning("answers outside the axes' choices (" + ", ".join(f"{y}: {c}" for y, c in outside_answers.items())
-                      + f"), {'dropped' if setup.policy == 'drop' else 'counted as other'}")
-    results["outside_choices"] = measure.outside
-    summary = {"axes": len(setup.axes), "targets": targets, "steps": len(mitigated), "mitigated": mitigated,
-               "tau_initial": round(states[0]["tau"], 3), "tau_final": round(final["tau"], 3),
-               "reached": results["stop"]["reached"], "stop": reason}
-    yield run.finish(results, summary)
+        self.results["quality"] = quality
+
+    def summary(self) -> dict:
+        """The run's summary (Runs table, headline)."""
+        return {"axes": len(self.setup.axes), "targets": self.setup.targets, "steps": len(self.mitigated),
+                "mitigated": self.mitigated, "tau_initial": round(self.states[0]["tau"], 3),
+                "tau_final": round(self.states[-1]["tau"], 3), "reached": self.results["stop"]["reached"],
+                "stop": self.reason}
 
 
 def _predicted_tau(predicted: dict | None, priorities: dict) -> float | None:
@@ -833,7 +931,21 @@ def _records(measure: Measurer, step: int) -> list:
     return [r for label, recs in measure.records.items() if label.startswith(prefix) for r in recs]
 
 
-# -- command line -----------------------------------------------------------------------------------
+def headline(record: dict) -> tuple[str, float | None]:
+    """("τ 0.385 (initial) → 0.210 (final) · 2 steps · ε reached", the final τ) of a stored run."""
+    summary = record.get("summary") or {}
+    initial, final = number(summary.get("tau_initial")), number(summary.get("tau_final"))
+    if initial is None:
+        return "", None
+    parts = [f"τ {initial:.3f} (initial)" + (f" → {final:.3f} (final)" if final is not None else "")]
+    if number(summary.get("steps")) is not None:
+        parts.append(f"{summary['steps']} step{'' if summary['steps'] == 1 else 's'}")
+    if summary.get("reached") is not None:
+        parts.append("ε reached" if summary["reached"] else "ε not reached")
+    return " · ".join(parts), final if final is not None else initial
+
+
+# -- parsing typed input ------------------------------------------------------------------------------
 
 def parse_priorities(text: str) -> dict[str, float]:
     """'gender=0.7,age=0.3' -> {'gender': 0.7, 'age': 0.3}."""
@@ -855,43 +967,3 @@ def parse_target(text: str) -> tuple[str, dict[str, float]]:
     if not eq or not axis.strip():
         raise InputError(f"target '{text}' is not 'axis=value:share,value:share'")
     return axis_name(axis), parse_shares(body, ":")
-
-
-def _make_request(a) -> MitigateRequest:
-    select: list[str] = []
-    if a.axes and not a.axes.lstrip().startswith(("{", "@")):      # --axes gender,age: pick axes by name
-        select, a.axes = [s.strip() for s in a.axes.split(",") if s.strip()], None
-    ideals = intersectional.load_reference_csv(a.reference_csv) if a.reference_csv else {}
-    ideals.update(dict(parse_target(t) for t in a.target))
-    return MitigateRequest(**set_request_fields(a), select=select,
-                           mitigate=[s.strip() for s in (a.mitigate or "").split(",") if s.strip()],
-                           priorities=parse_priorities(a.priorities), ideals=ideals, epsilon=a.epsilon,
-                           strategy=a.strategy, preview_only=a.preview_only, other_policy=a.other_policy,
-                           n_boot=a.n_boot, quality=not a.no_quality, export=a.export or "")
-
-
-def add_cli(sub, common_arguments) -> None:
-    """`python -m engine mitigate --prompt ... -n 8 [--priorities gender=0.7,age=0.3] [--json]`"""
-    p = sub.add_parser("mitigate", help="InterMit: mitigate a prompt's biases axis by axis, guided by the "
-                                        "sensitivity matrix and priorities")
-    add_set_arguments(p, common_arguments)
-    p.epilog = ("--axes also takes axis names (--axes gender,age) to keep only those of the LLM's proposal "
-                "or the preset.")
-    p.add_argument("--mitigate", default="", metavar="AXIS,...",
-                   help="B*, the axes to mitigate (default: the axes given priorities, else every axis)")
-    p.add_argument("--priorities", default="", metavar="AXIS=W,...", help="priority per axis of B*, e.g. "
-                   "gender=0.7,age=0.3 (scaled to sum 1; default equal)")
-    p.add_argument("--target", action="append", default=[], metavar="AXIS=VALUE:SHARE,...",
-                   help="ideal distribution D* of an axis, e.g. age=young:0.3,middle-aged:0.4,old:0.3 "
-                        "(repeatable; default uniform)")
-    p.add_argument("--reference-csv", default=None, help="real-world D*: a CSV with the columns axis, value, share")
-    p.add_argument("--epsilon", type=float, default=DEFAULT_EPSILON, help="stop when τ < ε (default 0.35)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="intermit",
-                   help="intermit (default) or all: the baseline mitigating every axis of B*")
-    p.add_argument("--preview-only", action="store_true",
-                   help="measure the sensitivity matrix and print the predicted steps; mitigate nothing")
-    p.add_argument("--other-policy", choices=bc.OTHER_POLICIES, default="drop")
-    p.add_argument("--n-boot", type=int, default=200)
-    p.add_argument("--no-quality", action="store_true", help="skip the IsP? and CLIP-IQA-style checks")
-    p.add_argument("--export", default=None, metavar="PATH", help="write the mitigated prompt set (JSON) here")
-    p.set_defaults(method=run, make_request=_make_request)

@@ -2,12 +2,13 @@
 distribution and T2I-BiasBench metrics of every axis with bootstrap CIs, CLIP diversity
 (Vendi), the MineTheGap gap score with its missed interpretations, and Top-K concepts.
 
-Specs: minethegap-and-biasbench.md Part B (metrics), A.3 (gap score, a reconstruction),
+Specs (docs/spec/): minethegap-and-biasbench.md Part B (metrics), A.3 (gap score, a reconstruction),
 Part C (wiring); thesis §2.8 (Top-K concepts).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
@@ -18,33 +19,35 @@ from ..events import Progress, Scores, Table, Warning
 from ..llm_prompts import variations_prompt
 from ..metrics import biasbench
 from ..metrics.bootstrap import percentile_interval, resample_indices
-from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
-from ..metrics.gap import gap_score_from_similarity
 from ..metrics.concepts import top_phrases
-from .generate import settings_for
+from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
+from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
+from ..names import readable
+from ..scores import Score, as_interval, number
+from .generate import GenerationOptions, settings_for
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
 
 
 @dataclass
-class SinglePromptRequest:
-    prompt: str
-    n: int = 16
-    seed: int = 0
-    negative_prompt: str = ""
-    steps: int | None = None
-    guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
-    axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES))
+class SinglePromptRequest(GenerationOptions):
+    prompt: str = field(metadata={"help": "the prompt to audit"})
+    n: int = field(default=16, metadata={"flag": "-n", "help": "images"})
+    seed: int = field(default=0, metadata={"help": "images use the seeds seed .. seed+n-1"})
+    axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES), metadata={
+        "help": "attribute axes to measure (known ones have fixed choices; others are free VQA answers)"})
     references: dict = field(default_factory=dict)   # axis -> {value: target share}; missing = uniform
-    mode: str = "paper"                               # T2I-BiasBench: "paper" or "reference"
-    n_variations: int | None = None                   # MineTheGap text variations (default: n)
-    alpha: float = 25.0                               # MineTheGap percentile (spec A.3)
-    combine: str = "diff"                             # "diff" | "missed_only" | "mean"
-    n_boot: int = 1000
-    top_k: int = 10
-    gap: bool = True                                  # compute the gap score (needs the LLM)
+    mode: str = field(default="paper", metadata={
+        "help": "T2I-BiasBench: the paper's equations, or bit-exact with the authors' code",
+        "choices": ("paper", "reference")})
+    n_variations: int | None = field(default=None, metadata={
+        "help": "MineTheGap text variations of the prompt (default: n)"})
+    alpha: float = field(default=25.0, metadata={"help": "gap-score percentile (spec A.3)"})
+    combine: str = field(default="diff", metadata={"help": "how the gap score combines its terms",
+                                                   "choices": COMBINATIONS})
+    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
+    top_k: int = field(default=10, metadata={"help": "concepts listed"})
+    gap: bool = field(default=True, metadata={"flag": "--no-gap", "help": "skip the gap score (it needs the LLM)"})
 
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + self.n))
@@ -138,6 +141,21 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
     }
 
 
+class SinglePromptResults(TypedDict, total=False):
+    """What a Single Prompt run stores (`Done.results`); saved step by step as it goes."""
+
+    prompt: str
+    settings: dict                       # the generator settings used
+    n: int
+    images: list[dict]                   # ImageRecord.to_json of every image
+    axes: dict[str, dict]                # per axis: axis_metrics_with_ci + question, labels, reference
+    answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer
+    diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
+    gap: dict                            # gap_for_images (when request.gap)
+    captions: list[str]
+    top_concepts: list[list]             # [concept, share of images], most frequent first
+
+
 def check(request: SinglePromptRequest, engine: Engine) -> None:
     """Raises InputError for a request that cannot run (before any run record exists)."""
     n = engine.check_n(request.n)
@@ -146,25 +164,38 @@ def check(request: SinglePromptRequest, engine: Engine) -> None:
 
 
 @recorded("single_prompt", check)
-def run(request: SinglePromptRequest, engine: Engine, run: Run):
+def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
+    """N images of one prompt measured for bias: the attribute distribution of every axis with
+    T2I-BiasBench metrics and bootstrap intervals, CLIP diversity, the MineTheGap gap score
+    and Top-K concepts, each streamed as soon as it is computed.
+
+    Request: SinglePromptRequest (prompt, N, seed, axes and their reference distributions,
+    metric mode, gap-score settings, bootstrap size, Top-K).
+    Yields: Warning for an over-long prompt and flagged images; Images and Progress while
+    generating; Progress("vqa") and Scores("axis:<name>") per axis; Scores("diversity");
+    Progress("gap") and Scores("gap") (when `gap`); Table("top_concepts"); one Done.
+    Results: SinglePromptResults.
+    """
+    # 1. Check the request.
     prompt = engine.check_prompt(request.prompt)
     n = engine.check_n(request.n)
     n_var = engine.check_n(request.n_variations or n, "number of text variations")
     axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
     settings = settings_for(request, engine)
-    results: dict = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
+    results: SinglePromptResults = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
     if len(prompt.split()) * 1.3 > 75:
         yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
 
-    records = yield from stream_image_set(engine, run, prompt, request.seeds(), settings)
+    # 2. Generate the images (flagged ones are kept but left out of every metric).
+    records = yield from stream_image_set(engine, run_record, prompt, request.seeds(), settings)
     results["images"] = [r.to_json() for r in records]
     valid = [r for r in records if not r.nsfw]
     if len(valid) < len(records):
         yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
                       "from every metric")
-    run.save(results)
+    run_record.save(results)
 
-    # Attribute distributions per axis (VQA), each streamed as soon as it is computed.
+    # 3. Attribute distributions per axis (VQA), each streamed as soon as it is computed (spec B.2-B.3).
     answers_by_axis: dict[str, list[str]] = {}
     for i, axis in enumerate(axes):
         yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
@@ -177,9 +208,9 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
         results["axes"][axis.name] = metrics
         yield Scores(f"axis:{axis.name}", metrics)
     results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
-    run.save(results)
+    run_record.save(results)
 
-    # Diversity over CLIP image embeddings.
+    # 4. Diversity over CLIP image embeddings (Vendi).
     image_emb = engine.embed_images(valid)
     diversity = {"vendi": vendi_score(image_emb), "vendi_normalised": normalised_vendi(image_emb),
                  "mean_pairwise_similarity": mean_pairwise_similarity(image_emb), "n": len(valid),
@@ -187,16 +218,16 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
     results["diversity"] = diversity
     yield Scores("diversity", diversity)
 
-    # MineTheGap gap score (reconstruction, spec A.3).
+    # 5. MineTheGap gap score (reconstruction, spec A.3).
     if request.gap:
         yield Progress(0, 1, "gap", "asking the LLM for text variations of the prompt")
         gap_result = gap_for_images(engine, prompt, valid, image_emb, n_var, request.alpha, request.combine,
                                     seed=request.seed)
         results["gap"] = gap_result
         yield Scores("gap", gap_result)
-        run.save(results)
+        run_record.save(results)
 
-    # Top-K concepts from every VQA answer plus a caption per image (thesis §2.8), as whole
+    # 5. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8), as whole
     # phrases with variants merged (metrics.concepts; CAS keeps TIBET's unigrams).
     captions = engine.caption(valid)
     per_image = [[answers_by_axis[a][j] for a in answers_by_axis] for j in range(len(valid))]
@@ -210,10 +241,52 @@ def run(request: SinglePromptRequest, engine: Engine, run: Run):
         summary["gap_score"] = round(results["gap"]["score"], 4)
     for name, m in results["axes"].items():
         summary[f"cbs_{name}"] = None if m["composite_bias_score"] != m["composite_bias_score"] else round(m["composite_bias_score"], 3)
-    yield run.finish(results, summary)
+    yield run_record.finish(results, summary)
 
 
 def image_details(engine: Engine, image_key: str) -> dict:
     """What the gallery shows for one clicked image: its row in the store and every VQA answer."""
     rows = engine.store.image_rows([image_key])
     return {"image": rows[0] if rows else None, "answers": engine.store.answers_for_image(image_key)}
+
+
+def scores(results: dict, summary: dict) -> list[Score]:
+    """Per axis the T2I-BiasBench scalars and each class' share (with their bootstrap
+    intervals), then diversity, the gap score and the Top-K concept frequencies."""
+    rows = []
+    for axis, m in results.get("axes", {}).items():
+        ci = m.get("ci", {})
+        for key in ("composite_bias_score", *SCALAR_METRICS[:-1]):
+            if number(m.get(key)) is not None:
+                rows.append(Score(axis, key, float(m[key]), *(as_interval(ci.get(key)) or (None, None))))
+        for c in m.get("classes", []):
+            share = m.get("representation_parity", {}).get(c, 0.0)
+            rows.append(Score(axis, f"share: {c}", float(share),
+                              *(as_interval(m.get("share_ci", {}).get(c)) or (None, None))))
+    d = results.get("diversity") or {}
+    for key in ("vendi", "vendi_normalised", "mean_pairwise_similarity"):
+        if number(d.get(key)) is not None:
+            rows.append(Score("diversity", key, float(d[key])))
+    g = results.get("gap") or {}
+    for key in ("score", "coverage_term", "alignment_term"):
+        if number(g.get(key)) is not None:
+            rows.append(Score("gap", key, float(g[key])))
+    for concept, freq in results.get("top_concepts") or []:
+        rows.append(Score("top concepts", str(concept), float(freq)))
+    return rows
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("max Composite Bias Score 0.412 (gender) · Vendi 3.10 · gap 0.120", the largest CBS) of a stored run."""
+    summary = record.get("summary") or {}
+    cbs = {k[4:]: v for k, v in summary.items() if k.startswith("cbs_") and number(v) is not None}
+    parts, value = [], None
+    if cbs:
+        axis = max(cbs, key=cbs.get)
+        value = float(cbs[axis])
+        parts.append(f"max {readable('composite_bias_score')} {value:.3f} ({axis})")
+    if number(summary.get("vendi")) is not None:
+        parts.append(f"Vendi {summary['vendi']:.2f}")
+    if number(summary.get("gap_score")) is not None:
+        parts.append(f"gap {summary['gap_score']:.3f}")
+    return " · ".join(parts), value

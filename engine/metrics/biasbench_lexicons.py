@@ -1,11 +1,13 @@
-"""Word lists of T2I-BiasBench (arXiv 2604.12481), re-typed from spec B.2.
+"""Word lists of T2I-BiasBench (arXiv 2604.12481), re-typed from docs/spec/minethegap-and-biasbench.md B.2.
 
 Source: the authors' released code (github.com/gyanendrachaubey/T2I-BiasBench-Code, commit
-2e9b510) as documented in `spec/minethegap-and-biasbench.md` B.2. The order of every list
+2e9b510) as documented in `docs/spec/minethegap-and-biasbench.md` B.2. The order of every list
 matters: the attribute extractors return the first label whose terms match, and the
 published numbers depend on that order ("dragonfly" is labelled "fly" because "fly" is
 checked before "dragonfly"). Prompt ids: beauty, doctor, animal, nature, culture.
 """
+
+URL = "https://github.com/gyanendrachaubey/T2I-BiasBench-Code"   # the paper: engine.metrics.biasbench.CITATION
 
 FEMALE_PATTERNS = (
     r"\bwoman\b", r"\bwomen\b", r"\bfemale\b", r"\bgirl\b", r"\blady\b", r"\bshe\b",

@@ -1,4 +1,5 @@
-"""BiasConnect and InterMit quantities (thesis Ch. 6–7; spec §3.4–3.7, §4.3).
+"""BiasConnect and InterMit quantities (thesis Ch. 6–7;
+docs/spec/thesis-tibet-biasconnect-intermit.md §3.4–3.7, §4.3).
 
 Each image gets one attribute value per bias axis (a multiple-choice VQA answer). For axes
 B_x (intervened on) and B_y (affected):
@@ -23,6 +24,16 @@ import numpy as np
 from scipy.stats import chi2_contingency
 
 from engine.metrics._weights import normalised_weights
+
+URL = "https://arxiv.org/abs/2505.17280"
+CITATION = """\
+@article{shukla2025mitigate,
+  title={Mitigate One, Skew Another? Tackling Intersectional Biases in Text-to-Image Models},
+  author={Shukla, Pushkar and Chinchure, Aditya and Diana, Emily and Tolbert, Alexander and Hosanagar, Kartik and Balasubramanian, Vineeth N. and Sigal, Leonid and Turk, Matthew},
+  journal={arXiv preprint arXiv:2505.17280},
+  year={2025}
+}
+"""
 
 OTHER_POLICIES = ("drop", "other_bin")
 # Pruning thresholds of Sec. 6.6: per prompt p < 1e-4; aggregated p < 5e-5 and |IS| ≥ 0.03.
@@ -164,6 +175,18 @@ def intersectional_sensitivity(
     `mixed_distribution`. `ideals[y]`: D* of axis y (default uniform; with an "other" bin use
     `ideal_distribution(..., other_policy="other_bin")`). The diagonal S_xx = w̄_init(x) −
     w̄ of x on its own mixed CF sets, so an axis can be chosen to fix itself (spec §4.3).
+
+    The worked example of spec §3.4 (gender → age, uniform D*): age on the initial images
+    [.70 .25 .05] is w̄ 0.55 from uniform; the male and female CF sets give [.60 .30 .10] and
+    [.90 .10 0], mixed [.75 .20 .05], w̄ 0.625, so IS = 0.55 − 0.625 = −0.075 (diversifying
+    gender pushes age further from D*). No CF sets of age were given: that row is nan.
+
+    >>> s = intersectional_sensitivity({"gender": np.array([.5, .5]), "age": np.array([.70, .25, .05])},
+    ...                                {"gender": {"age": np.array([[.60, .30, .10], [.90, .10, 0]])}})
+    >>> round(float(s.w_bar_init[1]), 3), round(float(s.w_bar_mixed[0, 1]), 3), round(s.entry("gender", "age"), 3)
+    (0.55, 0.625, -0.075)
+    >>> bool(np.isnan(s.entry("age", "gender")))
+    True
     """
     axes = list(init_dists)
     ideals = ideals or {}

@@ -13,6 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+URL = "https://doi.org/10.1201/9780429246593"
+CITATION = """\
+@book{efron1993introduction,
+  title={An Introduction to the Bootstrap},
+  author={Efron, Bradley and Tibshirani, Robert J.},
+  publisher={Chapman and Hall/CRC},
+  year={1993}
+}
+"""
+
 
 @dataclass(frozen=True)
 class Estimate:

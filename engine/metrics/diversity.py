@@ -10,6 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
+URL = "https://arxiv.org/abs/2210.02410"
+CITATION = """\
+@article{friedman2023vendi,
+  title={The Vendi Score: A Diversity Evaluation Metric for Machine Learning},
+  author={Friedman, Dan and Dieng, Adji Bousso},
+  journal={Transactions on Machine Learning Research},
+  year={2023}
+}
+"""
+
 
 def unit_rows(embeddings: np.ndarray) -> np.ndarray:
     """Return the embeddings as a float64 (N, d) array with L2-normalised rows."""
@@ -42,6 +52,11 @@ def vendi_score(embeddings: np.ndarray) -> float:
     Uses the smaller of the (N, N) kernel X Xᵀ / N and the (d, d) matrix Xᵀ X / N: their
     nonzero eigenvalues are equal, so 1,000 images with 768-d embeddings cost one 768²
     eigendecomposition.
+
+    N identical images are one distinct image; N orthogonal ones are N (Friedman & Dieng, §3):
+
+    >>> round(vendi_score(np.ones((4, 3))), 6), round(vendi_score(np.eye(3)), 6)
+    (1.0, 3.0)
     """
     x = unit_rows(embeddings)
     n, d = x.shape

@@ -1,4 +1,5 @@
-"""MineTheGap bias score — a RECONSTRUCTION (spec A.3), not the paper's published formula.
+"""MineTheGap bias score — a RECONSTRUCTION (docs/spec/minethegap-and-biasbench.md A.3), not the paper's published
+formula.
 
 The MineTheGap paper (Cohen et al., arXiv 2512.13427) compares the CLIP embeddings of N
 images generated for a prompt with N LLM-written text variations of the prompt; its exact
@@ -24,6 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.metrics.diversity import unit_rows
+
+URL = "https://arxiv.org/abs/2512.13427"
+CITATION = """\
+@article{cohen2025minethegap,
+  title={MineTheGap: Automatic Mining of Biases in Text-to-Image Models},
+  author={Cohen, Noa and Spingarn-Eliezer, Nurit and Huberman-Spiegelglas, Inbar and Michaeli, Tomer},
+  journal={arXiv preprint arXiv:2512.13427},
+  year={2025}
+}
+"""
 
 COMBINATIONS = ("diff", "missed_only", "mean")
 

@@ -1,4 +1,5 @@
-"""TIBET metrics (Chinchure et al., ECCV 2024; thesis Ch. 5; spec §2.5–2.8, §2.16).
+"""TIBET metrics (Chinchure et al., ECCV 2024; thesis Ch. 5; docs/spec/thesis-tibet-biasconnect-intermit.md
+§2.5–2.8, §2.16).
 
 For one prompt, the VQA answers about each image set become a concept histogram (word ->
 occurrences per image). The Concept Association Score (CAS) compares the histogram of the
@@ -17,6 +18,16 @@ import numpy as np
 
 from engine.metrics.diversity import unit_rows
 from engine.metrics.wordnet import wordnet_synonyms
+
+URL = "https://arxiv.org/abs/2312.01261"
+CITATION = """\
+@inproceedings{chinchure2024tibet,
+  title={TIBET: Identifying and Evaluating Biases in Text-to-Image Generative Models},
+  author={Chinchure, Aditya and Shukla, Pushkar and Bhatt, Gaurav and Salij, Kiri and Hosanagar, Kartik and Sigal, Leonid and Turk, Matthew},
+  booktitle={European Conference on Computer Vision (ECCV)},
+  year={2024}
+}
+"""
 
 # English stop words (the NLTK list), written without apostrophes because punctuation is
 # stripped before words are compared.
@@ -180,6 +191,14 @@ def mad_normalised(cas_values: Sequence[float], sum_normalise: bool = True) -> f
     2(K − 1)/K² is the MAD of the most skewed vector [1, 0, …, 0]. `sum_normalise` divides
     the CAS values by their sum first (released code); only then is the result in [0, 1].
     0 for K = 1 (one counterfactual cannot be skewed) and for all-zero CAS.
+
+    Worked examples (spec §2.7): three counterfactuals with CAS 0.5, 0.6, 0.4, and two with
+    0.56, 0.44; a uniform axis scores 0, a one-hot one 1 for any K.
+
+    >>> round(mad_normalised([0.5, 0.6, 0.4]), 3), round(mad_normalised([0.56, 0.44]), 3)
+    (0.316, 0.346)
+    >>> mad_normalised([0.8, 0.0, 0.0, 0.0])
+    1.0
     """
     values = np.asarray(cas_values, dtype=float)
     k = len(values)

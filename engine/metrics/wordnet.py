@@ -1,7 +1,7 @@
 """Synonyms from a WordNet 3.0 database directory, read directly (no NLTK download).
 
-TIBET merges synonymous concepts with WordNet (thesis Alg. 3; spec §2.16). Debian's
-`wordnet-base` package installs the database under /usr/share/wordnet: `index.<pos>` maps
+TIBET merges synonymous concepts with WordNet (thesis Alg. 3; docs/spec/thesis-tibet-biasconnect-intermit.md
+§2.16). Debian's `wordnet-base` package installs the database under /usr/share/wordnet: `index.<pos>` maps
 a lemma to synset byte offsets, `data.<pos>` holds one synset per line at that offset,
 `<pos>.exc` lists irregular inflections. NLTK's reader refuses paths outside its data
 directories, so this module parses the files itself (format: wndb(5WN)).
@@ -16,6 +16,19 @@ import functools
 import os
 import re
 import warnings
+
+URL = "https://wordnet.princeton.edu/"
+CITATION = """\
+@article{miller1995wordnet,
+  title={WordNet: A Lexical Database for English},
+  author={Miller, George A.},
+  journal={Communications of the ACM},
+  volume={38},
+  number={11},
+  pages={39--41},
+  year={1995}
+}
+"""
 
 DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
 

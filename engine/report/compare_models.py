@@ -3,10 +3,9 @@ MAD per axis, IS matrices and BiasGraphs), then every compared number with the d
 from the first model and their intervals."""
 from __future__ import annotations
 
-from .. import biasgraph, render_tibet
 from ..names import readable
-from ..render import axis_html, fmt, fmt_ci
-from . import Markup, render
+from . import Markup, counterfactuals, fmt, fmt_ci, intersectional, render
+from .single_prompt import axis_html
 
 TITLES = {"single_prompt": "Single Prompt", "counterfactuals": "Counterfactuals (TIBET)",
           "intersectional": "Intersectional Matrix (BiasConnect)"}
@@ -24,11 +23,11 @@ def _views(method: str, results: list[dict]) -> list[tuple[str, list[str]]]:
         return [(f"Distribution: {axis}", [axis_html(axis, r["axes"][axis]) if axis in r.get("axes", {})
                                            else "<p>–</p>" for r in results]) for axis in axes]
     if method == "counterfactuals":
-        return [("MAD per axis", [render_tibet.mad_html(r) for r in results])]
+        return [("MAD per axis", [counterfactuals.mad_html(r) for r in results])]
     if method == "intersectional":
-        graphs = [biasgraph.iframe(biasgraph.graph_from_results(r), height=380) if r.get("kept_edges")
+        graphs = [intersectional.iframe(intersectional.graph_from_results(r), height=380) if r.get("kept_edges")
                   else f"<p class='gl-note'>{NO_EDGE}</p>" for r in results]
-        return [("Intersectional Sensitivity (IS) matrices", [biasgraph.matrix_html(r, f"is-matrix-{_letter(i)}")
+        return [("Intersectional Sensitivity (IS) matrices", [intersectional.matrix_html(r, f"is-matrix-{_letter(i)}")
                                                              for i, r in enumerate(results)]),
                 ("BiasGraphs (kept edges)", graphs)]
     return []

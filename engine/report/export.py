@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import html
 import io
 import json
 import os
@@ -34,11 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .errors import InputError
-from .runs import (compare_html, compare_runs, get_run, headline, results_html, run_header_html, run_prompt,
-                   run_records, scores, short_model, thumbnails_html)
-from .store import Store, _json_default
+from engine import __version__
+from engine.errors import InputError
+from engine.runs import compare_runs, get_run, headline, run_prompt, run_records, scores, short_model
+from engine.store import Store, _json_default
+
+from . import Markup, clip, macro, render, static
+from .runs import compare_html, results_html, run_header_html, thumbnails_html
 
 FORMAT = "gaplens-export"
 FORMAT_VERSION = 1
@@ -83,66 +84,24 @@ def _csv_number(x) -> str:
 
 
 # -- (c) HTML report -------------------------------------------------------------------------
-REPORT_CSS = """
-body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px auto; max-width: 1100px;
-       color: #222; padding: 0 16px; }
-h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; border-bottom: 2px solid #4e79a7; }
-h3 { font-size: 16px; } table { border-collapse: collapse; margin: 6px 0; }
-td, th { border: 1px solid #ddd; padding: 3px 6px; vertical-align: top; }
-th { background: #f3f5f9; text-align: left; }
-.gl-metric { font-variant-numeric: tabular-nums; white-space: nowrap; }
-.gl-chart svg { max-width: 100%; height: auto; } .gl-chart text { font-family: sans-serif; }
-.gl-badge { display: inline-block; padding: 1px 6px; border-radius: 4px; background: #eef; font-size: 0.8em; }
-.gl-thumbs { display: flex; flex-wrap: wrap; gap: 6px; }
-.gl-thumb { margin: 0; text-align: center; font-size: 10px; color: #555; }
-.gl-thumb img { display: block; border: 1px solid #ccc; }
-.gl-note { font-size: 12px; color: #555; } .gl-error { color: #b00; }
-.gl-status-done { color: #2a7; } .gl-status-failed { color: #b00; } .gl-status-stopped { color: #b70; }
-.gl-run { margin-bottom: 28px; } .gl-toc { font-size: 13px; }
-pre { background: #f7f7f7; padding: 6px; font-size: 11px; white-space: pre-wrap; }
-footer { margin-top: 30px; font-size: 11px; color: #777; }
-@media print {
-  body { margin: 0; max-width: none; font-size: 11px; }
-  details, .gl-toc { display: none; }
-  .gl-run { break-before: page; } .gl-run:first-of-type { break-before: auto; }
-  .gl-axis, .gl-chart, table, figure, .gl-compare-axis { break-inside: avoid; }
-  a { color: inherit; text-decoration: none; }
-  @page { margin: 12mm; }
-}
-"""
+def page(title: str, body: Markup) -> Markup:
+    """A standalone HTML document (no script, no external resource) around `body` (Markup from
+    this package; a plain string is escaped, i.e. shown as text)."""
+    return render("report.html", title=title, body=body, css=Markup(static("report.css")),
+                  version=__version__, date=time.strftime("%Y-%m-%d %H:%M"))
 
 
-def page(title: str, body: str) -> str:
-    """A standalone HTML document (no script, no external resource) around `body`."""
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<meta name='generator' content='GapLens {__version__}'><title>{html.escape(title)}</title>"
-            f"<style>{REPORT_CSS}</style></head><body>{body}"
-            f"<footer>Made with GapLens {__version__} on {time.strftime('%Y-%m-%d %H:%M')}. Self-contained: "
-            f"charts are inline SVG and images inline JPEG thumbnails; no network is needed.</footer></body></html>\n")
-
-
-def report_html(store: Store, run_ids, thumbnail_size: int = 128, max_images: int = 48) -> str:
+def report_html(store: Store, run_ids, thumbnail_size: int = 128, max_images: int = 48) -> Markup:
     """One self-contained page: each run's header, its results as its tab shows them (charts
     included), its images as thumbnails, and a comparison when several runs are given."""
     runs = _runs(store, run_ids)
-    parts = [f"<h1>GapLens audit report</h1><p class='gl-note'>{len(runs)} run(s), reported "
-             f"{time.strftime('%Y-%m-%d %H:%M')}.</p>"]
-    if len(runs) > 1:
-        toc = "".join(f"<li><a href='#run-{html.escape(r['id'])}'>{html.escape(r['method'])}: "
-                      f"{html.escape(run_prompt(r)[:80])} ({html.escape(r['id'])})</a></li>" for r in runs)
-        parts.append(f"<ol class='gl-toc'>{toc}</ol>")
-    for run in runs:
-        parts.append(f"<section class='gl-run' id='run-{html.escape(run['id'])}'>"
-                     f"<h2>{html.escape(run['method'])}: {html.escape(run_prompt(run)[:120])}</h2>"
-                     f"{run_header_html(run)}{results_html(run['method'], run.get('results') or {})}"
-                     f"<h3>Images</h3>{thumbnails_html(run_records(store, run), thumbnail_size, max_images)}"
-                     f"</section>")
-    if len(runs) > 1:
-        parts.append("<section class='gl-run' id='comparison'><h2>Comparison</h2>"
-                     + compare_html(compare_runs(store, [r["id"] for r in runs]), store) + "</section>")
-    title = "GapLens report: " + ", ".join(f"{r['method']} {run_prompt(r)[:40]}" for r in runs[:3])
-    return page(title, "".join(parts))
+    sections = [{"run": run, "prompt": run_prompt(run), "header": run_header_html(run),
+                 "results": results_html(run["method"], run.get("results") or {}),
+                 "images": thumbnails_html(run_records(store, run), thumbnail_size, max_images)} for run in runs]
+    comparison = compare_html(compare_runs(store, [r["id"] for r in runs]), store) if len(runs) > 1 else ""
+    body = macro("report.html", "runs")(sections=sections, comparison=comparison,
+                                        date=time.strftime("%Y-%m-%d %H:%M"))
+    return page("GapLens report: " + ", ".join(f"{r['method']} {clip(run_prompt(r), 40)}" for r in runs[:3]), body)
 
 
 # -- (b) dataset / store zip -----------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""The Counterfactuals (TIBET) page: MAD per axis, CAS per counterfactual, the concepts of the
+initial set next to a counterfactual's, and the grid of generated sets (the tab, the Runs
+view, reports). Markup: templates/counterfactuals.html."""
+from __future__ import annotations
+
+from . import Markup, charts, fmt, fmt_ci, macro
+
+CAS_NOTE = ("CAS: how similar the concepts in a counterfactual's images are to those of the initial prompt's "
+            "images (1 = identical); the initial images lean toward the high-CAS counterfactuals. Intervals "
+            "resample images and sit below the value: a resample repeats images, which lowers any overlap.")
+THUMBS_PER_SET = 8
+
+
+def mad_html(results: dict) -> Markup:
+    """MAD per axis, most biased first, with 95% CIs; per-prompt MADs as a heatmap in aggregate mode."""
+    order = results["mad_order"]
+    chart = charts.bar_chart(order, [results["mad"][a] for a in order], ci=[tuple(results["mad_ci"][a]) for a in order],
+                             vmax=1.0, title="Bias strength: normalised MAD per axis (most biased first)",
+                             chart_id="mad", width=520)
+    heat = ""
+    if results.get("aggregate"):
+        prompts = list(results["per_prompt"])
+        matrix = [[results["per_prompt"][p]["mad"].get(a) for a in order] for p in prompts]
+        heat = charts.heatmap(matrix, prompts, order, diverging=False, title="MAD per prompt", table_id="mad-per-prompt")
+    return macro("counterfactuals.html", "mad")(chart=chart, clip=[(a, results["mad_clip"][a]) for a in order],
+                                                heat=heat)
+
+
+def cas_html(axes: dict[str, dict]) -> Markup:
+    """One CAS chart per axis ({axis: {"mad", "counterfactuals"}}), bars with 95% CIs, most biased axis first."""
+    blocks = []
+    for axis, a in sorted(axes.items(), key=lambda kv: -kv[1]["mad"]):
+        cfs = a["counterfactuals"]
+        blocks.append((axis, charts.bar_chart(
+            [c["value"] for c in cfs], [c["cas"] for c in cfs], ci=[tuple(c["cas_ci"]) for c in cfs], vmax=1.0,
+            width=400, title=f"{axis}: CAS per counterfactual (MAD {fmt(a['mad'], 2)})", chart_id=f"cas-{axis}")))
+    return macro("counterfactuals.html", "cas")(blocks=blocks, note=CAS_NOTE)
+
+
+def by_axis(results: dict) -> dict[str, dict]:
+    """{axis: {"mad", "counterfactuals"}} from a run's results (what `cas_html` draws)."""
+    out = {a: {"mad": results["mad"][a], "counterfactuals": []} for a in results["mad"]}
+    for c in results["counterfactuals"]:
+        out[c["axis"]]["counterfactuals"].append(c)
+    return out
+
+
+def counterfactual_rows(results: dict) -> list[list[str]]:
+    """Rows (axis, counterfactual prompt, CAS [CI], CAS CLIP [CI]) for a table."""
+    return [[c["axis"], c["prompt"], fmt_ci(c["cas"], c["cas_ci"]), fmt_ci(c["cas_clip"], c["cas_clip_ci"])]
+            for c in results["counterfactuals"]]
+
+
+def initial_label(label: str) -> str:
+    """The label of the initial set of the prompt a set label belongs to."""
+    return label.split("axis=")[0] + "initial"
+
+
+def _concepts(s: dict, axis: str | None, side: str) -> dict:
+    words = list(s["histogram"])[:12]
+    return {"side": side, "prompt": s["prompt"], "axis": axis, "top_k": [w for w, _ in s["top_k"]],
+            "aligned": [w for w, _ in s["axis_top_k"].get(axis, [])] if axis else [],
+            "chart": charts.bar_chart(words, [s["histogram"][w] for w in words], title=f"{side}: concepts per image",
+                                      chart_id=f"concepts-{side}", width=360, bar_height=14)}
+
+
+def drill_html(results: dict, label: str) -> Markup:
+    """The initial set next to the set `label`: their concept histograms and Top-K lists."""
+    chosen = results["sets"][label]
+    initial = results["sets"][initial_label(label)]
+    return macro("counterfactuals.html", "drill")(
+        [_concepts(initial, chosen["axis"], "initial"), _concepts(chosen, chosen["axis"], "counterfactual")])
+
+
+def sets_html(records_by_label: dict[str, list]) -> Markup:
+    """A grid of small image sets, one per prompt, in generation order (images served by Gradio)."""
+    sets = []
+    for label, records in records_by_label.items():
+        shown = sorted(records, key=lambda r: r.seed)[:THUMBS_PER_SET]
+        sets.append({"label": label, "title": label.split("|cf=")[-1] if "|cf=" in label else "initial prompt",
+                     "images": [{"src": f"gradio_api/file={r.path}", "seed": r.seed} for r in shown],
+                     "more": len(records) - len(shown)})
+    return macro("counterfactuals.html", "sets")(sets)
+
+
+def page(results: dict) -> Markup:
+    """A whole Counterfactuals run: MAD, CAS per counterfactual, the table, each set's Top-K."""
+    return macro("counterfactuals.html", "page")(
+        prompt=results.get("prompt", ""), n_prompts=len(results.get("prompts", [])), n=results.get("n"),
+        questions=results.get("questions", {}), mad=mad_html(results), cas=cas_html(by_axis(results)),
+        rows=counterfactual_rows(results),
+        top=[(label, [w for w, _ in s["top_k"]]) for label, s in results.get("sets", {}).items()])
