@@ -138,7 +138,11 @@ def test_runs_compare_groups_runs_by_model_and_opens_a_compare_run(engine, flipp
         {"prompt": "a photo of a doctor", "n": 6, "n_boot": 20, "gap": False, "axes": ["gender"]}), engine))
     comparison = runs.compare_runs(engine.store, done.results["runs"])
     assert [len(g["runs"]) for g in comparison["by_model"]] == [1, 1]
-    assert "By model:" in runs.compare_html(comparison)
+    from engine.report.runs import compare_html
+
+    assert "By model:" in str(compare_html(comparison))
     row = next(r for r in runs.list_runs(engine.store) if r["id"] == done.run_id)
     assert row["headline"].startswith("Single Prompt on synthetic vs synthetic_generator:")
-    assert 'id="cm-page"' in runs.results_html("compare_models", engine.store.get_run(done.run_id)["results"])
+    from engine.report.runs import results_html
+
+    assert 'id="cm-page"' in str(results_html("compare_models", engine.store.get_run(done.run_id)["results"]))

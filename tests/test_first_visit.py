@@ -60,13 +60,15 @@ def test_readable_names_in_headlines():
     assert readable("composite_bias_score") == "Composite Bias Score" and readable("cbs_skin tone").endswith("(skin tone)")
     assert readable("prompts_scored") == "prompts scored" and readable("kl_divergence").startswith("KL divergence")
     text, value = headline({"method": "mitigate", "summary": {"axes": 2, "tau_initial": 0.385, "tau_final": 0.1}})
-    assert "τ before 0.385" in text and "tau_" not in text
+    assert "τ 0.385" in text and "tau_" not in text
     text, _ = headline({"method": "counterfactuals", "summary": {"prompts": 1, "mad_environment": 0.322}})
-    assert "MAD (environment) 0.322" in text and "mad_" not in text
+    assert "MAD 0.322 (environment)" in text and "mad_" not in text
+    text, _ = headline({"method": "something_new", "summary": {"prompts_scored": 12, "tau_initial": 0.5}})
+    assert text == "prompts scored 12 · τ before 0.5"          # no method headline: readable keys
 
 
 def test_gap_score_labels_agree_with_the_numbers():
-    from engine.render import gap_html, gap_reading
+    from engine.report.single_prompt import gap_html, gap_reading
 
     gap = {"score": -0.0952, "coverage_term": 0.7074, "alignment_term": 0.8027, "combine": "diff", "alpha": 25,
            "least_aligned": [{"seed": 1, "alignment": 1.0, "key": "k"}], "missed": [], "variations": ["a"],
@@ -74,7 +76,7 @@ def test_gap_score_labels_agree_with_the_numbers():
     reading = gap_reading(gap)
     assert "−0.0952" in reading["score"] or "-0.0952" in reading["score"]
     assert "a sign of bias" in reading["score"] and "Even these match" in reading["least"]
-    page = gap_html(gap)
+    page = str(gap_html(gap))
     assert "best match 1.000" in page and "1 = a perfect match" in page
     assert "no sign" in gap_reading({**gap, "score": 0.01})["score"]
 
@@ -89,14 +91,14 @@ def test_missed_interpretations_are_listed_once():
 
 
 def test_chart_axis_does_not_magnify_a_tiny_change():
-    from engine.charts import line_chart, value_range
+    from engine.report.charts import value_range
 
     lo, hi = value_range([-0.676, -0.675], min_span=0.05)
     assert hi - lo == pytest.approx(0.05) and lo < -0.676 and hi > -0.675
     assert value_range([0.0, 1.0], 0.05) == (0.0, 1.0) and value_range([2.0, 2.0]) == (1.5, 2.5)
-    from engine.render_mine import mine_chart
+    from engine.report.mine import mine_chart
 
-    svg = mine_chart({"best_per_iteration": [-0.675, -0.676], "best_so_far": [-0.675, -0.676]})
+    svg = str(mine_chart({"best_per_iteration": [-0.675, -0.676], "best_so_far": [-0.675, -0.676]}))
     import re
 
     labels = [float(x.replace("−", "-")) for x in re.findall(r'text-anchor="end">([^<]*)<', svg)]
