@@ -115,6 +115,11 @@ def test_cli_generators_flag_compares_side_by_side(tmp_path, flipped_world, caps
     assert main(["counterfactuals", "--preset", "synthetic", "--data-dir", data, "--prompt", "a photo of a doctor",
                  "--axes", axes, "--generators", "synthetic"]) == 2
     assert "two or more" in capsys.readouterr().err
+    assert main(["single-prompt", "--preset", "synthetic", "--data-dir", data, "--prompt", "a photo of a doctor",
+                 "-n", "24", "--generators", "synthetic", f"synthetic_generator:{flipped_world}", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    male = next(r for r in out["comparison"]["rows"] if r["group"] == "gender" and r["metric"] == "share: male")
+    assert male["values"][0]["value"] > male["values"][1]["value"] and male["differences"][0]["value"] < 0
 
 
 def test_the_page_shows_models_side_by_side_with_escaped_names(engine, flipped_world):

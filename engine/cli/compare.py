@@ -1,5 +1,6 @@
-"""`--generators A B ...` on an audit command: the same audit on each generator, side by side
-(engine/methods/compare_models.py). Each command module adds it with one call."""
+"""`--generators A B ...` on the audit commands (single-prompt, counterfactuals, intersectional):
+the same audit on each generator, side by side (engine/methods/compare_models.py). build_parser
+adds it to every method compare_models runs."""
 from __future__ import annotations
 
 from dataclasses import fields

@@ -1,6 +1,5 @@
 """`python -m engine counterfactuals --prompt ... -n 8 [--axes JSON] [--generators A B] [--json]`"""
 from ..methods.counterfactuals import CounterfactualsRequest
-from .compare import add_generators
 from .options import method_parser, request_from_args, set_fields, set_options
 
 
@@ -9,4 +8,3 @@ def add_parser(sub, common_arguments) -> None:
                       "TIBET: counterfactual prompts, CAS per counterfactual, MAD per axis")
     set_options(p)
     p.set_defaults(make_request=lambda a: request_from_args(CounterfactualsRequest, a, **set_fields(a)))
-    add_generators(p, "counterfactuals")

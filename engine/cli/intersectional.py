@@ -1,6 +1,5 @@
 """`python -m engine intersectional --prompt ... -n 8 [--axes JSON] [--generators A B] [--json]`"""
 from ..methods.intersectional import IntersectionalRequest, load_reference_csv
-from .compare import add_generators
 from .options import method_parser, request_from_args, set_fields, set_options
 
 
@@ -11,4 +10,3 @@ def add_parser(sub, common_arguments) -> None:
     p.add_argument("--reference-csv", default=None, help="real-world D*: a CSV with the columns axis, value, share")
     p.set_defaults(make_request=lambda a: request_from_args(
         IntersectionalRequest, a, **set_fields(a), ideals=load_reference_csv(a.reference_csv) if a.reference_csv else {}))
-    add_generators(p, "intersectional")
