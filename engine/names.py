@@ -83,12 +83,3 @@ def readable(key: str) -> str:
         return f"{NAMES[key[:-3]]}, 95% interval"
     return key.replace("_", " ")
 
-
-METHOD_NAMES = {"single_prompt": "Single Prompt", "generate": "Generate", "counterfactuals": "Counterfactuals",
-                "intersectional": "Intersectional Matrix", "mine": "Mine Prompts", "mitigate": "Mitigate",
-                "compare_models": "Compare models"}
-
-
-def readable_method(key: str) -> str:
-    """Returns a method's name as its tab shows it ('single_prompt' -> 'Single Prompt')."""
-    return METHOD_NAMES.get(key, str(key).replace("_", " "))

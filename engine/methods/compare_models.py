@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, fields
 from ..backends.base import ModelSpec
 from ..core import Engine, Run, recorded
 from ..errors import GapLensError, InputError
-from ..names import readable_method
 from ..events import Done, Progress, Scores, Table, Warning
 from ..presets import PRESETS, parse_model_override
 from ..scores import Score, difference
@@ -185,6 +184,10 @@ def side_by_side(method: str, results: list[dict], labels: list[str]) -> dict:
 
 def headline(record: dict) -> tuple[str, float | None]:
     """("Single Prompt on sd-turbo vs sdxl-turbo", None) of a stored run."""
+    from . import METHODS     # the table lists this module: read at call time
+
     summary = record.get("summary") or {}
     generators = summary.get("generators") or []
-    return f"{readable_method(summary.get('method', ''))} on " + " vs ".join(map(str, generators)), None
+    method = METHODS.get(summary.get("method", ""))
+    title = method.title if method else str(summary.get("method", "")).replace("_", " ")
+    return f"{title} on " + " vs ".join(map(str, generators)), None
