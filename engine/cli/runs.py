@@ -4,7 +4,6 @@ import json
 import sys
 
 from ..errors import InputError
-from ..report.runs import compare_html
 from ..runs import SORTS, STATUSES, compare_runs, delete_runs, get_run, headline, list_runs, run_prompt, scores
 
 
@@ -100,6 +99,7 @@ def run_command(args, engine):
         comparison = compare_runs(store, args.run_ids)
         if args.html:
             from ..report.export import page
+            from ..report.runs import compare_html
 
             with open(args.html, "w", encoding="utf-8") as fh:
                 fh.write(page("GapLens comparison", compare_html(comparison, store)))
