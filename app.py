@@ -21,7 +21,8 @@ from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
 from engine.errors import GapLensError  # noqa: E402
 from engine.limits import Budget  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
-from tabs import counterfactuals, intersectional, mine, mitigate, model_panel, runs, single_prompt  # noqa: E402
+from tabs import (compare_models, counterfactuals, intersectional, mine, mitigate, model_panel, runs,  # noqa: E402
+                  single_prompt)
 from tabs.common import bind_visitors  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
@@ -30,10 +31,28 @@ HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure wit
           "is most biased on, and try mitigations.")
 
 
+# Errors belong to the action that caused them: starting another action (a button, Enter in a
+# text box, another tab) dismisses the toasts still up from an earlier one.
+DISMISS_STALE_TOASTS = """
+if (!window.glToastRule) {
+  window.glToastRule = true;
+  const clear = () => document.querySelectorAll('.toast-wrap .toast-close').forEach((b) => b.click());
+  document.addEventListener('click', (e) => {
+    const b = e.target.closest && e.target.closest('button');
+    if (b && !b.closest('.toast-wrap')) clear();
+  }, true);
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && e.target && e.target.matches('textarea, input')) clear();
+  }, true);
+}
+"""
+
+
 def build_app(engine: Engine) -> gr.Blocks:
     # public mode: Gradio's cache of served files is emptied of day-old files every hour
     with gr.Blocks(title="GapLens", delete_cache=(3600, 86400) if engine.public else None) as demo:
         gr.Markdown(HEADER)
+        gr.HTML("", js_on_load=DISMISS_STALE_TOASTS, elem_id="gl-toast-rule", container=False, padding=False)
         model_panel.build(engine)
         load_hooks = []
         with gr.Tabs():
@@ -47,6 +66,8 @@ def build_app(engine: Engine) -> gr.Blocks:
                 load_hooks += mine.build(engine)
             with gr.Tab(METHODS["mitigate"].title, id="mitigate"):
                 load_hooks += mitigate.build(engine)
+            with gr.Tab(METHODS["compare_models"].title, id="compare-models"):
+                load_hooks += compare_models.build(engine)
             with gr.Tab("Runs", id="runs"):
                 load_hooks += runs.build(engine)
         for fn, outputs in load_hooks:

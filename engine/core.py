@@ -5,12 +5,13 @@ serves each from the store when it can and computes (and stores) it otherwise.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -160,6 +161,15 @@ class Engine:
         access.require_host(self.public, "unloading the models")
         return self.models.unload()
 
+    def with_generator(self, spec: ModelSpec, label: str = "") -> "Engine":
+        """Returns a view of this engine whose preset has `spec` as its generator (compare
+        models): the store, the model manager (one memory budget), the other models and the
+        stats are shared, so only the generator differs."""
+        view = copy.copy(self)
+        view.preset = replace(self.preset, name=f"{self.preset.name}+{label or spec.label}", generator=spec)
+        view.preset_reason = f"{self.preset_reason}; generator replaced by {spec.label} to compare models"
+        return view
+
     def set_preset(self, name: str, options: dict | None = None, **model_overrides) -> None:
         """Switch to another preset: models of the old one are unloaded, the store is kept. The engine's
         model overrides and options (from the command line, or given here, which add to them) replace
@@ -268,19 +278,23 @@ class Engine:
         return [by_seed[s] for s in seeds]
 
     def regenerate_check(self, prompt: str, seed: int, settings: GenerationSettings, key: str
-                         ) -> tuple[bool, int]:
+                         ) -> tuple[bool, int | None]:
         """Generate one image alone (bypassing the store) and compare it with the stored one:
-        (pixel-identical?, largest per-channel difference in grey levels)."""
+        (pixel-identical?, largest per-channel difference in grey levels). (False, None), without
+        generating, when the stored image is gone (deleted with a run, or its file is missing):
+        there is nothing to compare, which says nothing about reproducibility."""
         kind = sources.source_kind(self)
         if kind != "model":
             raise InputError("images from an API are not seedable: regenerating one gives a different image, "
                              "so there is nothing to check" if kind == "api" else
                              "these images come from a folder or dataset, not from a model: there is nothing to regenerate")
         stored = self.store.get_images([key]).get(key)
+        if stored is None:
+            return False, None
         with self._backend("generator") as gen:
             fresh = gen.generate(prompt, [int(seed)], settings)[0].image.convert("RGB")
         self.stats.generator_calls += 1
-        if stored is None or stored.image.size != fresh.size:
+        if stored.image.size != fresh.size:
             return False, 255
         diff = int(np.abs(np.asarray(stored.image, np.int16) - np.asarray(fresh, np.int16)).max())
         return diff == 0, diff
@@ -391,6 +405,16 @@ class Engine:
         models = {role: spec.full_label for role, spec in self.preset.specs().items()}
         return Run(self, self.store.create_run(method, request, models, __version__, cost=cost), method, request)
 
+    def reopen_run(self, run_id: str, method: str, request: dict) -> "Run":
+        """The stored run `run_id` in status 'running' again, to be continued under its own id
+        (a resumed search); InputError when there is no such run of that method."""
+        record = self.store.get_run(run_id)
+        if record is None or record["method"] != method or not self.store.run_writable(run_id):
+            raise InputError(f"no {method} run '{run_id}' of yours in the store")
+        self.api_calls = self.api_calls_announced = 0
+        self.store.update_run(run_id, status="running")
+        return Run(self, run_id, method, request)
+
 
 class CachedLLM:
     """A TextGenerator that answers from the store when the exact request was seen before."""
@@ -438,20 +462,34 @@ class Run:
         return Done(self.id, results, summary)
 
 
-def recorded(method: str):
+def recorded(method: str, check: Callable | None = None, continues: Callable | None = None):
     """Decorator for a method generator `fn(request, engine, run_record)`: creates its run record and
     marks it failed (with the message) or stopped when the consumer closes the stream early.
-    Whatever the method stored before the failure stays in the store."""
+    Whatever the method stored before the failure stays in the store.
+
+    `check(request, engine)` runs first and raises InputError for a request that cannot run
+    (an empty prompt), so bad input never leaves a failed run behind. `continues(request)`
+    returns the id of a stored run the request continues (a resume), which is reopened under
+    its own id instead of creating a new one."""
 
     def wrap(fn):
         @functools.wraps(fn)
         def run_method(request, engine: Engine):
+            if check is not None:
+                check(request, engine)
             cost = engine.admit(method, request)  # nothing is stored for a request out of bounds
-            run = engine.start_run(method, _as_dict(request), cost)
+            previous = continues(request) if continues is not None else None
+            run = (engine.reopen_run(previous, method, _as_dict(request)) if previous
+                   else engine.start_run(method, _as_dict(request), cost))
+            finished, events = False, fn(request, engine, run)
             try:
-                yield from fn(request, engine, run)
+                for event in events:
+                    finished = finished or isinstance(event, Done)
+                    yield event
             except GeneratorExit:
-                engine.store.update_run(run.id, status="stopped")
+                events.close()      # the method saves what it has (e.g. a search's state)
+                if not finished:    # a consumer closing the stream after Done did not stop the run
+                    engine.store.update_run(run.id, status="stopped")
                 raise
             except GapLensError as exc:
                 engine.store.update_run(run.id, status="failed", error=str(exc))

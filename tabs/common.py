@@ -148,6 +148,31 @@ def bind_visitors(demo: gr.Blocks) -> None:
         block_fn.fn = as_visitor(block_fn.fn)
 
 
+def with_notes(status: str, notes: list[str]) -> str:
+    """The status line with the run's warnings under it as a "Notes" list (repeats counted):
+    warnings belong to the result they describe, not to a toast that covers it."""
+    if not notes:
+        return status
+    counts: dict[str, int] = {}
+    for note in notes:
+        counts[note] = counts.get(note, 0) + 1
+    items = "\n".join(f"- {note}" + (f" (×{k})" if k > 1 else "") for note, k in counts.items())
+    return f"{status}\n\n**Notes ({len(notes)})**\n\n{items}"
+
+
+def distinct_captions(records) -> list[str]:
+    """'seed N: <what differs>' per record: the words every shown prompt starts with are left
+    out, so captions cut to one line still say which prompt an image is of ('seed 3: a female
+    doctor' rather than 'a photo of a...')."""
+    words = [r.prompt.split() for r in records]
+    if len({tuple(w) for w in words}) < 2:
+        return [f"seed {r.seed}" for r in records]
+    start = 0
+    while all(len(w) > start for w in words) and len({w[start] for w in words}) == 1:
+        start += 1
+    return [f"seed {r.seed}: " + " ".join(w[start:] or w) for r, w in zip(records, words)]
+
+
 def gallery_items(records, captions=None) -> list[tuple[str, str]]:
     """(path, caption) pairs for gr.Gallery; flagged images say so in their caption."""
     items = []

@@ -12,7 +12,7 @@ from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table, spotcheck
-from .common import gpu, gpu_seconds_for_sets, user_errors
+from .common import gpu, gpu_seconds_for_sets, user_errors, with_notes
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
 
@@ -22,8 +22,9 @@ def drilldown(results: dict, label: str):
     if not results or label not in results.get("sets", {}):
         return "", []
     images = results["sets"][label]["images"]
-    items = [(im["path"], f"seed {im['seed']}: " + "; ".join(f"{a}: {v}" for a, v in im["answers"].items())
-              + (f" | caption: {im['caption']}" if im.get("caption") else "")) for im in images]
+    # short captions (a gallery shows one line): the answers' values; the drill-down names the questions
+    items = [(im["path"], f"seed {im['seed']}: " + " · ".join(str(v) for v in im["answers"].values()))
+             for im in images]
     return report.drill_html(results, label), items
 
 
@@ -49,7 +50,9 @@ def build(engine) -> list:
             with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
                 caption = gr.Checkbox(True, label="Add each image's caption to its concepts (thesis; the released "
                                       "code leaves it out)")
-                synonyms = gr.Checkbox(True, label="Merge WordNet synonyms before comparing")
+                missing = counterfactuals.synonyms_note()   # said beside the option, not only in the server log
+                synonyms = gr.Checkbox(True, label="Merge WordNet synonyms before comparing", elem_id="cf-synonyms",
+                                       info=missing or None)
                 renormalise = gr.Checkbox(True, label="HistIoU on histograms rescaled to sum 1 (released code)")
                 sum_normalise = gr.Checkbox(True, label="Divide an axis' CAS by their sum before MAD (MAD in [0, 1])")
                 min_frequency = gr.Number(0.01, label="Drop concepts rarer than this per image")
@@ -87,7 +90,7 @@ def build(engine) -> list:
         skip = gr.skip()
         records: dict[str, list] = {}
         axes_scores: dict[str, dict] = {}
-        started = time.perf_counter()
+        started, notes = time.perf_counter(), []
         # outputs: progress, mad, cas, table, sets, axes table, pick, state
         for event in counterfactuals.run(request, engine):
             if isinstance(event, Images):
@@ -97,10 +100,10 @@ def build(engine) -> list:
                 yield skip, skip, skip, skip, report.sets_html(records), skip, skip, skip
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield (f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)",
-                       skip, skip, skip, skip, skip, skip, skip)
-            elif isinstance(event, Warning):
-                gr.Warning(event.message)
+                status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
+                yield (with_notes(status, notes), skip, skip, skip, skip, skip, skip, skip)
+            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
+                notes.append(event.message)
             elif isinstance(event, Table) and event.name == "axes":
                 yield skip, skip, skip, skip, skip, event.rows, skip, skip
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
@@ -114,7 +117,7 @@ def build(engine) -> list:
                     f"Most biased axis: {r['mad_order'][0]} (MAD {fmt(r['mad'][r['mad_order'][0]], 2)})")
                 text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). {claim[0].upper()}{claim[1:]}.")
-                yield (text, report.mad_html(r), report.cas_html(report.by_axis(r)),
+                yield (with_notes(text, notes), report.mad_html(r), report.cas_html(report.by_axis(r)),
                        report.counterfactual_rows(r), skip, skip,
                        gr.update(choices=choices, value=first_cf), {"results": r, "run_id": event.run_id})
 

@@ -248,13 +248,16 @@ def build(engine) -> list:
     clear.click(lambda: gr.Dropdown(value=[]), None, [selected], api_name=False)
     open_btn.click(open_run, [selected], [view, gallery], api_name="runs_open")
     compare_btn.click(compare, [selected], [comparison], api_name="runs_compare")
+    def relist(*values):      # after delete/import: refresh the table, keep the action's message
+        return list_runs(*values)[:3]
+
     delete_btn.click(delete, [selected, confirm, keep_images], [selected, confirm, message, view, gallery],
-                     api_name="runs_delete").then(list_runs, list_inputs, list_outputs, api_name=False)
+                     api_name="runs_delete").then(relist, list_inputs, list_outputs[:3], api_name=False)
     json_btn.click(exporter("scores"), [selected], [files, message], api_name="runs_export_scores")
     zip_btn.click(exporter("zip"), [selected], [files, message], api_name="runs_export_zip")
     html_btn.click(exporter("html"), [selected], [files, message], api_name="runs_export_html")
     import_btn.click(do_import, [upload], [selected, message], api_name="runs_import").then(
-        list_runs, list_inputs, list_outputs, api_name=False)
+        relist, list_inputs, list_outputs[:3], api_name=False)
     build_btn.click(build_study, [selected, question, axis, per_set, seed, raters, checks], [pack_file, pack_info],
                     api_name="study_build")
     analyse_btn.click(analyse, [key_file, answer_files, exclude], [analysis], api_name="study_analyse")

@@ -23,6 +23,8 @@ import time
 from ..errors import GapLensError
 from ..events import Done, Progress, Scores, Warning
 from ..methods import METHODS
+from ..methods.compare_models import METHODS as COMPARED
+from .compare import add_generators
 from .options import method_parser
 
 # engine/cli/<name>.py for each command, in --help order
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
             method_parser(sub, common_arguments, name, " ".join((METHODS[name].run.__doc__ or name).split("\n\n")[0].split()))
             continue
         module.add_parser(sub, common_arguments)
+    for name in COMPARED:   # --generators A B ...: the same audit on each generator (engine/cli/compare.py)
+        add_generators(sub.choices[METHODS[name].cli], name)
     return parser
 
 

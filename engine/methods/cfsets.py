@@ -232,6 +232,14 @@ def propose_for(engine: Engine, prompt: str, fill: list[str], seed: int = 0,
     return axes, problems
 
 
+def check(request: SetsRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
+    template = engine.check_prompt(request.prompt)
+    engine.check_n(request.n)
+    for p in expand(template, request.fill):
+        engine.check_prompt(p)
+
+
 def prepare(request: SetsRequest, engine: Engine):
     """Check the request and settle the axes (use `yield from`): yields Warning events and,
     when the LLM proposed the axes, a Table('axes') event; returns (prompts, axes, specs)."""

@@ -38,10 +38,11 @@ from ..metrics import tibet
 from ..metrics.bootstrap import percentile_interval
 from ..metrics.intervals import headline_claim
 from ..metrics.diversity import unit_rows
-from ..metrics.wordnet import wordnet_synonyms
+from ..metrics.concepts import top_phrases
+from ..metrics.wordnet import missing_note, wordnet_synonyms
 from ..presets import ASSETS
 from ..scores import number
-from .cfsets import SetSpec, SetsRequest, generate_set, prepare, resample_weights
+from .cfsets import SetSpec, SetsRequest, check, generate_set, prepare, resample_weights
 from .generate import settings_for
 
 
@@ -75,6 +76,11 @@ def tibet_question(axis: str) -> str:
         if any(w.startswith(k) for k in entry["keywords"] for w in words):
             return entry["question"]
     return bank["template"].format(axis=" ".join(words) or axis)
+
+
+def synonyms_note() -> str:
+    """Returns "" when WordNet is installed, else the sentence the synonym option needs."""
+    return missing_note()
 
 
 @functools.lru_cache(maxsize=65536)
@@ -181,11 +187,13 @@ def _public(cf: dict) -> dict:
 
 
 def _set_json(s: ConceptSet, answers: dict[str, list[str]], captions: list[str], request) -> dict:
-    histogram = s.histogram(request.min_frequency)
-    axis_top = {a: tibet.top_k_concepts(tibet.concept_histogram([[x] for x in got], request.min_frequency),
-                                        request.top_k) for a, got in answers.items()}
+    histogram = s.histogram(request.min_frequency)   # TIBET's unigrams: what CAS compares
+    # Top-K as read by a person: whole phrases, variants merged (metrics.concepts)
+    axis_top = {a: top_phrases([[x] for x in got], None, request.top_k) for a, got in answers.items()}
+    per_image = [[answers[a][i] for a in answers] for i in range(len(s.records))]
+    top = top_phrases(per_image, captions or None, request.top_k, known=s.spec.prompt.lower().split())
     return {"prompt": s.spec.prompt, "axis": s.spec.axis, "cf": s.spec.cf, "value": s.spec.value,
-            "histogram": histogram, "top_k": tibet.top_k_concepts(histogram, request.top_k), "axis_top_k": axis_top,
+            "histogram": histogram, "top_k": top, "axis_top_k": axis_top,
             "images": [{"key": r.key, "seed": r.seed, "path": r.path, "answers": {a: answers[a][i] for a in answers},
                         **({"caption": captions[i]} if captions else {})} for i, r in enumerate(s.records)]}
 
@@ -229,7 +237,7 @@ class CounterfactualsResults(TypedDict, total=False):
     mad_order: list[str]                     # axes by MAD, most biased first
 
 
-@recorded("counterfactuals")
+@recorded("counterfactuals", check)
 def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     """TIBET on one prompt (or on a {placeholder} prompt filled with each of `request.fill`,
     CAS averaged over the prompts: aggregate mode).

@@ -53,7 +53,13 @@ class GenerateResults(TypedDict, total=False):
     images: list[dict]   # ImageRecord.to_json of every image, in prompt then seed order
 
 
-@recorded("generate")
+def check(request, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
+    [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
+    engine.check_n(request.n)
+
+
+@recorded("generate", check)
 def run(request: GenerateRequest, engine: Engine, run_record: Run):
     """N images of one prompt (or of each of `request.prompts`), recorded as one run.
 

@@ -43,7 +43,8 @@ from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
 from ..metrics.intervals import headline_claim
 from ..scores import number
-from .cfsets import SetSpec, SetsRequest, axis_name, counterfactual_value, generate_set, prepare, resample_weights
+from .cfsets import (SetSpec, SetsRequest, axis_name, check, counterfactual_value, generate_set, prepare,
+                     resample_weights)
 from .generate import settings_for
 
 LEVELS = ("auto", "prompt", "aggregated")
@@ -193,7 +194,13 @@ class Answers:
     outside: dict[str, int] = field(default_factory=dict)
 
 
-@recorded("intersectional")
+def check_before_run(request: IntersectionalRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run, before any run record exists."""
+    check_request(request)
+    check(request, engine)
+
+
+@recorded("intersectional", check_before_run)
 def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     """BiasConnect's sensitivity matrix and bias graph of one prompt (or of a {placeholder}
     prompt filled with each of `request.fill`, pooled: aggregate mode).
@@ -397,3 +404,34 @@ def cell_claims(axes: list[str], matrix, draws: np.ndarray, n: int) -> tuple[dic
     claim["cells"] = k * (k - 1)
     claim["text"] += f"; {clear} of {k * (k - 1)} cells have a sign the 95% interval is sure of"
     return claim, _matrix(positive)
+
+
+# -- reading a run: which pairs are kept (the views mark the others) ------------------------------
+
+def edge_status(results: dict, intervened: str, affected: str) -> dict:
+    """Returns {"kept": bool, "diagonal": bool, "reason": sentence} for one ordered pair of a
+    finished run: kept edges are the χ²-tested dependencies the level keeps; the others are
+    pruned (p above the threshold, or |IS| below the minimum), and their IS is not evidence
+    of an interaction."""
+    if intervened == affected:
+        return {"kept": False, "diagonal": True,
+                "reason": f"the diagonal: how making {affected} diverse fixes {affected} itself (not an edge)"}
+    edge = next((e for e in results.get("edges", []) if e["source"] == intervened and e["target"] == affected), None)
+    if edge is None:
+        return {"kept": False, "diagonal": False, "reason": "this pair was not tested"}
+    if edge["kept"]:
+        return {"kept": True, "diagonal": False,
+                "reason": f"kept edge: χ² p = {edge['p_value']:.1e} < {results.get('p_threshold', 0):g}"}
+    why = (f"χ² p = {edge['p_value']:.1e} is not below {results.get('p_threshold', 0):g}"
+           if edge["p_value"] is None or not edge["p_value"] < results.get("p_threshold", 0)
+           else f"|IS| is below the minimum {results.get('min_abs_is') or 0:g}")
+    return {"kept": False, "diagonal": False,
+            "reason": f"pruned: {why}, so this is not evidence that {intervened} affects {affected}"}
+
+
+def default_pair(results: dict) -> tuple[str, str] | None:
+    """Returns the pair a view opens on: the kept edge with the largest |IS|, or None when no
+    edge is kept (the view then says so instead of showing a pruned pair as if it counted)."""
+    kept = [e for e in results.get("kept_edges", []) if e["is"] is not None and e["is"] == e["is"]]
+    best = max(kept, key=lambda e: abs(e["is"]), default=None)
+    return (best["source"], best["target"]) if best else None

@@ -193,6 +193,10 @@ def resolve(request: MineRequest, engine: Engine) -> tuple[MineRequest, dict | N
     stored = {k: v for k, v in record["results"]["request"].items() if k in MineRequest.__dataclass_fields__}
     effective = MineRequest(**{**stored, "resume": request.resume,
                                "iterations": request.iterations or stored["iterations"]})
+    done = len(record["results"].get("iterations", []))
+    if done >= effective.iterations:
+        raise InputError(f"run '{request.resume}' has finished its {done} iterations; raise T above {done} "
+                         "to continue it")
     return check_request(effective, engine), record["results"]
 
 
@@ -232,10 +236,15 @@ class Miner:
         self.iterations: list[dict] = [dict(i) for i in stored.get("iterations", [])]
         self.pending: dict | None = stored.get("pending")
         self.details: dict[str, dict] = dict(stored.get("details", {}))
-        self.run_chain: list[str] = list(stored.get("run_chain", [])) + ([request.resume] if request.resume else [])
+        # runs this search continued from (a resume continues under the same id: not listed again)
+        chain = list(stored.get("run_chain", []))
+        if request.resume and request.resume not in chain and (run_record is None or run_record.id != request.resume):
+            chain.append(request.resume)
+        self.run_chain: list[str] = chain
         self.by_id = {n["id"]: n for n in self.nodes}
         self.seen = {normalise_prompt(n["prompt"]) for n in self.nodes}
         self.warnings: list[str] = []
+        self.end_reason: str | None = None     # why the search ended before T iterations
         self.scored_here = 0
         self.from_memory = 0      # images served from the in-process score memo
         self.use_memo = not isinstance(engine, _CacheOnlyEngine)   # a budget replay counts store hits
@@ -266,6 +275,7 @@ class Miner:
                     yield Warning(self.warnings.pop(0))
             population = [self.by_id[i] for i in self.pending["population"]]
             if not population:
+                self.end_reason = f"the LLM gave no new prompt at iteration {t + 1} of {T}"
                 yield Warning(f"iteration {t + 1}: the LLM gave no new prompt; the search stops here")
                 break
             todo = [n for n in population if n.get("score") is None and not n.get("skipped")]
@@ -469,7 +479,7 @@ class Miner:
             "best_per_iteration": self.best_per_iteration(), "best_so_far": self.best_so_far(),
             "iterations": self.iterations, "nodes": self.nodes, "details": self.details, "pending": self.pending,
             "complete": len(self.iterations) >= request.iterations and not self.pending,
-            "run_chain": self.run_chain, "resumed_from": request.resume,
+            "end_reason": self.end_reason, "run_chain": self.run_chain, "resumed_from": request.resume,
             "reconstructed": "gap score (spec A.3) and GA defaults (A.4) are a reconstruction",
         }
 
@@ -576,13 +586,18 @@ class MineResults(TypedDict, total=False):
     details: dict                       # archived prompts' gap details
     pending: list                       # prompts of an interrupted iteration still to score
     complete: bool
+    end_reason: str | None              # why the search ended before T iterations
     run_chain: list[str]                # the runs this one resumed, oldest first
     resumed_from: str | None
     reconstructed: str
     counts: dict                        # images and LLM calls made / from the cache in this run
 
 
-@recorded("mine")
+def _check(request: MineRequest, engine: Engine) -> None:
+    resolve(request, engine)
+
+
+@recorded("mine", _check, continues=lambda request: request.resume)
 def run(request: MineRequest, engine: Engine, run_record: Run):
     """MineTheGap's genetic search (or the random baseline) for the prompts the model is most
     biased on (lowest gap score), resumable (`request.resume`).

@@ -87,6 +87,7 @@ from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..metrics.intervals import share_interval
 from ..scores import number
 from . import intersectional
+from . import cfsets
 from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
 from .generate import settings_for
 
@@ -106,6 +107,28 @@ STOP_MESSAGES = {
     "baseline_done": "every axis of B* mitigated (baseline: all axes, no sensitivity matrix, no early stop)",
     "preview": "preview only: the sensitivity matrix was measured, nothing was mitigated",
 }
+# The preview predicts from the sensitivity matrix: its outcome is a forecast, never a success.
+PREVIEW_MESSAGES = {
+    "below_threshold": "τ is already below ε on the initial images: nothing to mitigate",
+    "threshold_reached": "τ would fall below ε (not run yet)",
+    "no_gain": "it would stop with τ above ε: no remaining axis would lower τ",
+    "all_used": "it would stop with τ above ε after mitigating every candidate axis",
+}
+
+
+def outcome(results: dict) -> str:
+    """Returns the one-sentence outcome of a finished run for the status line; a preview says
+    it is a prediction, so it cannot contradict the preview panel."""
+    stop = results.get("stop") or {}
+    states = results.get("states") or [{}]
+    if stop.get("reason") == "preview":
+        forecast = (results.get("preview") or {}).get("message", "")
+        return f"Preview done (nothing mitigated yet); predicted: {forecast}"
+    tau = f"τ {states[0].get('tau', float('nan')):.3f} → {states[-1].get('tau', float('nan')):.3f}"
+    verdict = "ε reached" if stop.get("reached") else "ε not reached"
+    return f"Done, {verdict}: {stop.get('message', '')}; {len(results.get('steps') or [])} step(s), {tau}"
+
+
 
 
 @dataclass
@@ -545,7 +568,7 @@ def preview(sensitivity, priorities: dict[str, float], epsilon: float = DEFAULT_
                       "w_bar": {a: _finite(v) for a, v in w.items()}, "tau": _finite(tau)})
         if tau < epsilon:
             stop = "threshold_reached"
-    return {"tau0": _finite(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": STOP_MESSAGES[stop]}
+    return {"tau0": _finite(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": PREVIEW_MESSAGES[stop]}
 
 
 # -- quality ----------------------------------------------------------------------------------------
@@ -706,7 +729,7 @@ class MitigateResults(TypedDict, total=False):
     outside_choices: dict[str, int]
 
 
-@recorded("mitigate")
+@recorded("mitigate", cfsets.check)
 def run(request: MitigateRequest, engine: Engine, run_record: Run):
     """InterMit (Alg. 4 with the spec §4.3 clarifications) on one prompt, or the baseline that
     mitigates every axis of B* (`strategy="all"`), or only the preview (`preview_only`).
@@ -770,7 +793,7 @@ class Mitigation:
         if state["tau"] < self.epsilon and self.request.strategy == "intermit":
             self.reason = "below_threshold"
             self.results["preview"] = {"tau0": state["tau"], "epsilon": self.epsilon, "steps": [],
-                                       "stop": self.reason, "message": STOP_MESSAGES[self.reason]}
+                                       "stop": self.reason, "message": PREVIEW_MESSAGES[self.reason]}
 
     def steps(self):
         """Mitigate one axis after another until a stop reason (use `yield from`)."""

@@ -24,11 +24,12 @@ from ..errors import InputError
 from ..events import Progress, Scores, Table, Warning
 from ..llm_prompts import variations_prompt
 from ..metrics import biasbench
+from ..metrics.concepts import top_phrases
 from ..metrics.intervals import (bounded, dirichlet_draws, headline_claim, posterior_interval,
                                  sample_size_advice, share_interval)
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
-from ..metrics.tibet import concept_histogram, top_k_concepts
+from ..names import readable
 from ..scores import Score, as_interval, number
 from .generate import GenerationOptions, settings_for
 
@@ -157,6 +158,24 @@ def text_variations(engine: Engine, prompt: str, n: int, seed: int = 0, axis: st
                            temperature=1.0, seed=seed)[:n]
 
 
+def missed_readings(variations: list[str], coverage, k: int = 4) -> list[dict]:
+    """Returns the k worst-covered variations, each text once (a repeated variation weighs
+    the reference distribution but is one missed interpretation), lowest coverage first,
+    with how often the LLM wrote it."""
+    counts: dict[str, int] = {}
+    for v in variations:
+        counts[v] = counts.get(v, 0) + 1
+    out, seen = [], set()
+    for i in np.argsort(np.asarray(coverage, float), kind="stable"):
+        if variations[i] in seen:
+            continue
+        seen.add(variations[i])
+        out.append({"text": variations[i], "coverage": float(coverage[i]), "times": counts[variations[i]]})
+        if len(out) == k:
+            break
+    return out
+
+
 def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.ndarray, n_variations: int,
                    alpha: float = 25.0, combine: str = "diff", seed: int = 0, axis: str | None = None) -> dict:
     """The MineTheGap gap score (reconstruction, spec A.3) of one prompt's images (`records`,
@@ -171,7 +190,7 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
         "alignment_term": gap.alignment_term, "alpha": alpha, "combine": combine,
         "variations": variations, "similarity": gap.similarity.tolist(),
         "coverage": gap.coverage.tolist(), "alignment": gap.alignment.tolist(),
-        "missed": [{"text": variations[i], "coverage": float(gap.coverage[i])} for i in gap.missed_variations],
+        "missed": missed_readings(variations, gap.coverage),
         "least_aligned": [{"seed": records[j].seed, "key": records[j].key, "alignment": float(gap.alignment[j])}
                           for j in gap.least_aligned_images],
         "image_seeds": [r.seed for r in records],
@@ -192,7 +211,7 @@ class SinglePromptResults(TypedDict, total=False):
     diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
     gap: dict                            # gap_for_images (when request.gap)
     captions: list[str]
-    top_concepts: list[list]             # [concept, frequency per image], most frequent first
+    top_concepts: list[list]             # [concept, share of images], most frequent first
     all_flagged: bool                    # every image flagged: nothing measured (then `message` says so)
     message: str
 
@@ -232,7 +251,14 @@ def _more_images(request: SinglePromptRequest, axes: dict, n: int, max_images: i
     return min(max_images, wanted)
 
 
-@recorded("single_prompt")
+def check(request: SinglePromptRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
+    n = engine.check_n(request.n)
+    engine.check_prompt(request.prompt)
+    engine.check_n(request.n_variations or n, "number of text variations")
+
+
+@recorded("single_prompt", check)
 def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     """N images of one prompt measured for bias: the attribute distribution of every axis with
     T2I-BiasBench metrics and small-N intervals, CLIP diversity, the MineTheGap gap score and
@@ -322,13 +348,14 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
         yield Scores("gap", gap_result)
         run_record.save(results)
 
-    # 5. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8).
+    # 5. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8), as whole
+    # phrases with variants merged (metrics.concepts; CAS keeps TIBET's unigrams).
     captions = engine.caption(valid)
-    per_image = [[answers_by_axis[a][j] for a in answers_by_axis] + [captions[j]] for j in range(len(valid))]
-    top = top_k_concepts(concept_histogram(per_image), request.top_k)
+    per_image = [[answers_by_axis[a][j] for a in answers_by_axis] for j in range(len(valid))]
+    top = top_phrases(per_image, captions, request.top_k, known=prompt.lower().split())
     results["captions"] = captions
     results["top_concepts"] = [[c, round(f, 3)] for c, f in top]
-    yield Table("top_concepts", ["concept", "frequency per image"], results["top_concepts"])
+    yield Table("top_concepts", ["concept", "share of images"], results["top_concepts"])
 
     summary = {"n": len(valid), "vendi": round(diversity["vendi"], 3)}
     if "gap" in results:
@@ -374,14 +401,14 @@ def scores(results: dict, summary: dict) -> list[Score]:
 
 
 def headline(record: dict) -> tuple[str, float | None]:
-    """("max CBS 0.412 (gender) · Vendi 3.10 · gap 0.120", the largest CBS) of a stored run."""
+    """("max Composite Bias Score 0.412 (gender) · Vendi 3.10 · gap 0.120", the largest CBS) of a stored run."""
     summary = record.get("summary") or {}
     cbs = {k[4:]: v for k, v in summary.items() if k.startswith("cbs_") and number(v) is not None}
     parts, value = [], None
     if cbs:
         axis = max(cbs, key=cbs.get)
         value = float(cbs[axis])
-        parts.append(f"max CBS {value:.3f} ({axis})")
+        parts.append(f"max {readable('composite_bias_score')} {value:.3f} ({axis})")
         p = number(summary.get("top_axis_probability"))  # issue 16: how sure "most biased" is
         if p is not None and summary.get("top_axis") == axis:
             parts[-1] += f", top with probability {p:.2f}" + ("" if p >= 0.95 else ": no clear winner")

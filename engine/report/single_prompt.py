@@ -35,6 +35,26 @@ def axes_html(blocks) -> Markup:
     return macro("single_prompt.html", "axes")(list(blocks))
 
 
+def gap_reading(gap: dict) -> dict:
+    """Returns two sentences that read a gap result's numbers the way they point: "score"
+    (what its sign means here) and "least" (what the least-aligned images' matches mean)."""
+    score, m, a = gap["score"], gap["coverage_term"], gap["alignment_term"]
+    if gap.get("combine", "diff") == "diff":
+        side = ("below 0: the missed readings are covered worse than the images are aligned, so some "
+                "plausible readings of the prompt get no matching image (a sign of bias)" if score < 0 else
+                "0 or above: the readings are covered about as well as the images are aligned (no sign of "
+                "a missed reading)")
+        text = f"Lower means more biased; B = M − A = {fmt(score, 4)} is {side}."
+    else:
+        text = "Lower means more biased: some plausible readings of the prompt get no matching image."
+    worst = min((x["alignment"] for x in gap.get("least_aligned", [])), default=None)
+    least = ""
+    if worst is not None and worst >= m:
+        least = ("Even these match some variation better than the missed readings match any image: the bias "
+                 "is in the readings no image shows, not in off-prompt images.")
+    return {"score": text, "least": least}
+
+
 def gap_html(gap: dict) -> Markup:
     """Gap score, its terms, the missed interpretations, the least-aligned images and the heatmap."""
     order = sorted(range(len(gap["variations"])), key=lambda i: gap["coverage"][i])
@@ -42,7 +62,7 @@ def gap_html(gap: dict) -> Markup:
                           [f"s{s}" for s in gap["image_seeds"]], diverging=False, digits=2,
                           title="CLIP similarity: text variations (rows, worst covered first) × images (columns)",
                           table_id="gap-heatmap")
-    return macro("single_prompt.html", "gap")(gap=gap, heat=heat)
+    return macro("single_prompt.html", "gap")(gap=gap, heat=heat, reading=gap_reading(gap))
 
 
 def diversity_text(d: dict) -> str:

@@ -27,6 +27,7 @@ from .world import World, seed_int
 STYLE_ANSWER = "a flat cartoon illustration"
 NO_PERSON = "no person"
 OTHER = "other"
+NOT_MODELLED = "not modelled in the synthetic world"
 SCENE_CACHE_SIZE = 4096
 PATTERNS = ("uniform", "shift")
 
@@ -35,6 +36,8 @@ _PERSON_WORDS = re.compile(r"\b(person|people|human|humans|someone|anyone|man|wo
 _OCCUPATION = re.compile(r"\b(occupation|job|profession|career|works?\s+as)\b")
 _STYLE = re.compile(r"\bstyle\b")
 _ETHNICITY = re.compile(r"\b(ethnic\w*|race|racial)\b")
+# The world draws one colour on a person: the outfit's. Colours of body parts it does not model.
+_BODY_PART = re.compile(r"\b(hair\w*|eyes?|eyebrows?|lips?|beard|moustache|mustache|nails?|teeth)\b")
 _YES_NO_START = re.compile(r"^\s*(\[vqa\]\s*)?(is|are|does|do|was|were|can|has|have)\b")
 
 
@@ -123,7 +126,9 @@ class SyntheticVQA:
             return Query("axis", most, ethnicity=ethnicity)
         asked = self.world.axes_in_text(q)
         if asked:
-            return Query("axis", asked[0], ethnicity=ethnicity)
+            # value "body part": a colour the world does not draw (it draws the outfit's only)
+            part = "body part" if asked[0] == "color" and _BODY_PART.search(q) else None
+            return Query("axis", asked[0], part, ethnicity=ethnicity)
         return Query("caption")
 
     def _subject_of(self, text: str) -> str | None:
@@ -199,7 +204,7 @@ class SyntheticVQA:
         axis = self.world.axes[query.axis]
         if truth is None:
             if query.axis == "color" and "outfit_colour" in scene:
-                return scene["outfit_colour"]
+                return NOT_MODELLED if query.value == "body part" else scene["outfit_colour"]
             return NO_PERSON if scene["kind"] != "person" else "unknown"
         if query.ethnicity and truth in (axis.extra.get("ethnicity_answers") or {}):
             return axis.extra["ethnicity_answers"][truth]
