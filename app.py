@@ -11,14 +11,18 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+if os.environ.get("SPACES_ZERO_GPU"):
+    import spaces  # noqa: F401,E402 - ZeroGPU: must be imported before anything touches torch/CUDA
 
 import gradio as gr  # noqa: E402
 
+from engine.cli import make_engine  # noqa: E402
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
 from engine.errors import GapLensError  # noqa: E402
 from engine.limits import Budget  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
-from tabs import counterfactuals, intersectional, mine, mitigate, model_panel, runs, single_prompt  # noqa: E402
+from tabs import (compare_models, counterfactuals, intersectional, mine, mitigate, model_panel, runs,  # noqa: E402
+                  single_prompt)
 from tabs.common import bind_visitors  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
@@ -27,10 +31,28 @@ HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure wit
           "is most biased on, and try mitigations.")
 
 
+# Errors belong to the action that caused them: starting another action (a button, Enter in a
+# text box, another tab) dismisses the toasts still up from an earlier one.
+DISMISS_STALE_TOASTS = """
+if (!window.glToastRule) {
+  window.glToastRule = true;
+  const clear = () => document.querySelectorAll('.toast-wrap .toast-close').forEach((b) => b.click());
+  document.addEventListener('click', (e) => {
+    const b = e.target.closest && e.target.closest('button');
+    if (b && !b.closest('.toast-wrap')) clear();
+  }, true);
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && e.target && e.target.matches('textarea, input')) clear();
+  }, true);
+}
+"""
+
+
 def build_app(engine: Engine) -> gr.Blocks:
     # public mode: Gradio's cache of served files is emptied of day-old files every hour
     with gr.Blocks(title="GapLens", delete_cache=(3600, 86400) if engine.public else None) as demo:
         gr.Markdown(HEADER)
+        gr.HTML("", js_on_load=DISMISS_STALE_TOASTS, elem_id="gl-toast-rule", container=False, padding=False)
         model_panel.build(engine)
         load_hooks = []
         with gr.Tabs():
@@ -44,6 +66,8 @@ def build_app(engine: Engine) -> gr.Blocks:
                 load_hooks += mine.build(engine)
             with gr.Tab(METHODS["mitigate"].title, id="mitigate"):
                 load_hooks += mitigate.build(engine)
+            with gr.Tab(METHODS["compare_models"].title, id="compare-models"):
+                load_hooks += compare_models.build(engine)
             with gr.Tab("Runs", id="runs"):
                 load_hooks += runs.build(engine)
         for fn, outputs in load_hooks:
@@ -63,7 +87,7 @@ def allowed_paths(engine: Engine) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="GapLens web app")
-    p.add_argument("--preset", default=os.environ.get("GAPLENS_PRESET", "auto"),
+    p.add_argument("--preset", default=os.environ.get("GAPLENS_PRESET", "synthetic" if os.environ.get("SPACE_ID") else "auto"),
                    help="synthetic, sd-turbo, sd15, sdxl-turbo, flux-schnell or auto (default)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
@@ -77,8 +101,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="clean unneeded images when the store's images exceed this (public mode default 20)")
     p.add_argument("--hourly-images", type=int, default=Budget.hourly_images,
                    help="public mode: images each visitor may generate per hour")
+    p.add_argument("--gallery", default=os.environ.get("GAPLENS_GALLERY"), metavar="PATH_OR_DATASET",
+                   help="browse a published export (zip, folder or HF dataset id) read-only")
     for role in ("generator", "embedder", "llm", "vqa"):
         p.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL", help=f"replace the preset's {role}")
+        p.add_argument(f"--{role}-option", action="append", default=[], metavar="KEY=VALUE", dest=f"{role}_option",
+                       help=f"an option of the {role} (repeatable; never a secret)")
+    p.add_argument("--max-api-calls", type=int, default=None, help="most image API calls one run may make")
     return p.parse_args(argv)
 
 
@@ -87,15 +116,25 @@ def main(argv=None) -> None:
     budget = Budget(hourly_images=args.hourly_images) if args.public else None
     quota = args.quota_gb if args.quota_gb is not None else (20.0 if args.public else None)
     try:
-        engine = Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images, public=args.public,
-                        budget=budget, quota_gb=quota,
-                        generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa)
+        engine = make_engine(args, public=args.public, budget=budget, quota_gb=quota,
+                             device="cuda" if os.environ.get("SPACES_ZERO_GPU") else None)  # ZeroGPU: never probe CUDA
     except GapLensError as exc:  # e.g. a damaged database: one sentence, no traceback
         raise SystemExit(f"error: {exc}") from None
     print(f"GapLens: {engine.preset_reason}" + ("; public mode" if args.public else ""))
     if engine.store.interrupted:
         print(f"GapLens: {len(engine.store.interrupted)} run(s) left running by a stopped process are marked "
               f"interrupted")
+    if args.gallery:
+        from engine.gallery import open_gallery
+
+        engine.store = open_gallery(args.gallery, engine.store.data_dir)
+        print(f"GapLens: gallery {args.gallery} opened read-only ({engine.store.count('runs')} runs)")
+    if os.environ.get("SPACE_ID"):
+        from engine.space import preload, real_preset_for, space_gpu_memory_gb
+
+        real = real_preset_for(space_gpu_memory_gb())
+        if real:  # loaded now (on ZeroGPU: on the CPU, moved to the GPU inside each @spaces.GPU call)
+            print(f"GapLens: Space hardware allows preset '{real}'; loaded {', '.join(preload(engine, real))}")
     demo = build_app(engine)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
                 theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"],

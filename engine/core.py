@@ -5,21 +5,22 @@ serves each from the store when it can and computes (and stores) it otherwise.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import __version__, access, limits
-from .backends.base import GenerationSettings, ModelSpec
-from .errors import GapLensError, InputError, StoreError
-from .events import Done, Images, Progress
+from . import __version__, access, limits, sources
+from .backends.base import GenerationSettings, ModelSpec, PartialBatch, with_options
+from .errors import GapLensError, InputError, OutOfMemoryError, StoreError
+from .events import Done, Images, Progress, Warning
 from .models import ModelManager
 from .presets import resolve_preset
 from .names import short_label
@@ -27,6 +28,7 @@ from .store import ImageRecord, Store, content_key, image_key
 
 DEFAULT_DATA_DIR = "~/.cache/gaplens"
 DEFAULT_MAX_IMAGES = 128
+DEFAULT_MAX_API_CALLS = 200   # image API calls one run may make (--max-api-calls)
 MAX_PROMPT_CHARS = 1000
 
 
@@ -52,18 +54,27 @@ class Engine:
                  max_images: int = DEFAULT_MAX_IMAGES, device: str | None = None,
                  memory_budget_gb: float | None = None, public: bool = False,
                  budget: "limits.Budget | None" = None, quota_gb: float | None = None,
+                 options: dict | None = None, max_api_calls: int = DEFAULT_MAX_API_CALLS,
                  **model_overrides: str | ModelSpec | None):
         """`public`: serve visitors (engine/access.py): each sees only their own runs, host-only
         actions refuse them, requests must fit `budget` (default `limits.Budget()`), and the
-        store is cleaned automatically when its images exceed `quota_gb`."""
-        self.preset, self.preset_reason = resolve_preset(preset, **model_overrides)
+        store is cleaned automatically when its images exceed `quota_gb`. `options`: backend
+        options by role (`--ROLE-option KEY=VALUE`); `max_api_calls`: image API calls per run."""
+        self.preset, self.preset_reason = resolve_preset(preset, options, **model_overrides)
         self.public = bool(public)
         self.budget = (budget or limits.Budget()) if public else budget
         self.store = Store(data_dir or default_data_dir(), public=self.public)
         self.store.quota_bytes = int(quota_gb * 2**30) if quota_gb else None
+        # CLI/app overrides (--generator etc.) and options apply to every preset picked later, too
+        self.model_overrides = {k: v for k, v in model_overrides.items() if v}
+        self.model_options = dict(options or {})
+        self.max_api_calls = int(max_api_calls)
+        self.api_calls = 0   # image API calls made by the current run (reset by start_run)
+        self.api_calls_announced = 0   # ... and announced ahead (announce_api_calls)
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
         self.models = ModelManager(device, budget)
+        self._overlap: bool | None = None
         self.stats = EngineStats()
 
     # -- models --------------------------------------------------------------------------------
@@ -75,6 +86,8 @@ class Engine:
         """The role's spec and what its loader needs: CLIP zero-shot VQA answers through the
         preset's embedder, so it gets the loaded one instead of loading a second copy."""
         spec = self.preset.specs()[role]
+        if spec.backend in ("openai_images", "openai_vqa"):   # remembers a server's listed model here
+            return spec, {"data_dir": str(self.store.data_dir)}
         return spec, ({"embedder": self.models.get(self.preset.embedder)} if spec.backend == "clip_vqa" else {})
 
     def _backend(self, role: str):
@@ -84,7 +97,37 @@ class Engine:
     def model_id(self, role: str) -> str:
         """The loaded backend's id (part of cache keys); loads the model if needed."""
         spec, context = self._spec_and_context(role)
-        return self.models.get(spec, **context).id
+        backend = self.models.get(spec, **context)
+        return backend.id if getattr(backend, "options_in_id", False) else with_options(backend.id, spec.options)
+
+    @property
+    def overlap_evaluation(self) -> bool:
+        """Whether evaluation may run beside generation (stream_image_set's `evaluate`): set it to force
+        a choice. By default True on a GPU when the generator, embedder and VQA fit the memory budget
+        together (else the manager would have to evict a model in use); False on a CPU, where both
+        threads would fight for the same cores (bench/end_to_end.py measured it slower there), and
+        for the synthetic world."""
+        if self._overlap is not None:
+            return self._overlap
+        specs = [self.preset.specs()[r] for r in ("generator", "embedder", "vqa")]
+        if all(s.backend.startswith("synthetic") for s in specs):
+            return False
+        from .device import is_accelerator
+        from .plan import estimate_bytes
+
+        device = self.models.device
+        if not is_accelerator(device):
+            return False
+        budget = self.models.budget_bytes
+        return not budget or sum(estimate_bytes(s, device) for s in specs) <= budget
+
+    @overlap_evaluation.setter
+    def overlap_evaluation(self, value: bool | None) -> None:
+        self._overlap = value
+
+    def generator_loaded(self) -> bool:
+        """True when the generator is already loaded (asking for its defaults then loads nothing)."""
+        return self.generator_spec in self.models._models
 
     def default_settings(self) -> GenerationSettings:
         with self._backend("generator") as gen:
@@ -99,14 +142,17 @@ class Engine:
         return {
             "preset": self.preset.name,
             "reason": short_label(self.preset_reason),
-            "models": {role: short_label(spec.label) for role, spec in self.preset.specs().items()},
+            "models": {role: short_label(spec.full_label) for role, spec in self.preset.specs().items()},
             "loaded": [{**m, "model": short_label(str(m.get("model", "")))} for m in self.models.loaded()],
             "device": self.models._device or "not chosen yet (no real model loaded)",
-            "memory": _memory_summary(),
+            "memory": _memory_summary(self.models._device),
+            "resident": self.models.summary(),
             "data_dir": short_label(str(self.store.data_dir)) if not self.public else "(hidden in public mode)",
             "stored_images": self.store.count("images"),
             "runs": self.store.count_runs() if self.public else self.store.count("runs"),
             "max_images": self.max_images,
+            "max_api_calls": self.max_api_calls,
+            "generator_kind": sources.kind_by_name(self.generator_spec),
             "version": __version__,
         }
 
@@ -115,12 +161,25 @@ class Engine:
         access.require_host(self.public, "unloading the models")
         return self.models.unload()
 
-    def set_preset(self, name: str, **model_overrides) -> None:
-        """Switch to another preset: models of the old one are unloaded, the store is kept.
-        Host only in public mode."""
+    def with_generator(self, spec: ModelSpec, label: str = "") -> "Engine":
+        """Returns a view of this engine whose preset has `spec` as its generator (compare
+        models): the store, the model manager (one memory budget), the other models and the
+        stats are shared, so only the generator differs."""
+        view = copy.copy(self)
+        view.preset = replace(self.preset, name=f"{self.preset.name}+{label or spec.label}", generator=spec)
+        view.preset_reason = f"{self.preset_reason}; generator replaced by {spec.label} to compare models"
+        return view
+
+    def set_preset(self, name: str, options: dict | None = None, **model_overrides) -> None:
+        """Switch to another preset: models of the old one are unloaded, the store is kept. The engine's
+        model overrides and options (from the command line, or given here, which add to them) replace
+        the preset's. Host only in public mode."""
         access.require_host(self.public, "switching the preset")
-        preset, reason = resolve_preset(name, **model_overrides)
-        self.models.unload()
+        overrides = {**self.model_overrides, **{k: v for k, v in model_overrides.items() if v}}
+        options = self.model_options if options is None else options
+        preset, reason = resolve_preset(name, options, **overrides)
+        self.model_overrides, self.model_options = overrides, dict(options or {})
+        self.models.unload_except(preset.specs().values())  # shared and pinned (preloaded) models stay
         self.preset, self.preset_reason = preset, reason
 
     # -- validation ----------------------------------------------------------------------------
@@ -151,28 +210,66 @@ class Engine:
                ) -> Iterator[list[ImageRecord]]:
         """Yield the images for (prompt, seed) pairs batch by batch: stored ones at once, then each
         generated batch as soon as it is finished (and stored). Order within the stream is
-        cached-first; every record carries its seed."""
+        cached-first; every record carries its seed.
+
+        For an images API (not seedable) a seed is the image's index: the key is prompt +
+        index + settings + model, a refusal is recorded like an image and never asked again,
+        and the calls a run makes are bounded by `max_api_calls`. A folder or dataset source
+        serves image i of the prompt for seed i and says how many it has when asked for more."""
         settings = settings or self.default_settings()
         gen_id = self.model_id("generator")
+        generator = self.models.get(self.generator_spec)   # loaded by model_id above
+        if seeds and hasattr(generator, "check_available"):
+            generator.check_available(prompt, max(seeds) + 1)   # before any image: one clear sentence
         keys = [image_key(gen_id, prompt, s, settings) for s in seeds]
         # Imported images are not cache hits: an archive's bytes are not proof of what this
         # generator makes for this key (an archive can swap images and rewrite its checksums).
         found = self.store.get_images(keys, local_only=True)
+        found.update({k: r for k, r in self.store.get_refusals([k for k in keys if k not in found]).items()})
         cached = [found[k] for k in keys if k in found]
         if cached:
             self.stats.image_cache_hits += len(cached)
             self.store.touch([r.key for r in cached])
             yield cached
         missing = [(s, k) for s, k in zip(seeds, keys) if k not in found]
-        batch_size = max(1, int(getattr(self.models.get(self.generator_spec), "batch_size", 4)))
-        for start in range(0, len(missing), batch_size):
+        if missing and getattr(generator, "source_kind", "model") == "api":
+            if self.api_calls + len(missing) > self.max_api_calls:
+                raise InputError(f"this needs {len(missing)} more image API call(s) but the budget allows "
+                                 f"{max(0, self.max_api_calls - self.api_calls)} more in this run (at most "
+                                 f"{self.max_api_calls}); lower N or raise the budget (--max-api-calls)")
+            self.api_calls += len(missing)
+        batch_size = max(1, int(getattr(generator, "batch_size", 4)))
+        start, retried = 0, False
+        while start < len(missing):
             batch = missing[start:start + batch_size]
-            with self._backend("generator") as gen:
-                outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+            failure = None
+            try:
+                with self._backend("generator") as gen:
+                    try:
+                        outputs = gen.generate(prompt, [s for s, _ in batch], settings)
+                    except PartialBatch as partial:   # keep what was made (and paid for) before the failure
+                        outputs, failure = partial.outputs, partial.error
+            except OutOfMemoryError:
+                if retried or batch_size == 1:
+                    raise  # its message says what to change
+                # One retry with half the batch; the generator keeps the smaller size from now on.
+                # Each image depends only on its own seed, so the images do not change.
+                retried, batch_size = True, max(1, batch_size // 2)
+                generator.batch_size = batch_size
+                self.models.memory.empty_cache(self.models.device)
+                continue
             self.stats.generator_calls += 1
-            self.stats.images_generated += len(outputs)
-            yield [self.store.put_image(k, gen_id, prompt, out.seed, settings, out.image, out.nsfw)
-                   for (s, k), out in zip(batch, outputs)]
+            self.stats.images_generated += sum(out.refused is None for out in outputs)
+            start += len(batch)
+            key_of = dict(batch)
+            records = [self.store.put_refusal(key_of[out.seed], gen_id, prompt, out.seed, out.refused)
+                       if out.refused is not None else
+                       self.store.put_image(key_of[out.seed], gen_id, prompt, out.seed, settings, out.image, out.nsfw)
+                       for out in outputs]
+            if records:
+                yield records
+            if failure is not None:
+                raise failure
 
     def image_set(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings | None = None
                   ) -> list[ImageRecord]:
@@ -181,14 +278,23 @@ class Engine:
         return [by_seed[s] for s in seeds]
 
     def regenerate_check(self, prompt: str, seed: int, settings: GenerationSettings, key: str
-                         ) -> tuple[bool, int]:
+                         ) -> tuple[bool, int | None]:
         """Generate one image alone (bypassing the store) and compare it with the stored one:
-        (pixel-identical?, largest per-channel difference in grey levels)."""
+        (pixel-identical?, largest per-channel difference in grey levels). (False, None), without
+        generating, when the stored image is gone (deleted with a run, or its file is missing):
+        there is nothing to compare, which says nothing about reproducibility."""
+        kind = sources.source_kind(self)
+        if kind != "model":
+            raise InputError("images from an API are not seedable: regenerating one gives a different image, "
+                             "so there is nothing to check" if kind == "api" else
+                             "these images come from a folder or dataset, not from a model: there is nothing to regenerate")
         stored = self.store.get_images([key]).get(key)
+        if stored is None:
+            return False, None
         with self._backend("generator") as gen:
             fresh = gen.generate(prompt, [int(seed)], settings)[0].image.convert("RGB")
         self.stats.generator_calls += 1
-        if stored is None or stored.image.size != fresh.size:
+        if stored.image.size != fresh.size:
             return False, 255
         diff = int(np.abs(np.asarray(stored.image, np.int16) - np.asarray(fresh, np.int16)).max())
         return diff == 0, diff
@@ -295,8 +401,19 @@ class Engine:
         return cost
 
     def start_run(self, method: str, request: dict, cost: int = 0) -> "Run":
-        models = {role: spec.label for role, spec in self.preset.specs().items()}
+        self.api_calls = self.api_calls_announced = 0
+        models = {role: spec.full_label for role, spec in self.preset.specs().items()}
         return Run(self, self.store.create_run(method, request, models, __version__, cost=cost), method, request)
+
+    def reopen_run(self, run_id: str, method: str, request: dict) -> "Run":
+        """The stored run `run_id` in status 'running' again, to be continued under its own id
+        (a resumed search); InputError when there is no such run of that method."""
+        record = self.store.get_run(run_id)
+        if record is None or record["method"] != method or not self.store.run_writable(run_id):
+            raise InputError(f"no {method} run '{run_id}' of yours in the store")
+        self.api_calls = self.api_calls_announced = 0
+        self.store.update_run(run_id, status="running")
+        return Run(self, run_id, method, request)
 
 
 class CachedLLM:
@@ -345,20 +462,34 @@ class Run:
         return Done(self.id, results, summary)
 
 
-def recorded(method: str):
+def recorded(method: str, check: Callable | None = None, continues: Callable | None = None):
     """Decorator for a method generator `fn(request, engine, run_record)`: creates its run record and
     marks it failed (with the message) or stopped when the consumer closes the stream early.
-    Whatever the method stored before the failure stays in the store."""
+    Whatever the method stored before the failure stays in the store.
+
+    `check(request, engine)` runs first and raises InputError for a request that cannot run
+    (an empty prompt), so bad input never leaves a failed run behind. `continues(request)`
+    returns the id of a stored run the request continues (a resume), which is reopened under
+    its own id instead of creating a new one."""
 
     def wrap(fn):
         @functools.wraps(fn)
         def run_method(request, engine: Engine):
+            if check is not None:
+                check(request, engine)
             cost = engine.admit(method, request)  # nothing is stored for a request out of bounds
-            run = engine.start_run(method, _as_dict(request), cost)
+            previous = continues(request) if continues is not None else None
+            run = (engine.reopen_run(previous, method, _as_dict(request)) if previous
+                   else engine.start_run(method, _as_dict(request), cost))
+            finished, events = False, fn(request, engine, run)
             try:
-                yield from fn(request, engine, run)
+                for event in events:
+                    finished = finished or isinstance(event, Done)
+                    yield event
             except GeneratorExit:
-                engine.store.update_run(run.id, status="stopped")
+                events.close()      # the method saves what it has (e.g. a search's state)
+                if not finished:    # a consumer closing the stream after Done did not stop the run
+                    engine.store.update_run(run.id, status="stopped")
                 raise
             except GapLensError as exc:
                 engine.store.update_run(run.id, status="failed", error=str(exc))
@@ -381,17 +512,73 @@ def _as_dict(request) -> dict:
     return dict(request)
 
 
+class _Overlap:
+    """Runs `evaluate(batch)` on one worker thread while the caller goes on generating: the VQA/CLIP of
+    batch k overlaps the generation of batch k+1. `evaluate` only warms the store's caches (same keys
+    as the method's own calls later), so a failure here is ignored: the method's call redoes the work
+    and reports the error where it belongs."""
+
+    def __init__(self, evaluate: Callable):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.evaluate = evaluate
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaplens-eval")
+        self.futures = []
+
+    def submit(self, batch) -> None:
+        self.futures.append(self.pool.submit(self._quietly, list(batch)))
+
+    def _quietly(self, batch) -> None:
+        try:
+            self.evaluate(batch)
+        except Exception:  # noqa: BLE001 - see the class docstring
+            pass
+
+    def close(self, wait: bool) -> None:
+        self.pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
 def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int],
                      settings: GenerationSettings, label: str = "",
-                     progress_offset: int = 0, progress_total: int | None = None):
+                     progress_offset: int = 0, progress_total: int | None = None,
+                     evaluate: Callable | None = None):
     """Generate one image set, yielding Images and Progress events (with an ETA measured from
-    the batches generated so far); returns the records in seed order (use `yield from`)."""
+    the batches generated so far); returns the records in seed order (use `yield from`).
+
+    `evaluate(batch)`, when given and the engine's models fit side by side
+    (Engine.overlap_evaluation), runs on another thread for each batch as soon as it is stored,
+    while the next batch generates; the set is returned once every evaluation has finished."""
     total = progress_total or len(seeds)
     by_seed: dict[int, ImageRecord] = {}
-    start, generated = time.perf_counter(), 0
+    calls = sources.api_calls_needed(engine, [(prompt, seeds, settings)])
+    if calls and engine.api_calls + calls > engine.api_calls_announced:
+        yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for '{prompt}' (budget "
+                      f"{engine.max_api_calls - engine.api_calls} left in this run); API images are not seedable, "
+                      "so regenerating them would not reproduce them: they are kept in the store")
+    overlap = _Overlap(evaluate) if evaluate is not None and engine.overlap_evaluation else None
+    finished = False
+    try:
+        yield from _stream_batches(engine, run, prompt, seeds, settings, label, progress_offset, total,
+                                   by_seed, time.perf_counter(), overlap)
+        finished = True
+    finally:
+        if overlap is not None:  # a stopped stream does not wait for evaluations nobody will read
+            overlap.close(wait=finished)
+    refused = [by_seed[s] for s in seeds if by_seed[s].refused]
+    if refused:
+        yield Warning(f"the API refused {len(refused)} of {len(seeds)} image(s) of '{prompt}' "
+                      f"({refused[0].refused}); they are recorded as refused, not retried, and excluded "
+                      "from every metric")
+    return [by_seed[s] for s in seeds]
+
+
+def _stream_batches(engine, run, prompt, seeds, settings, label, progress_offset, total, by_seed, start, overlap):
+    generated = 0
     for batch in engine.images(prompt, seeds, settings):
         by_seed.update({r.seed: r for r in batch})
         run.add_images(batch, label)
+        if overlap is not None:
+            overlap.submit(batch)
         fresh = sum(not r.cached for r in batch)
         generated += fresh
         done = progress_offset + len(by_seed)
@@ -401,16 +588,22 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
             eta = per_image * max(0, total - done)
         yield Images(batch, label, done, total)
         yield Progress(done, total, "images", f"{done}/{total} images" + (f" ({label})" if label else ""), eta)
-    return [by_seed[s] for s in seeds]
 
 
-def _memory_summary() -> str:
+def _memory_summary(device: str | None) -> str:
+    """Returns one line on device memory. Touches CUDA only once a model has chosen a CUDA device, and
+    never on ZeroGPU, where the main process must not initialise CUDA."""
     import sys
 
+    from .device import on_zero_gpu
+
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
+    if (torch is not None and device and str(device).startswith("cuda") and not on_zero_gpu()
+            and torch.cuda.is_available()):
         free, total = torch.cuda.mem_get_info()
         return f"GPU {torch.cuda.get_device_name(0)}: {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
+    if on_zero_gpu():
+        return "ZeroGPU (a GPU is attached for each request)"
     try:
         import resource
 

@@ -82,16 +82,89 @@ def default_dtype(device: str, *, prefer_bf16: bool = False, override=None):
 
 
 def _supports_bf16(device: str) -> bool:
+    """True when the device computes in bfloat16 natively (CUDA compute capability >= 8.0, Ampere on;
+    MPS from macOS 14). torch.cuda.is_bf16_supported() also says True for emulated bf16 on older
+    GPUs, which runs far slower than fp16: that is why it is called with including_emulation=False."""
     import torch
 
     if str(device).startswith("cuda"):
-        return torch.cuda.is_bf16_supported()
+        if on_zero_gpu():
+            return True  # ZeroGPU hands out A100/H200 (Ampere and later); no CUDA call in the main process
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # torch < 2.3 has no including_emulation
+            index = torch.device(device).index or 0
+            return torch.cuda.get_device_capability(index)[0] >= 8
     # MPS has bfloat16 from macOS 14 on; torch reports it by allowing the allocation.
     try:
         torch.zeros(1, dtype=torch.bfloat16, device=device)
         return True
     except (RuntimeError, TypeError):
         return False
+
+
+def on_zero_gpu() -> bool:
+    """True on a Hugging Face ZeroGPU Space (SPACES_ZERO_GPU=true), where the main process must never
+    initialise CUDA: a GPU is attached only inside @spaces.GPU functions."""
+    return os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
+
+
+# ZeroGPU attaches (a slice of) an H200: 70 GB per workload (huggingface.co/docs/hub/spaces-zerogpu).
+ZERO_GPU_MEMORY_GB = 70.0
+# Kept free on a CUDA device for the CUDA context, cuBLAS/cuDNN workspaces and fragmentation.
+CUDA_RESERVE_BYTES = int(1.5 * 2**30)
+
+
+class DeviceMemory:
+    """Reports a device's total memory and empties its cache. The model manager and the memory plan
+    take one as a parameter, so tests inject a fake CUDA reporter instead of patching torch."""
+
+    def total_bytes(self, device: str) -> int | None:
+        """Returns the device's total memory in bytes (CUDA: the card; MPS: Metal's recommended maximum;
+        CPU: physical RAM), or None when unknown."""
+        kind = str(device).split(":")[0]
+        if kind == "cuda":
+            if on_zero_gpu():
+                return int(ZERO_GPU_MEMORY_GB * 2**30)
+            import torch
+
+            index = torch.device(device).index or 0
+            return int(torch.cuda.get_device_properties(index).total_memory)
+        if kind == "mps":
+            import torch
+
+            return int(torch.mps.recommended_max_memory())
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            return None
+
+    def empty_cache(self, device: str) -> None:
+        """Collects garbage and returns cached blocks to the driver, so the next load can use them."""
+        gc.collect()
+        kind = str(device).split(":")[0]
+        if kind in ("cuda", "mps") and not on_zero_gpu():
+            import torch
+
+            if kind == "cuda" and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            elif kind == "mps":
+                torch.mps.empty_cache()
+
+
+def default_budget_bytes(device: str, memory: DeviceMemory | None = None) -> int | None:
+    """Returns the bytes of weights and activations the model manager may keep on `device`:
+    CUDA total minus CUDA_RESERVE_BYTES; MPS its recommended maximum; CPU physical RAM minus a
+    quarter (the OS, Python and the store's images need the rest). None when unknown."""
+    total = (memory or DeviceMemory()).total_bytes(device)
+    if not total:
+        return None
+    kind = str(device).split(":")[0]
+    if kind == "cuda":
+        return max(total - CUDA_RESERVE_BYTES, total // 2)
+    if kind == "mps":
+        return total
+    return int(total * 0.75)
 
 
 def memory_info(device: str) -> dict | None:
@@ -211,6 +284,38 @@ def fingerprint_path(path: str | Path) -> str:
         if file.suffix == ".json" and stat.st_size <= 1 << 20:
             digest.update(file.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def hub_commit(model: str, *, revision: str | None = None, cache_dir: str | None = None,
+               filename: str = "config.json") -> str | None:
+    """Returns the commit of the hub snapshot `from_pretrained` read `model` from: the cache folder
+    that `filename` (at `revision`, default main) resolves to. None for a local path or a file
+    that is not in the cache. transformers 5 no longer sets `config._commit_hash`, so this asks
+    huggingface_hub's cache (`try_to_load_from_cache`) instead."""
+    if Path(model).expanduser().exists():
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(model, filename, cache_dir=cache_dir, revision=revision)
+    except Exception:  # noqa: BLE001 - an id that is not a valid repo id: no commit
+        return None
+    return hub_commit_from_path(path) if isinstance(path, str) else None
+
+
+def cached_snapshot(model: str) -> Path | None:
+    """Returns the local hub-cache snapshot folder of `model` (the one refs/main points to), found by its
+    model_index.json or config.json, or None when it is not cached (or not a repo id)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        for name in ("model_index.json", "config.json"):
+            path = try_to_load_from_cache(model, name)
+            if isinstance(path, str):
+                return Path(path).parent
+    except Exception:  # noqa: BLE001 - not a repo id
+        return None
+    return None
 
 
 def hub_commit_from_path(path: str | os.PathLike) -> str | None:

@@ -56,6 +56,7 @@ from typing import Iterable, Sequence
 from .backends.base import GenerationSettings
 from .errors import GapLensError
 from .events import Progress
+from .sources import announce_api_calls
 from .store import Store, image_key
 
 # Launchers' world-size variables (torchrun/accelerate; MPI as accelerate reads them).
@@ -280,7 +281,10 @@ def distributed_image_sets(engine, sets: Iterable[Sequence]):
     """Make sure the store holds every image of `sets` (each `(prompt, seeds, settings[, label])`),
     generating the missing ones across all ranks of a launched job; use with `yield from`.
     Yields Progress events (global count, ETA) and returns a summary dict. In a single process
-    it does nothing and returns {}: the method generates as it always does."""
+    it does nothing and returns {}: the method generates as it always does. An images API's
+    total number of calls is announced and checked against the budget first (core.announce_api_calls)."""
+    sets = list(sets)
+    yield from announce_api_calls(engine, sets)
     cluster = active()
     if cluster is None:
         return {}

@@ -125,6 +125,8 @@ SCHEMAS: dict[str, dict[str, Callable]] = {
                "nsfw": _flag, "created": _number},
     "answers": {"key": _key, "image_key": _key, "evaluator": _text(2000), "question": _text(10_000),
                 "choices": _json_text(64 * 1024, list), "answer": _text(20_000), "created": _number},
+    "labels": {"run_id": _text(200), "image_key": _key, "axis": _text(200), "label": _text(200), "who": _text(200),
+               "created": _number},
     "embeddings": {"key": _key, "subject": _text(10_000), "evaluator": _text(2000), "dim": _integer(1, 65_536),
                    "vector_b64": _text(400_000), "created": _number},
 }
@@ -299,8 +301,10 @@ def _read(zf: zipfile.ZipFile, name: str, store: Store, replace: bool, trust: bo
             new = keymap[e["subject"]]
             e = {**e, "subject": new, "key": content_key("embedding", e["evaluator"], new)}
         embeddings.append({**e, "vector": vector})
+    labels = [{**label, "run_id": renamed.get(label["run_id"], label["run_id"]), "image_key": keymap[label["image_key"]]}
+              for label in rows("labels") if label["run_id"] in wanted_runs and label["image_key"] in keymap]
     return {"runs": todo, "links": [{**link, "image_key": keymap[link["image_key"]]} for link in links],
-            "images": images, "keymap": keymap, "answers": answers, "embeddings": embeddings,
+            "images": images, "keymap": keymap, "answers": answers, "embeddings": embeddings, "labels": labels,
             "skipped": skipped, "renamed": renamed, "dropped": dropped}
 
 
@@ -333,6 +337,7 @@ def _write(store: Store, plan: dict, trust: bool, zf: zipfile.ZipFile) -> dict:
                 run["results"] = json.dumps(rewritten, default=_json_default)
         store.import_rows(images=image_rows, runs=plan["runs"], run_images=plan["links"], answers=plan["answers"],
                           embeddings=plan["embeddings"])
+        store.import_labels(plan["labels"])   # the runs' spot-check answers (issue 16)
     except BaseException:
         store.remove_image_files(written)
         raise

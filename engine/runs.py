@@ -17,6 +17,7 @@ from typing import Iterable
 
 from .errors import InputError
 from .methods import METHODS
+from .names import readable
 from .scores import Score, as_interval, difference, number, short_number
 from .store import ImageRecord, Store
 
@@ -150,7 +151,7 @@ def headline(run: dict) -> tuple[str, float | None]:
             pass
     summary = run.get("summary") or {}
     items = [(k, v) for k, v in summary.items() if k not in ("seconds", "n") and number(v) is not None]
-    text = " · ".join(f"{k} {short_number(v)}" for k, v in items[:3])
+    text = " · ".join(f"{readable(k)} {short_number(v)}" for k, v in items[:3])
     return text, (float(items[0][1]) if items else None)
 
 
@@ -273,7 +274,11 @@ def compare_runs(store: Store, run_ids: list[str]) -> dict:
         table.append({"group": key[0], "metric": key[1],
                       "values": [v.to_json() if v else None for v in values],
                       "differences": [difference(values[0], v) for v in values[1:]]})
-    return {"runs": [{"id": r["id"], "method": r["method"], "status": r["status"], "prompt": run_prompt(r),
+    by_model: dict[str, list[str]] = {}     # generator -> the runs made with it, in the order picked
+    for r in runs:
+        by_model.setdefault(short_model((r.get("models") or {}).get("generator", "")), []).append(r["id"])
+    return {"by_model": [{"generator": g, "runs": ids} for g, ids in by_model.items()],
+            "runs": [{"id": r["id"], "method": r["method"], "status": r["status"], "prompt": run_prompt(r),
                       "generator": short_model((r.get("models") or {}).get("generator", "")),
                       "date": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])),
                       "headline": headline(r)[0]} for r in runs],

@@ -65,11 +65,25 @@ CREATE TABLE IF NOT EXISTS runs (
     models TEXT NOT NULL DEFAULT '{}', version TEXT NOT NULL, error TEXT,
     created REAL NOT NULL, updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS refusals (
+    key TEXT PRIMARY KEY, generator TEXT NOT NULL, prompt TEXT NOT NULL, seed INTEGER NOT NULL,
+    message TEXT NOT NULL, created REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS run_images (
     run_id TEXT NOT NULL, image_key TEXT NOT NULL, label TEXT NOT NULL DEFAULT '',
     position INTEGER NOT NULL,
     PRIMARY KEY (run_id, image_key, label)
 );
+"""
+# spot-check labels (issue 16): a person's label of one image on one axis, kept with the run it
+# was checked in; looked up by image key too, so a later run over the same images reuses them
+SCHEMA += """
+CREATE TABLE IF NOT EXISTS labels (
+    run_id TEXT NOT NULL, image_key TEXT NOT NULL, axis TEXT NOT NULL, label TEXT NOT NULL,
+    who TEXT NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (run_id, image_key, axis, who)
+);
+CREATE INDEX IF NOT EXISTS labels_by_image ON labels(image_key);
 """
 
 # Columns added after the first release (added to older stores when they are opened):
@@ -119,6 +133,7 @@ class ImageRecord:
     nsfw: bool = False
     cached: bool = False
     _image: Image.Image | None = None
+    refused: str | None = None   # an image API refused the prompt (message); nsfw is set too
 
     @property
     def image(self) -> Image.Image:
@@ -128,8 +143,11 @@ class ImageRecord:
         return self._image
 
     def to_json(self) -> dict:
-        return {"key": self.key, "prompt": self.prompt, "seed": self.seed, "path": self.path,
-                "nsfw": self.nsfw, "cached": self.cached}
+        out = {"key": self.key, "prompt": self.prompt, "seed": self.seed, "path": self.path,
+               "nsfw": self.nsfw, "cached": self.cached}
+        if self.refused:
+            out["refused"] = self.refused
+        return out
 
 
 class Store:
@@ -278,6 +296,31 @@ class Store:
                                             bool(row["nsfw"]), True)
         return found
 
+    # -- refusals (an image API declined a prompt: recorded once, never retried) ---------------
+    def refusal_placeholder(self) -> Path:
+        """A plain grey PNG shown where a refused image would be."""
+        path = self.data_dir / "refused.png"
+        if not path.exists():
+            tmp = path.with_name(f".refused.{uuid.uuid4().hex}.tmp")
+            Image.new("RGB", (64, 64), (128, 128, 128)).save(tmp, format="PNG")
+            os.replace(tmp, path)
+        return path
+
+    def put_refusal(self, key: str, generator_id: str, prompt: str, seed: int, message: str) -> ImageRecord:
+        """Record that the generator refused (prompt, seed). Returns a record flagged nsfw and
+        refused, pointing at the placeholder (it is not an image: metrics exclude it)."""
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO refusals VALUES (?,?,?,?,?,?)",
+                       (key, generator_id, prompt, int(seed), str(message), time.time()))
+        return ImageRecord(key, prompt, int(seed), str(self.refusal_placeholder()), True, False, refused=str(message))
+
+    def get_refusals(self, keys: Sequence[str]) -> dict[str, ImageRecord]:
+        """The recorded refusals among `keys`, as refused records."""
+        rows = self._read_in("SELECT key, prompt, seed, message FROM refusals", "key", keys)
+        placeholder = str(self.refusal_placeholder()) if rows else ""
+        return {r["key"]: ImageRecord(r["key"], r["prompt"], r["seed"], placeholder, True, True,
+                                      refused=r["message"]) for r in rows}
+
     def image_rows(self, keys: Sequence[str]) -> list[dict]:
         return [dict(r) for r in self._read_in("SELECT * FROM images", "key", keys)]
 
@@ -343,6 +386,30 @@ class Store:
     def new_run_id(self) -> str:
         return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
+    # -- spot-check labels (issue 16) ---------------------------------------------------------
+    def put_labels(self, rows: Iterable[tuple[str, str, str, str, str]]) -> int:
+        """Store (run_id, image_key, axis, label, who) rows, stamped now; a person's new answer for
+        the same image and axis in the same run replaces the old one. Returns how many were written."""
+        rows = [(str(r), str(k), str(a).strip().lower(), str(lab).strip().lower(), str(w), time.time())
+                for r, k, a, lab, w in rows]
+        with self._write() as db:
+            db.executemany("INSERT OR REPLACE INTO labels VALUES (?,?,?,?,?,?)", rows)
+        return len(rows)
+
+    def label_rows(self, run_id: str | None = None, image_keys: Sequence[str] = ()) -> list[dict]:
+        """Stored labels of a run (with `run_id`) or of some images in any run (`image_keys`), oldest first."""
+        if run_id is not None:
+            return [dict(r) for r in self._read("SELECT * FROM labels WHERE run_id=? ORDER BY created", (run_id,))]
+        return [dict(r) for r in self._read_in("SELECT * FROM labels", "image_key", image_keys, "created")]
+
+    def import_labels(self, rows: Sequence[dict]) -> None:
+        """Insert exported label rows verbatim (a run imported with its spot-check)."""
+        with self._write() as db:
+            db.executemany("INSERT OR REPLACE INTO labels VALUES (?,?,?,?,?,?)",
+                           [(str(r["run_id"]), str(r["image_key"]), str(r["axis"]), str(r["label"]), str(r["who"]),
+                             float(r["created"])) for r in rows])
+
+    # -- runs ----------------------------------------------------------------------------------
     def create_run(self, method: str, request: dict, models: dict, version: str,
                    run_id: str | None = None, cost: int = 0) -> str:
         """A new run in status 'running', owned by the current visitor and recording this
@@ -495,6 +562,7 @@ class Store:
                 raise NotAllowedError(f"run '{run_id}' is not yours: visitors may delete only their own runs")
             keys = [r[0] for r in db.execute("SELECT DISTINCT image_key FROM run_images WHERE run_id=?", (run_id,))]
             db.execute("DELETE FROM run_images WHERE run_id=?", (run_id,))
+            db.execute("DELETE FROM labels WHERE run_id=?", (run_id,))
             db.execute("DELETE FROM runs WHERE id=?", (run_id,))
             orphans = [] if keep_images else [
                 k for k in keys
@@ -741,3 +809,4 @@ def _json_default(obj):
 
         return asdict(obj)
     return str(obj)
+

@@ -160,12 +160,24 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# A form longer than this tires raters (and invites careless answers): larger designs are split
+# into blocks, one block per form. SECONDS_PER_ITEM is a rough reading+answering time per item.
+MAX_ITEMS_PER_FORM = 40
+SECONDS_PER_ITEM = {"rating": 12, "pair": 15}
+
+
 def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender", images_per_set: int = 10,
-               seed: int = 0, n_raters: int | None = None, n_attention: int = 2, thumbnail_size: int = 256) -> dict:
+               seed: int = 0, n_raters: int | None = None, n_attention: int = 2, thumbnail_size: int = 256,
+               max_items: int = MAX_ITEMS_PER_FORM) -> dict:
     """Build a study pack from the image sets of `run_ids` (module docstring). Returns
     {"key": answer key, "participant": data embedded in the form (its "sets" filled in by
     the form page), "images": {set id: paths of the images shown}, "thumbnail_size": int};
-    `engine.report.study.form_page(pack)` makes the participant's form from it."""
+    `engine.report.study.form_page(pack)` makes the participant's form from it.
+
+    When there are more trials than `max_items` (19 sets make 342 ordered pairs), each form
+    shows one block of about `max_items` consecutive trials of a Williams row, and the default
+    number of forms is the number of blocks (every trial answered once); the key's design says
+    so, with the minutes a form takes."""
     question_text(question, axis)  # validates the question type
     run_ids = [r for r in dict.fromkeys(x.strip() for x in run_ids if x and x.strip())]
     conditions = _conditions(engine, run_ids)
@@ -199,7 +211,10 @@ def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender
               else [tuple(p) for p in itertools.permutations(set_ids, 2)])
     base = [trials[int(i)] for i in rng.permutation(len(trials))]
     rows = williams_rows(len(base))
-    n_forms = int(n_raters) if n_raters else len(rows)
+    max_items = max(1, int(max_items))
+    n_blocks = -(-len(base) // max_items)
+    block = -(-len(base) // n_blocks)          # blocks of (nearly) equal size
+    n_forms = int(n_raters) if n_raters else (len(rows) if n_blocks == 1 else n_blocks)
     if n_forms < 1:
         raise InputError("a study needs at least one rater (form)")
     options = RATING_OPTIONS if question == "rating" else PAIR_OPTIONS
@@ -207,7 +222,9 @@ def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender
 
     key_forms, participant_forms = [], []
     for f in range(n_forms):
-        order = [base[i] for i in rows[f % len(rows)]]
+        row = rows[(f // n_blocks) % len(rows)]
+        b = f % n_blocks
+        order = [base[i] for i in row[b * block:(b + 1) * block]]
         total = len(order) + n_attention
         check_positions = set(int(p) for p in rng.choice(np.arange(1, total), size=min(n_attention, total - 1),
                                                          replace=False)) if n_attention and total > 1 else set()
@@ -231,15 +248,25 @@ def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender
         key_forms.append({"form": f + 1, "items": items})
         participant_forms.append({"form": f + 1, "items": shown_items})
 
-    balanced = n_forms % len(rows) == 0
+    balanced = n_blocks == 1 and n_forms % len(rows) == 0
+    items_per_form = max(len(f["items"]) for f in key_forms)
+    minutes = items_per_form * SECONDS_PER_ITEM.get(question, 15) / 60
+    if n_blocks == 1:
+        note = ("every set appears equally often at every position and side" if balanced else
+                f"not fully counterbalanced: use a multiple of {len(rows)} forms")
+    else:
+        note = (f"{len(base)} trials in all, too many for one rater: each form shows one block of at most {block} "
+                f"({n_blocks} blocks); {n_forms} form(s) answer "
+                f"{'every trial once' if n_forms == n_blocks else 'the blocks in turn'}; use a multiple of "
+                f"{n_blocks} forms so every trial is answered equally often (not position-balanced)")
     key = {
         "format": KEY_FORMAT, "format_version": 1, "gaplens_version": __version__, "created": time.time(),
         "seed": int(seed), "question_type": question, "axis": axis, "question": text,
         "options": [o for o, _ in options], "images_per_set": images_per_set, "n_forms": n_forms,
         "n_attention": n_attention,
-        "design": {"trials_per_form": len(base), "square_rows": len(rows), "balanced": balanced,
-                   "note": ("every set appears equally often at every position and side" if balanced else
-                            f"not fully counterbalanced: use a multiple of {len(rows)} forms")},
+        "design": {"trials_per_form": min(len(base), block), "trials": len(base), "blocks": n_blocks,
+                   "square_rows": len(rows), "balanced": balanced, "items_per_form": items_per_form,
+                   "minutes_per_form": round(minutes, 1), "note": note},
         "sets": sets, "forms": key_forms, "balance": balance_table(key_forms, set_ids),
     }
     participant = {"question_type": question, "options": [{"value": v, "label": lab} for v, lab in options],
@@ -268,6 +295,9 @@ def pack_summary(pack: dict) -> dict:
     d = key["design"]
     text = (f"{len(key['sets'])} image sets, question '{key['question_type']}' on {key['axis']}; {key['n_forms']} "
             f"form(s) of {d['trials_per_form']} items + {key['n_attention']} attention check(s); {d['note']}.")
+    if "minutes_per_form" in d:
+        text += (f" Each rater answers {d['items_per_form']} items, about {d['minutes_per_form']:.0f} minutes "
+                 f"at {SECONDS_PER_ITEM.get(key['question_type'], 15)} s per item.")
     scored = sum(s["auto_score"] is not None for s in key["sets"].values())
     return {"sets": len(key["sets"]), "forms": key["n_forms"], "trials_per_form": d["trials_per_form"],
             "attention_checks": key["n_attention"], "balanced": d["balanced"], "square_rows": d["square_rows"],

@@ -20,6 +20,7 @@ class AxesEditor:
     prompt: gr.Textbox
     fill: gr.Textbox
     table: gr.Dataframe
+    notes: gr.Markdown | None = None   # what the LLM's proposal left out (beside the table, not a toast)
 
 
 def parse_fill(text: str) -> list[str]:
@@ -41,23 +42,24 @@ def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
     table = gr.Dataframe(headers=HEADERS, datatype=["str", "str"], type="array", interactive=True,
                          column_count=2, label="Bias axes and counterfactual prompts (edit freely; an empty "
                          "axis cell continues the axis above)", elem_id=f"{prefix}-axes", max_height=360, wrap=True)
+    notes = gr.Markdown("", elem_id=f"{prefix}-axes-notes")
 
     @user_errors
     def propose_axes(prompt_text, fill_text):
         axes, problems = cfsets.propose_for(engine, engine.check_prompt(prompt_text), parse_fill(fill_text))
-        for problem in problems:
-            gr.Warning(f"The LLM's counterfactual {problem}")
-        return cfsets.rows_from_axes(axes)
+        dropped = "\n".join(f"- the LLM's counterfactual {problem}" for problem in problems)
+        return cfsets.rows_from_axes(axes), (f"**Left out of the proposal ({len(problems)})**\n\n{dropped}"
+                                             if problems else "")
 
     def load_preset():
         data = cfsets.load_preset("occupations")
         return data["prompt"], "doctor", cfsets.rows_from_axes(data["axes"])
 
-    propose.click(propose_axes, [prompt, fill], [table], api_name=f"{prefix}_propose_axes")
+    propose.click(propose_axes, [prompt, fill], [table, notes], api_name=f"{prefix}_propose_axes")
     preset.click(load_preset, None, [prompt, fill, table], api_name=False)
     all_occupations.click(lambda: ", ".join(cfsets.load_preset("occupations")["occupations"]), None, [fill],
                           api_name=False)
-    return AxesEditor(prompt, fill, table)
+    return AxesEditor(prompt, fill, table, notes)
 
 
 def axes_of(rows) -> dict | None:

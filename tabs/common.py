@@ -14,11 +14,40 @@ from engine.errors import GapLensError
 try:  # On a Hugging Face Space with ZeroGPU, GPU work must run inside spaces.GPU.
     import spaces
 
-    def gpu(fn=None, *, duration: int = 120):
+    def gpu(fn=None, *, duration=120):
+        """spaces.GPU: `duration` is seconds, or a callable taking the handler's inputs and returning
+        them (ZeroGPU's dynamic duration: a short request gets a GPU sooner)."""
         return spaces.GPU(duration=duration)(fn) if fn else spaces.GPU(duration=duration)
 except ImportError:  # elsewhere it is a no-op
-    def gpu(fn=None, *, duration: int = 120):
+    def gpu(fn=None, *, duration=120):
         return fn if fn else (lambda f: f)
+
+# Seconds a GPU call may take: start-up (moving weights, VQA, CLIP and the LLM) plus each image-step.
+GPU_BASE_SECONDS = 30
+GPU_SECONDS_PER_IMAGE_STEP = 0.5   # FLUX.1-schnell at 1024 px on an H200 is about 0.3 s a step per image
+GPU_MAX_SECONDS = 300
+DEFAULT_STEPS_GUESS = 30           # a blank steps field means the family default: assume a slow one
+
+
+def gpu_seconds(images, steps, calls: int = 1) -> int:
+    """Returns the GPU time to ask ZeroGPU for: GPU_BASE_SECONDS + images x steps x calls x
+    GPU_SECONDS_PER_IMAGE_STEP, capped at GPU_MAX_SECONDS (blank or bad inputs count as large)."""
+    def number(value, fallback):
+        try:
+            return max(1, int(float(value)))
+        except (TypeError, ValueError):
+            return fallback
+    work = number(images, 16) * number(steps, DEFAULT_STEPS_GUESS) * max(1, int(calls))
+    return int(min(GPU_MAX_SECONDS, GPU_BASE_SECONDS + work * GPU_SECONDS_PER_IMAGE_STEP))
+
+
+def gpu_seconds_for_sets(n, steps, rows) -> int:
+    """Returns gpu_seconds for an initial set plus one set per row of a counterfactual table."""
+    try:
+        count = len(rows) if rows is not None else 0
+    except TypeError:
+        count = 8
+    return gpu_seconds(n, steps, calls=1 + count)
 
 
 def user_errors(fn):
@@ -119,12 +148,39 @@ def bind_visitors(demo: gr.Blocks) -> None:
         block_fn.fn = as_visitor(block_fn.fn)
 
 
+def with_notes(status: str, notes: list[str]) -> str:
+    """The status line with the run's warnings under it as a "Notes" list (repeats counted):
+    warnings belong to the result they describe, not to a toast that covers it."""
+    if not notes:
+        return status
+    counts: dict[str, int] = {}
+    for note in notes:
+        counts[note] = counts.get(note, 0) + 1
+    items = "\n".join(f"- {note}" + (f" (×{k})" if k > 1 else "") for note, k in counts.items())
+    return f"{status}\n\n**Notes ({len(notes)})**\n\n{items}"
+
+
+def distinct_captions(records) -> list[str]:
+    """'seed N: <what differs>' per record: the words every shown prompt starts with are left
+    out, so captions cut to one line still say which prompt an image is of ('seed 3: a female
+    doctor' rather than 'a photo of a...')."""
+    words = [r.prompt.split() for r in records]
+    if len({tuple(w) for w in words}) < 2:
+        return [f"seed {r.seed}" for r in records]
+    start = 0
+    while all(len(w) > start for w in words) and len({w[start] for w in words}) == 1:
+        start += 1
+    return [f"seed {r.seed}: " + " ".join(w[start:] or w) for r, w in zip(records, words)]
+
+
 def gallery_items(records, captions=None) -> list[tuple[str, str]]:
     """(path, caption) pairs for gr.Gallery; flagged images say so in their caption."""
     items = []
     for i, r in enumerate(records):
         caption = captions[i] if captions else f"seed {r.seed}"
-        if r.nsfw:
+        if getattr(r, "refused", None):
+            caption += " [refused by the API: excluded]"
+        elif r.nsfw:
             caption += " [flagged by safety checker: excluded]"
         items.append((r.path, caption))
     return items
@@ -136,6 +192,18 @@ def status_markdown(status: dict) -> str:
     return (f"**Preset:** `{status['preset']}`: {status['reason']}\n\n"
             f"| role | model |\n|---|---|\n{models}\n\n"
             f"**Loaded:** {loaded}  \n**Device:** {status['device']}; {status['memory']}  \n"
-            f"**Store:** `{status['data_dir']}`: {status['stored_images']} images, {status['runs']} runs; "
-            f"at most {status['max_images']} images per set")
+            + (f"**Memory:** {status['resident']}  \n" if status.get("resident") else "")
+            + f"**Store:** `{status['data_dir']}`: {status['stored_images']} images, {status['runs']} runs; "
+            f"at most {status['max_images']} images per set" + _source_note(status))
+
+
+def _source_note(status: dict) -> str:
+    kind = status.get("generator_kind", "model")
+    if kind == "api":
+        return (f"  \n**Images API:** not seedable, so regenerating an image does not reproduce it (stored images "
+                f"are reused); at most {status.get('max_api_calls')} API calls per run")
+    if kind == "source":
+        return ("  \n**Existing images:** the generator is a folder or dataset; image i of a prompt is its i-th "
+                "image, and Mine Prompts / Mitigate, which need new images, are not available")
+    return ""
 

@@ -11,8 +11,8 @@ from engine.methods import counterfactuals
 from engine.report import counterfactuals as report
 from engine.report import fmt
 
-from . import axes_table
-from .common import gpu, user_errors
+from . import axes_table, spotcheck
+from .common import gpu, gpu_seconds_for_sets, user_errors, with_notes
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
 
@@ -22,8 +22,9 @@ def drilldown(results: dict, label: str):
     if not results or label not in results.get("sets", {}):
         return "", []
     images = results["sets"][label]["images"]
-    items = [(im["path"], f"seed {im['seed']}: " + "; ".join(f"{a}: {v}" for a, v in im["answers"].items())
-              + (f" | caption: {im['caption']}" if im.get("caption") else "")) for im in images]
+    # short captions (a gallery shows one line): the answers' values; the drill-down names the questions
+    items = [(im["path"], f"seed {im['seed']}: " + " · ".join(str(v) for v in im["answers"].values()))
+             for im in images]
     return report.drill_html(results, label), items
 
 
@@ -49,7 +50,9 @@ def build(engine) -> list:
             with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
                 caption = gr.Checkbox(True, label="Add each image's caption to its concepts (thesis; the released "
                                       "code leaves it out)")
-                synonyms = gr.Checkbox(True, label="Merge WordNet synonyms before comparing")
+                missing = counterfactuals.synonyms_note()   # said beside the option, not only in the server log
+                synonyms = gr.Checkbox(True, label="Merge WordNet synonyms before comparing", elem_id="cf-synonyms",
+                                       info=missing or None)
                 renormalise = gr.Checkbox(True, label="HistIoU on histograms rescaled to sum 1 (released code)")
                 sum_normalise = gr.Checkbox(True, label="Divide an axis' CAS by their sum before MAD (MAD in [0, 1])")
                 min_frequency = gr.Number(0.01, label="Drop concepts rarer than this per image")
@@ -69,8 +72,12 @@ def build(engine) -> list:
     gallery = gr.Gallery(label="Images of the chosen set with their VQA answers", columns=8, height=260,
                          elem_id="cf-gallery", object_fit="contain")
     state = gr.State({})
+    spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
-    @gpu
+    def compare_seconds(prompt, fill, rows, n, seed, negative, steps, *rest):
+        return gpu_seconds_for_sets(n, steps, rows)  # ZeroGPU: images x steps of every set
+
+    @gpu(duration=compare_seconds)
     @user_errors
     def compare(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
                 sum_normalise, min_frequency, n_boot, top_k):
@@ -83,7 +90,7 @@ def build(engine) -> list:
         skip = gr.skip()
         records: dict[str, list] = {}
         axes_scores: dict[str, dict] = {}
-        started = time.perf_counter()
+        started, notes = time.perf_counter(), []
         # outputs: progress, mad, cas, table, sets, axes table, pick, state
         for event in counterfactuals.run(request, engine):
             if isinstance(event, Images):
@@ -93,10 +100,10 @@ def build(engine) -> list:
                 yield skip, skip, skip, skip, report.sets_html(records), skip, skip, skip
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield (f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)",
-                       skip, skip, skip, skip, skip, skip, skip)
-            elif isinstance(event, Warning):
-                gr.Warning(event.message)
+                status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
+                yield (with_notes(status, notes), skip, skip, skip, skip, skip, skip, skip)
+            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
+                notes.append(event.message)
             elif isinstance(event, Table) and event.name == "axes":
                 yield skip, skip, skip, skip, skip, event.rows, skip, skip
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
@@ -106,10 +113,11 @@ def build(engine) -> list:
                 r = event.results
                 choices = set_choices(r)
                 first_cf = next((c[1] for c in choices if "axis=" in c[1]), None)
+                claim = (r.get("headline") or {}).get("text") or (  # issue 16: the claim states how sure it is
+                    f"Most biased axis: {r['mad_order'][0]} (MAD {fmt(r['mad'][r['mad_order'][0]], 2)})")
                 text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
-                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). Most biased axis: "
-                        f"**{r['mad_order'][0]}** (MAD {fmt(r['mad'][r['mad_order'][0]], 2)}).")
-                yield (text, report.mad_html(r), report.cas_html(report.by_axis(r)),
+                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). {claim[0].upper()}{claim[1:]}.")
+                yield (with_notes(text, notes), report.mad_html(r), report.cas_html(report.by_axis(r)),
                        report.counterfactual_rows(r), skip, skip,
                        gr.update(choices=choices, value=first_cf), {"results": r, "run_id": event.run_id})
 
@@ -118,6 +126,8 @@ def build(engine) -> list:
 
     inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, steps, guidance, caption, synonyms,
               renormalise, sum_normalise, min_frequency, n_boot, top_k]
-    go.click(compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals")
+    go.click(compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals").then(
+        lambda view: spotcheck.checked_html(engine.store, view["run_id"]) if (view or {}).get("run_id") else "",
+        [state], [spot["result"]], api_name=False)  # labels of these images checked before: raw beside corrected
     pick.change(show, [state, pick], [drill, gallery], api_name=False)
     return []

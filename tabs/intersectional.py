@@ -13,7 +13,7 @@ from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 
 from . import axes_table
-from .common import gpu, user_errors
+from .common import gpu, gpu_seconds_for_sets, user_errors, with_notes
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
 POLICIES = [("drop them (renormalise over the choices)", "drop"),
@@ -23,6 +23,13 @@ POLICIES = [("drop them (renormalise over the choices)", "drop"),
 def reference_text(ideals: dict) -> str:
     """{axis: {value: share}} in the targets box syntax."""
     return "; ".join(f"{axis}: " + ", ".join(f"{v}={s:g}" for v, s in shares.items()) for axis, shares in ideals.items())
+
+
+NO_EDGE = ("<p id='ic-no-edge'>No edge was kept: no ordered pair passed the χ² test at this level, so the "
+           "BiasGraph has nothing to draw. The matrix still shows every IS, faded where it is not a kept "
+           "edge; a looser level or more images per set may keep some.</p>")
+NO_PAIR = ("<p id='ic-no-pair'>No pair is kept, so there is no interaction to show up close. Pick a pair "
+           "above to see its (pruned, not significant) numbers anyway.</p>")
 
 
 def edge_rows(results: dict) -> list[list]:
@@ -49,7 +56,7 @@ def build(engine) -> list:
             targets = gr.Textbox(label="Target distribution D* per axis (uniform when empty)", elem_id="ic-targets",
                                  placeholder="gender: male=50, female=50; age: young=30, middle-aged=40, old=30")
             reference = gr.File(label="…or a real-world reference CSV (columns axis, value, share)",
-                                file_types=[".csv"], elem_id="ic-reference", height=90)
+                                file_types=[".csv"], elem_id="ic-reference", height=130)
             policy = gr.Radio(POLICIES, value="drop", label="VQA answers outside an axis' choices",
                               elem_id="ic-policy")
             with gr.Accordion("Edges, importance, uncertainty", open=False):
@@ -94,7 +101,10 @@ def build(engine) -> list:
         return (request["prompt"], ", ".join(request.get("fill") or []),
                 cfsets.rows_from_axes(full["results"]["axes"]), request["n"], request["seed"])
 
-    @gpu
+    def connect_seconds(prompt, table, n, *args, steps=None, **kwargs):
+        return gpu_seconds_for_sets(n, steps, table)  # ZeroGPU: images x steps of every set
+
+    @gpu(duration=connect_seconds)
     @user_errors
     def connect(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto", p_threshold=None,
                 min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None, guidance=None):
@@ -106,16 +116,17 @@ def build(engine) -> list:
             n_boot=int(n_boot), negative_prompt=negative_prompt or "",
             steps=None if steps in (None, "") else int(steps),
             guidance=None if guidance in (None, "") else float(guidance))
-        started = time.perf_counter()
+        started, notes = time.perf_counter(), []
         asked, proposed = [], {}
         # each event updates the outputs it names; the last yield names every output of the run
         # (the axes table, an input, only when the LLM proposed it)
         for event in intersectional.run(request, engine):
             if isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                yield {progress: f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"}
-            elif isinstance(event, Warning):
-                gr.Warning(event.message)
+                status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
+                yield {progress: with_notes(status, notes)}
+            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
+                notes.append(event.message)
             elif isinstance(event, Table) and event.name == "axes":
                 proposed = {editor.table: event.rows}
                 yield proposed
@@ -126,17 +137,21 @@ def build(engine) -> list:
                 r = event.results
                 axes = r["sensitivity"]["axes"]
                 pairs = [(f"{x} → {y}", f"{x}|{y}") for x in axes for y in axes if x != y]
-                best = max(r["kept_edges"] or r["edges"], key=lambda e: abs(e["is"] or 0), default=None)
-                yield {progress: (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, "
-                                  f"in {event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`)."),
-                       summary: report.summary_html(r), matrix: report.matrix_html(r),
-                       graph: report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame"),
+                best = intersectional.default_pair(r)     # a kept edge, never a pruned pair
+                text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
+                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+                graph_view = (report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame")
+                              if r["kept_edges"] else NO_EDGE)
+                yield {progress: with_notes(text, notes),
+                       summary: report.summary_html(r), matrix: report.matrix_html(r), graph: graph_view,
                        edges: edge_rows(r), questions: asked, **proposed,
-                       pair: gr.update(choices=pairs, value=f"{best['source']}|{best['target']}" if best else None),
+                       pair: gr.update(choices=pairs, value="|".join(best) if best else None),
                        state: {"results": r, "run_id": event.run_id}}
 
     def show_pair(view, value):
         results = (view or {}).get("results")
+        if results and not value and not results.get("kept_edges"):
+            return NO_PAIR
         if not results or not value:
             return ""
         x, y = value.split("|")

@@ -13,10 +13,11 @@ from engine.events import Done, Progress, Scores, Warning
 from engine.methods import mine
 from engine.report import mine as report
 
-from .common import gallery_items, gpu, user_errors
+from .common import gallery_items, gpu, user_errors, with_notes
 
 BIAS_CHOICES = ["open", "socio-demographic", "style", "objects"]
-STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random")]
+STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random"),
+                    ("rank the prompts a folder/dataset source holds (no new images)", "source")]
 UPDATE_EVERY = 0.5   # seconds between two progress/population updates of the page
 NO_DETAILS = "Click a prompt in the archive or the population (or pick one above) to see its images and gap."
 
@@ -53,8 +54,11 @@ class _View:
     def __init__(self):
         self.values = {name: gr.skip() for name in self.NAMES}
         self.state: dict = {}
+        self.notes: list[str] = []     # the run's warnings, listed under its status line
 
     def update(self, **changes):
+        if "progress" in changes and self.notes:
+            changes["progress"] = with_notes(changes["progress"], self.notes)
         for name, value in changes.items():
             self.values[name] = value
         return tuple(changes.get(name, gr.skip()) for name in self.NAMES)
@@ -195,8 +199,8 @@ def build(engine) -> list:
                     _RUNNING[session] = run_id
                     view.state = {"run_id": run_id}
                     yield view.update(progress=f"**Started** run `{run_id}`", state=view.state)
-                elif isinstance(event, Warning):
-                    gr.Warning(event.message)
+                elif isinstance(event, Warning):    # shown with this run, not as a toast over it
+                    view.notes.append(event.message)
                 elif isinstance(event, Scores) and event.name == "iteration":
                     record = engine.store.get_run(run_id)
                     if record and record["results"].get("iterations"):
@@ -216,7 +220,9 @@ def build(engine) -> list:
         record = engine.store.get_run(run_id)
         if record is None:
             return view.update(progress="Stopped.")
-        view.show_results(run_id, record["results"], "Stopped; everything computed is kept. Resume it below")
+        status = ("Done (it finished before Stop took effect)" if record["status"] == "done"
+                  else "Stopped; everything computed is kept. Resume it below")
+        view.show_results(run_id, record["results"], status)
         view.values["runs"] = gr.update(choices=_run_choices(engine), value=run_id)
         return view.everything()
 
@@ -239,10 +245,13 @@ def build(engine) -> list:
     def stop_mining(view_state, request: gr.Request = None):
         session = _session(request)
         _STOPS.setdefault(session, threading.Event()).set()
-        run_id = _RUNNING.get(session) or (view_state or {}).get("run_id")
+        run_id = _RUNNING.get(session)
         view = _View()
-        if not run_id:
-            return view.update(progress="Nothing is running.")
+        if not run_id:     # e.g. Stop after the run finished: leave its results and state alone
+            shown = (view_state or {}).get("run_id")
+            record = engine.store.get_run(shown) if shown else None
+            text = (f"Nothing is running: run `{shown}` is {record['status']}." if record else "Nothing is running.")
+            return view.update(progress=text)
         deadline = time.time() + 5
         while time.time() < deadline:   # the cancelled handler closes the run (status 'stopped')
             record = engine.store.get_run(run_id)
@@ -263,8 +272,12 @@ def build(engine) -> list:
         results = record["results"]
         view = _View()
         view.show_results(run_id, results, f"Run {record['status']}", _baseline_for(engine, results))
-        p = results["params"]
-        return (*view.everything()[:-1], gr.update(value=p["T"]), NO_DETAILS, [], "")
+        p, q = results["params"], results.get("request") or {}
+        settings = [gr.update(value=v) for v in (p["T"], p["b"], p["s"], p["m"], p["n"], p["n_variations"],
+                                                  p["alpha"], p["combine"], p["keep_parents"], p["seed"],
+                                                  p["image_seed"], results.get("strategy", "ga"),
+                                                  q.get("bias") or results.get("bias") or "open")]
+        return (*view.everything()[:-1], *settings, NO_DETAILS, [], "")
 
     @user_errors
     def show_prompt(view_state, node_id):
@@ -288,7 +301,9 @@ def build(engine) -> list:
     resume_event = resume.click(resume_mining, [runs, iterations], live_outputs, api_name="mine_resume")
     stop.click(stop_mining, [state], live_outputs, cancels=[start_event, resume_event], api_name=False)
     refresh.click(refresh_runs, None, [runs], api_name=False)
-    open_btn.click(open_run, [runs], live_outputs[:-1] + [iterations, lineage, gallery, details], api_name=False)
+    restored = [iterations, population, select, mutations, n, n_var, alpha, combine, keep_parents, seed, image_seed,
+                strategy, bias]   # Open restores every setting of the run, not only T
+    open_btn.click(open_run, [runs], live_outputs[:-1] + restored + [lineage, gallery, details], api_name=False)
     pick.change(show_prompt, [state, pick], [lineage, gallery, details], api_name=False)
     archive_table.select(select_row, [state], [pick], api_name=False)
     population_table.select(select_row, [state], [pick], api_name=False)

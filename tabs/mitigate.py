@@ -20,7 +20,7 @@ from engine.methods import cfsets, intersectional, mitigate
 from engine.report import mitigate as report
 
 from . import axes_table
-from .common import gallery_items, gpu, user_errors
+from .common import distinct_captions, gallery_items, gpu, user_errors, with_notes
 from .intersectional import reference_text
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a ceo"]
@@ -112,19 +112,22 @@ def build(engine) -> list:
                                      info="InterMit may still intervene on an axis outside B* when that lowers τ")
             weights = gr.Markdown(weights_markdown([], [], []), elem_id="mt-weights")
             reference = gr.File(label="Real-world D* from a CSV (columns axis, value, share)", file_types=[".csv"],
-                                elem_id="mt-reference", height=90)
+                                elem_id="mt-reference", height=130)
             slots = []
-            for i in range(MAX_AXES):
-                with gr.Group(visible=False, elem_id=f"mt-axis-{i}") as group:
-                    title = gr.Markdown(elem_id=f"mt-axis-title-{i}")
-                    with gr.Row():
-                        priority = gr.Slider(0, 1, value=DEFAULT_PRIORITY, step=0.05, label="priority",
-                                             elem_id=f"mt-priority-{i}", min_width=140)
-                        mode = gr.Dropdown(MODES, value="uniform", label="ideal distribution D*",
-                                           elem_id=f"mt-mode-{i}", min_width=140)
-                        shares = gr.Textbox("", label="D* shares (value=percent, …)", lines=1, min_width=160,
-                                            elem_id=f"mt-shares-{i}")
-                slots.append(Slot(group, title, priority, mode, shares))
+            # one compact group for every axis' priority and target (eight open rows made the
+            # column ~3,500 px tall); the normalised priorities above summarise it when closed
+            with gr.Accordion("Priority and target D* of each axis", open=False, elem_id="mt-slots"):
+                for i in range(MAX_AXES):
+                    with gr.Group(visible=False, elem_id=f"mt-axis-{i}") as group:
+                        title = gr.Markdown(elem_id=f"mt-axis-title-{i}")
+                        with gr.Row():
+                            priority = gr.Slider(0, 1, value=DEFAULT_PRIORITY, step=0.05, label="priority",
+                                                 elem_id=f"mt-priority-{i}", min_width=140)
+                            mode = gr.Dropdown(MODES, value="uniform", label="ideal distribution D*",
+                                               elem_id=f"mt-mode-{i}", min_width=140)
+                            shares = gr.Textbox("", label="D* shares (value=percent, …)", lines=1, min_width=160,
+                                                elem_id=f"mt-shares-{i}")
+                    slots.append(Slot(group, title, priority, mode, shares))
             with gr.Row():
                 epsilon = gr.Slider(0.01, 1.0, value=mitigate.DEFAULT_EPSILON, step=0.01, label="Threshold ε",
                                     elem_id="mt-epsilon", info="stop once τ = ⟨w̄_B*, p⟩ < ε (thesis: 0.35)")
@@ -245,6 +248,7 @@ def build(engine) -> list:
         shown = {progress: "", preview_box: "", view: "", gallery: [], export: None}
         started = time.perf_counter()
         sample: dict[int, list] = {}
+        notes: list[str] = []
         before = engine.stats.images_generated
         shown_at = 0.0
         for event in mitigate.run(request, engine):
@@ -254,14 +258,16 @@ def build(engine) -> list:
                     continue
                 shown_at = time.perf_counter()
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                update = {progress: f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"}
+                update = {progress: with_notes(f"**{event.message or event.stage}**{eta} "
+                                               f"({time.perf_counter() - started:.1f} s)", notes)}
             elif isinstance(event, Images) and "|axis=" not in event.label and event.label.startswith("step="):
                 step = int(event.label.split("|", 1)[0].split("=", 1)[1])
                 sample.setdefault(step, []).extend(event.records)
                 sampled = sample[max(sample)][:24]
-                update = {gallery: gallery_items(sampled, [f"{r.prompt} · seed {r.seed}" for r in sampled])}
-            elif isinstance(event, Warning):
-                gr.Warning(event.message)
+                update = {gallery: gallery_items(sampled, distinct_captions(sampled))}
+            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
+                notes.append(event.message)
+                update = {progress: with_notes(str(shown[progress]).split("\n\n**Notes")[0], notes)}
             elif isinstance(event, Table) and event.name == "axes":
                 update = {editor.table: event.rows}
             elif isinstance(event, Scores) and event.name == "preview":
@@ -271,12 +277,10 @@ def build(engine) -> list:
             elif isinstance(event, Done):
                 r = event.results
                 generated = engine.stats.images_generated - before
-                stop = r["stop"]
+                text = (f"**{mitigate.outcome(r)}**. {generated} image(s) generated, the rest from the store; "
+                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
                 shown.update({
-                    progress: f"**Done** ({'reached' if stop['reached'] else 'not reached'}): {stop['message']}. "
-                              f"{len(r['steps'])} step(s), τ {r['states'][0]['tau']:.3f} → {r['states'][-1]['tau']:.3f}; "
-                              f"{generated} image(s) generated, the rest from the store; "
-                              f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).",
+                    progress: with_notes(text, notes),
                     view: report.page(r, with_preview=False), preview_box: report.preview_html(r.get("preview")),
                     export: _export_file(r, event.run_id) if not request.preview_only else None})
                 yield shown

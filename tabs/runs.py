@@ -19,6 +19,7 @@ from engine.report import export
 from engine.report import runs as runs_page
 from engine.report import study as study_page
 
+from . import spotcheck
 from .common import gallery_items, user_errors
 
 HEADERS = ["run", "method", "prompt", "generator", "date", "headline score", "status"]
@@ -96,6 +97,7 @@ def build(engine) -> list:
     gallery = gr.Gallery(label="Images of the run", columns=8, height=280, elem_id="runs-gallery",
                          object_fit="contain", allow_preview=True)
     comparison = gr.HTML(elem_id="runs-comparison")
+    spotcheck.build(engine, lambda selected: (_ids(selected) or [None])[-1], selected, "runs-spot")
 
     with gr.Accordion("Import runs from an exported zip", open=False):
         upload = gr.File(label="GapLens export (.zip)", file_types=[".zip"], elem_id="runs-import-file")
@@ -156,7 +158,7 @@ def build(engine) -> list:
         opened = runs_page.open_run(store, ids[-1])
         records = [r for r, _ in opened["records"]]
         labels = [f"seed {r.seed}" + (f" · {label}" if label else "") for r, label in opened["records"]]
-        return opened["html"], gallery_items(records, labels)
+        return opened["html"] + spotcheck.checked_html(store, ids[-1]), gallery_items(records, labels)
 
     def click_row(selected, evt: gr.SelectData):
         row = evt.row_value or []
@@ -246,13 +248,16 @@ def build(engine) -> list:
     clear.click(lambda: gr.Dropdown(value=[]), None, [selected], api_name=False)
     open_btn.click(open_run, [selected], [view, gallery], api_name="runs_open")
     compare_btn.click(compare, [selected], [comparison], api_name="runs_compare")
+    def relist(*values):      # after delete/import: refresh the table, keep the action's message
+        return list_runs(*values)[:3]
+
     delete_btn.click(delete, [selected, confirm, keep_images], [selected, confirm, message, view, gallery],
-                     api_name="runs_delete").then(list_runs, list_inputs, list_outputs, api_name=False)
+                     api_name="runs_delete").then(relist, list_inputs, list_outputs[:3], api_name=False)
     json_btn.click(exporter("scores"), [selected], [files, message], api_name="runs_export_scores")
     zip_btn.click(exporter("zip"), [selected], [files, message], api_name="runs_export_zip")
     html_btn.click(exporter("html"), [selected], [files, message], api_name="runs_export_html")
     import_btn.click(do_import, [upload], [selected, message], api_name="runs_import").then(
-        list_runs, list_inputs, list_outputs, api_name=False)
+        relist, list_inputs, list_outputs[:3], api_name=False)
     build_btn.click(build_study, [selected, question, axis, per_set, seed, raters, checks], [pack_file, pack_info],
                     api_name="study_build")
     analyse_btn.click(analyse, [key_file, answer_files, exclude], [analysis], api_name="study_analyse")

@@ -6,14 +6,18 @@ import time
 import gradio as gr
 
 from engine.axes import known_axes, parse_targets
+from engine.device import on_zero_gpu
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
-from engine.methods import single_prompt
+from engine.methods import single_prompt, validate
+from engine.report import trust
 
 from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
 
-from .common import gallery_items, gpu, user_errors
+from . import spotcheck
+from .common import gallery_items, gpu, gpu_seconds, user_errors, with_notes
 
+NO_DETAILS = "Click an image to see its seed and VQA answers."
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
             "a photo of a ceo", "a red balloon"]
 
@@ -37,7 +41,8 @@ def build(engine) -> list:
                 height = gr.Number(None, label="Height", precision=0)
             axes = gr.CheckboxGroup(axis_names, value=list(single_prompt.DEFAULT_AXES), label="Axes to measure",
                                     elem_id="sp-axes-pick")
-            extra_axes = gr.Textbox(label="More axes (free text, comma-separated)", placeholder="hair color, setting")
+            extra_axes = gr.Textbox(label="More axes (free text, comma-separated)", placeholder="hair color, setting",
+                                    elem_id="sp-extra-axes")
             with gr.Accordion("Reference distribution and metric options", open=False):
                 references = gr.Textbox(label="Targets (uniform when empty)",
                                         placeholder="gender: male=50, female=50; age: young=30, middle-aged=40, old=30")
@@ -45,37 +50,52 @@ def build(engine) -> list:
                                 info="paper: the paper's equations; reference: bit-exact with the authors' code")
                 alpha = gr.Slider(5, 50, value=25, step=5, label="Gap score α (percentile)")
                 combine = gr.Radio(["diff", "missed_only", "mean"], value="diff", label="Gap score combination")
+                until = gr.Number(0, label="Add images until every share's interval is within ± (0 = off)",
+                                  info="e.g. 0.1: more seeds are generated (the first ones come from the cache) "
+                                  "up to the server's maximum", minimum=0, maximum=0.49, step=0.01,
+                                  elem_id="sp-until")
             go = gr.Button("Generate and measure", variant="primary", elem_id="sp-generate")
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="sp-progress")
             gallery = gr.Gallery(label="Images", columns=8, height=300, elem_id="sp-gallery",
                                  allow_preview=True, object_fit="contain")
             with gr.Row():
-                details = gr.Markdown("Click an image to see its seed and VQA answers.", elem_id="sp-details")
+                details = gr.Markdown(NO_DETAILS, elem_id="sp-details")
                 regenerate = gr.Button("Regenerate this image alone", size="sm", elem_id="sp-regenerate")
+    with gr.Row():  # issue 16: the metrics on the raw or the spot-check-corrected distribution
+        distribution = gr.Radio(["raw", "corrected"], value="raw", label="Distribution the metrics use",
+                                info="corrected: adjusted by the evaluator's errors measured in 'Check the labels'",
+                                elem_id="sp-distribution")
     axes_out = gr.HTML(elem_id="sp-axes")
     with gr.Row():
         diversity = gr.Markdown(elem_id="sp-diversity")
-        topk = gr.Dataframe(headers=["concept", "frequency per image"], label="Top-K concepts",
+        topk = gr.Dataframe(headers=["concept", "share of images"], label="Top-K concepts",
                             elem_id="sp-topk", interactive=False)
     gap_out = gr.HTML(elem_id="sp-gap")
     state = gr.State({})
+    spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "sp-spot")
 
     @user_errors
     def fill_defaults():
+        if on_zero_gpu() and not engine.generator_loaded():
+            return (gr.skip(),) * 4  # never load (or touch CUDA) in ZeroGPU's main process for a page view
         s = engine.default_settings()
         return s.steps, s.guidance, s.width, s.height
 
-    @gpu
+    def measure_seconds(prompt, n, seed=0, negative_prompt=None, steps=None, *rest, **kwargs):
+        return gpu_seconds(n, steps)  # ZeroGPU calls it with measure's own arguments
+
+    @gpu(duration=measure_seconds)
     @user_errors
     def measure(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
-                axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff"):
+                axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0):
         request = single_prompt.SinglePromptRequest(
             prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative_prompt or "",
             steps=_int(steps), guidance=_float(guidance), width=_int(width), height=_int(height),
             axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
-            references=parse_targets(references or ""), mode=mode, alpha=float(alpha), combine=combine)
-        records, axis_blocks, started = [], {}, time.perf_counter()
+            references=parse_targets(references or ""), mode=mode, alpha=float(alpha), combine=combine,
+            until_half_width=float(until) if until else None)
+        records, axis_blocks, started, notes = [], {}, time.perf_counter(), []
         view = {"records": {}}
         # each event updates the outputs it names; the last yield names them all (an API
         # client's result)
@@ -88,13 +108,16 @@ def build(engine) -> list:
                 update = {gallery: gallery_items(records)}
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                update = {progress: f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"}
-            elif isinstance(event, Warning):
-                gr.Warning(event.message)
-                continue
+                update = {progress: with_notes(f"**{event.message or event.stage}**{eta} "
+                                               f"({time.perf_counter() - started:.1f} s)", notes)}
+            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
+                notes.append(event.message)
+                update = {progress: with_notes(shown[progress].split("\n\n**Notes")[0], notes)}
             elif isinstance(event, Scores) and event.name.startswith("axis:"):
                 axis_blocks[event.name[5:]] = axis_html(event.name[5:], event.values)
                 update = {axes_out: axes_html(axis_blocks.values())}
+            elif isinstance(event, Scores) and event.name == "headline":  # issue 16: how sure the headline is
+                update = {axes_out: trust.headline_html(event.values) + axes_html(axis_blocks.values())}
             elif isinstance(event, Scores) and event.name == "diversity":
                 update = {diversity: diversity_text(event.values)}
             elif isinstance(event, Scores) and event.name == "gap":
@@ -103,8 +126,11 @@ def build(engine) -> list:
                 update = {topk: event.rows}
             elif isinstance(event, Done):
                 view.update(run_id=event.run_id, results=event.results, request=request.__dict__)
-                shown[progress] = (f"**Done**: {len(records)} images measured in "
-                                   f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+                shown[progress] = with_notes(f"**Done**: {len(records)} images measured in "
+                                             f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`)."
+                                             if not event.results.get("all_flagged") else
+                                             f"**Nothing measured**: {event.results['message']} (run `{event.run_id}`).",
+                                             notes)
                 yield shown
                 continue
             else:
@@ -115,11 +141,15 @@ def build(engine) -> list:
     def show_image(view, evt: gr.SelectData):
         records = sorted(view.get("records", {}).values(), key=lambda r: r["seed"])
         if not records or evt.index is None or evt.index >= len(records):
-            return "Click an image to see its seed and VQA answers.", view
+            return NO_DETAILS, view
         record = records[evt.index]
         view["selected"] = record
         info = single_prompt.image_details(engine, record["key"])
-        answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**" for a in info["answers"]) or "- (none yet)"
+        asked = [a for a in info["answers"] if a["question"] and a["question"] != "<caption>"]
+        captions = [a["answer"] for a in info["answers"] if a["question"] == "<caption>" and a["answer"]]
+        answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**" for a in asked) or "- (no answers yet)"
+        if captions:
+            answers += f"\n\nCaption: *{captions[0]}*"
         flag = " **flagged by the safety checker**" if record.get("nsfw") else ""
         return f"**Seed {record['seed']}**{flag}, key `{record['key'][:12]}…`\n\n{answers}", view
 
@@ -132,15 +162,37 @@ def build(engine) -> list:
         same, diff = engine.regenerate_check(request["prompt"], record["seed"],
                                              single_prompt.settings_for(single_prompt.SinglePromptRequest(**request), engine),
                                              record["key"])
+        if diff is None:
+            return (f"Seed {record['seed']}: the stored image is missing (deleted with another run, or its file "
+                    "is gone), so there is nothing to compare it with. Run the prompt again to regenerate it.")
         verdict = "identical to the stored image" if same else f"differs from the stored image by up to {diff} grey levels"
         return f"Seed {record['seed']} regenerated alone: {verdict}."
 
+    @user_errors
+    def show_distribution(view, which):
+        """The axes again, on the raw or the corrected distribution, and the spot-check so far."""
+        results = (view or {}).get("results")
+        if not results:
+            return gr.skip(), gr.skip()
+        validation = validate.validate_run(engine.store, view["run_id"])
+        shown = validate.corrected_axes(results["axes"], validation) if which == "corrected" else results["axes"]
+        checked = any(a.get("n_checked") for a in validation["axes"].values())
+        if which == "corrected" and not checked:
+            gr.Warning("no labels checked yet for this run's images: use 'Check the labels' first")
+        return (trust.headline_html(results.get("headline")) + axes_html(axis_html(a, m) for a, m in shown.items()),
+                trust.validation_html(validation) if checked else "")
+
     form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, steps=steps, guidance=guidance, width=width,
                 height=height, axes=axes, extra_axes=extra_axes, references=references, mode=mode, alpha=alpha,
-                combine=combine)
+                combine=combine, until=until)
     outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
-    go.click(measure, inputs_kwargs=form, outputs=outputs, api_name="single_prompt")
-    prompt.submit(measure, inputs_kwargs=form, outputs=outputs, api_name=False)
+    redraw = dict(fn=show_distribution, inputs=[state, distribution], outputs=[axes_out, spot["result"]],
+                  api_name=False)
+    go.click(measure, inputs_kwargs=form, outputs=outputs, api_name="single_prompt").then(**redraw)
+    prompt.submit(measure, inputs_kwargs=form, outputs=outputs, api_name=False).then(**redraw)
+    distribution.change(**redraw)
+    for trigger in (go.click, prompt.submit):   # a new run clears the previous image's details
+        trigger(lambda: NO_DETAILS, None, [details], api_name=False, queue=False)
     gallery.select(show_image, [state], [details, state], api_name=False)
     regenerate.click(regenerate_alone, [state], [details], api_name="regenerate")
     return [(fill_defaults, [steps, guidance, width, height])]

@@ -37,7 +37,8 @@ def test_api_streams_sets_edits_axes_and_returns_both_views(app_url, engine):
     from gradio_client import Client
 
     client = Client(app_url, verbose=False)
-    table = client.predict("a photo of a nurse", "", api_name="/cf_propose_axes")
+    table, left_out = client.predict("a photo of a nurse", "", api_name="/cf_propose_axes")
+    assert isinstance(left_out, str)   # what the proposal left out sits beside the table (empty here)
     assert table["headers"] == ["axis", "counterfactual"] and len(table["data"]) >= 6
     table["data"] = [row for row in table["data"] if row[0] in ("gender", "age")]
     table["data"][0][1] = "a photo of a man nurse"          # edited by hand: 'man' names the gender too
@@ -53,8 +54,12 @@ def test_api_streams_sets_edits_axes_and_returns_both_views(app_url, engine):
     progress, summary, matrix, graph, edges, questions, _, pair = client.predict(
         prompt="a photo of a nurse", table=table, n=8, n_boot=100, api_name="/intersectional")
     assert engine.stats.generator_calls == calls               # the same sets, from the store
-    assert "Done" in progress and 'id="is-matrix"' in matrix and graph.startswith("<iframe")
-    assert "MaxImp" in summary and len(edges["data"]) == 2 and "|" in pair["value"]
+    assert "Done" in progress and 'id="is-matrix"' in matrix
+    kept = [row for row in edges["data"] if row[-1] == "kept"]
+    # issue 17: an empty graph is a message, and the pair view opens on a kept pair (or on none)
+    assert graph.startswith("<iframe") if kept else "ic-no-edge" in graph
+    assert "MaxImp" in summary and len(edges["data"]) == 2
+    assert ("|" in pair["value"]) if kept else not pair["value"]
     with pytest.raises(Exception, match="empty"):
         client.predict(*cf_args("", table), api_name="/counterfactuals")
 

@@ -38,7 +38,8 @@ def test_api_previews_then_mitigates_from_the_store_and_exports_the_prompt_set(a
     app_url, engine = app
     client = Client(app_url, verbose=False, download_files=False)
     progress, preview, view, *_ = client.predict(**form(), api_name="/mitigate_preview")
-    assert "preview only" in progress and "mt-preview" in preview and 'gl-mit-step' not in view  # no step was taken
+    assert "Preview done (nothing mitigated yet)" in progress and "mt-preview" in preview
+    assert 'gl-mit-step' not in view  # no step was taken
     assert "<td>gender</td>" in preview                        # predicted first step
     generated = engine.stats.images_generated
     progress, preview, view, gallery, export, _ = client.predict(**form(), api_name="/mitigate")
@@ -62,6 +63,8 @@ def test_mitigate_page_priorities_normalise_live_and_a_run_draws_step_bars(app):
         page.goto(app_url, wait_until="load")
         page.get_by_role("tab", name="Mitigate").click()
         page.click("#mt-from-ic")                           # prompt, axes and targets of that run
+        page.wait_for_function("document.querySelector('#mt-weights').innerText.includes('age')", timeout=60_000)
+        page.get_by_text("Priority and target D* of each axis").click()   # the per-axis group opens
         page.wait_for_selector("#mt-axis-1", state="visible", timeout=60_000)
         assert not page.locator("#mt-axis-2").is_visible()
         assert "young=30" in page.locator("#mt-shares-1 textarea, #mt-shares-1 input").first.input_value()

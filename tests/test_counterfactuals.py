@@ -186,7 +186,7 @@ def test_planted_gender_bias_gives_higher_mad_and_favours_the_male_counterfactua
     assert labels[0] == "initial" and labels[1] == "axis=gender|cf=a photo of a male firefighter"
     assert {im["seed"] for im in biased["sets"]["axis=age|cf=a photo of an old firefighter"]["images"]} == set(range(32))
     assert "man" in [w for w, _ in biased["sets"]["initial"]["axis_top_k"]["gender"]]
-    assert [e.name for e in events if isinstance(e, Scores)] == ["initial", "axis:gender", "axis:age"]
+    assert [e.name for e in events if isinstance(e, Scores)] == ["initial", "axis:gender", "axis:age", "headline"]
 
 
 def test_llm_axes_aggregate_mode_and_the_store(engine):

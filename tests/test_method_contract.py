@@ -5,12 +5,14 @@ strings. A new method gets these checks by adding its row to METHODS and a case 
 import importlib
 import json
 import math
+import os
 
 import pytest
 
 from engine.cli import main
 from engine.core import Engine
 from engine.methods import METHODS
+from engine.presets import SYNTHETIC_TABLE
 from runhelpers import done_event
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -30,6 +32,10 @@ CASES = {
              ["-T", "1", "-b", "4", "-s", "1", "-m", "2", "-n", "4", "--bias", f"hair {HOSTILE}"]),
     "mitigate": ({"prompt": PROMPT, "axes": AXES, "n": 8, "n_boot": 100},
                  ["--prompt", PROMPT, "--axes", json.dumps(AXES), "-n", "8", "--n-boot", "100"]),
+    # two generators: the preset's, and the same world named by a relative path (another spec)
+    "compare_models": ({"method": "single_prompt",
+                        "generators": ["synthetic", f"synthetic_generator:{os.path.relpath(SYNTHETIC_TABLE)}"],
+                        "request": {"prompt": PROMPT, "n": 4, "n_boot": 100}}, []),
 }
 
 

@@ -195,7 +195,12 @@ def test_stop_then_resume_regenerates_nothing_and_matches_an_uninterrupted_run(t
     budget = mine.estimate_budget(MineRequest(resume=run_id), fresh)
     assert budget["prompts_to_score"] == 4 * 6 - 9 and budget["resuming"] == run_id
     resumed = done_event(mine.run(MineRequest(resume=run_id), fresh))
-    assert resumed.results["resumed_from"] == run_id and resumed.results["run_chain"] == [run_id]
+    # issue 17: a resume continues the same run (no new id), and a finished run is not "resumed" to nothing
+    assert resumed.run_id == run_id and resumed.results["resumed_from"] == run_id
+    assert [r["id"] for r in mine.list_runs(fresh)] == [run_id] and fresh.store.get_run(run_id)["status"] == "done"
+    with pytest.raises(Exception, match="has finished its 4 iterations; raise T"):
+        list(mine.run(MineRequest(resume=run_id), fresh))
+    assert fresh.store.get_run(run_id)["status"] == "done" and len(mine.list_runs(fresh)) == 1
     assert ranked(resumed.results) == ranked(full)
     assert made_before + fresh.stats.images_generated == full_engine.stats.images_generated
     assert calls_before + fresh.stats.generator_calls == full_engine.stats.generator_calls
@@ -248,6 +253,7 @@ def test_cli_prints_the_ranked_archive_and_resumes(tmp_path, capsys):
                  "--iterations", "3", "--json"]) == 0
     longer = json.loads(capsys.readouterr().out)
     assert len(longer["iterations"]) == 3 and longer["resumed_from"] == results["run_id"]
+    assert longer["run_id"] == results["run_id"]
     assert longer["nodes"][:len(results["nodes"])] == results["nodes"]
     assert main(["mine", "--preset", "colour", "--data-dir", data, "-b", "4", "-s", "2", "-m", "2"]) == 2
     assert "error:" in capsys.readouterr().err

@@ -170,6 +170,11 @@ def test_the_preview_predicts_the_first_axis_the_run_picks(engine):
     r, _ = run(engine, **fields)
     assert r["steps"][0]["axis"] == preview["preview"]["steps"][0]["axis"] == "age"
     assert r["steps"][0]["gamma"] == preview["preview"]["steps"][0]["gamma"]
+    # issue 17: the preview's status line and its panel agree (a forecast, never "succeeded")
+    status = mt.outcome(preview)
+    assert status.startswith("Preview done (nothing mitigated yet)") and "not reached" not in status
+    assert preview["preview"]["message"] in status and "succeeded" not in preview["preview"]["message"]
+    assert mt.outcome(r).startswith("Done, ε reached" if r["stop"]["reached"] else "Done, ε not reached")
 
 
 def test_a_step_that_hurts_another_axis_raises_a_trade_off_alert(engine):

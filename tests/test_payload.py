@@ -28,6 +28,7 @@ from engine.report import mitigate as mt_page
 from engine.report import single_prompt as sp_page
 from engine.report.runs import compare_html, open_run
 from engine.report.study import analysis_html, form_page
+from runhelpers import done_event
 
 pytestmark = pytest.mark.browser
 
@@ -91,23 +92,19 @@ def strings(obj, out: set) -> set:
     return out
 
 
-def done(events):
-    return next(e for e in events if isinstance(e, Done))
-
-
 def real_runs(engine) -> dict[str, Done]:
     """One small real run of every method on the synthetic world."""
     prompt = "a photo of a doctor"
     return {
-        "single_prompt": done(single_prompt.run(single_prompt.SinglePromptRequest(
+        "single_prompt": done_event(single_prompt.run(single_prompt.SinglePromptRequest(
             prompt, n=8, n_boot=100, axes=["gender", "age", "hair colour"]), engine)),
-        "generate": done(generate.run(generate.GenerateRequest(prompt, n=4, negative_prompt="blurry"), engine)),
-        "counterfactuals": done(counterfactuals.run(counterfactuals.CounterfactualsRequest(
+        "generate": done_event(generate.run(generate.GenerateRequest(prompt, n=4, negative_prompt="blurry"), engine)),
+        "counterfactuals": done_event(counterfactuals.run(counterfactuals.CounterfactualsRequest(
             prompt, axes=AXES, n=8, n_boot=100), engine)),
-        "intersectional": done(intersectional.run(intersectional.IntersectionalRequest(
+        "intersectional": done_event(intersectional.run(intersectional.IntersectionalRequest(
             prompt, axes=AXES, n=8, n_boot=100), engine)),
-        "mine": done(mine.run(mine.MineRequest(iterations=1, population=4, select=1, mutations=1, n=8), engine)),
-        "mitigate": done(mitigate.run(mitigate.MitigateRequest(prompt=prompt, axes=AXES, n=8, seed=1, n_boot=100),
+        "mine": done_event(mine.run(mine.MineRequest(iterations=1, population=4, select=1, mutations=1, n=8), engine)),
+        "mitigate": done_event(mitigate.run(mitigate.MitigateRequest(prompt=prompt, axes=AXES, n=8, seed=1, n_boot=100),
                                       engine)),
     }
 

@@ -153,7 +153,7 @@ def test_list_search_sort_and_filter(engine):
     assert [r["prompt"] for r in runs.list_runs(engine.store, status="stopped")] == ["a photo of a chef"]
     by_score = [r for r in runs.list_runs(engine.store, method="single_prompt", sort="score")]
     assert by_score[0]["score"] >= by_score[1]["score"]
-    assert "max CBS" in by_score[0]["headline"] and by_score[0]["generator"].startswith("synthetic")
+    assert "max Composite Bias Score" in by_score[0]["headline"] and by_score[0]["generator"].startswith("synthetic")
     assert [r["prompt"] for r in runs.list_runs(engine.store, sort="prompt")][0] == "a photo of a chef"
     with pytest.raises(InputError, match="unknown sort"):
         runs.list_runs(engine.store, sort="size")

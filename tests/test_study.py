@@ -225,3 +225,19 @@ def test_krippendorff_alpha_against_hand_computed_and_published_values():
     assert study.krippendorff_alpha([[1, 1], [2, 2], [3, 3]], "interval") == 1.0
     assert math.isnan(study.krippendorff_alpha([[2, 2], [2, 2]], "nominal"))  # no variation: undefined
     assert math.isnan(study.krippendorff_alpha([[1], [2]], "nominal"))        # nothing pairable
+
+
+def test_a_large_pair_study_defaults_to_workable_forms_and_says_what_raters_face(study_engine):
+    """Issue 17: 19 sets made '342 forms of 342 items'. Five sets = 20 ordered pairs; with
+    max_items=8 that is 3 blocks of at most 7 (the default 40 splits designs of 7+ sets)."""
+    engine, ids = study_engine
+    key = study.build_pack(engine, ids, question="pair", axis="gender", images_per_set=2, seed=4, max_items=8,
+                           n_attention=1)["key"]
+    d = key["design"]
+    assert d["trials"] == 20 and d["blocks"] == 3 and d["trials_per_form"] == 7 and key["n_forms"] == 3
+    assert not d["balanced"] and "too many for one rater" in d["note"]
+    trials = [tuple(i["sets"]) for f in key["forms"] for i in f["items"] if i["kind"] == "trial"]
+    assert sorted(trials) == sorted((a, b) for a in key["sets"] for b in key["sets"] if a != b)  # each once
+    assert all(len(f["items"]) <= 8 for f in key["forms"]) and d["items_per_form"] == 8
+    text = study.pack_summary({"key": key})["text"]
+    assert "Each rater answers 8 items, about 2 minutes" in text

@@ -365,3 +365,13 @@ def test_mutations_random_prompts_and_axis_question(world, llm):
         "gender", ["male", "female"])}]))["question"]
     assert "male, female" in question
     assert "synthetic" in llm.chat([{"role": "user", "content": "What is the capital of France?"}])
+
+
+def test_vqa_answers_only_what_the_world_models(gen, vqa):
+    # issue 17: "hair color" was answered with the outfit's colour
+    images = [g.image for g in gen.generate("a photo of a doctor", [0, 1, 2], gen.defaults())]
+    assert vqa.answer(images, "What is hair color in the image?") == ["not modelled in the synthetic world"] * 3
+    assert vqa.answer(images[:1], "What color are the eyes of the person?") == ["not modelled in the synthetic world"]
+    outfit = vqa.answer(images, "What color is the clothing of the person?")
+    assert all(a != "not modelled in the synthetic world" and a for a in outfit)
+    assert vqa.answer(images, "What color is the image?") == outfit

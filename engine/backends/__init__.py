@@ -7,6 +7,7 @@ the backend that needs it.
 from __future__ import annotations
 
 import importlib
+import os
 
 from ..errors import ModelLoadError
 from .base import ModelSpec
@@ -29,7 +30,42 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "synthetic_colour_embedder": ("engine.backends.colour_world", "embedder"),
     "synthetic_colour_llm": ("engine.backends.colour_world", "llm"),
     "synthetic_colour_vqa": ("engine.backends.colour_world", "vqa"),
+    # image sources that are not diffusers pipelines (issue 15)
+    "openai_images": ("engine.backends.api_generators", "generator"),
+    "hf_inference": ("engine.backends.api_generators", "generator"),
+    "folder": ("engine.backends.image_source", "generator"),
+    "hf_dataset": ("engine.backends.image_source", "generator"),
+    # evaluators behind a server or in a label table
+    "openai_vqa": ("engine.backends.api_vqa", "vqa"),
+    "labels": ("engine.backends.image_source", "vqa"),
 }
+
+# What a name typed for a role means: `openai:URL` is an images endpoint for the generator, a
+# chat model for the LLM and a vision chat model for VQA; hyphenated spellings are accepted.
+ROLE_ALIASES: dict[str, dict[str, str]] = {
+    "generator": {"openai": "openai_images", "hf-inference": "hf_inference", "hf-dataset": "hf_dataset"},
+    "llm": {},
+    "vqa": {"openai": "openai_vqa"},
+    "embedder": {},
+}
+
+
+def backend_for_role(name: str, role: str | None) -> str:
+    """Returns the backend name `name` means for `role` (see ROLE_ALIASES). Raises
+    ModelLoadError when the backend exists but serves another role (a chat LLM as generator)."""
+    name = name.strip()
+    if role is None:
+        return name
+    name = ROLE_ALIASES.get(role, {}).get(name, name.replace("-", "_") if name.replace("-", "_") in BACKENDS else name)
+    kind = BACKENDS.get(name, (None, None))[1]
+    if kind is not None and kind != role:
+        aliases = ROLE_ALIASES.get(role, {})
+        usable = sorted(({k for k, (_, r) in BACKENDS.items() if r == role and not k.startswith("synthetic")}
+                         - set(aliases.values())) | set(aliases))
+        article = {"generator": "a generator", "embedder": "an embedder", "llm": "an LLM", "vqa": "a VQA"}
+        raise ModelLoadError(f"'{name}' is {article.get(kind, kind)} backend and cannot be the {role}; "
+                             f"{role} backends: {', '.join(usable)}")
+    return name
 
 
 def load_backend(spec: ModelSpec, device: str = "cpu", **context):
@@ -49,5 +85,28 @@ def load_backend(spec: ModelSpec, device: str = "cpu", **context):
     except MemoryError as exc:  # host RAM
         raise ModelLoadError(f"not enough memory to load '{spec.model}': {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - every loader failure becomes one clear message
+        gated = hub_access_problem(exc, spec.model)
+        if gated:
+            raise ModelLoadError(gated) from exc
         raise ModelLoadError(f"could not load {spec.backend} model '{spec.model}': "
                              f"{type(exc).__name__}: {exc}") from exc
+
+
+def hub_access_problem(exc: BaseException, model: str) -> str | None:
+    """Returns what to do when `exc` (or an error it wraps: transformers re-raises hub errors as
+    OSError) is huggingface_hub's GatedRepoError, or None for any other error."""
+    try:
+        from huggingface_hub.errors import GatedRepoError
+    except ImportError:
+        return None
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, GatedRepoError):
+            token = "HF_TOKEN is set but that account has not been granted access" if os.environ.get(
+                "HF_TOKEN") else "no HF_TOKEN is set"
+            return (f"'{model}' is a gated repository ({token}): accept its licence at "
+                    f"https://huggingface.co/{model} while logged in, then set HF_TOKEN to a read token of "
+                    f"that account (or run `hf auth login`) and try again")
+        exc = exc.__cause__ or exc.__context__
+    return None

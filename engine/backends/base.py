@@ -36,9 +36,20 @@ class GeneratedImage:
     """One image from a generator call. `nsfw` is the safety checker's verdict: the image is
     kept as generated (never blacked out) and flagged so metrics can exclude it."""
 
-    image: Image.Image
+    image: Image.Image | None
     seed: int
     nsfw: bool = False
+    refused: str | None = None   # an API's refusal message (content policy): no image, never retried
+
+
+class PartialBatch(Exception):
+    """A generator call failed after some images were made (paid API calls): `outputs` holds
+    those (a subset, each with its seed), `error` the failure to raise once they are stored."""
+
+    def __init__(self, outputs: list[GeneratedImage], error: Exception):
+        super().__init__(str(error))
+        self.outputs = outputs
+        self.error = error
 
 
 @runtime_checkable
@@ -100,6 +111,31 @@ class ModelSpec:
     @property
     def label(self) -> str:
         return f"{self.backend}:{self.model}"
+
+    @property
+    def full_label(self) -> str:
+        """The label with its options, 'backend:model [k=v, ...]' (runs record it)."""
+        return self.label + (f" [{options_text(self.options)}]" if self.options else "")
+
+
+# Options that change how a backend is reached, never what it answers: left out of its identity.
+TRANSPORT_OPTIONS = frozenset({"timeout", "max_retries", "retry_wait", "max_retry_wait", "concurrency",
+                               "batch_size", "cache_dir", "enable_cpu_offload", "device_map"})
+
+
+def options_text(options: dict) -> str:
+    """Returns 'k=v, k2=v2' (sorted) for display."""
+    return ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(options.items()))
+
+
+def with_options(backend_id: str, options: dict) -> str:
+    """Returns the backend id with its identity options appended ('id?k=v&k2=v2'), so two
+    option sets never share a cached artefact; transport options (timeouts, batch sizes) and
+    options the id already names (`k=v` inside it) are left out."""
+    parts = [f"{k}={json.dumps(v, sort_keys=True) if not isinstance(v, str) else v}"
+             for k, v in sorted(options.items()) if k not in TRANSPORT_OPTIONS]
+    parts = [p for p in parts if p not in backend_id]
+    return f"{backend_id}?{'&'.join(parts)}" if parts else backend_id
 
 
 def l2_normalise(x: np.ndarray) -> np.ndarray:

@@ -254,7 +254,7 @@ def _load_hf_chat(spec: ModelSpec, device: str) -> HFChatLLM:
     if not placement:
         model = model.to(device)
     model.eval()
-    commit = getattr(model.config, "_commit_hash", None)
+    commit = devices.hub_commit(spec.model, revision=options.get("revision"), cache_dir=options.get("cache_dir"))
     model_id = f"hf_chat:{devices.model_identity(spec.model, revision=options.get('revision'), commit=commit)}"
     llm = HFChatLLM(model, tokenizer, model_id=model_id, device=device, top_p=float(options.get("top_p", 1.0)))
     if llm.uses_fallback_template:

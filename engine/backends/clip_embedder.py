@@ -216,7 +216,7 @@ def _load_hf_clip(spec: ModelSpec, device: str) -> HFClipEmbedder:
     devices.require_complete_weights(spec.model, info, "CLIP/SigLIP")
     model = model.to(device).eval()
     processor = AutoProcessor.from_pretrained(spec.model, **hub)
-    commit = getattr(model.config, "_commit_hash", None)
+    commit = devices.hub_commit(spec.model, revision=options.get("revision"), cache_dir=options.get("cache_dir"))
     model_id = f"hf_clip:{devices.model_identity(spec.model, revision=options.get('revision'), commit=commit)}"
     return HFClipEmbedder(model, processor, model_id=model_id, device=device,
                           batch_size=int(options.get("batch_size", DEFAULT_BATCH_SIZE)))

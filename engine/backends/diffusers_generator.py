@@ -44,6 +44,7 @@ than a CPU one for the same seed); `generator_device="cuda"` changes that and th
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -122,7 +123,8 @@ def _load_safety_checker(folder: str, model_index: dict, device: str, dtype):
 
     # Its "a black image will be returned instead" warning is wrong here: we only read its verdict.
     logging.getLogger(StableDiffusionSafetyChecker.__module__).setLevel(logging.ERROR)
-    checker = StableDiffusionSafetyChecker.from_pretrained(folder, subfolder="safety_checker", dtype=dtype)
+    variant = {"variant": "fp16"} if any(Path(folder, "safety_checker").glob("*.fp16.*")) else {}
+    checker = StableDiffusionSafetyChecker.from_pretrained(folder, subfolder="safety_checker", dtype=dtype, **variant)
     feature_extractor = AutoImageProcessor.from_pretrained(folder, subfolder="feature_extractor")
     return checker.to(device).eval(), feature_extractor
 
@@ -265,6 +267,37 @@ def _resolve_folder(model: str, options: dict) -> tuple[str, str | None]:
     return str(folder), devices.hub_commit_from_path(folder)
 
 
+def _weight_files(model: str, options: dict) -> list[str]:
+    """Returns the repository's file names (relative paths) without downloading weights: a local
+    folder's files, else the cached snapshot's, else the hub's listing (empty when unreachable)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
+    snapshot = devices.cached_snapshot(model)
+    if snapshot is not None:
+        return [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False"):
+        return []
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi().list_repo_files(model, revision=options.get("revision"), token=options.get("token"))
+    except Exception:  # noqa: BLE001 - the download that follows reports the real problem
+        return []
+
+
+def pick_variant(files: list[str], dtype_name: str) -> str | None:
+    """Returns "fp16" when the denoiser (unet/ or transformer/) ships fp16 weights and the run is in half
+    precision (half the download, same numbers), or when only the fp16 variant exists; else None."""
+    denoiser = [f for f in files if f.split("/")[0] in ("unet", "transformer")
+                and f.endswith((".safetensors", ".bin"))]
+    has_fp16 = any(".fp16" in Path(f).name for f in denoiser)
+    has_plain = any(Path(f).name.count(".") == 1 for f in denoiser)
+    if has_fp16 and (dtype_name in ("float16", "bfloat16") or not has_plain):
+        return "fp16"
+    return None
+
+
 def _refine_family(family: str, pipe, model: str) -> str:
     """Tells sd1 from sd2 (UNet cross-attention width 1024) and FLUX dev from schnell (guidance embedding)."""
     if family == "sd1" and getattr(pipe.unet.config, "cross_attention_dim", 768) == 1024:
@@ -290,6 +323,8 @@ def _wants_cpu_offload(option, pipe, device: str, model: str) -> bool:
         return False  # accelerate's model offload is for CUDA; MPS shares host memory anyway
     if option != "auto":
         return bool(option)
+    if devices.on_zero_gpu():
+        return False  # no CUDA call in the main process; the model manager's plan decides instead
     info = devices.memory_info(device)
     needed = devices.module_bytes(*_pipeline_modules(pipe))
     if info and needed > 0.85 * info["free"]:
@@ -331,6 +366,12 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
     from diffusers import AutoPipelineForText2Image, DiffusionPipeline
 
     options = dict(spec.options)
+    if "variant" not in options:
+        # The family (hence the dtype) is known only after model_index.json: half precision on any
+        # accelerator, so decide on the fp16 variant from the device and the dtype option.
+        half = devices.is_accelerator(device) and str(options.get("dtype", "auto")) not in ("fp32", "float32")
+        options["variant"] = pick_variant(_weight_files(spec.model, options), "float16" if half else
+                                          str(options.get("dtype", "float32")).replace("fp16", "float16"))
     folder, commit = _resolve_folder(spec.model, options)
     model_index = DiffusionPipeline.load_config(folder)
     family = options.get("family") or family_from_class_name(model_index.get("_class_name", "?"), spec.model)
@@ -339,13 +380,16 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
     dtype = devices.default_dtype(device, prefer_bf16=family.startswith(("sd3", "flux")), override=options.get("dtype"))
 
     load_kwargs = {"dtype": dtype}
+    if options.get("variant"):
+        load_kwargs["variant"] = options["variant"]
     if family in ("sd1", "sd2", "sd-turbo"):
         # Never black out images during generation; flagging happens separately below.
         load_kwargs.update(safety_checker=None, requires_safety_checker=False)
     pipe = AutoPipelineForText2Image.from_pretrained(folder, **load_kwargs)
     if not options.get("family"):
         family = _refine_family(family, pipe, spec.model)
-    offload = _wants_cpu_offload(options.get("enable_cpu_offload", "auto"), pipe, device, spec.model)
+    offload = _wants_cpu_offload(context.get("enable_cpu_offload", options.get("enable_cpu_offload", "auto")),
+                                 pipe, device, spec.model)
     try:
         if offload:
             pipe.enable_model_cpu_offload(device=device)
@@ -380,5 +424,7 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
         defaults=_default_settings(family, pipe, options), generator_device=generator_device,
         max_sequence_length=max_sequence_length, safety_checker=checker, feature_extractor=feature_extractor)
     generator._scheduler(generator.defaults().scheduler)  # an unknown default scheduler fails at load time
+    generator.variant = options.get("variant")
+    generator.cpu_offload = offload
     logger.info("loaded %s as %s on %s (%s, batch %d)", generator.id, family, device, dtype, generator.batch_size)
     return generator

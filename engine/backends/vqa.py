@@ -347,7 +347,7 @@ def _check_path(model: str) -> None:
 
 
 def _identity(model, name: str, options: dict) -> str:
-    commit = getattr(model.config, "_commit_hash", None)
+    commit = devices.hub_commit(name, revision=options.get("revision"), cache_dir=options.get("cache_dir"))
     return devices.model_identity(name, revision=options.get("revision"), commit=commit)
 
 

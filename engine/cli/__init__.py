@@ -23,10 +23,12 @@ import time
 from ..errors import GapLensError
 from ..events import Done, Progress, Scores, Warning
 from ..methods import METHODS
+from ..methods.compare_models import METHODS as COMPARED
+from .compare import add_generators
 from .options import method_parser
 
 # engine/cli/<name>.py for each command, in --help order
-COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["runs", "status"]
+COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["validate", "runs", "biasbench", "status", "plan", "doctor"]
 ROLE_EXAMPLES = {"generator": "diffusers:/path/to/model", "embedder": "open_clip:ViT-B-32",
                  "llm": "hf_chat:Qwen/Qwen2.5-1.5B-Instruct", "vqa": "blip_vqa:Salesforce/blip-vqa-base"}
 
@@ -39,6 +41,12 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     for role, example in ROLE_EXAMPLES.items():
         parser.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL",
                             help=f"replace the preset's {role}, e.g. {example}")
+        parser.add_argument(f"--{role}-option", action="append", default=[], metavar="KEY=VALUE",
+                            dest=f"{role}_option",
+                            help=f"an option of the {role} (repeatable; part of its identity in the cache; "
+                                 "never a secret: keys come from the environment)")
+    parser.add_argument("--max-api-calls", type=int, default=None, metavar="N",
+                        help="most image API calls one run may make (default 200); the count is shown first")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -57,15 +65,24 @@ def build_parser() -> argparse.ArgumentParser:
             method_parser(sub, common_arguments, name, " ".join((METHODS[name].run.__doc__ or name).split("\n\n")[0].split()))
             continue
         module.add_parser(sub, common_arguments)
+    for name in COMPARED:   # --generators A B ...: the same audit on each generator (engine/cli/compare.py)
+        add_generators(sub.choices[METHODS[name].cli], name)
     return parser
 
 
-def make_engine(args):
-    from ..core import DEFAULT_MAX_IMAGES, Engine
+def make_engine(args, **engine_options):
+    """The Engine the parsed options describe (shared by the CLI and app.py); `engine_options`
+    (e.g. public mode, a device) are passed on to Engine as they are."""
+    from ..core import DEFAULT_MAX_API_CALLS, DEFAULT_MAX_IMAGES, Engine
+    from ..presets import parse_options
 
+    roles = ("generator", "embedder", "llm", "vqa")
+    options = {role: parse_options(getattr(args, f"{role}_option", None) or [], role) for role in roles}
+    engine_options = {"device": getattr(args, "device", None), **engine_options}
     return Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images or DEFAULT_MAX_IMAGES,
-                  device=args.device, generator=args.generator, embedder=args.embedder,
-                  llm=args.llm, vqa=args.vqa)
+                  generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa,
+                  options={r: o for r, o in options.items() if o},
+                  max_api_calls=getattr(args, "max_api_calls", None) or DEFAULT_MAX_API_CALLS, **engine_options)
 
 
 class ProgressPrinter:
@@ -109,6 +126,8 @@ def main(argv=None) -> int:
 
 def run_command(args) -> int:
     try:
+        if getattr(args, "handler", None) is not None:  # commands that need no engine (plan, doctor)
+            return args.handler(args)
         engine = make_engine(args)
         if args.method is None:
             print(json.dumps(engine.status(), indent=2, default=str))

@@ -1,4 +1,4 @@
-"""`python -m engine intersectional --prompt ... -n 8 [--axes JSON] [--json]`"""
+"""`python -m engine intersectional --prompt ... -n 8 [--axes JSON] [--generators A B] [--json]`"""
 from ..methods.intersectional import IntersectionalRequest, load_reference_csv
 from .options import method_parser, request_from_args, set_fields, set_options
 

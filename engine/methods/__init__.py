@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..scores import Score
-from . import counterfactuals, generate, intersectional, mine, mitigate, single_prompt
+from . import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt
 
 
 @dataclass(frozen=True)
@@ -58,4 +58,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            intersectional.headline, cli="intersectional"),
     Method("mine", "Mine Prompts", mine.MineRequest, mine.run, mine.headline, cli="mine"),
     Method("mitigate", "Mitigate", mitigate.MitigateRequest, mitigate.run, mitigate.headline, cli="mitigate"),
+    # no command of its own: `--generators A B` on the audits' commands (engine/cli/compare.py)
+    Method("compare_models", "Compare models", compare_models.CompareModelsRequest, compare_models.run,
+           compare_models.headline),
 )}

@@ -232,6 +232,14 @@ def propose_for(engine: Engine, prompt: str, fill: list[str], seed: int = 0,
     return axes, problems
 
 
+def check(request: SetsRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
+    template = engine.check_prompt(request.prompt)
+    engine.check_n(request.n)
+    for p in expand(template, request.fill):
+        engine.check_prompt(p)
+
+
 def prepare(request: SetsRequest, engine: Engine):
     """Check the request and settle the axes (use `yield from`): yields Warning events and,
     when the LLM proposed the axes, a Table('axes') event; returns (prompts, axes, specs)."""
@@ -261,17 +269,26 @@ def prepare(request: SetsRequest, engine: Engine):
 
 
 def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], settings,
-                 index: int, total: int):
+                 index: int, total: int, evaluate=None):
     """Generate one set through the store (use `yield from`); returns its records without
-    images the safety checker flagged (with a Warning when there are any)."""
+    images the safety checker flagged (with a Warning when there are any). `evaluate(valid_batch)`
+    warms the caches beside generation (engine.core.stream_image_set)."""
+    def evaluate_valid(batch):
+        valid_batch = [r for r in batch if not r.nsfw]
+        if valid_batch:
+            evaluate(valid_batch)
+
     records = yield from stream_image_set(engine, run, spec.prompt, seeds, settings, label=spec.label,
-                                          progress_offset=index * len(seeds), progress_total=total * len(seeds))
+                                          progress_offset=index * len(seeds), progress_total=total * len(seeds),
+                                          evaluate=evaluate_valid if evaluate else None)
     valid = [r for r in records if not r.nsfw]
-    if len(valid) < len(records):
-        yield Warning(f"{len(records) - len(valid)} image(s) of '{spec.prompt}' were flagged by the safety "
+    flagged = sum(r.nsfw and not r.refused for r in records)   # refusals were reported as such
+    if flagged:
+        yield Warning(f"{flagged} image(s) of '{spec.prompt}' were flagged by the safety "
                       "checker and are excluded from every metric")
     if not valid:
-        raise InputError(f"every image of '{spec.prompt}' was flagged by the safety checker; nothing to measure")
+        raise InputError(f"every image of '{spec.prompt}' was flagged by the safety checker or refused by the API; "
+                         "nothing to measure")
     return valid
 
 

@@ -36,11 +36,13 @@ from ..distributed import distributed_image_sets
 from ..events import Progress, Scores, Table
 from ..metrics import tibet
 from ..metrics.bootstrap import percentile_interval
+from ..metrics.intervals import headline_claim
 from ..metrics.diversity import unit_rows
-from ..metrics.wordnet import wordnet_synonyms
+from ..metrics.concepts import top_phrases
+from ..metrics.wordnet import missing_note, wordnet_synonyms
 from ..presets import ASSETS
 from ..scores import number
-from .cfsets import SetSpec, SetsRequest, generate_set, prepare, resample_weights
+from .cfsets import SetSpec, SetsRequest, check, generate_set, prepare, resample_weights
 from .generate import settings_for
 
 
@@ -74,6 +76,11 @@ def tibet_question(axis: str) -> str:
         if any(w.startswith(k) for k in entry["keywords"] for w in words):
             return entry["question"]
     return bank["template"].format(axis=" ".join(words) or axis)
+
+
+def synonyms_note() -> str:
+    """Returns "" when WordNet is installed, else the sentence the synonym option needs."""
+    return missing_note()
 
 
 @functools.lru_cache(maxsize=65536)
@@ -169,6 +176,7 @@ def axis_scores(cfs: list[dict], sum_normalise: bool) -> dict:
         out[mad_key] = tibet.mad_normalised([c[key] for c in cfs], sum_normalise)
         draws = [tibet.mad_normalised(col, sum_normalise) for col in np.array([c[f"_{key}"] for c in cfs]).T]
         out[f"{mad_key}_ci"] = _interval(draws)
+        out[f"_{mad_key}_draws"] = np.asarray(draws, float)   # aligned across axes: for the headline's certainty
         for c in cfs:
             c[f"{key}_ci"] = _interval(c[f"_{key}"])
     return out
@@ -179,23 +187,29 @@ def _public(cf: dict) -> dict:
 
 
 def _set_json(s: ConceptSet, answers: dict[str, list[str]], captions: list[str], request) -> dict:
-    histogram = s.histogram(request.min_frequency)
-    axis_top = {a: tibet.top_k_concepts(tibet.concept_histogram([[x] for x in got], request.min_frequency),
-                                        request.top_k) for a, got in answers.items()}
+    histogram = s.histogram(request.min_frequency)   # TIBET's unigrams: what CAS compares
+    # Top-K as read by a person: whole phrases, variants merged (metrics.concepts)
+    axis_top = {a: top_phrases([[x] for x in got], None, request.top_k) for a, got in answers.items()}
+    per_image = [[answers[a][i] for a in answers] for i in range(len(s.records))]
+    top = top_phrases(per_image, captions or None, request.top_k, known=s.spec.prompt.lower().split())
     return {"prompt": s.spec.prompt, "axis": s.spec.axis, "cf": s.spec.cf, "value": s.spec.value,
-            "histogram": histogram, "top_k": tibet.top_k_concepts(histogram, request.top_k), "axis_top_k": axis_top,
+            "histogram": histogram, "top_k": top, "axis_top_k": axis_top,
             "images": [{"key": r.key, "seed": r.seed, "path": r.path, "answers": {a: answers[a][i] for a in answers},
                         **({"caption": captions[i]} if captions else {})} for i, r in enumerate(s.records)]}
 
 
-def summarise(scored: dict[str, dict]) -> dict:
-    """The score part of the results from {axis: {"cfs": [...], "mad": ..., ...}}."""
+def summarise(scored: dict[str, dict], n: int | None = None) -> dict:
+    """The score part of the results from {axis: {"cfs": [...], "mad": ..., ...}}, with the
+    "most biased axis" headline and the bootstrap probability that it is the top one (issue 16)."""
     out = {"counterfactuals": [_public(c) for a in scored.values() for c in a["cfs"]],
            "cas": {axis: {c["prompt"]: c["cas"] for c in a["cfs"]} for axis, a in scored.items()},
            "cas_clip": {axis: {c["prompt"]: c["cas_clip"] for c in a["cfs"]} for axis, a in scored.items()}}
     for key in ("mad", "mad_ci", "mad_clip", "mad_clip_ci"):
         out[key] = {axis: a[key] for axis, a in scored.items()}
     out["mad_order"] = sorted(out["mad"], key=lambda a: -out["mad"][a])
+    draws = {axis: a.get("_mad_draws") for axis, a in scored.items()}
+    if n and all(d is not None and len(d) for d in draws.values()):
+        out["headline"] = headline_claim(out["mad"], draws, n, what="most biased axis (MAD of CAS)")
     return out
 
 
@@ -223,7 +237,7 @@ class CounterfactualsResults(TypedDict, total=False):
     mad_order: list[str]                     # axes by MAD, most biased first
 
 
-@recorded("counterfactuals")
+@recorded("counterfactuals", check)
 def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     """TIBET on one prompt (or on a {placeholder} prompt filled with each of `request.fill`,
     CAS averaged over the prompts: aggregate mode).
@@ -254,7 +268,14 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
 
     def measure(spec: SetSpec):
         i = position[spec.label]
-        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs))
+        def evaluate(batch):  # the same calls as below, batch by batch, beside the next batch's generation
+            for q in unique_questions:
+                engine.ask(batch, q)
+            if request.caption:
+                engine.caption(batch)
+            engine.embed_images(batch)
+
+        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs), evaluate)
         yield Progress(i, len(specs), "vqa", f"asking {len(unique_questions)} question(s) about '{spec.prompt}'")
         by_question = {q: engine.ask(records, q) for q in unique_questions}
         captions = engine.caption(records) if request.caption else []
@@ -282,7 +303,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
             yield Scores(f"axis:{axis}", {"prompt": prompt, "axis": axis, **_public(scored[axis]),
                                           "counterfactuals": [_public(c) for c in cfs]})
         per_prompt.append(scored)
-        results["per_prompt"][prompt] = summarise(scored)
+        results["per_prompt"][prompt] = summarise(scored, request.n)
         run_record.save(results)
 
     # 3. One prompt: its scores; aggregate mode: CAS averaged over the prompts, then MAD.
@@ -291,8 +312,10 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     else:
         averaged = {axis: _average([s[axis]["cfs"] for s in per_prompt]) for axis in axes}
         results.update(summarise({axis: {"cfs": cfs, **axis_scores(cfs, request.sum_normalise)}
-                                  for axis, cfs in averaged.items()}))
+                                  for axis, cfs in averaged.items()}, request.n))
         yield Scores("aggregate", {k: results[k] for k in ("mad", "mad_ci", "mad_order", "counterfactuals")})
+    if results.get("headline"):
+        yield Scores("headline", results["headline"])
     summary = {"prompts": len(prompts), "sets": len(specs), "n": request.n,
                **{f"mad_{a}": round(results["mad"][a], 3) for a in results["mad_order"]}}
     yield run_record.finish(results, summary)

@@ -53,7 +53,13 @@ class GenerateResults(TypedDict, total=False):
     images: list[dict]   # ImageRecord.to_json of every image, in prompt then seed order
 
 
-@recorded("generate")
+def check(request, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
+    [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
+    engine.check_n(request.n)
+
+
+@recorded("generate", check)
 def run(request: GenerateRequest, engine: Engine, run_record: Run):
     """N images of one prompt (or of each of `request.prompts`), recorded as one run.
 
@@ -82,7 +88,8 @@ def run(request: GenerateRequest, engine: Engine, run_record: Run):
         records += yield from stream_image_set(engine, run_record, prompt, seeds, settings, prompt if len(unique) > 1 else "",
                                                i * len(seeds), len(unique) * len(seeds))
     image_seconds = round(time.perf_counter() - started, 3)  # the models are loaded by now: images only
-    flagged = [r.seed for r in records if r.nsfw]
+    flagged = [r.seed for r in records if r.nsfw and not r.refused]
+    refused = sum(bool(r.refused) for r in records)
     if flagged:
         yield Warning(f"the safety checker flagged {len(flagged)} image(s) (seeds {flagged}); they are "
                       "kept, marked, and excluded from metrics")
@@ -91,7 +98,9 @@ def run(request: GenerateRequest, engine: Engine, run_record: Run):
                "images": [r.to_json() for r in records]}
     if len(unique) > 1:
         results.update(prompt=f"{unique[0]} (+{len(unique) - 1} more)", prompts=unique)
-    summary = {"n": len(records), "flagged": len(flagged), "image_seconds": image_seconds}
+    summary = {"n": len(records) - refused, "flagged": len(flagged), "image_seconds": image_seconds}
+    if refused:
+        summary["refused"] = refused
     yield run_record.finish(results, {**summary, "distributed": job} if job else summary)
 
 

@@ -26,6 +26,7 @@ Choices the spec leaves open, each a request field or stated here:
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
@@ -40,8 +41,10 @@ from ..events import Graph, Progress, Scores, Table, Warning
 from ..llm_prompts import axis_question_prompt
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
+from ..metrics.intervals import headline_claim
 from ..scores import number
-from .cfsets import SetSpec, SetsRequest, axis_name, counterfactual_value, generate_set, prepare, resample_weights
+from .cfsets import (SetSpec, SetsRequest, axis_name, check, counterfactual_value, generate_set, prepare,
+                     resample_weights)
 from .generate import settings_for
 
 LEVELS = ("auto", "prompt", "aggregated")
@@ -167,7 +170,8 @@ class IntersectionalResults(TypedDict, total=False):
     p_threshold: float
     min_abs_is: float
     importance: str
-    sensitivity: dict                   # {"axes", "matrix", "w_bar_init", "w_bar_mixed", "ci_low", "ci_high"}
+    sensitivity: dict                   # {"axes", "matrix", "w_bar_init", "w_bar_mixed", "ci_low", "ci_high",
+                                        #  "p_positive"}
     p_values: dict[str, dict[str, float]]
     edges: list[Edge]
     kept_edges: list[Edge]
@@ -177,6 +181,7 @@ class IntersectionalResults(TypedDict, total=False):
     distributions: dict[str, dict]      # per axis: values, ideal, initial and mixed (per x) distributions
     outside_choices: dict[str, int]     # answers outside each axis' choices
     per_prompt: dict[str, list]         # aggregate mode: each prompt's own matrix
+    headline: dict                      # the strongest effect and how sure the bootstrap is of it
 
 
 @dataclass
@@ -189,7 +194,13 @@ class Answers:
     outside: dict[str, int] = field(default_factory=dict)
 
 
-@recorded("intersectional")
+def check_before_run(request: IntersectionalRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run, before any run record exists."""
+    check_request(request)
+    check(request, engine)
+
+
+@recorded("intersectional", check_before_run)
 def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     """BiasConnect's sensitivity matrix and bias graph of one prompt (or of a {placeholder}
     prompt filled with each of `request.fill`, pooled: aggregate mode).
@@ -267,7 +278,11 @@ def answer_sets(request: IntersectionalRequest, engine: Engine, run_record: Run,
     answers = Answers(outside=dict.fromkeys(questions, 0))
     seeds = request.seeds()
     for i, spec in enumerate(specs):
-        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs))
+        def evaluate(batch):  # the same questions as below, beside the next batch's generation
+            for y in questions:
+                engine.ask(batch, questions[y], values[y])
+
+        records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs), evaluate)
         yield Progress(i, len(specs), "vqa", f"asking {len(questions)} multiple-choice question(s) about '{spec.prompt}'")
         answers.onehot[spec.label] = {}
         for y in questions:
@@ -296,7 +311,8 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
     level = request.level if request.level != "auto" else ("aggregated" if len(prompts) > 1 else "prompt")
     point_tables = {x: {y: t[0] for y, t in ys.items()} for x, ys in tables.items()}
     edges = bc.chi2_edges(point_tables, matrix, level, request.p_threshold, request.min_abs_is)
-    low, high = bootstrap_bounds(request, specs, axes, ideals, answers)
+    draws = bootstrap_draws(request, specs, axes, ideals, answers)
+    low, high = percentile_bounds(draws)
     edge_rows = [{"source": e.source, "target": e.target, "is": e.sensitivity, "p_value": e.p_value,
                   "statistic": e.statistic, "dof": e.dof, "kept": e.kept} for e in edges]
     results: IntersectionalResults = {
@@ -320,6 +336,9 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
                           for y in axes},
         "outside_choices": answers.outside,
     }
+    if draws is not None:
+        results["headline"], results["sensitivity"]["p_positive"] = cell_claims(
+            list(matrix.axes), np.asarray(matrix.matrix, float), draws, request.n)
     if len(prompts) > 1:
         own = {k: [spec for spec in specs if spec.prompt_index == k] for k in range(len(prompts))}
         results["per_prompt"] = {p: _matrix(sensitivity(*tally(own[k], axes, answers.onehot), ideals).matrix)
@@ -327,16 +346,23 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
     return results
 
 
-def bootstrap_bounds(request: IntersectionalRequest, specs: list[SetSpec], axes: dict, ideals: dict,
-                     answers: Answers) -> tuple[list | None, list | None]:
-    """95% percentile intervals (low and high matrices) of every IS over `request.n_boot`
-    resamples of the images; (None, None) without resamples."""
+def bootstrap_draws(request: IntersectionalRequest, specs: list[SetSpec], axes: dict, ideals: dict,
+                    answers: Answers) -> np.ndarray | None:
+    """(n_boot, n, n): the matrix recomputed on `request.n_boot` resamples of the images; None
+    without resamples."""
     if not request.n_boot:
-        return None, None
+        return None
     boot_init, boot_tables = tally(specs, axes, answers.onehot, answers.weights)
-    draws = np.array([sensitivity(boot_init, boot_tables, ideals, b).matrix for b in range(request.n_boot)])
-    bounds = [[percentile_interval(draws[:, i, j]) for j in range(len(axes))] for i in range(len(axes))]
-    low, high = ([[b[k] for b in row] for row in bounds] for k in (0, 1))
+    return np.array([sensitivity(boot_init, boot_tables, ideals, b).matrix for b in range(request.n_boot)])
+
+
+def percentile_bounds(draws: np.ndarray | None) -> tuple[list | None, list | None]:
+    """The 95% percentile interval of every cell as (low, high) matrices; (None, None) without draws."""
+    if draws is None:
+        return None, None
+    k = draws.shape[1]
+    bounds = [[percentile_interval(draws[:, i, j]) for j in range(k)] for i in range(k)]
+    low, high = ([[b[c] for b in row] for row in bounds] for c in (0, 1))
     return low, high
 
 
@@ -357,3 +383,55 @@ def headline(record: dict) -> tuple[str, float | None]:
     if summary.get("max_impact"):
         parts.append(f"most impact: {summary['max_impact']}")
     return " · ".join(parts), distortion
+def cell_claims(axes: list[str], matrix, draws: np.ndarray, n: int) -> tuple[dict, list]:
+    """Issue 16 for the matrix: the strongest off-diagonal cell (largest |IS|) with the bootstrap
+    probability that it is the strongest (or "no clear winner" and the N that would settle it),
+    how many cells have a clear sign, and P(IS > 0) per cell. Returns (headline, p_positive)."""
+    k = len(axes)
+    values, cell_draws = {}, {}
+    for i in range(k):
+        for j in range(k):
+            d = draws[:, i, j]
+            if i != j and math.isfinite(matrix[i, j]) and np.isfinite(d).mean() > 0.9:
+                values[f"{axes[i]} → {axes[j]}"] = abs(float(matrix[i, j]))
+                cell_draws[f"{axes[i]} → {axes[j]}"] = np.where(np.isfinite(d), np.abs(d), 0.0)
+    with np.errstate(invalid="ignore"):
+        positive = np.nanmean(np.where(np.isfinite(draws), draws > 0, np.nan), axis=0)
+    clear = sum(1 for i in range(k) for j in range(k)
+                if i != j and math.isfinite(positive[i, j]) and (positive[i, j] >= 0.975 or positive[i, j] <= 0.025))
+    claim = headline_claim(values, cell_draws, n, what="strongest intersectional effect (|IS|)")
+    claim["clear_signs"] = clear
+    claim["cells"] = k * (k - 1)
+    claim["text"] += f"; {clear} of {k * (k - 1)} cells have a sign the 95% interval is sure of"
+    return claim, _matrix(positive)
+
+
+# -- reading a run: which pairs are kept (the views mark the others) ------------------------------
+
+def edge_status(results: dict, intervened: str, affected: str) -> dict:
+    """Returns {"kept": bool, "diagonal": bool, "reason": sentence} for one ordered pair of a
+    finished run: kept edges are the χ²-tested dependencies the level keeps; the others are
+    pruned (p above the threshold, or |IS| below the minimum), and their IS is not evidence
+    of an interaction."""
+    if intervened == affected:
+        return {"kept": False, "diagonal": True,
+                "reason": f"the diagonal: how making {affected} diverse fixes {affected} itself (not an edge)"}
+    edge = next((e for e in results.get("edges", []) if e["source"] == intervened and e["target"] == affected), None)
+    if edge is None:
+        return {"kept": False, "diagonal": False, "reason": "this pair was not tested"}
+    if edge["kept"]:
+        return {"kept": True, "diagonal": False,
+                "reason": f"kept edge: χ² p = {edge['p_value']:.1e} < {results.get('p_threshold', 0):g}"}
+    why = (f"χ² p = {edge['p_value']:.1e} is not below {results.get('p_threshold', 0):g}"
+           if edge["p_value"] is None or not edge["p_value"] < results.get("p_threshold", 0)
+           else f"|IS| is below the minimum {results.get('min_abs_is') or 0:g}")
+    return {"kept": False, "diagonal": False,
+            "reason": f"pruned: {why}, so this is not evidence that {intervened} affects {affected}"}
+
+
+def default_pair(results: dict) -> tuple[str, str] | None:
+    """Returns the pair a view opens on: the kept edge with the largest |IS|, or None when no
+    edge is kept (the view then says so instead of showing a pruned pair as if it counted)."""
+    kept = [e for e in results.get("kept_edges", []) if e["is"] is not None and e["is"] == e["is"]]
+    best = max(kept, key=lambda e: abs(e["is"]), default=None)
+    return (best["source"], best["target"]) if best else None

@@ -31,12 +31,14 @@ import numpy as np
 
 from ..backends.base import GenerationSettings
 from ..backends.llm_json import as_string_list
+from .. import sources
 from ..core import Engine, EngineStats, Run, recorded
 from ..distributed import distributed_image_sets
 from ..errors import GapLensError, InputError, LLMOutputError
 from ..events import Images, Progress, Scores, Table, Warning
 from ..llm_prompts import mutations_prompt, random_prompts_prompt
-from ..metrics.gap import COMBINATIONS
+from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
+from ..metrics.intervals import headline_claim
 from ..scores import number
 from ..store import ImageRecord, image_key
 from .generate import GenerationOptions, settings_for
@@ -45,7 +47,7 @@ from .single_prompt import gap_for_images
 DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
 MAX_ITERATIONS = 200
 MAX_POPULATION = 64
-STRATEGIES = ("ga", "random")
+STRATEGIES = ("ga", "random", "source")   # "source": rank the prompts a folder/dataset holds
 
 # Specific-bias modes (spec A.4-A.5, project page): what the variations may vary, and what every
 # random prompt must contain. Any other text is taken as the axis itself ("hair colour").
@@ -75,7 +77,8 @@ class MineRequest(GenerationOptions):
     bias: str = field(default="open", metadata={
         "help": "open, socio-demographic, style, objects, or an axis in words (specific-bias mode)"})
     strategy: str = field(default="ga", metadata={
-        "help": "ga, or random: the same budget spent on random LLM prompts (baseline)", "choices": STRATEGIES})
+        "help": "ga; random: the same budget spent on random LLM prompts (baseline); source: rank the prompts "
+                "a folder/dataset generator holds", "choices": STRATEGIES})
     seed: int = field(default=0, metadata={"help": "GA seed (LLM mutation and random-prompt calls)"})
     image_seed: int = field(default=0, metadata={
         "help": "first image seed (images use image_seed..image_seed+n-1; also the variations' LLM seed)"})
@@ -128,6 +131,16 @@ def _measure(model_id: str, seconds: float, units: int) -> None:
 
 def check_request(request: MineRequest, engine: Engine) -> MineRequest:
     """The request with defaults filled in; InputError naming the first bad setting."""
+    if request.strategy == "source":
+        if sources.source_kind(engine) != "source":
+            raise InputError("strategy 'source' ranks the prompts of a folder or dataset generator "
+                             "(--generator folder:PATH); this generator makes new images: use ga or random")
+    else:
+        try:
+            sources.require_new_images(engine, "Mine Prompts")
+        except InputError as exc:
+            raise InputError(f"{exc}; or mine with strategy 'source', which ranks the source's prompts by their "
+                             "gap score") from None
     iterations = DEFAULT_ITERATIONS if request.iterations in (None, 0) else request.iterations
     request = replace(request, iterations=int(iterations), n_variations=request.n_variations or request.n)
     if request.strategy not in STRATEGIES:
@@ -139,6 +152,11 @@ def check_request(request: MineRequest, engine: Engine) -> MineRequest:
     if not 1 <= request.select <= request.population:
         raise InputError(f"the number selected per iteration (s) must be between 1 and the population "
                          f"({request.population}), got {request.select}")
+    if request.strategy == "source":
+        have = [p for p, k in sources.source_prompts(engine).items() if k >= request.n]
+        if not have:
+            raise InputError(f"no prompt of the source has {request.n} images; lower N")
+        request = replace(request, iterations=min(request.iterations, -(-len(have) // request.population)))
     if request.strategy == "ga":
         if request.mutations < 1:
             raise InputError(f"mutations per selected prompt (m) must be at least 1, got {request.mutations}")
@@ -175,6 +193,10 @@ def resolve(request: MineRequest, engine: Engine) -> tuple[MineRequest, dict | N
     stored = {k: v for k, v in record["results"]["request"].items() if k in MineRequest.__dataclass_fields__}
     effective = MineRequest(**{**stored, "resume": request.resume,
                                "iterations": request.iterations or stored["iterations"]})
+    done = len(record["results"].get("iterations", []))
+    if done >= effective.iterations:
+        raise InputError(f"run '{request.resume}' has finished its {done} iterations; raise T above {done} "
+                         "to continue it")
     return check_request(effective, engine), record["results"]
 
 
@@ -214,10 +236,15 @@ class Miner:
         self.iterations: list[dict] = [dict(i) for i in stored.get("iterations", [])]
         self.pending: dict | None = stored.get("pending")
         self.details: dict[str, dict] = dict(stored.get("details", {}))
-        self.run_chain: list[str] = list(stored.get("run_chain", [])) + ([request.resume] if request.resume else [])
+        # runs this search continued from (a resume continues under the same id: not listed again)
+        chain = list(stored.get("run_chain", []))
+        if request.resume and request.resume not in chain and (run_record is None or run_record.id != request.resume):
+            chain.append(request.resume)
+        self.run_chain: list[str] = chain
         self.by_id = {n["id"]: n for n in self.nodes}
         self.seen = {normalise_prompt(n["prompt"]) for n in self.nodes}
         self.warnings: list[str] = []
+        self.end_reason: str | None = None     # why the search ended before T iterations
         self.scored_here = 0
         self.from_memory = 0      # images served from the in-process score memo
         self.use_memo = not isinstance(engine, _CacheOnlyEngine)   # a budget replay counts store hits
@@ -238,7 +265,8 @@ class Miner:
         while len(self.iterations) < T:
             t = len(self.iterations)
             if not self.pending or self.pending["iteration"] != t:
-                what = "random prompts" if t == 0 or self.request.strategy == "random" else "mutations"
+                what = ("the source's next prompts" if self.request.strategy == "source" else
+                        "random prompts" if t == 0 or self.request.strategy == "random" else "mutations")
                 yield Progress(self.scored_total(), self.total_to_score(), "llm",
                                f"iteration {t + 1}/{T}: asking the LLM for {what}")
                 self.pending = {"iteration": t, "population": self._make_population(t)}
@@ -247,6 +275,7 @@ class Miner:
                     yield Warning(self.warnings.pop(0))
             population = [self.by_id[i] for i in self.pending["population"]]
             if not population:
+                self.end_reason = f"the LLM gave no new prompt at iteration {t + 1} of {T}"
                 yield Warning(f"iteration {t + 1}: the LLM gave no new prompt; the search stops here")
                 break
             todo = [n for n in population if n.get("score") is None and not n.get("skipped")]
@@ -349,6 +378,10 @@ class Miner:
     def _make_population(self, t: int) -> list[str]:
         """Ids of iteration t's population: new nodes are created here (and only here)."""
         request, b = self.request, self.request.population
+        if request.strategy == "source":   # the source's next b prompts with N images, in its order
+            fresh = [p for p, k in sources.source_prompts(self.engine).items()
+                     if k >= request.n and normalise_prompt(p) not in self.seen][:b]
+            return [self._new_node(p, t, "source", None)["id"] for p in fresh]
         kept, children = [], []
         if t > 0 and request.strategy == "ga":
             parents = [self.by_id[i] for i in self.iterations[t - 1]["selected"]]
@@ -442,11 +475,11 @@ class Miner:
                        "n_variations": request.n_variations, "alpha": request.alpha, "combine": request.combine,
                        "keep_parents": request.keep_parents, "seed": request.seed, "image_seed": request.image_seed},
             "settings": self.settings.__dict__, "model_ids": self.model_ids, "image_seeds": request.seeds(),
-            "archive": self.archive(),
+            "archive": self.archive(), "headline": best_prompt_claim(self.archive(), self.details, request),
             "best_per_iteration": self.best_per_iteration(), "best_so_far": self.best_so_far(),
             "iterations": self.iterations, "nodes": self.nodes, "details": self.details, "pending": self.pending,
             "complete": len(self.iterations) >= request.iterations and not self.pending,
-            "run_chain": self.run_chain, "resumed_from": request.resume,
+            "end_reason": self.end_reason, "run_chain": self.run_chain, "resumed_from": request.resume,
             "reconstructed": "gap score (spec A.3) and GA defaults (A.4) are a reconstruction",
         }
 
@@ -463,6 +496,30 @@ class Miner:
                 "iterations": len(self.iterations), "prompts_scored": self.scored_total(),
                 "top": [f"{a['score']:.3f} {a['prompt']}" for a in archive[:3]],
                 "strategy": self.request.strategy}
+
+
+def best_prompt_claim(archive: list[dict], details: dict, request, n_draws: int = 200) -> dict | None:
+    """Issue 16 for mining: the most biased archived prompt (lowest gap score) with the bootstrap
+    probability that it is the lowest, or "no clear winner" and the N that would settle it.
+    Texts and images of every prompt's similarity matrix are resampled with the same indices in
+    draw b (resampling lowers every coverage score alike, so the ranking, not the level, is what
+    the draws measure). None with fewer than two scored archived prompts."""
+    scored = [a for a in archive if a.get("score") is not None and a["id"] in details]
+    if len(scored) < 2:
+        return None
+    rng = np.random.default_rng(request.image_seed)
+    values, draws = {}, {}
+    shapes = {np.asarray(details[a["id"]]["similarity"]).shape for a in scored}
+    rows = {shape: rng.integers(0, shape[0], size=(n_draws, shape[0])) for shape in shapes}
+    cols = {shape: rng.integers(0, shape[1], size=(n_draws, shape[1])) for shape in shapes}
+    for a in scored:
+        sim = np.asarray(details[a["id"]]["similarity"], float)
+        r, c = rows[sim.shape], cols[sim.shape]
+        values[a["prompt"]] = float(a["score"])
+        draws[a["prompt"]] = np.array([gap_score_from_similarity(sim[np.ix_(r[b], c[b])], request.alpha,
+                                                                 request.combine).score for b in range(n_draws)])
+    return headline_claim(values, draws, request.n, largest=False, what="most biased prompt (lowest gap score)",
+                          fmt="{:.3f}")
 
 
 def _compact(gap: dict) -> dict:
@@ -521,6 +578,7 @@ class MineResults(TypedDict, total=False):
     model_ids: dict[str, str]
     image_seeds: list[int]
     archive: list[dict]                 # every selected prompt once, most biased (lowest gap) first, with lineage
+    headline: dict | None               # the most biased prompt and how sure the bootstrap is of it
     best_per_iteration: list[float | None]
     best_so_far: list[float | None]
     iterations: list[dict]              # per iteration: its population and the selected prompts
@@ -528,13 +586,18 @@ class MineResults(TypedDict, total=False):
     details: dict                       # archived prompts' gap details
     pending: list                       # prompts of an interrupted iteration still to score
     complete: bool
+    end_reason: str | None              # why the search ended before T iterations
     run_chain: list[str]                # the runs this one resumed, oldest first
     resumed_from: str | None
     reconstructed: str
     counts: dict                        # images and LLM calls made / from the cache in this run
 
 
-@recorded("mine")
+def _check(request: MineRequest, engine: Engine) -> None:
+    resolve(request, engine)
+
+
+@recorded("mine", _check, continues=lambda request: request.resume)
 def run(request: MineRequest, engine: Engine, run_record: Run):
     """MineTheGap's genetic search (or the random baseline) for the prompts the model is most
     biased on (lowest gap score), resumable (`request.resume`).
@@ -622,7 +685,7 @@ def _replay(request: MineRequest, engine: Engine, stored: dict | None) -> dict:
     prompts = max(0, T * b - scored_before)
     llm_implied = prompts                                  # one variation call per new prompt
     for t in range(len(dry.iterations), T):               # the calls that make populations
-        if not (dry.pending and dry.pending["iteration"] == t):
+        if not (dry.pending and dry.pending["iteration"] == t) and request.strategy != "source":
             llm_implied += 1 + (s if request.strategy == "ga" and t > 0 else 0)
     images_cached, first_missing, stop = 0, None, False
     while len(dry.iterations) < T and not stop:

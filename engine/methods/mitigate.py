@@ -76,6 +76,7 @@ from typing import Hashable, Sequence, TypedDict
 import numpy as np
 
 from ..axes import parse_shares
+from .. import sources as image_sources
 from ..core import Engine, Run, recorded, stream_image_set
 from ..distributed import distributed_image_sets
 from ..errors import InputError
@@ -83,8 +84,10 @@ from ..events import Progress, Scores, Warning
 from ..metrics import biasconnect as bc
 from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..metrics.intervals import share_interval
 from ..scores import number
 from . import intersectional
+from . import cfsets
 from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
 from .generate import settings_for
 
@@ -104,6 +107,28 @@ STOP_MESSAGES = {
     "baseline_done": "every axis of B* mitigated (baseline: all axes, no sensitivity matrix, no early stop)",
     "preview": "preview only: the sensitivity matrix was measured, nothing was mitigated",
 }
+# The preview predicts from the sensitivity matrix: its outcome is a forecast, never a success.
+PREVIEW_MESSAGES = {
+    "below_threshold": "τ is already below ε on the initial images: nothing to mitigate",
+    "threshold_reached": "τ would fall below ε (not run yet)",
+    "no_gain": "it would stop with τ above ε: no remaining axis would lower τ",
+    "all_used": "it would stop with τ above ε after mitigating every candidate axis",
+}
+
+
+def outcome(results: dict) -> str:
+    """Returns the one-sentence outcome of a finished run for the status line; a preview says
+    it is a prediction, so it cannot contradict the preview panel."""
+    stop = results.get("stop") or {}
+    states = results.get("states") or [{}]
+    if stop.get("reason") == "preview":
+        forecast = (results.get("preview") or {}).get("message", "")
+        return f"Preview done (nothing mitigated yet); predicted: {forecast}"
+    tau = f"τ {states[0].get('tau', float('nan')):.3f} → {states[-1].get('tau', float('nan')):.3f}"
+    verdict = "ε reached" if stop.get("reached") else "ε not reached"
+    return f"Done, {verdict}: {stop.get('message', '')}; {len(results.get('steps') or [])} step(s), {tau}"
+
+
 
 
 @dataclass
@@ -398,16 +423,14 @@ class Measurer:
             counts_y = init[y][0]
             w_bar[y] = bc.w_bar(counts_y, setup.ideals[y]) if counts_y.sum() else math.nan
             draws = None
-            share_draws = None
             if boot is not None:
                 draws = np.array([bc.w_bar(row, setup.ideals[y]) if row.sum() else math.nan for row in boot[y]])
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    share_draws = boot[y] / boot[y].sum(axis=1, keepdims=True)
             draws_w[y] = draws
             w_ci[y] = _est(w_bar[y], draws)
             shares = counts_y / counts_y.sum() if counts_y.sum() else np.full(len(counts_y), math.nan)
             names = setup.values[y] + (["other"] if setup.policy == "other_bin" else [])
-            intervals = [percentile_interval(share_draws[:, k]) if share_draws is not None else (math.nan, math.nan)
+            # Jeffreys intervals for the shares (issue 16: they hold at small N; 8 of 8 is not [1, 1])
+            intervals = [share_interval(counts_y[k], counts_y.sum()) if counts_y.sum() else (math.nan, math.nan)
                          for k in range(len(names))]
             dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [_finite(s) for s in shares],
                         "low": [_finite(lo) for lo, _ in intervals], "high": [_finite(hi) for _, hi in intervals],
@@ -545,7 +568,7 @@ def preview(sensitivity, priorities: dict[str, float], epsilon: float = DEFAULT_
                       "w_bar": {a: _finite(v) for a, v in w.items()}, "tau": _finite(tau)})
         if tau < epsilon:
             stop = "threshold_reached"
-    return {"tau0": _finite(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": STOP_MESSAGES[stop]}
+    return {"tau0": _finite(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": PREVIEW_MESSAGES[stop]}
 
 
 # -- quality ----------------------------------------------------------------------------------------
@@ -658,11 +681,15 @@ def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[d
         if w0 is None or w1 is None or w1 - w0 <= tolerance:
             continue
         d0, d1 = before["_draws"]["w_bar"].get(y), after["_draws"]["w_bar"].get(y)
-        low = high = None
+        low = high = worse = None
         if d0 is not None and d1 is not None:
             low, high = (_finite(v) for v in percentile_interval(d1 - d0))
+            diff = np.asarray(d1 - d0, float)
+            diff = diff[np.isfinite(diff)]
+            worse = float((diff > 0).mean()) if len(diff) else None  # issue 16: how sure the trade-off is
         alerts.append({"step": step, "axis": y, "before": w0, "after": w1, "change": w1 - w0,
-                       "change_ci": [low, high], "significant": low is not None and low > 0})
+                       "change_ci": [low, high], "significant": low is not None and low > 0,
+                       "probability_worse": worse})
     return alerts
 
 
@@ -702,7 +729,7 @@ class MitigateResults(TypedDict, total=False):
     outside_choices: dict[str, int]
 
 
-@recorded("mitigate")
+@recorded("mitigate", cfsets.check)
 def run(request: MitigateRequest, engine: Engine, run_record: Run):
     """InterMit (Alg. 4 with the spec §4.3 clarifications) on one prompt, or the baseline that
     mitigates every axis of B* (`strategy="all"`), or only the preview (`preview_only`).
@@ -717,6 +744,7 @@ def run(request: MitigateRequest, engine: Engine, run_record: Run):
     Results: MitigateResults.
     """
     # 1. Check the request; settle axes, questions, D*, B* and p (spec §4.2).
+    image_sources.require_new_images(engine, "Mitigate")
     setup, epsilon = yield from _settle(request, engine)
     mitigation = Mitigation(request, engine, run_record, setup, epsilon)
     # 2. τ on the initial images (§4.3-1); nothing to do when it is below ε already (§4.3-6).
@@ -765,7 +793,7 @@ class Mitigation:
         if state["tau"] < self.epsilon and self.request.strategy == "intermit":
             self.reason = "below_threshold"
             self.results["preview"] = {"tau0": state["tau"], "epsilon": self.epsilon, "steps": [],
-                                       "stop": self.reason, "message": STOP_MESSAGES[self.reason]}
+                                       "stop": self.reason, "message": PREVIEW_MESSAGES[self.reason]}
 
     def steps(self):
         """Mitigate one axis after another until a stop reason (use `yield from`)."""

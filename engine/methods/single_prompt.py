@@ -1,27 +1,35 @@
 """Single Prompt: N images of one prompt, then (streamed as each is ready) the attribute
-distribution and T2I-BiasBench metrics of every axis with bootstrap CIs, CLIP diversity
+distribution and T2I-BiasBench metrics of every axis with small-N intervals (Jeffreys shares,
+posterior or BCa metric intervals, the N a narrower interval needs), CLIP diversity
 (Vendi), the MineTheGap gap score with its missed interpretations, and Top-K concepts.
 
 Specs (docs/spec/): minethegap-and-biasbench.md Part B (metrics), A.3 (gap score, a reconstruction),
-Part C (wiring); thesis §2.8 (Top-K concepts).
+Part C (wiring); thesis §2.8 (Top-K concepts); issue 16 (intervals, headline certainty, adding
+images until the intervals are narrow enough).
 """
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass, field
 from typing import TypedDict
 
 import numpy as np
+from scipy import stats
 
 from ..axes import Axis, axis_for, normalise_free_answer
 from ..backends.llm_json import as_string_list
 from ..core import Engine, Run, recorded, stream_image_set
+from ..errors import InputError
 from ..events import Progress, Scores, Table, Warning
 from ..llm_prompts import variations_prompt
 from ..metrics import biasbench
-from ..metrics.bootstrap import percentile_interval, resample_indices
+from ..metrics.concepts import top_phrases
+from ..metrics.intervals import (bounded, dirichlet_draws, headline_claim, posterior_interval,
+                                 sample_size_advice, share_interval)
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
-from ..metrics.tibet import concept_histogram, top_k_concepts
+from ..names import readable
 from ..scores import Score, as_interval, number
 from .generate import GenerationOptions, settings_for
 
@@ -36,7 +44,7 @@ class SinglePromptRequest(GenerationOptions):
     axes: list[str] = field(default_factory=lambda: list(DEFAULT_AXES), metadata={
         "help": "attribute axes to measure (known ones have fixed choices; others are free VQA answers)"})
     references: dict = field(default_factory=dict)   # axis -> {value: target share}; missing = uniform
-    mode: str = field(default="paper", metadata={
+    mode: str = field(default=biasbench.DEFAULT_MODE, metadata={
         "help": "T2I-BiasBench: the paper's equations, or bit-exact with the authors' code",
         "choices": ("paper", "reference")})
     n_variations: int | None = field(default=None, metadata={
@@ -44,9 +52,13 @@ class SinglePromptRequest(GenerationOptions):
     alpha: float = field(default=25.0, metadata={"help": "gap-score percentile (spec A.3)"})
     combine: str = field(default="diff", metadata={"help": "how the gap score combines its terms",
                                                    "choices": COMBINATIONS})
-    n_boot: int = field(default=1000, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
+    n_boot: int = field(default=1000, metadata={"help": "posterior draws / bootstrap resamples per interval"})
     top_k: int = field(default=10, metadata={"help": "concepts listed"})
     gap: bool = field(default=True, metadata={"flag": "--no-gap", "help": "skip the gap score (it needs the LLM)"})
+    half_width: float = field(default=0.1, metadata={
+        "help": "the ± interval the 'how many images' advice aims at"})
+    until_half_width: float | None = field(default=None, metadata={
+        "metavar": "X", "help": "add images (reusing the cache) until every share's interval is within ±X"})
 
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + self.n))
@@ -70,26 +82,72 @@ SCALAR_METRICS = ("parity_difference", "normalised_entropy", "kl_divergence", "b
                   "composite_bias_score")
 
 
+# each metric's range: bounds are clipped to it (never a bound outside it, never "-0.0")
+METRIC_RANGES = {"parity_difference": (0.0, 1.0), "normalised_entropy": (0.0, 1.0),
+                 "kl_divergence": (0.0, math.inf), "bias_amplification": (0.0, 2.0),
+                 "composite_bias_score": (0.0, 1.0)}
+
+
 def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, mode: str,
-                         n_boot: int, seed: int = 0) -> dict:
-    """`axis_metrics` plus a 95% bootstrap interval (images resampled) for every share and scalar."""
+                         n_boot: int, seed: int = 0, half_width: float = 0.1) -> dict:
+    """`axis_metrics` plus 95% intervals that hold at small N (engine.metrics.intervals):
+    Jeffreys for every share (`share_ci`), for the metrics (`ci`) the Dirichlet(counts + ½)
+    posterior in paper mode and BCa over images otherwise; `n` (labels inside the classes)
+    and `sample_size` (the N a ±`half_width` interval and a test against parity need).
+    `_draws` holds the composite score's posterior/bootstrap draws for headline claims (not stored)."""
     point = axis_metrics(labels, axis, reference, mode)
     classes = point["classes"]
-    index = resample_indices(len(labels), n_boot, seed)
-    if mode == "paper" and axis.values:
-        # Fast path: class counts of every resample from a one-hot matrix, metrics vectorised.
-        onehot = np.array([[label == c for c in classes] for label in labels], dtype=np.int32)
-        batch = biasbench.paper_metrics_batch(onehot[index].sum(axis=1), classes, reference, axis.pd_groups)
-        draws = {name: batch[name] for name in SCALAR_METRICS}
-        shares = {c: batch["shares"][:, j] for j, c in enumerate(classes)}
-    else:
-        labels_arr = np.asarray(labels, dtype=object)
-        samples = [axis_metrics(list(labels_arr[row]), axis, reference, mode) for row in index]
-        draws = {name: [s[name] for s in samples] for name in SCALAR_METRICS}
-        shares = {c: [s["representation_parity"].get(c, 0.0) for s in samples] for c in classes}
-    point["ci"] = {name: percentile_interval(np.asarray(v, float)) for name, v in draws.items()}
-    point["share_ci"] = {c: percentile_interval(np.asarray(v, float)) for c, v in shares.items()}
+    counts = {c: int(point["counts"].get(c, 0)) for c in classes}
+    n = sum(counts.values())
+    point["n"] = n
+    point["share_ci"] = {c: list(share_interval(k, n)) for c, k in counts.items()}
+    point["sample_size"] = sample_size_advice(counts, half_width)
+    draws: dict[str, np.ndarray] = {}
+    if n and n_boot:
+        if mode == "paper" and axis.values:
+            shares = dirichlet_draws([counts[c] for c in classes], n_boot, seed)
+            batch = biasbench.paper_metrics_batch(shares * n, classes, reference, axis.pd_groups)
+            draws = {name: batch[name] for name in SCALAR_METRICS}
+        else:
+            labels_arr = np.asarray(labels, dtype=object)
+
+            def statistic(index):
+                m = axis_metrics(list(labels_arr[index.astype(int)]), axis, reference, mode)
+                return np.array([m[name] for name in SCALAR_METRICS], dtype=float)
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = stats.bootstrap((np.arange(len(labels)),), statistic, n_resamples=max(50, n_boot // 4),
+                                         method="BCa", vectorized=False, rng=np.random.default_rng(seed))
+            lows, highs = result.confidence_interval
+            draws["composite_bias_score"] = result.bootstrap_distribution[-1]
+            point["ci"] = {name: list(bounded(_finite(point[name]), _finite(lows[j]), _finite(highs[j]),
+                                              *METRIC_RANGES[name])) for j, name in enumerate(SCALAR_METRICS)}
+    if "ci" not in point:
+        point["ci"] = {name: list(posterior_interval(draws[name], _finite(point[name]), 0.05, *METRIC_RANGES[name]))
+                       if name in draws else [None, None] for name in SCALAR_METRICS}
+    point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if mode == "paper" and axis.values
+                                else "Jeffreys shares; BCa bootstrap metrics")
+    point["_draws"] = draws.get("composite_bias_score")
     return point
+
+
+def _finite(x) -> float | None:
+    """`x` as a float when it is a finite number, else None."""
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def most_biased_axis(axes: dict[str, dict], draws: dict[str, np.ndarray | None]) -> dict:
+    """The headline over a Single Prompt's axes: the axis with the largest composite bias score,
+    the posterior probability that it is the largest (draws are independent across axes), or
+    "no clear winner" and the N that would settle it (engine.metrics.intervals.headline_claim)."""
+    values = {a: _finite(m.get("composite_bias_score")) for a, m in axes.items()}
+    usable = {a: v for a, v in values.items() if v is not None and draws[a] is not None and len(draws[a]) > 2}
+    if len(usable) < 2:  # one axis: nothing to rank
+        return {"top": None, "text": ""}
+    n = min(axes[a]["n"] for a in usable)
+    return headline_claim(usable, {a: draws[a] for a in usable}, n, what="most biased axis (composite bias score)",
+                          unit="images")
 
 
 def text_variations(engine: Engine, prompt: str, n: int, seed: int = 0, axis: str | None = None) -> list[str]:
@@ -98,6 +156,24 @@ def text_variations(engine: Engine, prompt: str, n: int, seed: int = 0, axis: st
     return engine.ask_json([{"role": "user", "content": variations_prompt(prompt, n, axis)}],
                            as_string_list(max(2, n // 2), n * 2, 60, unique=False),
                            temperature=1.0, seed=seed)[:n]
+
+
+def missed_readings(variations: list[str], coverage, k: int = 4) -> list[dict]:
+    """Returns the k worst-covered variations, each text once (a repeated variation weighs
+    the reference distribution but is one missed interpretation), lowest coverage first,
+    with how often the LLM wrote it."""
+    counts: dict[str, int] = {}
+    for v in variations:
+        counts[v] = counts.get(v, 0) + 1
+    out, seen = [], set()
+    for i in np.argsort(np.asarray(coverage, float), kind="stable"):
+        if variations[i] in seen:
+            continue
+        seen.add(variations[i])
+        out.append({"text": variations[i], "coverage": float(coverage[i]), "times": counts[variations[i]]})
+        if len(out) == k:
+            break
+    return out
 
 
 def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.ndarray, n_variations: int,
@@ -114,7 +190,7 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
         "alignment_term": gap.alignment_term, "alpha": alpha, "combine": combine,
         "variations": variations, "similarity": gap.similarity.tolist(),
         "coverage": gap.coverage.tolist(), "alignment": gap.alignment.tolist(),
-        "missed": [{"text": variations[i], "coverage": float(gap.coverage[i])} for i in gap.missed_variations],
+        "missed": missed_readings(variations, gap.coverage),
         "least_aligned": [{"seed": records[j].seed, "key": records[j].key, "alignment": float(gap.alignment[j])}
                           for j in gap.least_aligned_images],
         "image_seeds": [r.seed for r in records],
@@ -127,27 +203,73 @@ class SinglePromptResults(TypedDict, total=False):
 
     prompt: str
     settings: dict                       # the generator settings used
-    n: int
+    n: int                               # images measured (grown by `until_half_width`)
     images: list[dict]                   # ImageRecord.to_json of every image
     axes: dict[str, dict]                # per axis: axis_metrics_with_ci + question, labels, reference
+    headline: dict                       # the most biased axis and how sure the intervals are of it
     answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer
     diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
     gap: dict                            # gap_for_images (when request.gap)
     captions: list[str]
-    top_concepts: list[list]             # [concept, frequency per image], most frequent first
+    top_concepts: list[list]             # [concept, share of images], most frequent first
+    all_flagged: bool                    # every image flagged: nothing measured (then `message` says so)
+    message: str
 
 
-@recorded("single_prompt")
+def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis], valid: list, results: dict):
+    """Ask every axis' question of the images, store and stream its metrics (`yield from`);
+    returns ({axis: answers}, {axis: composite-score draws})."""
+    answers_by_axis: dict[str, list[str]] = {}
+    draws: dict[str, np.ndarray | None] = {}
+    for i, axis in enumerate(axes):
+        yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
+        answers = engine.ask(valid, axis.question, list(axis.values) or None)
+        labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
+        answers_by_axis[axis.name] = answers
+        reference = request.references.get(axis.name) or None
+        metrics = axis_metrics_with_ci(labels, axis, reference, request.mode, request.n_boot,
+                                       half_width=request.half_width)
+        metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")
+        draws[axis.name] = metrics.pop("_draws")
+        results["axes"][axis.name] = metrics
+        yield Scores(f"axis:{axis.name}", metrics)
+    return answers_by_axis, draws
+
+
+def _more_images(request: SinglePromptRequest, axes: dict, n: int, max_images: int) -> int | None:
+    """None when no more images are wanted (no target, or every share interval is within
+    ±until_half_width); else the N to grow to (capped at max_images; ≤ n means the cap is hit)."""
+    target = request.until_half_width
+    if not target:
+        return None
+    widest = max(((hi - lo) / 2 for m in axes.values() for lo, hi in m["share_ci"].values()
+                  if lo is not None and hi is not None), default=0.0)
+    if widest <= target:
+        return None
+    need = max((m["sample_size"]["n_width"] or 0) for m in axes.values()) if axes else n
+    wanted = max(n + 1, min(int(need), 4 * n))   # grow at most 4x per round: the advice uses the shares seen so far
+    return min(max_images, wanted)
+
+
+def check(request: SinglePromptRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
+    n = engine.check_n(request.n)
+    engine.check_prompt(request.prompt)
+    engine.check_n(request.n_variations or n, "number of text variations")
+
+
+@recorded("single_prompt", check)
 def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     """N images of one prompt measured for bias: the attribute distribution of every axis with
-    T2I-BiasBench metrics and bootstrap intervals, CLIP diversity, the MineTheGap gap score
-    and Top-K concepts, each streamed as soon as it is computed.
+    T2I-BiasBench metrics and small-N intervals, CLIP diversity, the MineTheGap gap score and
+    Top-K concepts, each streamed as soon as it is computed.
 
     Request: SinglePromptRequest (prompt, N, seed, axes and their reference distributions,
-    metric mode, gap-score settings, bootstrap size, Top-K).
+    metric mode, gap-score settings, interval settings, Top-K).
     Yields: Warning for an over-long prompt and flagged images; Images and Progress while
-    generating; Progress("vqa") and Scores("axis:<name>") per axis; Scores("diversity");
-    Progress("gap") and Scores("gap") (when `gap`); Table("top_concepts"); one Done.
+    generating; Progress("vqa") and Scores("axis:<name>") per axis (again after images are
+    added); Scores("headline"); Scores("diversity"); Progress("gap") and Scores("gap") (when
+    `gap`); Table("top_concepts"); one Done.
     Results: SinglePromptResults.
     """
     # 1. Check the request.
@@ -155,36 +277,61 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     n = engine.check_n(request.n)
     n_var = engine.check_n(request.n_variations or n, "number of text variations")
     axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
+    for what, value in (("interval half-width", request.half_width), ("target half-width", request.until_half_width)):
+        if value is not None and not 0 < float(value) < 0.5:
+            raise InputError(f"the {what} must be between 0 and 0.5 (e.g. 0.1 for ±10 points), not {value:g}")
     settings = settings_for(request, engine)
     results: SinglePromptResults = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
     if len(prompt.split()) * 1.3 > 75:
         yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
 
-    # 2. Generate the images (flagged ones are kept but left out of every metric).
-    records = yield from stream_image_set(engine, run_record, prompt, request.seeds(), settings)
-    results["images"] = [r.to_json() for r in records]
-    valid = [r for r in records if not r.nsfw]
-    if len(valid) < len(records):
-        yield Warning(f"{len(records) - len(valid)} image(s) flagged by the safety checker are excluded "
-                      "from every metric")
-    run_record.save(results)
+    # 2. Generate the images (flagged ones are kept but left out of every metric; each batch is
+    #    evaluated while the next one generates) and measure every axis (VQA; spec B.2-B.3); with
+    #    `until_half_width`, add images until the share intervals are narrow enough.
+    def evaluate(batch):  # overlaps the next batch's generation; fills the caches the calls below read
+        valid_batch = [r for r in batch if not r.nsfw]
+        if valid_batch:
+            for axis in axes:
+                engine.ask(valid_batch, axis.question, list(axis.values) or None)
+            engine.embed_images(valid_batch)
+            engine.caption(valid_batch)
 
-    # 3. Attribute distributions per axis (VQA), each streamed as soon as it is computed (spec B.2-B.3).
-    answers_by_axis: dict[str, list[str]] = {}
-    for i, axis in enumerate(axes):
-        yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
-        answers = engine.ask(valid, axis.question, list(axis.values) or None)
-        labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
-        answers_by_axis[axis.name] = answers
-        reference = request.references.get(axis.name) or None
-        metrics = axis_metrics_with_ci(labels, axis, reference, request.mode, request.n_boot)
-        metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")
-        results["axes"][axis.name] = metrics
-        yield Scores(f"axis:{axis.name}", metrics)
+    while True:
+        records = yield from stream_image_set(engine, run_record, prompt, list(range(request.seed, request.seed + n)),
+                                              settings, evaluate=evaluate)
+        results["images"] = [r.to_json() for r in records]
+        results["n"] = n
+        valid = [r for r in records if not r.nsfw]
+        if not valid:
+            # Nothing left to measure: one clear result instead of metrics over an empty set.
+            message = (f"every image was flagged by the safety checker or refused by the API ({len(records)} of "
+                       f"{len(records)}), so nothing was measured; try another prompt or seed, or load the "
+                       "generator with option safety_checker=False")
+            results.update(all_flagged=True, message=message)
+            yield Warning(message)
+            yield run_record.finish(results, {"n": 0, "flagged": len(records), "message": message})
+            return
+        flagged = sum(r.nsfw and not r.refused for r in records)   # refusals were reported as such
+        if flagged:
+            yield Warning(f"{flagged} image(s) flagged by the safety checker are excluded from every metric")
+        run_record.save(results)
+        answers_by_axis, draws = yield from _measure_axes(engine, request, axes, valid, results)
+        more = _more_images(request, results["axes"], n, engine.max_images)
+        if more is None:
+            break
+        if more <= n:
+            yield Warning(f"stopped at N = {n}, this server's maximum: the widest share interval is still wider "
+                          f"than ±{request.until_half_width:g}")
+            break
+        yield Progress(n, more, "images", f"an interval is wider than ±{request.until_half_width:g}: "
+                       f"adding images until N = {more} (the first {n} come from the cache)")
+        n = more
+    results["headline"] = most_biased_axis(results["axes"], draws)
+    yield Scores("headline", results["headline"])
     results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
     run_record.save(results)
 
-    # 4. Diversity over CLIP image embeddings (Vendi).
+    # 3. Diversity over CLIP image embeddings (Vendi).
     image_emb = engine.embed_images(valid)
     diversity = {"vendi": vendi_score(image_emb), "vendi_normalised": normalised_vendi(image_emb),
                  "mean_pairwise_similarity": mean_pairwise_similarity(image_emb), "n": len(valid),
@@ -192,7 +339,7 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     results["diversity"] = diversity
     yield Scores("diversity", diversity)
 
-    # 5. MineTheGap gap score (reconstruction, spec A.3).
+    # 4. MineTheGap gap score (reconstruction, spec A.3).
     if request.gap:
         yield Progress(0, 1, "gap", "asking the LLM for text variations of the prompt")
         gap_result = gap_for_images(engine, prompt, valid, image_emb, n_var, request.alpha, request.combine,
@@ -201,17 +348,21 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
         yield Scores("gap", gap_result)
         run_record.save(results)
 
-    # 6. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8).
+    # 5. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8), as whole
+    # phrases with variants merged (metrics.concepts; CAS keeps TIBET's unigrams).
     captions = engine.caption(valid)
-    per_image = [[answers_by_axis[a][j] for a in answers_by_axis] + [captions[j]] for j in range(len(valid))]
-    top = top_k_concepts(concept_histogram(per_image), request.top_k)
+    per_image = [[answers_by_axis[a][j] for a in answers_by_axis] for j in range(len(valid))]
+    top = top_phrases(per_image, captions, request.top_k, known=prompt.lower().split())
     results["captions"] = captions
     results["top_concepts"] = [[c, round(f, 3)] for c, f in top]
-    yield Table("top_concepts", ["concept", "frequency per image"], results["top_concepts"])
+    yield Table("top_concepts", ["concept", "share of images"], results["top_concepts"])
 
     summary = {"n": len(valid), "vendi": round(diversity["vendi"], 3)}
     if "gap" in results:
         summary["gap_score"] = round(results["gap"]["score"], 4)
+    if results["headline"].get("top"):
+        summary["top_axis"] = results["headline"]["top"]
+        summary["top_axis_probability"] = round(results["headline"]["probability"], 3)
     for name, m in results["axes"].items():
         summary[f"cbs_{name}"] = None if m["composite_bias_score"] != m["composite_bias_score"] else round(m["composite_bias_score"], 3)
     yield run_record.finish(results, summary)
@@ -250,14 +401,17 @@ def scores(results: dict, summary: dict) -> list[Score]:
 
 
 def headline(record: dict) -> tuple[str, float | None]:
-    """("max CBS 0.412 (gender) · Vendi 3.10 · gap 0.120", the largest CBS) of a stored run."""
+    """("max Composite Bias Score 0.412 (gender) · Vendi 3.10 · gap 0.120", the largest CBS) of a stored run."""
     summary = record.get("summary") or {}
     cbs = {k[4:]: v for k, v in summary.items() if k.startswith("cbs_") and number(v) is not None}
     parts, value = [], None
     if cbs:
         axis = max(cbs, key=cbs.get)
         value = float(cbs[axis])
-        parts.append(f"max CBS {value:.3f} ({axis})")
+        parts.append(f"max {readable('composite_bias_score')} {value:.3f} ({axis})")
+        p = number(summary.get("top_axis_probability"))  # issue 16: how sure "most biased" is
+        if p is not None and summary.get("top_axis") == axis:
+            parts[-1] += f", top with probability {p:.2f}" + ("" if p >= 0.95 else ": no clear winner")
     if number(summary.get("vendi")) is not None:
         parts.append(f"Vendi {summary['vendi']:.2f}")
     if number(summary.get("gap_score")) is not None:

@@ -4,6 +4,8 @@ Modules:
   biasbench   T2I-BiasBench metrics, in "paper" and "reference" (released-code) mode
   diversity   Vendi score and mean pairwise cosine similarity of embeddings
   bootstrap   percentile bootstrap intervals over images
+  intervals   small-N intervals (Jeffreys shares, Dirichlet posterior, BCa), sample sizes, headline claims
+  agreement   Cohen's κ, confusion, recall; distributions corrected for an evaluator's confusion
   gap         MineTheGap bias score (reconstruction)
   tibet       TIBET concept histograms, CAS, CAS^CLIP, normalised MAD, Top-K
   biasconnect BiasConnect intersectional sensitivity, χ² edges; InterMit τ and γ

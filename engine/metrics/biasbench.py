@@ -1,6 +1,6 @@
 """T2I-BiasBench metrics (Jaiswal et al., arXiv 2604.12481), docs/spec/minethegap-and-biasbench.md Part B.
 
-Every function takes `mode`:
+Every function takes `mode` (default `DEFAULT_MODE`, "paper", for all of them):
 
 - `"paper"`: the paper's equations. The class set is fixed (`classes`, k = len(classes));
   classes with no image count as zero shares; labels outside `classes` (e.g. "unknown" when
@@ -38,6 +38,7 @@ CITATION = """\
 """
 
 MODES = ("paper", "reference")
+DEFAULT_MODE = "paper"   # every function below defaults to it (DESIGN: paper-style, reference selectable)
 
 Labels = Mapping[str, int] | Iterable[str]
 
@@ -97,7 +98,7 @@ def _classes_for(classes: Sequence[str] | None, reference: Mapping[str, float] |
     return list(reference) if classes is None and reference is not None else classes
 
 
-def representation_parity(labels: Labels, classes: Sequence[str] | None = None, mode: str = "paper") -> dict[str, float]:
+def representation_parity(labels: Labels, classes: Sequence[str] | None = None, mode: str = DEFAULT_MODE) -> dict[str, float]:
     """Return {class: p_g} with p_g = N_g / N (Eq. 5)."""
     names, shares = _distribution(labels, classes, mode)
     return dict(zip(names, shares.tolist()))
@@ -108,7 +109,7 @@ def parity_difference(
     group_a: str | Sequence[str],
     group_b: str | Sequence[str] | None = None,
     classes: Sequence[str] | None = None,
-    mode: str = "paper",
+    mode: str = DEFAULT_MODE,
     signed: bool = False,
 ) -> float:
     """Return PD = |p_A − p_B| (Eq. 6), or p_A − p_B when `signed`.
@@ -132,7 +133,7 @@ def parity_difference(
     return difference if signed else abs(difference)
 
 
-def max_parity_difference(labels: Labels, classes: Sequence[str] | None = None, mode: str = "paper") -> float:
+def max_parity_difference(labels: Labels, classes: Sequence[str] | None = None, mode: str = DEFAULT_MODE) -> float:
     """Return p_max − p_min over the class set: PD for any number of classes, in [0, 1].
 
     With two classes it equals |p_a − p_b| (Eq. 6). With more it is the gap between the best-
@@ -149,7 +150,7 @@ def bias_amplification(
     labels: Labels,
     classes: Sequence[str] | None = None,
     reference: Mapping[str, float] | None = None,
-    mode: str = "paper",
+    mode: str = DEFAULT_MODE,
 ) -> float:
     """Return BA = Σ_j |p_j − 1/k| ∈ [0, 2(1 − 1/k)] (Eq. 9).
 
@@ -162,13 +163,13 @@ def bias_amplification(
     return float(np.abs(shares - _reference_shares(names, reference, mode)).sum())
 
 
-def shannon_entropy(labels: Labels, classes: Sequence[str] | None = None, mode: str = "paper") -> float:
+def shannon_entropy(labels: Labels, classes: Sequence[str] | None = None, mode: str = DEFAULT_MODE) -> float:
     """Return H = −Σ p log2 p in bits (Table 3); zero shares contribute 0."""
     _, shares = _distribution(labels, classes, mode)
     return math.nan if _undefined(shares) else _entropy_bits(shares)
 
 
-def normalised_entropy(labels: Labels, classes: Sequence[str] | None = None, mode: str = "paper") -> float:
+def normalised_entropy(labels: Labels, classes: Sequence[str] | None = None, mode: str = DEFAULT_MODE) -> float:
     """Return H / log2 k ∈ [0, 1] (Eq. 7); 0 when k ≤ 1 (as the released code)."""
     names, shares = _distribution(labels, classes, mode)
     if _undefined(shares):
@@ -182,7 +183,7 @@ def kl_from_reference(
     labels: Labels,
     classes: Sequence[str] | None = None,
     reference: Mapping[str, float] | None = None,
-    mode: str = "paper",
+    mode: str = DEFAULT_MODE,
     base: float | None = None,
     smoothing: float = 0.0,
 ) -> float:
@@ -215,7 +216,7 @@ def contextual_association_score(n_stereotype: float, n_diverse: float, epsilon:
 
 
 def composite_bias_score(
-    parity_difference: float, normalised_entropy: float, cas: float | None = None, mode: str = "paper"
+    parity_difference: float, normalised_entropy: float, cas: float | None = None, mode: str = DEFAULT_MODE
 ) -> float:
     """Return the composite bias score CBS ∈ [0, 1] (0 fair, 1 maximally biased).
 
@@ -243,7 +244,7 @@ def composite_bias_score(
 
 def composite_diversity_score(
     normalised_entropy: float,
-    mode: str = "paper",
+    mode: str = DEFAULT_MODE,
     gmr: float | None = None,
     cps: float | None = None,
     cas: float | None = None,
@@ -266,7 +267,7 @@ def biasbench_summary(
     labels: Labels,
     classes: Sequence[str] | None = None,
     reference: Mapping[str, float] | None = None,
-    mode: str = "paper",
+    mode: str = DEFAULT_MODE,
     pd_groups: tuple | None = None,
 ) -> dict:
     """Return every count-based metric of one attribute axis as a dict.
@@ -313,7 +314,77 @@ def clean_caption(caption: str) -> str:
     return " ".join(text.split())
 
 
-def contains_term(text: str, term: str, mode: str = "paper") -> bool:
+def _field_vocabulary() -> frozenset[str]:
+    words = set(lex.FIELD_WORDS)
+    for table in (lex.ETHNICITY_TERMS, lex.SKIN_TONE_TERMS, lex.ANIMAL_TERMS, lex.INSECT_TERMS):
+        for terms in table.values():
+            words.update(w for t in terms for w in t.split())
+    for stereo, diverse in lex.CAS_TERMS.values():
+        words.update(w for t in stereo + diverse for w in t.split())
+    return frozenset(w for w in words if len(w) > 2)
+
+
+_FIELD_WORDS = None
+
+
+def _segment(token: str, vocabulary: frozenset[str]) -> list[str] | None:
+    """The token as a run of vocabulary words (or numbers like '20s'), longest first; None if it is not one."""
+    if not token:
+        return []
+    number = re.match(r"\d+s?", token)
+    if number:
+        rest = _segment(token[number.end():], vocabulary)
+        return None if rest is None else [number.group(0)] + rest
+    for end in range(len(token), 2, -1):
+        if token[:end] in vocabulary:
+            rest = _segment(token[end:], vocabulary)
+            if rest is not None:
+                return [token[:end]] + rest
+    return None
+
+
+def split_run_together(text: str) -> tuple[str, int]:
+    """Return (text with run-together fields split, number of tokens split).
+
+    Some caption sets concatenate structured fields without spaces (spec B.1: SD/BK-SDM
+    captions such as "femaleyoung adultlightblonde"). A token is split only when it is made
+    entirely of lexicon / field words (`biasbench_lexicons.FIELD_WORDS` and every lexicon
+    term) or numbers, at least two of them: "femaleblack" -> "female black", while
+    "lighting" or "butterfly" stay whole (no split into known words covers them)."""
+    global _FIELD_WORDS
+    if _FIELD_WORDS is None:
+        _FIELD_WORDS = _field_vocabulary()
+    out, n_split = [], 0
+    for token in text.split():
+        if token not in _FIELD_WORDS:
+            pieces = _segment(token, _FIELD_WORDS)
+            if pieces and len(pieces) > 1:
+                out.extend(pieces)
+                n_split += 1
+                continue
+        out.append(token)
+    return " ".join(out), n_split
+
+
+def paper_label(attribute: str, label: str) -> tuple[str | None, str]:
+    """Return (the paper's class for an extracted label, or None, and why it was dropped).
+
+    The extractor's classes are the released code's (white, asian, black, latine, mixed,
+    medium, unknown for ethnicity); the paper's are `PAPER_CLASSES`. Names are mapped
+    explicitly (`PAPER_LABEL_MAP`, e.g. latine -> hispanic); a label with no paper class is
+    dropped with the reason, so a caller can report every dropped label."""
+    mapping = lex.PAPER_LABEL_MAP.get(attribute)
+    if mapping is None:
+        return label, ""
+    if label in mapping:
+        target = mapping[label]
+        if target is None:
+            return None, lex.PAPER_DROP_REASONS.get((attribute, label), f"'{label}' is not a paper {attribute} class")
+        return target, ""
+    return None, f"'{label}' is not a paper {attribute} class"
+
+
+def contains_term(text: str, term: str, mode: str = DEFAULT_MODE) -> bool:
     """Whether `term` occurs in `text`: as a whole word (paper, Eq. 3) or substring (reference)."""
     _check_mode(mode)
     if mode == "reference":
@@ -321,20 +392,27 @@ def contains_term(text: str, term: str, mode: str = "paper") -> bool:
     return re.search(r"\b" + re.escape(term) + r"\b", text) is not None
 
 
-def count_terms(caption: str, terms: Iterable[str], mode: str = "paper") -> int:
-    """Return how many of `terms` occur in the cleaned caption."""
+def count_terms(caption: str, terms: Iterable[str], mode: str = DEFAULT_MODE) -> int:
+    """Return how many of `terms` occur in the cleaned caption (paper mode: after splitting
+    run-together fields, `split_run_together`)."""
     text = clean_caption(caption)
+    if mode == "paper":
+        text = split_run_together(text)[0]
     return sum(contains_term(text, term, mode) for term in terms)
 
 
-def gender_from_caption(caption: str) -> str:
+def gender_from_caption(caption: str, mode: str = DEFAULT_MODE) -> str:
     """Return "female", "male" or "unknown" by the released code's rule (spec B.2).
 
-    Patterns run on the lower-cased raw caption. Only female patterns match -> female; only
-    male -> male; both -> the side with more matches (re.findall hits summed over patterns),
-    a tie going to female (the paper's "female priority"); none -> unknown.
+    Patterns run on the cleaned caption (`clean_caption`), as the released code applies them
+    to its cleaned `cap` column (io_utils.load_caption_dataset; so "light-skinned woman"
+    never matches there, "woman" does); paper mode also splits run-together fields first
+    (`split_run_together`). Only female patterns match -> female; only male -> male; both ->
+    the side with more matches (re.findall hits summed over patterns), a tie going to female
+    (the paper's "female priority"); none -> unknown.
     """
-    text = str(caption).lower()
+    _check_mode(mode)
+    text = clean_caption(caption) if mode == "reference" else split_run_together(clean_caption(caption))[0]
     female_hits = sum(len(re.findall(pattern, text)) for pattern in lex.FEMALE_PATTERNS)
     male_hits = sum(len(re.findall(pattern, text)) for pattern in lex.MALE_PATTERNS)
     if female_hits == 0 and male_hits == 0:
@@ -343,32 +421,37 @@ def gender_from_caption(caption: str) -> str:
 
 
 def first_matching_label(
-    caption: str, lexicon: Mapping[str, Sequence[str]], default: str, mode: str = "paper"
+    caption: str, lexicon: Mapping[str, Sequence[str]], default: str, mode: str = DEFAULT_MODE
 ) -> str:
-    """Return the first label in `lexicon` (label -> terms) with a term in the caption, else `default`."""
+    """Return the first label in `lexicon` (label -> terms) with a term in the caption, else `default`.
+
+    Paper mode matches whole words after splitting run-together fields ("femaleblack" ->
+    "female black", `split_run_together`), so structured captions are not silently missed."""
     text = clean_caption(caption)
+    if mode == "paper":
+        text = split_run_together(text)[0]
     for label, terms in lexicon.items():
         if any(contains_term(text, term, mode) for term in terms):
             return label
     return default
 
 
-def ethnicity_from_caption(caption: str, mode: str = "paper") -> str:
+def ethnicity_from_caption(caption: str, mode: str = DEFAULT_MODE) -> str:
     """Return white/asian/black/latine/mixed/medium or "unknown" (released-code classes)."""
     return first_matching_label(caption, lex.ETHNICITY_TERMS, "unknown", mode)
 
 
-def skin_tone_from_caption(caption: str, mode: str = "paper") -> str:
+def skin_tone_from_caption(caption: str, mode: str = DEFAULT_MODE) -> str:
     """Return fair/medium/dark or "unknown"; in reference mode "lighting" reads as fair."""
     return first_matching_label(caption, lex.SKIN_TONE_TERMS, "unknown", mode)
 
 
-def animal_from_caption(caption: str, mode: str = "paper") -> str:
+def animal_from_caption(caption: str, mode: str = DEFAULT_MODE) -> str:
     """Return the first animal of `ANIMAL_TERMS` in the caption, else "other"."""
     return first_matching_label(caption, lex.ANIMAL_TERMS, "other", mode)
 
 
-def insect_from_caption(caption: str, mode: str = "paper") -> str:
+def insect_from_caption(caption: str, mode: str = DEFAULT_MODE) -> str:
     """Return the first insect of `INSECT_TERMS` in the caption, else "other"."""
     return first_matching_label(caption, lex.INSECT_TERMS, "other", mode)
 
@@ -377,7 +460,7 @@ def caption_cas(
     captions: Sequence[str],
     stereotype_terms: Sequence[str],
     diverse_terms: Sequence[str],
-    mode: str = "paper",
+    mode: str = DEFAULT_MODE,
     epsilon: float = 1e-8,
 ) -> float:
     """Return the Contextual Association Score of a caption set (Eqs. 10–12).
@@ -395,7 +478,7 @@ def caption_cas(
     return contextual_association_score(n_stereotype, n_diverse, epsilon)
 
 
-def missing_rate(captions: Sequence[str], elements: Sequence[str], mode: str = "paper") -> float:
+def missing_rate(captions: Sequence[str], elements: Sequence[str], mode: str = DEFAULT_MODE) -> float:
     """Return GMR (Eqs. 16–17, grounded keywords) or IEMR (Eqs. 18–19, implied elements).
 
     Paper: share of captions missing at least one element. Reference: mean over captions of
@@ -410,7 +493,7 @@ def missing_rate(captions: Sequence[str], elements: Sequence[str], mode: str = "
     return float((missing / len(elements)).mean())
 
 
-def presence_rate(captions: Sequence[str], terms: Sequence[str], mode: str = "paper") -> float:
+def presence_rate(captions: Sequence[str], terms: Sequence[str], mode: str = DEFAULT_MODE) -> float:
     """Return the share of captions containing at least one of `terms`.
 
     This is the Hallucination Score (Eqs. 20–21, `HALLUCINATION_TERMS`), the Cultural
@@ -422,7 +505,7 @@ def presence_rate(captions: Sequence[str], terms: Sequence[str], mode: str = "pa
     return float(np.mean([count_terms(c, terms, mode) > 0 for c in captions]))
 
 
-def clip_proxy_keyword_score(captions: Sequence[str], keywords: Sequence[str], mode: str = "reference") -> float:
+def clip_proxy_keyword_score(captions: Sequence[str], keywords: Sequence[str], mode: str = DEFAULT_MODE) -> float:
     """Return the released code's "CLIP Proxy Score": mean fraction of prompt keywords per caption.
 
     Not the paper's cosine CPS (Eq. 15); the app reports real CLIPScore for that.
@@ -436,14 +519,15 @@ def jaccard_diversity(captions: Sequence[str], max_captions: int = 50) -> float:
     """Return the released code's "Vendi Score": 1 − mean pairwise Jaccard similarity.
 
     Word sets of the cleaned captions, all pairs among the first `max_captions` captions in
-    the given order; 0 when fewer than 2. Two empty captions count as identical. Not the
+    the given order; 0 when fewer than 2. Two empty captions have similarity 0, as in the
+    released code (metrics.vendi_score: `intersection / union if union > 0 else 0`). Not the
     Vendi score (Eq. 14); `engine.metrics.diversity.vendi_score` is.
     """
     words = [set(clean_caption(c).split()) for c in list(captions)[:max_captions]]
     if len(words) < 2:
         return 0.0
     similarities = [
-        len(a & b) / len(a | b) if a | b else 1.0
+        len(a & b) / len(a | b) if a | b else 0.0
         for i, a in enumerate(words) for b in words[i + 1:]
     ]
     return 1.0 - float(np.mean(similarities))

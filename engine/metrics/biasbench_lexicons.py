@@ -125,3 +125,29 @@ REFERENCE_PD_GROUPS = {
     "gender": (("male",), ("female",)),
     "skin": (("dark", "medium"), ("fair",)),
 }
+
+# Words of structured caption fields besides the lexicon terms, for splitting run-together
+# fields ("femaleyoung adultlightblondesoft studioclose-up", spec B.1) in paper mode.
+FIELD_WORDS = (
+    "female", "male", "woman", "man", "women", "men", "girl", "boy", "lady", "young", "adult", "old", "older",
+    "elderly", "middle", "aged", "teen", "child", "senior", "skin", "hair", "eyes", "brown", "blonde", "blond",
+    "red", "black", "white", "grey", "gray", "dark", "light", "medium", "fair", "soft", "studio", "close", "up",
+    "portrait", "messy", "updo", "curly", "straight", "long", "short", "wavy", "caucasian", "asian", "african",
+    "hispanic", "latina", "latino", "latine", "indian", "east", "south", "southeast", "middle", "eastern",
+    "olive", "tan", "pale", "mixed", "smiling", "neutral", "serious", "natural", "makeup", "background",
+)
+
+# Extracted label -> paper class (Sec. 3.4), None = no paper class (dropped and reported).
+PAPER_LABEL_MAP = {
+    "gender": {"female": "female", "male": "male", "unknown": None},
+    "ethnicity": {"white": "white", "black": "black", "asian": "asian", "latine": "hispanic",
+                  "mixed": None, "medium": None, "unknown": None},
+    "skin": {"fair": "fair", "medium": "medium", "dark": "dark", "unknown": None},
+}
+PAPER_DROP_REASONS = {
+    ("ethnicity", "mixed"): "'mixed' is not one of the paper's six ethnicity classes",
+    ("ethnicity", "medium"): "'medium' is a skin tone the released extractor files under ethnicity",
+    ("ethnicity", "unknown"): "no ethnicity term in the caption",
+    ("gender", "unknown"): "no gendered word in the caption",
+    ("skin", "unknown"): "no skin-tone term in the caption",
+}

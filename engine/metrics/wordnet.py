@@ -122,6 +122,17 @@ def load_wordnet(root: str = DEFAULT_WORDNET_DIR) -> WordNet | None:
         return None
 
 
+def missing_note(root: str = DEFAULT_WORDNET_DIR) -> str:
+    """Returns "" when the WordNet database at `root` is there, else the sentence a user needs
+    beside the "merge synonyms" option (without it only male→man and female→woman merge)."""
+    try:
+        WordNet(root)
+        return ""
+    except FileNotFoundError:
+        return (f"WordNet is not installed (no database in {root}): only male/man and female/woman are merged. "
+                "Install Debian's wordnet-base (apt-get install wordnet-base) and restart to merge synonyms.")
+
+
 def wordnet_synonyms(word: str, root: str = DEFAULT_WORDNET_DIR) -> set[str]:
     """Return WordNet synonyms of `word` plus TIBET's manual pairs (male→man, female→woman).
 

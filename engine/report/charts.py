@@ -93,16 +93,27 @@ def heatmap(matrix: Sequence[Sequence[float]], row_labels: Sequence[str], col_la
          "cols": [str(c) for c in col_labels], "rows": rows})
 
 
+def value_range(values: Sequence[float], min_span: float = 0.0) -> tuple[float, float]:
+    """Returns the (low, high) of a value axis: the data's range, widened around its middle to
+    at least `min_span` so that a change of 0.001 does not fill a chart of scores that vary by
+    tenths (and to 1 when every value is equal and no span is given)."""
+    lo, hi = min(values), max(values)
+    span = max(hi - lo, min_span)
+    if span < 1e-9:
+        span = 1.0
+    middle = (lo + hi) / 2
+    return middle - span / 2, middle + span / 2
+
+
 def line_chart(series: dict[str, Sequence[float]], *, title: str = "", x_label: str = "iteration",
-               width: int = 420, height: int = 220, chart_id: str = "") -> Markup:
-    """An SVG of lines over x = 0, 1, 2, ... with dots and values on hover."""
+               width: int = 420, height: int = 220, chart_id: str = "", min_span: float = 0.0) -> Markup:
+    """An SVG of lines over x = 0, 1, 2, ... with dots and values on hover; the y axis spans at
+    least `min_span` (value_range)."""
     pts = [v for ys in series.values() for v in ys if _finite(v)]
     chart = {"width": width, "height": height, "id": chart_id or title, "title": title, "x_label": x_label,
              "empty": not pts, "series": []}
     if pts:
-        lo, hi = min(pts), max(pts)
-        if hi - lo < 1e-9:
-            lo, hi = lo - 0.5, hi + 0.5
+        lo, hi = value_range(pts, min_span)
         n = max(len(ys) for ys in series.values())
         left, right, top, bottom = 48, 10, 24, 30
         pw, ph = width - left - right, height - top - bottom

@@ -3,7 +3,7 @@ initial set next to a counterfactual's, and the grid of generated sets (the tab,
 view, reports). Markup: templates/counterfactuals.html."""
 from __future__ import annotations
 
-from . import Markup, charts, fmt, fmt_ci, macro
+from . import Markup, charts, fmt, fmt_ci, macro, trust
 
 CAS_NOTE = ("CAS: how similar the concepts in a counterfactual's images are to those of the initial prompt's "
             "images (1 = identical); the initial images lean toward the high-CAS counterfactuals. Intervals "
@@ -23,7 +23,7 @@ def mad_html(results: dict) -> Markup:
         matrix = [[results["per_prompt"][p]["mad"].get(a) for a in order] for p in prompts]
         heat = charts.heatmap(matrix, prompts, order, diverging=False, title="MAD per prompt", table_id="mad-per-prompt")
     return macro("counterfactuals.html", "mad")(chart=chart, clip=[(a, results["mad_clip"][a]) for a in order],
-                                                heat=heat)
+                                                heat=heat, headline=trust.headline_html(results.get("headline")))
 
 
 def cas_html(axes: dict[str, dict]) -> Markup:

@@ -10,7 +10,7 @@ Three forms (DESIGN.md "The store"; issue 8):
         images/<key>.png        every image once, named by its content key (the original bytes)
         gaplens/manifest.json   format, version, runs, counts
         gaplens/runs.jsonl      the runs rows verbatim (request, results, summary, models, ...)
-        gaplens/run_images.jsonl, images.jsonl, answers.jsonl, embeddings.jsonl
+        gaplens/run_images.jsonl, images.jsonl, answers.jsonl, embeddings.jsonl, labels.jsonl
         scores.json, scores.csv, report.html, README.md
 
     `datasets.load_dataset("imagefolder", data_dir=<unzipped>)` (or data_files=<zip>) reads the
@@ -35,6 +35,7 @@ from engine import __version__
 from engine.errors import InputError
 from engine.imports import FORMAT, FORMAT_VERSION, replace_strings
 from engine.names import safe_stem, short_label
+from engine.methods.validate import validate_run
 from engine.runs import compare_runs, get_run, headline, run_prompt, run_records, scores, short_model
 from engine.store import Store, _json_default
 
@@ -44,7 +45,7 @@ from .runs import compare_html, results_html, run_header_html, thumbnails_html
 CSV_COLUMNS = ["run_id", "method", "status", "prompt", "generator", "group", "metric", "value", "ci_low", "ci_high"]
 METADATA_COLUMNS = ["file_name", "run_id", "method", "label", "position", "prompt", "negative_prompt", "seed",
                     "generator", "steps", "guidance", "width", "height", "scheduler", "nsfw", "image_key",
-                    "sha256", "vqa"]
+                    "sha256", "vqa", "labels"]
 
 
 def _runs(store: Store, run_ids) -> list[dict]:
@@ -62,8 +63,15 @@ def scores_json(store: Store, run_ids) -> dict:
                                          "error", "created", "updated")}
                    | {"prompt": run_prompt(run), "headline": headline(run)[0],
                       "models": {k: short_label(v) for k, v in (run.get("models") or {}).items()},
-                      "scores": [s.to_json() for s in scores(run)], "results": _relative(run["results"], store)})
+                      "scores": [s.to_json() for s in scores(run)], "results": _relative(run["results"], store)}
+                   | _validation(store, run["id"]))
     return {"format": "gaplens-scores", "gaplens_version": __version__, "exported": time.time(), "runs": out}
+
+
+def _validation(store: Store, run_id: str) -> dict:
+    """{"validation": the evaluator checked against the run's spot-check} when it has one (issue 16)."""
+    checked = validate_run(store, run_id)
+    return {"validation": checked} if any(a.get("n_checked") for a in checked["axes"].values()) else {}
 
 
 def scores_csv(store: Store, run_ids) -> str:
@@ -152,6 +160,11 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
         by_image.setdefault(a["image_key"], []).append(
             {"question": a["question"], "answer": a["answer"], "evaluator": a["evaluator"]})
     method_of = {r["id"]: r["method"] for r in runs}
+    labels = [row for i in ids for row in store.label_rows(i)]  # issue 16: the runs' spot-checks
+    labels_of: dict[tuple[str, str], list] = {}
+    for row in labels:
+        labels_of.setdefault((row["run_id"], row["image_key"]), []).append(
+            {k: row[k] for k in ("axis", "label", "who", "created")})
 
     metadata = []
     for link in run_image_rows:
@@ -165,13 +178,13 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
             "negative_prompt": row["negative_prompt"], "seed": row["seed"], "generator": short_label(row["generator"]),
             "steps": row["steps"], "guidance": row["guidance"], "width": row["width"], "height": row["height"],
             "scheduler": row["scheduler"], "nsfw": bool(row["nsfw"]), "image_key": key, "sha256": row["sha256"],
-            "vqa": by_image.get(key, [])})
+            "vqa": by_image.get(key, []), "labels": labels_of.get((link["run_id"], key), [])})
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "gaplens_version": __version__,
         "exported": time.time(),
         "runs": [{"id": r["id"], "method": r["method"], "status": r["status"], "prompt": run_prompt(r)} for r in runs],
         "counts": {"runs": len(runs), "images": len(keys) - len(missing), "answers": len(answers),
-                   "embeddings": len(embeddings), "metadata_rows": len(metadata)},
+                   "embeddings": len(embeddings), "metadata_rows": len(metadata), "labels": len(labels)},
         "missing_images": missing,
     }
     # host paths stay home: image files are named as in the archive, model paths by their last part
@@ -192,6 +205,7 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
             {**_portable_image(image_rows[k]), "path": f"images/{k}.png", "file": f"images/{k}.png"}
             for k in keys if k not in missing))
         zf.writestr("gaplens/answers.jsonl", _jsonl(answers))
+        zf.writestr("gaplens/labels.jsonl", _jsonl(labels))
         zf.writestr("gaplens/embeddings.jsonl", _jsonl(
             {**{k: v for k, v in e.items() if k != "vector"},
              "vector_b64": base64.b64encode(bytes(e["vector"])).decode("ascii")} for e in embeddings))
@@ -235,7 +249,8 @@ def _dataset_readme(manifest: dict) -> str:
   `run_id`, `method`, `label` (the image set within the run), `position`, `prompt`,
   `negative_prompt`, `seed`, `generator`, `steps`, `guidance`, `width`, `height`, `scheduler`,
   `nsfw` (flagged by the safety checker), `image_key`, `sha256` and `vqa` (every stored VQA answer
-  and caption of the image: question, answer, evaluator).
+  and caption of the image: question, answer, evaluator) and `labels` (a person's spot-check answers
+  of the image in that run: axis, label, who, created).
 - Scores: `scores.csv` (one row per score, with its 95% interval where there is one) and
   `scores.json` (each run's request, summary, results and scores).
 - `report.html`: a self-contained one-page report (open it in any browser, offline; printable).

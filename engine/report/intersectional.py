@@ -15,7 +15,8 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
-from . import Markup, charts, fmt, macro, signed
+from ..methods.intersectional import edge_status
+from . import Markup, charts, fmt, macro, signed, trust
 
 POSITIVE, NEGATIVE = "#2b6cb0", "#c53030"
 MARKS = {"MaxImp": "MaxImp: most impact on other axes (outgoing edges)",
@@ -46,7 +47,7 @@ def cell_text(x: str, y: str, value: float, w_init: float, w_mixed: float, ci=No
 
 def matrix_html(results: dict, table_id: str = "is-matrix") -> Markup:
     """The signed IS heatmap of an intersectional run's results (rows intervene, columns are
-    affected); cells whose bootstrap CI spans 0 are faded."""
+    affected); cells whose bootstrap CI spans 0, or whose pair is not a kept edge, are faded."""
     s = results["sensitivity"]
     axes, matrix = s["axes"], s["matrix"]
     low, high = s.get("ci_low"), s.get("ci_high")
@@ -54,7 +55,13 @@ def matrix_html(results: dict, table_id: str = "is-matrix") -> Markup:
     ci = [[(low[i][j], high[i][j]) if low else None for j in range(n)] for i in range(n)]
     hover = [[cell_text(axes[i], axes[j], matrix[i][j], s["w_bar_init"][j], s["w_bar_mixed"][i][j], ci[i][j])
               for j in range(n)] for i in range(n)]
-    faded = [[bool(c and c[0] is not None and c[0] <= 0 <= c[1]) for c in row] for row in ci]
+    # faded: the CI spans 0, or the pair is not a kept edge (pruned); the diagonal is no edge
+    kept = {(e["source"], e["target"]) for e in results.get("edges", []) if e.get("kept")}
+    pruned = [[i != j and "edges" in results and (axes[i], axes[j]) not in kept for j in range(n)] for i in range(n)]
+    faded = [[bool(c and c[0] is not None and c[0] <= 0 <= c[1]) or pruned[i][j] for j, c in enumerate(row)]
+             for i, row in enumerate(ci)]
+    hover = [[text + (" Pruned: not a kept edge." if pruned[i][j] else "") for j, text in enumerate(row)]
+             for i, row in enumerate(hover)]
     values = [[math.nan if v is None else v for v in row] for row in matrix]   # None: no answers to measure
     return charts.heatmap(values, axes, axes, diverging=True, hover=hover, faded=faded, digits=2,
                           title="Intersectional Sensitivity IS (row made diverse → column's distance from its target)",
@@ -127,7 +134,8 @@ def summary_html(results: dict) -> Markup:
     policy = {"drop": "dropped (distributions renormalised over the choices)",
               "other_bin": "counted in an 'other' category the target gives 0"}.get(results["other_policy"],
                                                                                    results["other_policy"])
-    return macro("intersectional.html", "summary")(r=results, policy=policy)
+    return macro("intersectional.html", "summary")(r=results, policy=policy,
+                                                   headline=trust.headline_html(results.get("headline")))
 
 
 def pair_html(results: dict, intervened: str, affected: str) -> Markup:
@@ -142,7 +150,8 @@ def pair_html(results: dict, intervened: str, affected: str) -> Markup:
                                           ("mixed", f"{affected}: {intervened} made diverse", d["mixed"][intervened]))]
     text = cell_text(intervened, affected, s["matrix"][i][j], s["w_bar_init"][j], s["w_bar_mixed"][i][j],
                      (s["ci_low"][i][j], s["ci_high"][i][j]) if s.get("ci_low") else None)
-    return macro("intersectional.html", "pair")(text=text, charts=charts_)
+    status = edge_status(results, intervened, affected)
+    return macro("intersectional.html", "pair")(text=text, charts=charts_, status=status)
 
 
 def page(results: dict) -> Markup:

@@ -11,6 +11,10 @@ def reconstructed() -> Markup:
     return macro("mine.html", "reconstructed")()
 
 
+# gap scores vary by tenths between prompts: a y axis narrower than this would magnify noise
+MIN_SPAN = 0.05
+
+
 def mine_chart(results: dict, baseline: dict | None = None) -> Markup:
     """Best gap score per iteration and best so far (and a random baseline's best so far)."""
     series = {"best this iteration": results.get("best_per_iteration") or [],
@@ -20,7 +24,7 @@ def mine_chart(results: dict, baseline: dict | None = None) -> Markup:
     title = ("random prompts: best gap score" if results.get("strategy") == "random"
              else "genetic search: best gap score")
     return charts.line_chart(series, title=f"{title} (reconstructed; lower = more biased)",
-                             x_label="iteration (from 0)", chart_id="mine-best", width=520)
+                             x_label="iteration (from 0)", chart_id="mine-best", width=520, min_span=MIN_SPAN)
 
 
 def lineage_html(chain: list[dict]) -> Markup:
@@ -34,11 +38,14 @@ def archive_table_html(archive: list[dict], limit: int = 50) -> Markup:
 
 
 def progress_text(results: dict, run_id: str, status: str) -> Markup:
-    """One Markdown line: status, run, iterations done of T, the most biased prompt so far."""
+    """One Markdown line: status, run, iterations done of T, the most biased prompt so far, and
+    why the search ended early when it did."""
     archive = results.get("archive") or []
     return macro("mine.html", "progress")(status=status, run_id=run_id, done=len(results.get("iterations", [])),
                                           total=results.get("params", {}).get("T"),
-                                          best=archive[0] if archive else None)
+                                          best=archive[0] if archive else None,
+                                          claim=(results.get("headline") or {}).get("text"),  # issue 16
+                                          end_reason=results.get("end_reason"))
 
 
 def selected_html(info: dict) -> tuple[Markup, Markup]:

@@ -8,6 +8,7 @@ import io
 import json
 import time
 
+from engine.names import readable
 from engine.runs import get_run, run_prompt, run_records, short_model
 from engine.store import ImageRecord, Store
 
@@ -91,4 +92,8 @@ def compare_html(comparison: dict, store: Store | None = None, thumbs: int = 12)
         for letter, r in zip(letters, runs):
             run = store.get_run(r["id"])
             grids.append((letter, r["prompt"], thumbnails_html(run_records(store, run) if run else [], 72, thumbs)))
-    return macro("runs.html", "compare")(comparison=comparison, runs=runs, letters=letters, axes=axes, grids=grids)
+    letter_of = {r["id"]: letter for letter, r in zip(letters, runs)}
+    by_model = [(g["generator"], [letter_of[i] for i in g["runs"]]) for g in comparison.get("by_model") or []]
+    names = {row["metric"]: readable(row["metric"]) for row in comparison["rows"]}
+    return macro("runs.html", "compare")(comparison=comparison, runs=runs, letters=letters, axes=axes, grids=grids,
+                                         by_model=by_model if len(by_model) > 1 else [], names=names)

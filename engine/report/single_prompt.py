@@ -2,7 +2,7 @@
 Top-K concepts (the tab, the Runs view, exported reports). Markup: templates/single_prompt.html."""
 from __future__ import annotations
 
-from . import Markup, charts, clip, fmt, macro
+from . import Markup, charts, clip, fmt, macro, trust
 
 METRICS = [("Composite Bias Score", "composite_bias_score"), ("Parity Difference", "parity_difference"),
            ("Normalised entropy", "normalised_entropy"), ("KL from reference", "kl_divergence"),
@@ -18,18 +18,41 @@ def axis_html(name: str, m: dict) -> Markup:
     ref = m.get("reference")
     targets = ([ref.get(c) for c in classes] if isinstance(ref, dict)
                else [1 / len(classes)] * len(classes) if classes else None)
-    chart = charts.bar_chart(classes, shares, title=str(name), counts=[counts.get(c, 0) for c in classes],
+    corrected = m.get("distribution") == "corrected"   # issue 16: the spot-check-corrected shares
+    title = f"{name} (corrected for the evaluator's errors)" if corrected else str(name)
+    chart = charts.bar_chart(classes, shares, title=title, counts=[counts.get(c, 0) for c in classes],
                              ci=share_ci, reference=targets, vmax=1.0, chart_id=f"axis-{name}")
     ci = m.get("ci", {})
     rows = [{"label": label + (f" ({m.get('kl_unit', '')})" if key == "kl_divergence" else ""), "key": key,
              "value": m.get(key), "ci": ci.get(key)} for label, key in METRICS]
     return macro("single_prompt.html", "axis")(name=name, chart=chart, mode=m.get("mode", ""), rows=rows,
-                                                n_excluded=m.get("n_excluded"))
+                                                n_excluded=m.get("n_excluded"),
+                                                extras=trust.axis_extras_html(name, m))  # issue 16: N, sample sizes
 
 
 def axes_html(blocks) -> Markup:
     """Axis blocks (from `axis_html`) side by side."""
     return macro("single_prompt.html", "axes")(list(blocks))
+
+
+def gap_reading(gap: dict) -> dict:
+    """Returns two sentences that read a gap result's numbers the way they point: "score"
+    (what its sign means here) and "least" (what the least-aligned images' matches mean)."""
+    score, m, a = gap["score"], gap["coverage_term"], gap["alignment_term"]
+    if gap.get("combine", "diff") == "diff":
+        side = ("below 0: the missed readings are covered worse than the images are aligned, so some "
+                "plausible readings of the prompt get no matching image (a sign of bias)" if score < 0 else
+                "0 or above: the readings are covered about as well as the images are aligned (no sign of "
+                "a missed reading)")
+        text = f"Lower means more biased; B = M − A = {fmt(score, 4)} is {side}."
+    else:
+        text = "Lower means more biased: some plausible readings of the prompt get no matching image."
+    worst = min((x["alignment"] for x in gap.get("least_aligned", [])), default=None)
+    least = ""
+    if worst is not None and worst >= m:
+        least = ("Even these match some variation better than the missed readings match any image: the bias "
+                 "is in the readings no image shows, not in off-prompt images.")
+    return {"score": text, "least": least}
 
 
 def gap_html(gap: dict) -> Markup:
@@ -39,7 +62,7 @@ def gap_html(gap: dict) -> Markup:
                           [f"s{s}" for s in gap["image_seeds"]], diverging=False, digits=2,
                           title="CLIP similarity: text variations (rows, worst covered first) × images (columns)",
                           table_id="gap-heatmap")
-    return macro("single_prompt.html", "gap")(gap=gap, heat=heat)
+    return macro("single_prompt.html", "gap")(gap=gap, heat=heat, reading=gap_reading(gap))
 
 
 def diversity_text(d: dict) -> str:
@@ -53,6 +76,7 @@ def page(results: dict) -> Markup:
     """A whole Single Prompt result: axes, diversity, gap score and Top-K concepts."""
     axes = results.get("axes", {})
     return macro("single_prompt.html", "page")(
-        prompt=results.get("prompt", ""), axes=axes_html(axis_html(n, m) for n, m in axes.items()) if axes else "",
+        prompt=results.get("prompt", ""), headline=trust.headline_html(results.get("headline")),
+        axes=axes_html(axis_html(n, m) for n, m in axes.items()) if axes else "",
         diversity=results.get("diversity"), gap=gap_html(results["gap"]) if results.get("gap") else "",
         top_concepts=results.get("top_concepts") or [])

@@ -3,7 +3,8 @@ bias table (assets/synthetic_world.json) with planted, known biases. numpy and P
 
 `load(spec, device)` is the backend factory's entry point; `spec.backend` picks the
 component, `spec.model` names the table (a JSON path, or "default"), `spec.options` may
-carry {"table": dict} instead of a file and, for the VQA, {"error_rate": float}.
+carry {"table": dict} instead of a file and, for the VQA, {"error_rate": float} (uniform
+confusion) or {"error": float} (the planted "shift" confusion, see vqa.py).
 """
 from __future__ import annotations
 
@@ -30,9 +31,21 @@ def load(spec: ModelSpec, device: str = "cpu", **context):
     if spec.backend == "synthetic_llm":
         return SyntheticLLM(world)
     if spec.backend == "synthetic_vqa":
-        return SyntheticVQA(world, error_rate=float(spec.options.get("error_rate", 0.0)))
+        if "error" in spec.options:
+            return SyntheticVQA(world, error_rate=_rate(spec.options["error"]), pattern="shift")
+        return SyntheticVQA(world, error_rate=_rate(spec.options.get("error_rate", 0.0)))
     raise ModelLoadError(f"unknown synthetic backend '{spec.backend}'; expected synthetic_generator, "
                          "synthetic_embedder, synthetic_llm or synthetic_vqa")
+
+
+def _rate(value) -> float:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise ModelLoadError(f"the synthetic VQA's error rate must be a number between 0 and 1, not {value!r}") from None
+    if not 0.0 <= rate <= 1.0:
+        raise ModelLoadError(f"the synthetic VQA's error rate must be between 0 and 1, not {rate:g}")
+    return rate
 
 
 def parse_prompt(text: str, world: World | None = None) -> tuple[str, dict[str, str]]:

@@ -5,7 +5,10 @@ style, "is there a person", or a yes/no check of one value); the answer is read 
 image (scene.read_scene), then phrased free-form or matched to the given choices through
 the world's lexicon. `error_rate` simulates a fallible VQA model: with that probability an
 answer is replaced by another value (or another choice), deterministically per (image,
-question).
+question). The pattern of the confusion is planted too: "uniform" picks any other value,
+"shift" (the `error` option, issue 16) always says the next one — the next choice in the
+list asked, or the next value of the axis — so the evaluator's confusion matrix is known:
+M = (1 − rate)·I + rate·(cyclic shift).
 """
 from __future__ import annotations
 
@@ -24,13 +27,17 @@ from .world import World, seed_int
 STYLE_ANSWER = "a flat cartoon illustration"
 NO_PERSON = "no person"
 OTHER = "other"
+NOT_MODELLED = "not modelled in the synthetic world"
 SCENE_CACHE_SIZE = 4096
+PATTERNS = ("uniform", "shift")
 
 _PRESENCE = re.compile(r"\b(is|are)\s+there\b|\bdoes\s+(the|this)\s+(image|picture|photo)\s+(contain|show|have)\b")
 _PERSON_WORDS = re.compile(r"\b(person|people|human|humans|someone|anyone|man|woman|men|women|anybody|somebody)\b")
 _OCCUPATION = re.compile(r"\b(occupation|job|profession|career|works?\s+as)\b")
 _STYLE = re.compile(r"\bstyle\b")
 _ETHNICITY = re.compile(r"\b(ethnic\w*|race|racial)\b")
+# The world draws one colour on a person: the outfit's. Colours of body parts it does not model.
+_BODY_PART = re.compile(r"\b(hair\w*|eyes?|eyebrows?|lips?|beard|moustache|mustache|nails?|teeth)\b")
 _YES_NO_START = re.compile(r"^\s*(\[vqa\]\s*)?(is|are|does|do|was|were|can|has|have)\b")
 
 
@@ -46,13 +53,17 @@ class Query:
 
 
 class SyntheticVQA:
-    def __init__(self, world: World, error_rate: float = 0.0):
+    def __init__(self, world: World, error_rate: float = 0.0, pattern: str = "uniform"):
         if not 0.0 <= float(error_rate) <= 1.0:
             raise ValueError(f"error_rate must be between 0 and 1, not {error_rate}")
+        if pattern not in PATTERNS:
+            raise ValueError(f"the error pattern must be one of {PATTERNS}, not {pattern!r}")
         check_drawable(world)
         self.world = world
         self.error_rate = float(error_rate)
-        self.id = f"synthetic-vqa:{world.hash}" + (f":error={self.error_rate:g}" if self.error_rate else "")
+        self.pattern = pattern
+        suffix = f":error={self.error_rate:g}" + (f":{pattern}" if pattern != "uniform" else "")
+        self.id = f"synthetic-vqa:{world.hash}" + (suffix if self.error_rate else "")
         # the engine asks several questions of each image: read its pixels once
         self._scenes: OrderedDict[str, dict] = OrderedDict()
 
@@ -115,7 +126,9 @@ class SyntheticVQA:
             return Query("axis", most, ethnicity=ethnicity)
         asked = self.world.axes_in_text(q)
         if asked:
-            return Query("axis", asked[0], ethnicity=ethnicity)
+            # value "body part": a colour the world does not draw (it draws the outfit's only)
+            part = "body part" if asked[0] == "color" and _BODY_PART.search(q) else None
+            return Query("axis", asked[0], part, ethnicity=ethnicity)
         return Query("caption")
 
     def _subject_of(self, text: str) -> str | None:
@@ -143,7 +156,10 @@ class SyntheticVQA:
         if query.kind == "occupation":
             others = [s for s in self.world.subjects_of(scene["kind"]) if s != truth]
         elif query.kind == "axis" and truth is not None:
-            others = [v for v in self.world.axes[query.axis].values if v != truth]
+            values = list(self.world.axes[query.axis].values)
+            if self.pattern == "shift":
+                return values[(values.index(truth) + 1) % len(values)]
+            others = [v for v in values if v != truth]
         else:
             return truth
         return others[int(rng.integers(len(others)))] if others else truth
@@ -156,6 +172,8 @@ class SyntheticVQA:
             if self._choice_means(choice, query) == truth and truth is not None:
                 correct = choice
                 break
+        if wrong is not None and self.pattern == "shift" and correct in choices:
+            return choices[(choices.index(correct) + 1) % len(choices)]
         if wrong is not None:
             others = [c for c in choices if c != correct]
             if others:
@@ -186,7 +204,7 @@ class SyntheticVQA:
         axis = self.world.axes[query.axis]
         if truth is None:
             if query.axis == "color" and "outfit_colour" in scene:
-                return scene["outfit_colour"]
+                return NOT_MODELLED if query.value == "body part" else scene["outfit_colour"]
             return NO_PERSON if scene["kind"] != "person" else "unknown"
         if query.ethnicity and truth in (axis.extra.get("ethnicity_answers") or {}):
             return axis.extra["ethnicity_answers"][truth]

@@ -1,0 +1,193 @@
+"""Compare models: the same Single Prompt, Counterfactuals or Intersectional audit on two or
+more generators in one action, results side by side with differences and their intervals.
+
+The Stable Bias explorers and the thesis (Fig. 6.8: aggregated BiasGraphs of SD 1.4,
+FLUX-dev, Kandinsky 2.2 and Playground 2.5 side by side) compare generators this way. Only
+the generator changes: the embedder, VQA and LLM stay the engine's, so a difference is the
+generators' and not the evaluators'; Counterfactuals and Intersectional use one set of axes
+and counterfactuals for every model (proposed once when none are given). Generators load one
+after another: each is unloaded before the next loads, so the memory plan holds one
+generator at a time, never all of them. Each model's audit is an ordinary run of its method
+(listed in Runs, resumable from the store); this run records their ids and the comparison.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from ..backends.base import ModelSpec
+from ..core import Engine, Run, recorded
+from ..errors import GapLensError, InputError
+from ..events import Done, Progress, Scores, Table, Warning
+from ..presets import PRESETS, parse_model_override
+from ..scores import Score, difference
+from . import cfsets, counterfactuals, intersectional, single_prompt
+
+METHODS = {
+    "single_prompt": (single_prompt.SinglePromptRequest, single_prompt.run, single_prompt.check),
+    "counterfactuals": (counterfactuals.CounterfactualsRequest, counterfactuals.run, cfsets.check),
+    "intersectional": (intersectional.IntersectionalRequest, intersectional.run, intersectional.check_before_run),
+}
+
+
+@dataclass
+class CompareModelsRequest:
+    method: str                                        # single_prompt | counterfactuals | intersectional
+    generators: list[str] = field(default_factory=list)  # preset names or "backend:model" specs
+    request: dict = field(default_factory=dict)         # the method's request fields (prompt, n, axes, ...)
+
+
+def generator_spec(text: str) -> ModelSpec:
+    """Returns the generator a name stands for: a preset's generator, or a 'backend:model' spec."""
+    text = (text or "").strip()
+    if text in PRESETS:
+        return PRESETS[text].generator
+    if ":" not in text:
+        raise InputError(f"'{text}' is neither a preset ({', '.join(PRESETS)}) nor a 'backend:model' generator")
+    return parse_model_override(text)
+
+
+def method_request(request: CompareModelsRequest):
+    """Returns the method's own request object; InputError names an unknown method or field."""
+    if request.method not in METHODS:
+        raise InputError(f"compare models runs {', '.join(METHODS)}, not '{request.method}'")
+    kind = METHODS[request.method][0]
+    known = {f.name for f in fields(kind)}
+    unknown = sorted(set(request.request) - known)
+    if unknown:
+        raise InputError(f"{request.method} has no setting {', '.join(unknown)}")
+    return kind(**request.request)
+
+
+def check(request: CompareModelsRequest, engine: Engine) -> None:
+    """Raises InputError before any run exists: two or more distinct generators, a valid audit."""
+    specs = [generator_spec(g) for g in request.generators if g and g.strip()]
+    if len(set(specs)) < 2:
+        raise InputError("pick two or more different generators to compare")
+    audit = method_request(request)     # checks the method's name first
+    METHODS[request.method][2](audit, engine)
+
+
+@recorded("compare_models", check)
+def run(request: CompareModelsRequest, engine: Engine, run: Run):
+    base = method_request(request)
+    kind, method, _ = METHODS[request.method]
+    labels = list(dict.fromkeys(g.strip() for g in request.generators if g and g.strip()))
+    specs = [generator_spec(g) for g in labels]
+    if request.method != "single_prompt" and not base.axes:
+        # one set of counterfactuals for every model, so the comparison is of the generators only
+        axes, problems = cfsets.propose_for(engine, base.prompt, base.fill, base.llm_seed, base.max_length_change)
+        for problem in problems:
+            yield Warning(f"counterfactual {problem}")
+        base.axes = axes
+        yield Table("axes", ["axis", "counterfactual"], cfsets.rows_from_axes(axes))
+    results: dict = {"method": request.method, "generators": labels, "models": [s.label for s in specs],
+                     "request": _plain(base), "runs": [], "results": []}
+    own = engine.preset.generator
+    for i, (label, spec) in enumerate(zip(labels, specs)):
+        yield Progress(i, len(specs), "model", f"model {i + 1} of {len(specs)}: {label}")
+        for other in {own, *specs} - {spec}:    # one generator in memory at a time
+            engine.models.unload(other)
+        child = engine.with_generator(spec, label)
+        try:
+            for event in method(kind(**_plain(base)), child):
+                if isinstance(event, Done):
+                    results["runs"].append(event.run_id)
+                    results["results"].append(event.results)
+                    yield Scores("model", {"index": i, "generator": label, "run_id": event.run_id,
+                                           "results": event.results})
+                else:
+                    yield _tagged(event, label)
+        except GapLensError as exc:
+            raise type(exc)(f"{label}: {exc}") from exc
+        run.save(results)
+    if specs[-1] != own:
+        engine.models.unload(specs[-1])
+    results["comparison"] = side_by_side(request.method, results["results"], labels)
+    yield Scores("comparison", results["comparison"])
+    summary = {"method": request.method, "generators": labels, "runs": results["runs"]}
+    yield run.finish(results, summary)
+
+
+def _plain(request) -> dict:
+    return {f.name: getattr(request, f.name) for f in fields(request)}
+
+
+def _tagged(event, label: str):
+    """A child run's event with the model named where a person reads it."""
+    if isinstance(event, Progress):
+        return Progress(event.done, event.total, event.stage, f"{label}: {event.message or event.stage}", event.eta_s)
+    if isinstance(event, Warning):
+        return Warning(f"{label}: {event.message}")
+    return event
+
+
+# -- side by side ----------------------------------------------------------------------------------
+
+def _score(group: str, metric: str, value, interval=None) -> Score | None:
+    if value is None or value != value:
+        return None
+    low, high = (interval or (None, None))[:2] if interval else (None, None)
+    return Score(group, metric, float(value), None if low is None else float(low),
+                 None if high is None else float(high))
+
+
+def scores_of(method: str, results: dict) -> list[Score]:
+    """Returns the numbers compared across models: Single Prompt's shares and T2I-BiasBench
+    metrics per axis (bootstrap intervals), Counterfactuals' MAD per axis and CAS per
+    counterfactual, Intersectional's IS matrix cells and distortion."""
+    out: list[Score | None] = []
+    if method == "single_prompt":
+        for axis, m in (results.get("axes") or {}).items():
+            for c in m.get("classes", []):
+                out.append(_score(axis, f"share: {c}", m.get("representation_parity", {}).get(c, 0.0),
+                                  m.get("share_ci", {}).get(c)))
+            for key in ("composite_bias_score", "parity_difference", "normalised_entropy", "kl_divergence"):
+                out.append(_score(axis, key, m.get(key), (m.get("ci") or {}).get(key)))
+        if results.get("diversity"):
+            out.append(_score("diversity", "vendi", results["diversity"].get("vendi")))
+        if results.get("gap"):
+            out.append(_score("gap", "gap_score", results["gap"].get("score")))
+    elif method == "counterfactuals":
+        for axis in results.get("mad_order") or results.get("mad", {}):
+            out.append(_score(axis, "mad", results["mad"][axis], (results.get("mad_ci") or {}).get(axis)))
+        for c in results.get("counterfactuals", []):
+            out.append(_score(c.get("axis", ""), f"cas: {c.get('prompt', '')}", c.get("cas"), c.get("cas_ci")))
+    elif method == "intersectional":
+        s = results.get("sensitivity") or {}
+        axes = s.get("axes", [])
+        kept = {(e["source"], e["target"]) for e in results.get("kept_edges", [])}
+        for i, x in enumerate(axes):
+            for j, y in enumerate(axes):
+                if i == j:
+                    continue
+                ci = (s["ci_low"][i][j], s["ci_high"][i][j]) if s.get("ci_low") else None
+                tag = "" if (x, y) in kept else " (pruned)"
+                out.append(_score(f"IS {x} → {y}", "IS" + tag, s["matrix"][i][j], ci))
+        out.append(_score("graph", "distortion", results.get("distortion")))
+    return [s for s in out if s is not None]
+
+
+def side_by_side(method: str, results: list[dict], labels: list[str]) -> dict:
+    """Returns {"models": labels, "rows": [{"group", "metric", "values": [per model or None],
+    "differences": [model k − model 1 with an approximate 95% interval (runs.difference)]}]}."""
+    per_model = [{(s.group, s.metric.replace(" (pruned)", "")): s for s in scores_of(method, r)} for r in results]
+    order = list(dict.fromkeys(k for scores in per_model for k in scores))
+    rows = []
+    for key in order:
+        values = [scores.get(key) for scores in per_model]
+        rows.append({"group": key[0], "metric": key[1],
+                     "pruned": [bool(v and v.metric.endswith("(pruned)")) for v in values],
+                     "values": [v.to_json() if v else None for v in values],
+                     "differences": [difference(values[0], v) for v in values[1:]]})
+    return {"method": method, "models": labels, "rows": rows}
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("Single Prompt on sd-turbo vs sdxl-turbo", None) of a stored run."""
+    from . import METHODS     # the table lists this module: read at call time
+
+    summary = record.get("summary") or {}
+    generators = summary.get("generators") or []
+    method = METHODS.get(summary.get("method", ""))
+    title = method.title if method else str(summary.get("method", "")).replace("_", " ")
+    return f"{title} on " + " vs ".join(map(str, generators)), None

@@ -1,0 +1,81 @@
+"""Compare models tab: pick two or more generators and run the same Single Prompt,
+Counterfactuals or Intersectional audit on each in one action; results side by side. Thin:
+engine/methods/compare_models.py runs it, engine/report/compare_models.py draws it."""
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from engine.axes import known_axes
+from engine.events import Done, Progress, Scores, Table, Warning
+from engine.methods import compare_models, single_prompt
+from engine.presets import PRESETS
+from engine.report.compare_models import page
+
+from . import axes_table
+from .common import gpu, user_errors, with_notes
+
+EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher"]
+METHODS = [("Single Prompt (distributions, T2I-BiasBench)", "single_prompt"),
+           ("Counterfactuals (TIBET: MAD per axis)", "counterfactuals"),
+           ("Intersectional Matrix (BiasConnect: IS matrix, BiasGraph)", "intersectional")]
+
+
+def build(engine) -> list:
+    gr.Markdown("Run the same audit on two or more generators and read the results side by side, with the "
+                "differences from the first model and their intervals. Only the generator changes (the embedder, "
+                "VQA and LLM stay this preset's); the generators load one after another.")
+    with gr.Row():
+        with gr.Column(scale=2, min_width=340):
+            method = gr.Radio(METHODS, value="single_prompt", label="Audit", elem_id="cm-method")
+            presets = gr.CheckboxGroup(list(PRESETS), value=[], label="Generators: presets", elem_id="cm-presets")
+            more = gr.Textbox(label="More generators (BACKEND:MODEL, comma-separated)", elem_id="cm-more",
+                              placeholder="diffusers:/models/my-sd, synthetic_generator:/path/world.json")
+            editor = axes_table.build(engine, "cm", EXAMPLES)
+            with gr.Row():
+                n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
+                              label="Images per set (N)", elem_id="cm-n")
+                seed = gr.Number(0, label="First seed", precision=0, elem_id="cm-seed")
+            axes = gr.CheckboxGroup(list(known_axes()), value=list(single_prompt.DEFAULT_AXES),
+                                    label="Single Prompt: axes to measure", elem_id="cm-axes")
+            go = gr.Button("Run on every generator", variant="primary", elem_id="cm-run")
+        with gr.Column(scale=3):
+            progress = gr.Markdown("", elem_id="cm-progress")
+            view = gr.HTML(elem_id="cm-view")
+
+    @gpu
+    @user_errors
+    def compare(method, presets, more, prompt, fill, rows, n, seed, axes):
+        generators = list(presets or []) + [g.strip() for g in (more or "").split(",") if g.strip()]
+        fields = {"prompt": prompt, "n": int(n), "seed": int(seed or 0)}
+        if method == "single_prompt":
+            fields.update(axes=list(axes or []), n_boot=300)
+        else:
+            fields.update(axes=axes_table.axes_of(rows) or {}, fill=axes_table.parse_fill(fill), n_boot=300)
+        request = compare_models.CompareModelsRequest(method, generators, fields)
+        notes, started, status = [], time.perf_counter(), ""
+        partial = {"method": method, "generators": list(dict.fromkeys(generators)), "runs": [], "results": [],
+                   "request": fields}   # the page grows model by model
+        for event in compare_models.run(request, engine):
+            if isinstance(event, Progress):
+                eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
+                status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
+                yield with_notes(status, notes), gr.skip(), gr.skip()
+            elif isinstance(event, Warning):     # with the result, not a toast over it
+                notes.append(event.message)
+            elif isinstance(event, Table) and event.name == "axes":
+                yield gr.skip(), gr.skip(), event.rows
+            elif isinstance(event, Scores) and event.name == "model":
+                partial["runs"].append(event.values["run_id"])
+                partial["results"].append(event.values["results"])
+                yield gr.skip(), str(page(partial)), gr.skip()
+            elif isinstance(event, Done):
+                text = (f"**Done**: {len(event.results['runs'])} generators compared in "
+                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`; each model's audit is a "
+                        f"run of its own in Runs).")
+                yield with_notes(text, notes), str(page(event.results)), gr.skip()
+
+    go.click(compare, [method, presets, more, editor.prompt, editor.fill, editor.table, n, seed, axes],
+             [progress, view, editor.table], api_name="compare_models")
+    return []

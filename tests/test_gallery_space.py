@@ -1,0 +1,119 @@
+"""A published export opened read-only as a gallery (zip, folder, HF dataset in the export's layout);
+the Space set-up: which real preset the hardware allows, ZeroGPU durations from the request."""
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from engine.core import Engine
+from engine.errors import InputError, StoreError
+from engine.events import Done
+from engine.report.export import export_zip
+from engine.gallery import open_gallery
+from engine.methods.generate import GenerateRequest, run as generate
+from engine.space import real_preset_for
+
+COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    root = tmp_path_factory.mktemp("published")
+    engine = Engine("synthetic", data_dir=str(root / "store"))
+    done = [e for e in generate(GenerateRequest("a photo of a doctor", n=4), engine) if isinstance(e, Done)][0]
+    export_zip(engine.store, [done.run_id], root / "audit.zip")
+    return root / "audit.zip", done.run_id
+
+
+def test_an_export_zip_opens_read_only_with_its_runs_and_images(published, tmp_path):
+    path, run_id = published
+    store = open_gallery(str(path), tmp_path / "cache")
+    run = store.get_run(run_id)
+    assert run is not None and run["status"] == "done"
+    keys = [r["image_key"] for r in store.run_image_rows([run_id])]
+    assert len(keys) == 4 and len(store.get_images(keys)) == 4
+    with pytest.raises(StoreError, match="read-only gallery"):
+        store.update_run(run_id, status="failed")
+    with pytest.raises(StoreError, match="read-only gallery"):
+        store.create_run("generate", {}, {}, "x")
+    again = open_gallery(str(path), tmp_path / "cache")      # reopening imports nothing new
+    assert again.data_dir == store.data_dir and again.count("runs") == 1
+
+
+def test_a_dataset_in_the_export_layout_opens_from_the_hub_cache(published, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    path, run_id = published
+    snapshot = tmp_path / "hub" / "datasets--gaplens--audits" / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    with zipfile.ZipFile(path) as zf:
+        zf.extractall(snapshot)                                # the zip's tree, as a dataset repo holds it
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    store = open_gallery("gaplens/audits", tmp_path / "cache")
+    assert store.get_run(run_id)["status"] == "done"
+    folder = tmp_path / "folder"
+    shutil.copytree(snapshot, folder)
+    assert open_gallery(str(folder), tmp_path / "cache").get_run(run_id) is not None
+    with pytest.raises(InputError, match="could not fetch the gallery dataset 'gaplens/nothing'"):
+        open_gallery("gaplens/nothing", tmp_path / "cache")
+    with pytest.raises(InputError, match="neither an export zip"):
+        open_gallery("./no/such/file.zip", tmp_path / "cache")
+
+
+def test_the_space_offers_the_largest_real_preset_its_hardware_holds():
+    assert real_preset_for(None) is None                        # CPU Space: the synthetic world only
+    assert real_preset_for(70, has_token=True) == "flux-schnell"  # ZeroGPU H200 slice
+    assert real_preset_for(70, has_token=False) == "sdxl-turbo"   # FLUX is gated: needs HF_TOKEN
+    assert real_preset_for(16, has_token=True) == "sd15"
+    assert real_preset_for(4, has_token=True) is None
+
+
+def test_zero_gpu_duration_grows_with_images_times_steps():
+    from tabs.common import GPU_MAX_SECONDS, gpu_seconds
+
+    assert gpu_seconds(4, 1) < gpu_seconds(4, 4) < gpu_seconds(16, 4)
+    assert gpu_seconds(4, 4) == 30 + 4 * 4 * 0.5
+    assert gpu_seconds(128, "") == GPU_MAX_SECONDS                # blank steps: the family default, assume slow
+
+
+def test_on_zero_gpu_the_main_process_never_touches_cuda(data_dir, monkeypatch):
+    import gradio as gr
+    import torch
+
+    from tabs import single_prompt as tab
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("CUDA touched in ZeroGPU's main process")
+
+    for name in ("is_available", "mem_get_info", "get_device_properties", "is_bf16_supported", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    engine = Engine("synthetic", data_dir=data_dir, device="cuda")   # as app.py builds it on ZeroGPU
+    status = engine.status()
+    assert "ZeroGPU" in status["memory"] and "budget 68.5 GB" in status["resident"]
+    with gr.Blocks():
+        fill_defaults = tab.build(engine)[0][0]
+    assert not engine.generator_loaded()
+    assert all(isinstance(v, type(gr.skip())) for v in fill_defaults())   # a page view loads nothing
+    assert not engine.generator_loaded()
+
+
+def test_preloaded_models_survive_preset_switches(data_dir):
+    from engine.space import preload
+
+    engine = Engine("synthetic", data_dir=data_dir)
+    loaded = preload(engine, "colour")
+    assert len(loaded) == 4
+    engine.set_preset("colour")
+    engine.set_preset("synthetic")
+    assert {m["model"] for m in engine.models.loaded()} >= set(loaded)   # pinned: still loaded, nothing reloads
+
+
+def test_zero_gpu_duration_of_a_counterfactual_comparison_counts_every_set():
+    from tabs.common import gpu_seconds, gpu_seconds_for_sets
+
+    assert gpu_seconds_for_sets(8, 4, [["gender", "a female doctor"], ["age", "an old doctor"]]) == gpu_seconds(8, 4, 3)
+    assert gpu_seconds_for_sets(8, 4, None) == gpu_seconds(8, 4)
