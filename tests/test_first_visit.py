@@ -121,7 +121,8 @@ def test_readme_set_up_is_two_commands_and_the_second_is_what_ci_runs():
     readme = (root / "README.md").read_text()
     block = re.search(r"## Set up, run, test\s+```sh\n(.*?)```", readme, re.S).group(1)
     commands = [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
-    assert commands == ["pip install -r requirements.txt && python app.py", "bash .ci/run"]
+    assert len(commands) == 2 and commands[1] == "bash .ci/run"       # one installs and starts, one tests
+    assert commands[0].startswith("pip install -r requirements.txt") and commands[0].endswith("&& python app.py")
     assert "wordnet-base" in readme.split("## Presets")[0]
     script = (root / ".ci" / "run").read_text()
     assert "requirements-test.txt" in script and "chromium" in script and "wordnet-base" in script
