@@ -79,7 +79,7 @@ def test_counterfactuals_use_one_set_of_axes_for_every_model(engine, flipped_wor
             "age": ["a photo of a young doctor", "a photo of an old doctor"]}
     done = finish(compare_models.run(compare_models.CompareModelsRequest(
         "counterfactuals", ["synthetic", f"synthetic_generator:{flipped_world}"],
-        {"prompt": "a photo of a doctor", "n": 16, "n_boot": 50, "axes": axes}), engine))
+        {"prompt": "a photo of a doctor", "n": 16, "n_boot": 100, "axes": axes}), engine))
     r = done.results
     assert [res["axes"] for res in r["results"]] == [axes, axes]
     rows = {(row["group"], row["metric"]) for row in r["comparison"]["rows"]}
@@ -128,7 +128,7 @@ def test_the_page_shows_models_side_by_side_with_escaped_names(engine, flipped_w
     hostile = "a photo of a <b>doctor</b>"
     done = finish(compare_models.run(compare_models.CompareModelsRequest(
         "single_prompt", ["synthetic", f"synthetic_generator:{flipped_world}"],
-        {"prompt": hostile, "n": 8, "n_boot": 50, "gap": False, "axes": ["gender"]}), engine))
+        {"prompt": hostile, "n": 8, "n_boot": 100, "gap": False, "axes": ["gender"]}), engine))
     html = str(page(done.results))
     assert "<b>doctor</b>" not in html and "&lt;b&gt;doctor&lt;/b&gt;" in html
     assert html.count("data-chart=\"axis-gender\"") + html.count("data-chart='axis-gender'") == 2
@@ -140,7 +140,7 @@ def test_runs_compare_groups_runs_by_model_and_opens_a_compare_run(engine, flipp
 
     done = finish(compare_models.run(compare_models.CompareModelsRequest(
         "single_prompt", ["synthetic", f"synthetic_generator:{flipped_world}"],
-        {"prompt": "a photo of a doctor", "n": 6, "n_boot": 20, "gap": False, "axes": ["gender"]}), engine))
+        {"prompt": "a photo of a doctor", "n": 6, "n_boot": 100, "gap": False, "axes": ["gender"]}), engine))
     comparison = runs.compare_runs(engine.store, done.results["runs"])
     assert [len(g["runs"]) for g in comparison["by_model"]] == [1, 1]
     from engine.report.runs import compare_html

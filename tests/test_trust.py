@@ -236,7 +236,7 @@ def test_labels_travel_with_the_exported_run(tmp_path):
 
     source = Engine("synthetic", data_dir=str(tmp_path / "a"))
     done = list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a nurse", n=6, axes=["gender"],
-                                                                    gap=False, n_boot=50), source))[-1]
+                                                                    gap=False, n_boot=100), source))[-1]
     keys = list(done.results["answers"])
     validate.add_labels(source.store, done.run_id, [{"image_key": keys[0], "axis": "gender", "label": "female"},
                                                     {"image_key": keys[1], "axis": "gender", "label": "can't tell"}],
@@ -317,7 +317,7 @@ def test_two_evaluators_compared_on_the_same_images(tmp_path):
     CLIP zero-shot over the synthetic embedder agrees with the error-free VQA."""
     noisy = Engine("synthetic", data_dir=str(tmp_path), vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
     done = list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a doctor", n=48, axes=["age"],
-                                                                    gap=False, n_boot=50), noisy))[-1]
+                                                                    gap=False, n_boot=100), noisy))[-1]
     out = validate.compare_evaluators(noisy, done.run_id, f"synthetic_vqa:{SYNTHETIC_TABLE}")
     age = out["axes"]["age"]
     m = np.array(age["agreement_matrix"])                 # rows: the noisy run's labels, columns: error-free
@@ -327,7 +327,7 @@ def test_two_evaluators_compared_on_the_same_images(tmp_path):
     assert m[classes.index("middle-aged"), classes.index("old")] == 0
     clean = Engine("synthetic", data_dir=str(tmp_path))
     done = list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a doctor", n=16, axes=["age"],
-                                                                    gap=False, n_boot=50), clean))[-1]
+                                                                    gap=False, n_boot=100), clean))[-1]
     clip = validate.compare_evaluators(clean, done.run_id, "clip_vqa:synthetic")
     assert clip["axes"]["age"]["kappa"] == 1.0 and clip["second_id"].startswith("clip_vqa:")
 
