@@ -231,6 +231,7 @@ def test_single_prompt_and_validate_commands(tmp_path):
 
 
 def test_labels_travel_with_the_exported_run(tmp_path):
+    from engine import imports
     from engine.report import export
     from engine.store import Store
 
@@ -254,7 +255,7 @@ def test_labels_travel_with_the_exported_run(tmp_path):
     first = next(m for m in meta if m["image_key"] == keys[0])
     assert first["labels"][0]["label"] == "female" and first["labels"][0]["who"] == "Ada"
     target = Store(tmp_path / "b")
-    export.import_zip(target, tmp_path / "run.zip")
+    imports.import_zip(target, tmp_path / "run.zip")
     assert sorted(r["label"] for r in target.label_rows(done.run_id)) == ["can't tell", "female"]
     assert validate.validate_run(target, done.run_id)["axes"]["gender"]["n_checked"] == 1
 
