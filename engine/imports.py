@@ -336,8 +336,7 @@ def _write(store: Store, plan: dict, trust: bool, zf: zipfile.ZipFile) -> dict:
             if rewritten != results:
                 run["results"] = json.dumps(rewritten, default=_json_default)
         store.import_rows(images=image_rows, runs=plan["runs"], run_images=plan["links"], answers=plan["answers"],
-                          embeddings=plan["embeddings"])
-        store.import_labels(plan["labels"])   # the runs' spot-check answers (issue 16)
+                          embeddings=plan["embeddings"], labels=plan["labels"])  # with the spot-check answers
     except BaseException:
         store.remove_image_files(written)
         raise

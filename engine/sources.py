@@ -86,8 +86,10 @@ def use_model(engine, role: str, model: str = "", options: dict | None = None) -
     unloaded, the store kept. Returns the new spec."""
     from dataclasses import replace
 
+    from . import access
     from .presets import check_options, parse_model_override
 
+    access.require_host(getattr(engine, "public", False), "changing a model")  # it changes it for every visitor
     if role not in engine.preset.specs():
         raise InputError(f"unknown role '{role}'; roles: {', '.join(engine.preset.specs())}")
     old = engine.preset.specs()[role]

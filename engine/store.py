@@ -392,22 +392,25 @@ class Store:
         the same image and axis in the same run replaces the old one. Returns how many were written."""
         rows = [(str(r), str(k), str(a).strip().lower(), str(lab).strip().lower(), str(w), time.time())
                 for r, k, a, lab, w in rows]
+        for run_id in {r[0] for r in rows}:  # public mode: a visitor labels only their own runs
+            if self.public and not self.run_writable(run_id):
+                raise NotAllowedError(f"run '{run_id}' is not yours: visitors may spot-check only their own runs")
         with self._write() as db:
             db.executemany("INSERT OR REPLACE INTO labels VALUES (?,?,?,?,?,?)", rows)
         return len(rows)
 
     def label_rows(self, run_id: str | None = None, image_keys: Sequence[str] = ()) -> list[dict]:
         """Stored labels of a run (with `run_id`) or of some images in any run (`image_keys`), oldest first."""
+        where, args = self._scope()  # public mode: labels of the runs the visitor may see only
+        visible = f" AND run_id IN (SELECT id FROM runs WHERE {where})" if where else ""
         if run_id is not None:
-            return [dict(r) for r in self._read("SELECT * FROM labels WHERE run_id=? ORDER BY created", (run_id,))]
-        return [dict(r) for r in self._read_in("SELECT * FROM labels", "image_key", image_keys, "created")]
-
-    def import_labels(self, rows: Sequence[dict]) -> None:
-        """Insert exported label rows verbatim (a run imported with its spot-check)."""
-        with self._write() as db:
-            db.executemany("INSERT OR REPLACE INTO labels VALUES (?,?,?,?,?,?)",
-                           [(str(r["run_id"]), str(r["image_key"]), str(r["axis"]), str(r["label"]), str(r["who"]),
-                             float(r["created"])) for r in rows])
+            return [dict(r) for r in self._read(f"SELECT * FROM labels WHERE run_id=?{visible} ORDER BY created",
+                                                (run_id, *args))]
+        rows = []
+        for chunk in _chunks(list(image_keys), 400):
+            rows += self._read(f"SELECT * FROM labels WHERE image_key IN ({','.join('?' * len(chunk))}){visible}",
+                               (*chunk, *args))
+        return [dict(r) for r in sorted(rows, key=lambda r: r["created"])]
 
     # -- runs ----------------------------------------------------------------------------------
     def create_run(self, method: str, request: dict, models: dict, version: str,
@@ -732,9 +735,9 @@ class Store:
                 self._image_path(key).unlink(missing_ok=True)
 
     def import_rows(self, *, images: Sequence[dict] = (), runs: Sequence[dict] = (), run_images: Sequence[dict] = (),
-                    answers: Sequence[dict] = (), embeddings: Sequence[dict] = ()) -> None:
+                    answers: Sequence[dict] = (), embeddings: Sequence[dict] = (), labels: Sequence[dict] = ()) -> None:
         """Insert checked exported rows in one transaction (images, answers and embeddings
-        already stored are kept; runs and run_images replace)."""
+        already stored are kept; runs, run_images and spot-check labels replace)."""
         def insert(db, table, rows, verb):
             known = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
             for row in rows:
@@ -748,6 +751,7 @@ class Store:
             insert(db, "run_images", run_images, "INSERT OR REPLACE")
             insert(db, "answers", answers, "INSERT OR IGNORE")
             insert(db, "embeddings", embeddings, "INSERT OR IGNORE")
+            insert(db, "labels", labels, "INSERT OR REPLACE")
 
 
 def is_key(text: str) -> bool:

@@ -56,7 +56,7 @@ def build(engine) -> list:
                 renormalise = gr.Checkbox(True, label="HistIoU on histograms rescaled to sum 1 (released code)")
                 sum_normalise = gr.Checkbox(True, label="Divide an axis' CAS by their sum before MAD (MAD in [0, 1])")
                 min_frequency = gr.Number(0.01, label="Drop concepts rarer than this per image")
-                n_boot = gr.Slider(0, 2000, value=500, step=50, label="Bootstrap resamples (0 = no intervals)")
+                n_boot = gr.Slider(0, 2000, value=500, step=100, label="Bootstrap resamples (0 = no intervals)")
                 top_k = gr.Slider(1, 20, value=5, step=1, label="Top-K concepts")
             go = gr.Button("Generate and compare", variant="primary", elem_id="cf-run")
         with gr.Column(scale=3):

@@ -67,7 +67,7 @@ def build(engine) -> list:
                 min_abs_is = gr.Number(None, label="minimum |IS| for an edge (empty: the level's)")
                 importance = gr.Radio([("number of kept edges", "count"), ("sum of |IS| over them", "abs_is")],
                                       value="count", label="MaxImp / MaxInf measured by")
-                n_boot = gr.Slider(0, 1000, value=300, step=50, label="Bootstrap resamples for the IS intervals")
+                n_boot = gr.Slider(0, 1000, value=300, step=100, label="Bootstrap resamples for the IS intervals")
             with gr.Accordion("Generation settings (family defaults)", open=False):
                 negative = gr.Textbox(label="Negative prompt")
                 steps = gr.Number(None, label="Steps", precision=0)

@@ -137,7 +137,7 @@ def build(engine) -> list:
             strategy = gr.Radio(STRATEGIES, value="intermit", label="Strategy", elem_id="mt-strategy")
             with gr.Accordion("Answers, uncertainty, generation settings", open=False):
                 policy = gr.Radio(POLICIES, value="drop", label="VQA answers outside an axis' choices")
-                n_boot = gr.Slider(0, 1000, value=200, step=50, label="Bootstrap resamples (95% intervals)")
+                n_boot = gr.Slider(0, 1000, value=200, step=100, label="Bootstrap resamples (95% intervals)")
                 tolerance = gr.Slider(0, 0.2, value=0.02, step=0.01, label="Trade-off alert when an axis' w̄ rises by "
                                       "more than")
                 negative = gr.Textbox(label="Negative prompt")

@@ -9,7 +9,7 @@ from apphelpers import browser_page, running_app, screenshot
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # prompt, fill, axes table, n, seed, negative, steps, guidance, then each tab's own options
-CF_OPTIONS = [True, True, True, True, 0.01, 50, 5]          # caption .. top-k
+CF_OPTIONS = [True, True, True, True, 0.01, 100, 5]          # caption .. top-k
 
 
 def cf_args(prompt, table, n=8):

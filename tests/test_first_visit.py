@@ -32,7 +32,7 @@ def test_bad_input_creates_no_run(engine):
 
 
 def test_a_consumer_closing_after_done_leaves_the_run_done(engine):
-    events = single_prompt.run(single_prompt.SinglePromptRequest(prompt="a photo of a doctor", n=4, n_boot=20,
+    events = single_prompt.run(single_prompt.SinglePromptRequest(prompt="a photo of a doctor", n=4, n_boot=100,
                                                                  gap=False), engine)
     done = finish(events)
     events.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from engine import access, imports, runs
+from engine import access, imports, runs, sources
 from engine.core import Engine
 from engine.errors import InputError, NotAllowedError, OverBudgetError, StoreError
 from engine.events import Done
@@ -299,6 +299,8 @@ def test_public_visitors_see_only_their_runs_and_budgets_are_checked_before_work
     a, b = access.Visitor("session:a"), access.Visitor("session:b")
     with access.acting_as(a):
         mine = _generate(engine, "a photo of a clerk", n=8).run_id
+        image = engine.store.run_image_rows([mine])[0]["image_key"]
+        assert engine.store.put_labels([(mine, image, "gender", "male", "a")]) == 1
         with pytest.raises(OverBudgetError, match="over budget: one request may generate at most 8"):
             list(generate.run(generate.GenerateRequest("a photo of a clerk", n=9), engine))
         with pytest.raises(OverBudgetError, match="over budget: each visitor may generate 12 images per hour; 4"):
@@ -312,7 +314,13 @@ def test_public_visitors_see_only_their_runs_and_budgets_are_checked_before_work
             engine.set_preset("colour")
         with pytest.raises(NotAllowedError, match="host"):
             engine.unload()
+        with pytest.raises(NotAllowedError, match="host"):   # a model swap would change it for everyone
+            sources.use_model(engine, "generator", "synthetic_colour_generator:x")
+        with pytest.raises(NotAllowedError, match="spot-check only their own runs"):
+            engine.store.put_labels([(mine, "0" * 64, "gender", "female", "b")])
         _generate(engine, "a photo of a clerk", n=8)   # b's budget is b's own
+    with access.acting_as(access.Visitor("session:c")):  # a's labels are a's: not used for c's images
+        assert engine.store.label_rows(image_keys=[image]) == []
     with access.acting_as(access.HOST):
         assert engine.store.set_published([mine]) == 1
     with access.acting_as(b):

@@ -410,7 +410,7 @@ def test_single_prompt_on_a_folder_with_its_labels(tmp_path, data_dir):
     root, _ = synthetic_folder(tmp_path, maker, {"a photo of a doctor": 4}, fmt="jsonl",
                                labels=lambda prompt, i: {"gender": genders[i], "caption": f"a {genders[i]} doctor"})
     engine = Engine("synthetic", data_dir=data_dir, generator=f"folder:{root}", vqa=f"labels:{root}")
-    request = single_prompt.SinglePromptRequest("a photo of a doctor", n=4, axes=["gender"], gap=False, n_boot=50)
+    request = single_prompt.SinglePromptRequest("a photo of a doctor", n=4, axes=["gender"], gap=False, n_boot=100)
     done = list(single_prompt.run(request, engine))[-1]
     gender = done.results["axes"]["gender"]
     # seeds order the folder 4,3,2,1 -> files 3,2,1,0
@@ -428,7 +428,7 @@ def test_counterfactuals_on_a_folder(tmp_path, data_dir):
     root, _ = synthetic_folder(tmp_path, maker, prompts)
     engine = Engine("synthetic", data_dir=data_dir, generator=f"folder:{root}")
     axes = {"gender": ["a photo of a male doctor", "a photo of a female doctor"]}
-    events = list(run(CounterfactualsRequest("a photo of a doctor", axes=axes, n=6, n_boot=20), engine))
+    events = list(run(CounterfactualsRequest("a photo of a doctor", axes=axes, n=6, n_boot=100), engine))
     done = events[-1]
     assert isinstance(done, Done)
     cas = done.results["cas"]["gender"]
@@ -544,10 +544,9 @@ def test_single_prompt_on_an_api_that_refuses_everything_says_so(api, data_dir):
 
     engine = Engine("synthetic", data_dir=data_dir, generator=f"openai:{api.url}/v1",
                     options={"generator": {"model": "tiny-image-1"}})
-    events = []
-    with pytest.raises(InputError, match="refused by the API; nothing to measure"):
-        for event in single_prompt.run(single_prompt.SinglePromptRequest("please refuse", n=2, gap=False), engine):
-            events.append(event)
+    events = list(single_prompt.run(single_prompt.SinglePromptRequest("please refuse", n=2, gap=False), engine))
     assert any(isinstance(e, Warning) and "refused 2 of 2" in e.message for e in events)
-    run = engine.store.list_runs("single_prompt")[0]
-    assert run["status"] == "failed" and "refused" in run["error"]
+    done = events[-1]
+    assert isinstance(done, Done) and done.results["all_flagged"] and done.summary["n"] == 0
+    assert "refused by the API" in done.results["message"]
+    assert all(i["refused"] for i in done.results["images"])

@@ -55,7 +55,7 @@ def test_counterfactual_sets_give_the_same_results_with_and_without_overlap(data
     from engine.methods.counterfactuals import CounterfactualsRequest, run as counterfactuals
 
     request = CounterfactualsRequest("a photo of a doctor", axes={"gender": ["a photo of a female doctor"]},
-                                     n=8, n_boot=50)
+                                     n=8, n_boot=100)
     out = []
     for overlap in (True, False):
         engine = Engine("synthetic", data_dir=f"{data_dir}-{overlap}")

@@ -61,7 +61,9 @@ def checkable_axes(run: dict) -> dict[str, CheckAxis]:
     results = run.get("results") or {}
     out: dict[str, CheckAxis] = {}
     if run.get("method") == "single_prompt":
-        keys = list((results.get("answers") or {}).keys())
+        # the measured images in order (flagged ones are left out of every metric); from the image
+        # list, whose keys an import rewrites, rather than the keys of `answers`
+        keys = [im["key"] for im in results.get("images") or [] if not im.get("nsfw")]
         for name, m in (results.get("axes") or {}).items():
             labels = list(m.get("labels") or [])
             if len(labels) != len(keys) or not labels:

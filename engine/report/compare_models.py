@@ -21,12 +21,12 @@ def _views(method: str, results: list[dict]) -> list[tuple[str, list[str]]]:
     if method == "single_prompt":
         axes = list(dict.fromkeys(a for r in results for a in r.get("axes", {})))
         return [(f"Distribution: {axis}", [axis_html(axis, r["axes"][axis]) if axis in r.get("axes", {})
-                                           else "<p>–</p>" for r in results]) for axis in axes]
+                                           else render("note.html", text="–") for r in results]) for axis in axes]
     if method == "counterfactuals":
         return [("MAD per axis", [counterfactuals.mad_html(r) for r in results])]
     if method == "intersectional":
         graphs = [intersectional.iframe(intersectional.graph_from_results(r), height=380) if r.get("kept_edges")
-                  else f"<p class='gl-note'>{NO_EDGE}</p>" for r in results]
+                  else render("note.html", text=NO_EDGE) for r in results]
         return [("Intersectional Sensitivity (IS) matrices", [intersectional.matrix_html(r, f"is-matrix-{_letter(i)}")
                                                              for i, r in enumerate(results)]),
                 ("BiasGraphs (kept edges)", graphs)]
