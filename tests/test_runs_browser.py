@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from apphelpers import browser_page, running_app, screenshot
+from apphelpers import browser_page, open_in_runs_tab, running_app, screenshot
 from engine import study
 from engine.report import export
 from engine.report.study import form_page
@@ -144,11 +144,7 @@ def test_runs_tab_lists_a_cli_run_and_opens_it(engine, tmp_path, browser):
 
         page = browser
         page.goto(url, wait_until="load")
-        page.get_by_role("tab", name="Runs").click()
-        page.wait_for_function("document.querySelector('#runs-table').innerText.includes('farmer')",
-                               timeout=30_000)
-        page.locator("#runs-table").get_by_text("a photo of a chef").filter(visible=True).first.click()
-        page.wait_for_selector("#runs-view svg[data-chart='axis-gender']", timeout=30_000)
+        open_in_runs_tab(page, "farmer", "a photo of a chef", "#runs-view svg[data-chart='axis-gender']")
         page.locator("#runs-table").get_by_text("a photo of a farmer").filter(visible=True).first.click()
         page.wait_for_selector("#runs-view #generate-count", timeout=30_000)
         page.wait_for_function("document.querySelectorAll('#runs-gallery img').length >= 6", timeout=30_000)

@@ -3,7 +3,7 @@ labels", answer image by image with a button and with the keys 1–9 / 0, and se
 stored with the run (who) and the evaluator check with the corrected distribution."""
 import pytest
 
-from apphelpers import browser_page, running_app, screenshot
+from apphelpers import browser_page, open_in_runs_tab, running_app, screenshot
 from engine.backends.base import ModelSpec
 from engine.core import Engine
 from engine.events import Done
@@ -21,11 +21,7 @@ def test_spot_check_flow_with_buttons_and_keys(data_dir):
     run_id = [e for e in single_prompt.run(request, engine) if isinstance(e, Done)][0].run_id
     with running_app(engine) as url, browser_page() as page:
         page.goto(url, wait_until="load")
-        page.get_by_role("tab", name="Runs").click()
-        page.wait_for_function("document.querySelector('#runs-table').innerText.includes('firefighter')",
-                               timeout=30_000)
-        page.locator("#runs-table").get_by_text("a photo of a firefighter").filter(visible=True).first.click()
-        page.wait_for_selector("#runs-view svg[data-chart='axis-gender']", timeout=30_000)
+        open_in_runs_tab(page, "firefighter", "a photo of a firefighter", "#runs-view svg[data-chart='axis-gender']")
         # the view states the N and how many images a ±0.1 interval needs, and how sure its headline is
         assert page.locator("#runs-view .gl-trust-n [data-need='width']").count() == 2
         assert page.locator("#runs-view .gl-headline").count() == 1
