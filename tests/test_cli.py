@@ -34,3 +34,13 @@ def test_bad_input_prints_a_clear_error_and_exits_2(tmp_path):
         assert out.stderr.startswith("error:") or "\nerror:" in out.stderr
         assert needle in out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GAPLENS_DATA_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "plan", "--preset", "sd15", "--gpu-memory", "24"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # like `| head -0`: the reader is gone before the first line
+    stderr = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 
@@ -118,10 +119,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from .. import distributed  # imports torch only when a launcher started several processes
 
-    cluster = distributed.cli_join(args)
-    if cluster is None:
-        return run_command(args)
-    return distributed.cli_run(cluster, args, run_command, make_engine)  # rank 0 runs it, the others generate
+    try:
+        cluster = distributed.cli_join(args)
+        if cluster is None:
+            return run_command(args)
+        return distributed.cli_run(cluster, args, run_command, make_engine)  # rank 0 runs it, the others generate
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as other shell tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def run_command(args) -> int:
