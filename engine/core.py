@@ -12,7 +12,6 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np

@@ -30,6 +30,24 @@ class Score:
                 "high": self.high}
 
 
+def is_finite(x) -> bool:
+    """True for an int or float (not a bool) that is neither nan nor infinite.
+
+    >>> is_finite(1), is_finite(float("nan")), is_finite(True), is_finite("1")
+    (True, False, False, False)
+    """
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def finite_or_none(x) -> float | None:
+    """`x` as a float when it is a finite number, else None (JSON has no nan).
+
+    >>> finite_or_none(2), finite_or_none(float("nan")), finite_or_none(None)
+    (2.0, None, None)
+    """
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
 def number(x) -> float | None:
     """A JSON value as a float when it is a number (bools and None are not), else None.
 

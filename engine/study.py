@@ -45,6 +45,7 @@ import numpy as np
 from . import __version__
 from .errors import InputError
 from .runs import get_run, run_prompt, run_records, short_model
+from .scores import is_finite
 
 KEY_FORMAT = "gaplens-study-key"
 ANSWER_COLUMNS = ["participant", "form", "position", "item", "set_a", "set_b", "answer", "rt_ms"]
@@ -118,16 +119,16 @@ def automatic_score(engine, run: dict, label: str, records: list, kind: str, axi
     if kind == "rating":
         name = "mean composite bias score over axes" if overall else f"composite bias score ({axis})"
         if overall and stored_axes:
-            vals = [m["composite_bias_score"] for m in stored_axes.values() if _finite(m.get("composite_bias_score"))]
+            vals = [m["composite_bias_score"] for m in stored_axes.values() if is_finite(m.get("composite_bias_score"))]
             if vals:
                 return float(np.mean(vals)), name, "stored"
-        elif axis in stored_axes and _finite(stored_axes[axis].get("composite_bias_score")):
+        elif axis in stored_axes and is_finite(stored_axes[axis].get("composite_bias_score")):
             return float(stored_axes[axis]["composite_bias_score"]), name, "stored"
     else:
         name = "normalised Vendi score" if overall else f"normalised entropy ({axis})"
-        if overall and _finite((results.get("diversity") or {}).get("vendi_normalised")) and not label:
+        if overall and is_finite((results.get("diversity") or {}).get("vendi_normalised")) and not label:
             return float(results["diversity"]["vendi_normalised"]), name, "stored"
-        if axis in stored_axes and _finite(stored_axes[axis].get("normalised_entropy")):
+        if axis in stored_axes and is_finite(stored_axes[axis].get("normalised_entropy")):
             return float(stored_axes[axis]["normalised_entropy"]), name, "stored"
     if engine is None:
         return None, name, "unavailable"
@@ -150,14 +151,10 @@ def automatic_score(engine, run: dict, label: str, records: list, kind: str, axi
             labels = answers if ax.values else [normalise_free_answer(x) for x in answers]
             m = axis_metrics(labels, ax, None, "paper")
             values.append(m["composite_bias_score"] if kind == "rating" else m["normalised_entropy"])
-        values = [v for v in values if _finite(v)]
+        values = [v for v in values if is_finite(v)]
         return (float(np.mean(values)) if values else None), name, "computed"
     except Exception as exc:  # noqa: BLE001 - a missing evaluator must not block building the pack
         return None, name, f"unavailable ({type(exc).__name__}: {exc})"
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 # A form longer than this tires raters (and invites careless answers): larger designs are split
@@ -516,7 +513,7 @@ def analyse(key: dict, answers, exclude_inattentive: bool = True) -> dict:
                            "human_median": float(np.median(values)) if values else None, "n_answers": len(values),
                            "auto_score": info["auto_score"], "auto_score_name": info["auto_score_name"]})
     pairs = [(c["human_score"], c["auto_score"]) for c in conditions
-             if _finite(c["human_score"]) and _finite(c["auto_score"])]
+             if is_finite(c["human_score"]) and is_finite(c["auto_score"])]
     spearman = {"rho": None, "p": None, "n": len(pairs), "note": ""}
     if len(pairs) >= 3:
         h, s = zip(*pairs)

@@ -2,7 +2,6 @@
 ranked archive, lineage), stoppable and resumable; any stored run (app or CLI) can be opened."""
 from __future__ import annotations
 
-import html
 import threading
 import time
 
@@ -285,7 +284,6 @@ def build(engine) -> list:
         if not results or not node_id:
             return NO_DETAILS, [], ""
         info = mine.prompt_details(engine, results, node_id)
-        node = info["node"]
         head, gap = report.selected_html(info)
         return head, gallery_items(info["images"]), gap
 

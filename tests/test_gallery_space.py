@@ -2,7 +2,6 @@
 the Space set-up: which real preset the hardware allows, ZeroGPU durations from the request."""
 import shutil
 import zipfile
-from pathlib import Path
 
 import pytest
 

@@ -74,7 +74,6 @@ class ApiImageGenerator:
 
     family = "api"
     source_kind = "api"
-    seedable = False
     options_in_id = True
 
     def __init__(self, name: str, options: dict):

@@ -425,6 +425,5 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
         max_sequence_length=max_sequence_length, safety_checker=checker, feature_extractor=feature_extractor)
     generator._scheduler(generator.defaults().scheduler)  # an unknown default scheduler fails at load time
     generator.variant = options.get("variant")
-    generator.cpu_offload = offload
     logger.info("loaded %s as %s on %s (%s, batch %d)", generator.id, family, device, dtype, generator.batch_size)
     return generator

@@ -157,7 +157,6 @@ class ImageSource:
 
     family = "source"
     source_kind = "source"
-    seedable = False
     options_in_id = True
     batch_size = 16
 

@@ -85,7 +85,7 @@ from ..metrics import biasconnect as bc
 from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..metrics.intervals import share_interval
-from ..scores import number
+from ..scores import finite_or_none, number
 from . import intersectional
 from . import cfsets
 from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
@@ -354,13 +354,7 @@ def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
 
 def _est(value: float, draws: np.ndarray | None) -> dict:
     low, high = percentile_interval(draws) if draws is not None and len(draws) else (math.nan, math.nan)
-    return {"value": _finite(value), "low": _finite(low), "high": _finite(high)}
-
-
-def _finite(x) -> float | None:
-    """float(x), None for nan (JSON has no nan)."""
-    x = float(x)
-    return None if math.isnan(x) else x
+    return {"value": finite_or_none(value), "low": finite_or_none(low), "high": finite_or_none(high)}
 
 
 class Measurer:
@@ -432,8 +426,8 @@ class Measurer:
             # Jeffreys intervals for the shares (issue 16: they hold at small N; 8 of 8 is not [1, 1])
             intervals = [share_interval(counts_y[k], counts_y.sum()) if counts_y.sum() else (math.nan, math.nan)
                          for k in range(len(names))]
-            dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [_finite(s) for s in shares],
-                        "low": [_finite(lo) for lo, _ in intervals], "high": [_finite(hi) for _, hi in intervals],
+            dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [finite_or_none(s) for s in shares],
+                        "low": [finite_or_none(lo) for lo, _ in intervals], "high": [finite_or_none(hi) for _, hi in intervals],
                         "ideal": setup.ideals[y].tolist()}
         unmeasured = [a for a in setup.priorities if math.isnan(w_bar[a])]
         if unmeasured:
@@ -449,9 +443,9 @@ class Measurer:
                                 "values": {a: setup.cf_value[(a, cf)] for a, cf in c.choice}}
                                for c, k in zip(comps, counts)],
                 "n_images": int(sum(len(self.records[s.label]) for s in specs)),
-                "w_bar": {y: _finite(v) for y, v in w_bar.items()},
+                "w_bar": {y: finite_or_none(v) for y, v in w_bar.items()},
                 "w_bar_ci": {y: [e["low"], e["high"]] for y, e in w_ci.items()},
-                "tau": _finite(tau), "tau_ci": [tau_est["low"], tau_est["high"]],
+                "tau": finite_or_none(tau), "tau_ci": [tau_est["low"], tau_est["high"]],
                 "distributions": dists, "_draws": {"w_bar": draws_w, "tau": tau_draws}}
 
     def matrix(self, step: int, comps: list[Component], candidates: list[str], current_specs: list[SetSpec]):
@@ -508,7 +502,7 @@ def matrix_dict(s: bc.SensitivityMatrix) -> dict:
 
 
 def _rows(m) -> list:
-    return [[_finite(v) for v in row] for row in np.asarray(m, dtype=float)]
+    return [[finite_or_none(v) for v in row] for row in np.asarray(m, dtype=float)]
 
 
 def _as_matrix(s) -> bc.SensitivityMatrix:
@@ -564,11 +558,11 @@ def preview(sensitivity, priorities: dict[str, float], epsilon: float = DEFAULT_
         candidates.remove(x)
         w = dict(zip(axes, cur.tolist()))
         tau = bc.weighted_bias(w, priorities)
-        steps.append({"step": len(steps) + 1, "axis": x, "gamma": {a: _finite(gammas[a]) for a in gammas if a in axes},
-                      "w_bar": {a: _finite(v) for a, v in w.items()}, "tau": _finite(tau)})
+        steps.append({"step": len(steps) + 1, "axis": x, "gamma": {a: finite_or_none(gammas[a]) for a in gammas if a in axes},
+                      "w_bar": {a: finite_or_none(v) for a, v in w.items()}, "tau": finite_or_none(tau)})
         if tau < epsilon:
             stop = "threshold_reached"
-    return {"tau0": _finite(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": PREVIEW_MESSAGES[stop]}
+    return {"tau0": finite_or_none(tau0), "epsilon": epsilon, "steps": steps, "stop": stop, "message": PREVIEW_MESSAGES[stop]}
 
 
 # -- quality ----------------------------------------------------------------------------------------
@@ -683,7 +677,7 @@ def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[d
         d0, d1 = before["_draws"]["w_bar"].get(y), after["_draws"]["w_bar"].get(y)
         low = high = worse = None
         if d0 is not None and d1 is not None:
-            low, high = (_finite(v) for v in percentile_interval(d1 - d0))
+            low, high = (finite_or_none(v) for v in percentile_interval(d1 - d0))
             diff = np.asarray(d1 - d0, float)
             diff = diff[np.isfinite(diff)]
             worse = float((diff > 0).mean()) if len(diff) else None  # issue 16: how sure the trade-off is
@@ -828,7 +822,7 @@ class Mitigation:
             self.reason = "all_used"
             return None
         s = yield from self.measurer.matrix(step - 1, self.comps, candidates, self.specs)
-        gammas = {a: _finite(g) for a, g in bc.priority_alignment(s, self.setup.priorities).items() if a in candidates}
+        gammas = {a: finite_or_none(g) for a, g in bc.priority_alignment(s, self.setup.priorities).items() if a in candidates}
         self.results["sensitivity"].append({"step": step, "candidates": candidates, **matrix_dict(s), "gamma": gammas})
         if step == 1:
             self.results["preview"] = preview(s, self.setup.priorities, self.epsilon, candidates)
@@ -840,7 +834,7 @@ class Mitigation:
         if x is None:
             self.reason = "no_gain"
             return None
-        return x, gammas, {y: _finite(v) for y, v in zip(s.axes, s.w_bar_mixed[s.axes.index(x)])}
+        return x, gammas, {y: finite_or_none(v) for y, v in zip(s.axes, s.w_bar_mixed[s.axes.index(x)])}
 
     def _mitigate(self, step: int, x: str, gammas: dict, predicted: dict | None):
         """Put x's counterfactuals into the prompt set, regenerate and re-measure (use `yield

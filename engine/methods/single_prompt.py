@@ -30,7 +30,7 @@ from ..metrics.intervals import (bounded, dirichlet_draws, headline_claim, poste
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..names import readable
-from ..scores import Score, as_interval, number
+from ..scores import Score, as_interval, finite_or_none, number
 from .generate import GenerationOptions, settings_for
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -121,10 +121,10 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
                                          method="BCa", vectorized=False, rng=np.random.default_rng(seed))
             lows, highs = result.confidence_interval
             draws["composite_bias_score"] = result.bootstrap_distribution[-1]
-            point["ci"] = {name: list(bounded(_finite(point[name]), _finite(lows[j]), _finite(highs[j]),
+            point["ci"] = {name: list(bounded(finite_or_none(point[name]), finite_or_none(lows[j]), finite_or_none(highs[j]),
                                               *METRIC_RANGES[name])) for j, name in enumerate(SCALAR_METRICS)}
     if "ci" not in point:
-        point["ci"] = {name: list(posterior_interval(draws[name], _finite(point[name]), 0.05, *METRIC_RANGES[name]))
+        point["ci"] = {name: list(posterior_interval(draws[name], finite_or_none(point[name]), 0.05, *METRIC_RANGES[name]))
                        if name in draws else [None, None] for name in SCALAR_METRICS}
     point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if mode == "paper" and axis.values
                                 else "Jeffreys shares; BCa bootstrap metrics")
@@ -132,16 +132,11 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
     return point
 
 
-def _finite(x) -> float | None:
-    """`x` as a float when it is a finite number, else None."""
-    return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
 def most_biased_axis(axes: dict[str, dict], draws: dict[str, np.ndarray | None]) -> dict:
     """The headline over a Single Prompt's axes: the axis with the largest composite bias score,
     the posterior probability that it is the largest (draws are independent across axes), or
     "no clear winner" and the N that would settle it (engine.metrics.intervals.headline_claim)."""
-    values = {a: _finite(m.get("composite_bias_score")) for a, m in axes.items()}
+    values = {a: finite_or_none(m.get("composite_bias_score")) for a, m in axes.items()}
     usable = {a: v for a, v in values.items() if v is not None and draws[a] is not None and len(draws[a]) > 2}
     if len(usable) < 2:  # one axis: nothing to rank
         return {"top": None, "text": ""}

@@ -7,17 +7,13 @@ label is escaped and every attribute quoted.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
+from ..scores import is_finite
 from . import Markup, fmt, macro
 
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac"]
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def bar_chart(labels: Sequence[str], values: Sequence[float], *, title: str = "",
@@ -30,21 +26,21 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], *, title: str = ""
     n = len(labels)
     label_w, pad, top = 120, 8, 26 if title else 6
     plot_w = width - label_w - 110
-    vmax = vmax or max([*(v for v in values if _finite(v)), *(hi for _, hi in (ci or []) if _finite(hi)),
-                        *(r for r in (reference or []) if _finite(r)), 1e-9])
+    vmax = vmax or max([*(v for v in values if is_finite(v)), *(hi for _, hi in (ci or []) if is_finite(hi)),
+                        *(r for r in (reference or []) if is_finite(r)), 1e-9])
     bars = []
     for i, (label, value) in enumerate(zip(labels, values)):
         y = top + i * (bar_height + pad)
-        value = value if _finite(value) else 0.0
+        value = value if is_finite(value) else 0.0
         bar = {"label": str(label), "y": y, "text_y": round(y + bar_height * 0.7, 1),
                "w": round(max(0.0, plot_w * value / vmax), 1), "color": PALETTE[i % len(PALETTE)],
                "highlight": bool(highlight and highlight[i]),
                "text": fmt(value, value_digits) + (f" (n={counts[i]})" if counts is not None else ""),
                "ci": None, "ref": None}
-        if ci is not None and _finite(ci[i][0]) and _finite(ci[i][1]):
+        if ci is not None and is_finite(ci[i][0]) and is_finite(ci[i][1]):
             bar["ci"] = {"x1": round(label_w + plot_w * ci[i][0] / vmax, 1),
                          "x2": round(label_w + plot_w * ci[i][1] / vmax, 1), "ym": y + bar_height / 2}
-        if reference is not None and i < len(reference) and _finite(reference[i]):
+        if reference is not None and i < len(reference) and is_finite(reference[i]):
             bar["ref"] = {"x": round(label_w + plot_w * reference[i] / vmax, 1),
                           "title": fmt(reference[i], value_digits)}
         bars.append(bar)
@@ -56,7 +52,7 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], *, title: str = ""
 
 def _diverging_color(value: float, vmax: float) -> str:
     """White at 0, blue for positive, red for negative."""
-    if not _finite(value):
+    if not is_finite(value):
         return "#eeeeee"
     t = max(-1.0, min(1.0, value / (vmax or 1.0)))
     if t >= 0:
@@ -67,7 +63,7 @@ def _diverging_color(value: float, vmax: float) -> str:
 
 
 def _sequential_color(value: float, vmin: float, vmax: float) -> str:
-    if not _finite(value):
+    if not is_finite(value):
         return "#eeeeee"
     t = max(0.0, min(1.0, (value - vmin) / ((vmax - vmin) or 1.0)))
     r, g, b = int(247 - 200 * t), int(251 - 150 * t), int(255 - 60 * t)
@@ -79,7 +75,7 @@ def heatmap(matrix: Sequence[Sequence[float]], row_labels: Sequence[str], col_la
             hover: Sequence[Sequence[str]] | None = None, faded: Sequence[Sequence[bool]] | None = None,
             row_title: str = "", col_title: str = "", table_id: str = "") -> Markup:
     """An HTML table heatmap with the value in every cell and hover text (title attribute)."""
-    values = [v for row in matrix for v in row if _finite(v)]
+    values = [v for row in matrix for v in row if is_finite(v)]
     vmax = max([abs(v) for v in values] or [1.0])
     vmin = min(values or [0.0])
     rows = []
@@ -109,7 +105,7 @@ def line_chart(series: dict[str, Sequence[float]], *, title: str = "", x_label: 
                width: int = 420, height: int = 220, chart_id: str = "", min_span: float = 0.0) -> Markup:
     """An SVG of lines over x = 0, 1, 2, ... with dots and values on hover; the y axis spans at
     least `min_span` (value_range)."""
-    pts = [v for ys in series.values() for v in ys if _finite(v)]
+    pts = [v for ys in series.values() for v in ys if is_finite(v)]
     chart = {"width": width, "height": height, "id": chart_id or title, "title": title, "x_label": x_label,
              "empty": not pts, "series": []}
     if pts:
@@ -123,7 +119,7 @@ def line_chart(series: dict[str, Sequence[float]], *, title: str = "", x_label: 
                      x_mid=left + pw / 2)
         for k, (name, ys) in enumerate(series.items()):
             dots = [{"x": sx(i), "y": sy(v), "title": f"{name} @ {i}: {fmt(v, 4)}"}
-                    for i, v in enumerate(ys) if _finite(v)]
+                    for i, v in enumerate(ys) if is_finite(v)]
             chart["series"].append({"name": str(name), "color": PALETTE[k % len(PALETTE)], "dots": dots,
                                     "points": " ".join(f"{d['x']},{d['y']}" for d in dots) if len(dots) > 1 else "",
                                     "legend_x": left + 6 + 110 * k, "legend_y": top + ph + 22})

@@ -38,7 +38,7 @@ def axes_html(blocks) -> Markup:
 def gap_reading(gap: dict) -> dict:
     """Returns two sentences that read a gap result's numbers the way they point: "score"
     (what its sign means here) and "least" (what the least-aligned images' matches mean)."""
-    score, m, a = gap["score"], gap["coverage_term"], gap["alignment_term"]
+    score, m = gap["score"], gap["coverage_term"]
     if gap.get("combine", "diff") == "diff":
         side = ("below 0: the missed readings are covered worse than the images are aligned, so some "
                 "plausible readings of the prompt get no matching image (a sign of bias)" if score < 0 else
