@@ -23,7 +23,7 @@ from engine.limits import Budget  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
 from tabs import (compare_models, counterfactuals, intersectional, mine, mitigate, model_panel, runs,  # noqa: E402
                   single_prompt)
-from tabs.common import bind_visitors  # noqa: E402
+from tabs.common import LoadHook, bind_visitors  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
 HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure with confidence "
@@ -53,7 +53,7 @@ def build_app(engine: Engine) -> gr.Blocks:
     with gr.Blocks(title="GapLens", delete_cache=(3600, 86400) if engine.public else None) as demo:
         gr.Markdown(HEADER)
         gr.HTML("", js_on_load=DISMISS_STALE_TOASTS, elem_id="gl-toast-rule", container=False, padding=False)
-        model_panel.build(engine)
+        model_status = model_panel.build(engine)
         load_hooks = []
         with gr.Tabs():
             with gr.Tab(METHODS["single_prompt"].title, id="single"):
@@ -70,8 +70,11 @@ def build_app(engine: Engine) -> gr.Blocks:
                 load_hooks += compare_models.build(engine)
             with gr.Tab("Runs", id="runs"):
                 load_hooks += runs.build(engine)
-        for fn, outputs in load_hooks:
-            demo.load(fn, None, outputs, api_name=False)
+        for hook in load_hooks:
+            hook = LoadHook(*hook)
+            demo.load(hook.fn, None, hook.outputs, api_name=False)
+            if hook.after_model_change:   # e.g. the placeholders naming the model's default steps
+                model_status.change(hook.after_model_change, None, hook.outputs, api_name=False)
     if engine.public:
         bind_visitors(demo)  # every handler acts for its visitor; methods share one GPU queue
     # One GPU: one generation at a time; other requests wait in Gradio's queue.

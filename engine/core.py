@@ -469,7 +469,15 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
     `check(request, engine)` runs first and raises InputError for a request that cannot run
     (an empty prompt), so bad input never leaves a failed run behind. `continues(request)`
     returns the id of a stored run the request continues (a resume), which is reopened under
-    its own id instead of creating a new one."""
+    its own id instead of creating a new one.
+
+    The decorated function has `preflight(request, engine)`: those checks and the ranges of
+    `limits.check_request`, starting nothing (a tab checks a request before its run streams)."""
+
+    def preflight(request, engine: Engine) -> None:
+        if check is not None:
+            check(request, engine)
+        limits.check_request(method, request, engine.preset.name)
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -498,6 +506,7 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
                                         error="".join(traceback.format_exception_only(type(exc), exc)).strip())
                 raise
         run_method.method = method
+        run_method.preflight = preflight
         return run_method
 
     return wrap

@@ -5,11 +5,13 @@ import functools
 import hmac
 import inspect
 import os
+from typing import Callable, NamedTuple
 
 import gradio as gr
 
 from engine import access
 from engine.errors import GapLensError
+from engine.methods import METHODS
 
 try:  # On a Hugging Face Space with ZeroGPU, GPU work must run inside spaces.GPU.
     import spaces
@@ -50,6 +52,16 @@ def gpu_seconds_for_sets(n, steps, rows) -> int:
     return gpu_seconds(n, steps, calls=1 + count)
 
 
+class LoadHook(NamedTuple):
+    """What a tab's `build` returns for each update of a page when it opens: `fn()` updates
+    `outputs`; `after_model_change` (no inputs, the same outputs), when given, runs again
+    after the Models panel changes a model (app.py wires both)."""
+
+    fn: Callable
+    outputs: list
+    after_model_change: Callable | None = None
+
+
 def user_errors(fn):
     """Show GapLensError (bad input, a model that fails to load, bad LLM output) as a gr.Error
     naming the problem instead of a traceback. Works for plain and generator handlers."""
@@ -69,6 +81,23 @@ def user_errors(fn):
         except GapLensError as exc:
             raise gr.Error(str(exc), title=type(exc).__name__.replace("Error", " error")) from exc
     return call
+
+
+def checked(trigger, engine, method: str, make_request, **event):
+    """`trigger` (e.g. `button.click`) bound to a check of the request first: `make_request`
+    builds it from the same inputs (`event`: inputs or inputs_kwargs) as the run, then the
+    method's own checks run on it (`preflight`, engine.core.recorded); a bad value is one toast
+    naming the field. Returns that event: chain the run on it with `.success(...)`, so it never
+    starts on a bad request (a handler that raises marks every output it names as failed,
+    hiding the result they showed)."""
+    preflight = METHODS[method].run.preflight
+
+    @user_errors
+    def check(*args, **kwargs):
+        preflight(make_request(*args, **kwargs), engine)
+
+    check.__signature__ = inspect.signature(make_request)   # Gradio passes the inputs by these names
+    return trigger(check, outputs=None, api_name=False, show_progress="hidden", **event)
 
 
 # -- visitors of a public GapLens (engine/access.py) ------------------------------------------------

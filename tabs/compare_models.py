@@ -14,7 +14,7 @@ from engine.presets import PRESETS
 from engine.report.compare_models import page
 
 from . import axes_table
-from .common import gpu, user_errors, with_notes
+from .common import checked, gpu, user_errors, with_notes
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher"]
 METHODS = [("Single Prompt (distributions, T2I-BiasBench)", "single_prompt"),
@@ -47,16 +47,10 @@ def build(engine) -> list:
     @gpu
     @user_errors
     def compare(method, presets, more, prompt, fill, rows, n, seed, axes):
-        generators = list(presets or []) + [g.strip() for g in (more or "").split(",") if g.strip()]
-        fields = {"prompt": prompt, "n": int(n), "seed": int(seed or 0)}
-        if method == "single_prompt":
-            fields.update(axes=list(axes or []), n_boot=300)
-        else:
-            fields.update(axes=axes_table.axes_of(rows) or {}, fill=axes_table.parse_fill(fill), n_boot=300)
-        request = compare_models.CompareModelsRequest(method, generators, fields)
+        request = compare_request(method, presets, more, prompt, fill, rows, n, seed, axes)
         notes, started, status = [], time.perf_counter(), ""
-        partial = {"method": method, "generators": list(dict.fromkeys(generators)), "runs": [], "results": [],
-                   "request": fields}   # the page grows model by model
+        partial = {"method": method, "generators": list(dict.fromkeys(request.generators)), "runs": [], "results": [],
+                   "request": request.request}   # the page grows model by model
         for event in compare_models.run(request, engine):
             if isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
@@ -76,6 +70,18 @@ def build(engine) -> list:
                         f"run of its own in Runs).")
                 yield with_notes(text, notes), str(page(event.results)), gr.skip()
 
-    go.click(compare, [method, presets, more, editor.prompt, editor.fill, editor.table, n, seed, axes],
-             [progress, view, editor.table], api_name="compare_models")
+    inputs = [method, presets, more, editor.prompt, editor.fill, editor.table, n, seed, axes]
+    checked(go.click, engine, "compare_models", compare_request, inputs=inputs).success(
+        compare, inputs, [progress, view, editor.table], api_name="compare_models")
     return []
+
+
+def compare_request(method, presets, more, prompt, fill, rows, n, seed, axes) -> compare_models.CompareModelsRequest:
+    """The request the form's values make: the chosen presets, then the typed generators."""
+    generators = list(presets or []) + [g.strip() for g in (more or "").split(",") if g.strip()]
+    fields = {"prompt": prompt, "n": int(n), "seed": int(seed or 0)}
+    if method == "single_prompt":
+        fields.update(axes=list(axes or []), n_boot=300)
+    else:
+        fields.update(axes=axes_table.axes_of(rows) or {}, fill=axes_table.parse_fill(fill), n_boot=300)
+    return compare_models.CompareModelsRequest(method, generators, fields)

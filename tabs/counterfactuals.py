@@ -12,7 +12,8 @@ from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table, spotcheck
-from .common import gpu, gpu_seconds_for_sets, user_errors, with_notes
+from .common import checked, gpu, gpu_seconds_for_sets, user_errors, with_notes
+from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
 
@@ -43,10 +44,9 @@ def build(engine) -> list:
                 n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
                               label="Images per set (N; the thesis uses 48)", elem_id="cf-n")
                 seed = gr.Number(0, label="First seed (the same seeds in every set)", precision=0, elem_id="cf-seed")
-            with gr.Accordion("Generation settings (family defaults)", open=False):
+            with gr.Accordion("Generation settings (empty: the model's defaults)", open=False):
                 negative = gr.Textbox(label="Negative prompt")
-                steps = gr.Number(None, label="Steps", precision=0)
-                guidance = gr.Number(None, label="Guidance")
+                generation = generation_fields("cf")
             with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
                 caption = gr.Checkbox(True, label="Add each image's caption to its concepts (thesis; the released "
                                       "code leaves it out)")
@@ -81,12 +81,8 @@ def build(engine) -> list:
     @user_errors
     def compare(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
                 sum_normalise, min_frequency, n_boot, top_k):
-        request = counterfactuals.CounterfactualsRequest(
-            prompt=prompt, axes=axes_table.axes_of(rows), fill=axes_table.parse_fill(fill), n=int(n),
-            seed=int(seed or 0), negative_prompt=negative or "", steps=None if steps in (None, "") else int(steps),
-            guidance=None if guidance in (None, "") else float(guidance), caption=bool(caption),
-            synonyms=bool(synonyms), renormalise=bool(renormalise), sum_normalise=bool(sum_normalise),
-            min_frequency=float(min_frequency or 0), n_boot=int(n_boot), top_k=int(top_k))
+        request = compare_request(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms,
+                                  renormalise, sum_normalise, min_frequency, n_boot, top_k)
         skip = gr.skip()
         records: dict[str, list] = {}
         axes_scores: dict[str, dict] = {}
@@ -124,10 +120,22 @@ def build(engine) -> list:
     def show(view, label):
         return drilldown((view or {}).get("results"), label)
 
-    inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, steps, guidance, caption, synonyms,
-              renormalise, sum_normalise, min_frequency, n_boot, top_k]
-    go.click(compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals").then(
+    inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, generation["steps"], generation["guidance"],
+              caption, synonyms, renormalise, sum_normalise, min_frequency, n_boot, top_k]
+    checked(go.click, engine, "counterfactuals", compare_request, inputs=inputs).success(
+        compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals").then(
         lambda view: spotcheck.checked_html(engine.store, view["run_id"]) if (view or {}).get("run_id") else "",
         [state], [spot["result"]], api_name=False)  # labels of these images checked before: raw beside corrected
     pick.change(show, [state, pick], [drill, gallery], api_name=False)
-    return []
+    return [generation.hook(engine)]
+
+
+def compare_request(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
+                    sum_normalise, min_frequency, n_boot, top_k) -> counterfactuals.CounterfactualsRequest:
+    """The request the form's values make (empty optional numbers: None, the method's defaults)."""
+    return counterfactuals.CounterfactualsRequest(
+        prompt=prompt, axes=axes_table.axes_of(rows), fill=axes_table.parse_fill(fill), n=int(n),
+        seed=int(seed or 0), negative_prompt=negative or "", steps=number_or_none(steps, int),
+        guidance=number_or_none(guidance), caption=bool(caption), synonyms=bool(synonyms),
+        renormalise=bool(renormalise), sum_normalise=bool(sum_normalise), min_frequency=float(min_frequency or 0),
+        n_boot=int(n_boot), top_k=int(top_k))

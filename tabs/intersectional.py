@@ -13,7 +13,8 @@ from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 
 from . import axes_table
-from .common import gpu, gpu_seconds_for_sets, user_errors, with_notes
+from .common import checked, gpu, gpu_seconds_for_sets, user_errors, with_notes
+from .optional import generation_fields, number_or_none, optional_number, placeholder
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
 POLICIES = [("drop them (renormalise over the choices)", "drop"),
@@ -30,6 +31,22 @@ NO_EDGE = ("<p id='ic-no-edge'>No edge was kept: no ordered pair passed the χ²
            "edge; a looser level or more images per set may keep some.</p>")
 NO_PAIR = ("<p id='ic-no-pair'>No pair is kept, so there is no interaction to show up close. Pick a pair "
            "above to see its (pruned, not significant) numbers anyway.</p>")
+
+
+def threshold_defaults(level: str) -> tuple[str, str]:
+    """What an empty p threshold and an empty minimum |IS| mean under `level`, in words."""
+    levels = intersectional.default_thresholds(level)
+    if level != "auto":
+        p, min_is = levels[level]
+        return f"{p:g}, the {level} level's", f"{min_is:g}, the {level} level's"
+    one, several = levels["prompt"], levels["aggregated"]
+    return (f"{one[0]:g} for one prompt, {several[0]:g} with fill values",
+            f"{one[1]:g} for one prompt, {several[1]:g} with fill values")
+
+
+def threshold_placeholders(level: str) -> list:
+    """Updates naming the level's thresholds in the two threshold fields (their values untouched)."""
+    return [gr.update(placeholder=placeholder(text)) for text in threshold_defaults(level)]
 
 
 def edge_rows(results: dict) -> list[list]:
@@ -60,18 +77,20 @@ def build(engine) -> list:
             policy = gr.Radio(POLICIES, value="drop", label="VQA answers outside an axis' choices",
                               elem_id="ic-policy")
             with gr.Accordion("Edges, importance, uncertainty", open=False):
+                levels = intersectional.default_thresholds("auto")
+                (p_one, _), (p_several, is_several) = levels["prompt"], levels["aggregated"]
                 level = gr.Radio(["auto", "prompt", "aggregated"], value="auto", label="χ² thresholds",
-                                 info="prompt: p < 1e-4; aggregated: p < 5e-5 and |IS| ≥ 0.03; auto: aggregated "
-                                      "when several prompts are filled in")
-                p_threshold = gr.Number(None, label="p threshold (empty: the level's)")
-                min_abs_is = gr.Number(None, label="minimum |IS| for an edge (empty: the level's)")
+                                 info=f"prompt: p < {p_one:g}; aggregated: p < {p_several:g} and |IS| ≥ "
+                                      f"{is_several:g}; auto: aggregated when several prompts are filled in")
+                p_default, is_default = threshold_defaults(level.value)
+                p_threshold = optional_number("p threshold", p_default, elem_id="ic-p-threshold")
+                min_abs_is = optional_number("minimum |IS| for an edge", is_default, elem_id="ic-min-is")
                 importance = gr.Radio([("number of kept edges", "count"), ("sum of |IS| over them", "abs_is")],
                                       value="count", label="MaxImp / MaxInf measured by")
                 n_boot = gr.Slider(0, 1000, value=300, step=100, label="Bootstrap resamples for the IS intervals")
-            with gr.Accordion("Generation settings (family defaults)", open=False):
+            with gr.Accordion("Generation settings (empty: the model's defaults)", open=False):
                 negative = gr.Textbox(label="Negative prompt")
-                steps = gr.Number(None, label="Steps", precision=0)
-                guidance = gr.Number(None, label="Guidance")
+                generation = generation_fields("ic")
             go = gr.Button("Generate and connect", variant="primary", elem_id="ic-run")
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="ic-progress")
@@ -108,14 +127,8 @@ def build(engine) -> list:
     @user_errors
     def connect(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto", p_threshold=None,
                 min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None, guidance=None):
-        request = intersectional.IntersectionalRequest(
-            prompt=prompt, axes=axes_table.axes_of(table), fill=axes_table.parse_fill(fill), n=int(n),
-            seed=int(seed or 0), ideals=parse_targets(targets or ""), other_policy=other_policy, level=level,
-            p_threshold=None if p_threshold in (None, "") else float(p_threshold),
-            min_abs_is=None if min_abs_is in (None, "") else float(min_abs_is), importance=importance,
-            n_boot=int(n_boot), negative_prompt=negative_prompt or "",
-            steps=None if steps in (None, "") else int(steps),
-            guidance=None if guidance in (None, "") else float(guidance))
+        request = connect_request(prompt, table, n, fill, seed, targets, other_policy, level, p_threshold, min_abs_is,
+                                  importance, n_boot, negative_prompt, steps, guidance)
         started, notes = time.perf_counter(), []
         asked, proposed = [], {}
         # each event updates the outputs it names; the last yield names every output of the run
@@ -161,9 +174,22 @@ def build(engine) -> list:
     from_cf.click(latest_counterfactuals, None, [editor.prompt, editor.fill, editor.table, n, seed], api_name=False)
     form = dict(prompt=editor.prompt, table=editor.table, n=n, fill=editor.fill, seed=seed, targets=targets,
                 other_policy=policy, level=level, p_threshold=p_threshold, min_abs_is=min_abs_is,
-                importance=importance, n_boot=n_boot, negative_prompt=negative, steps=steps, guidance=guidance)
-    go.click(connect, inputs_kwargs=form,
-             outputs=[progress, summary, matrix, graph, edges, questions, editor.table, pair, state],
-             api_name="intersectional")
+                importance=importance, n_boot=n_boot, negative_prompt=negative, **generation.fields)
+    checked(go.click, engine, "intersectional", connect_request, inputs_kwargs=form).success(
+        connect, inputs_kwargs=form, outputs=[progress, summary, matrix, graph, edges, questions, editor.table, pair,
+                                              state], api_name="intersectional")
+    level.change(threshold_placeholders, [level], [p_threshold, min_abs_is], api_name=False, queue=False)
     pair.change(show_pair, [state, pair], [pair_view], api_name=False)
-    return []
+    return [generation.hook(engine)]
+
+
+def connect_request(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto",
+                    p_threshold=None, min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None,
+                    guidance=None) -> intersectional.IntersectionalRequest:
+    """The request the form's values make (empty optional numbers: None, the method's defaults)."""
+    return intersectional.IntersectionalRequest(
+        prompt=prompt, axes=axes_table.axes_of(table), fill=axes_table.parse_fill(fill), n=int(n),
+        seed=int(seed or 0), ideals=parse_targets(targets or ""), other_policy=other_policy, level=level,
+        p_threshold=number_or_none(p_threshold), min_abs_is=number_or_none(min_abs_is), importance=importance,
+        n_boot=int(n_boot), negative_prompt=negative_prompt or "", steps=number_or_none(steps, int),
+        guidance=number_or_none(guidance))

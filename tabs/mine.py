@@ -12,7 +12,7 @@ from engine.events import Done, Progress, Scores, Warning
 from engine.methods import mine
 from engine.report import mine as report
 
-from .common import gallery_items, gpu, user_errors, with_notes
+from .common import checked, gallery_items, gpu, user_errors, with_notes
 
 BIAS_CHOICES = ["open", "socio-demographic", "style", "objects"]
 STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random"),
@@ -232,14 +232,16 @@ def build(engine) -> list:
         yield from stream(make_request(bias, strategy, iterations, population, select, mutations, n, n_var, alpha,
                                        combine, keep_parents, seed, image_seed), _session(request))
 
-    @gpu
-    @user_errors
-    def resume_mining(run_id, iterations, request: gr.Request = None):
+    def resume_request(run_id, iterations) -> mine.MineRequest:
         if not run_id:
             raise InputError("pick a stored run to resume")
         stored_T = mine.load_resumable(engine, run_id)["results"]["params"]["T"]   # T only ever grows here
-        yield from stream(mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T)),
-                          _session(request))
+        return mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T))
+
+    @gpu
+    @user_errors
+    def resume_mining(run_id, iterations, request: gr.Request = None):
+        yield from stream(resume_request(run_id, iterations), _session(request))
 
     def stop_mining(view_state, request: gr.Request = None):
         session = _session(request)
@@ -295,8 +297,10 @@ def build(engine) -> list:
         return gr.update(value=node["id"] if node else None)
 
     estimate.click(preview, settings_inputs, [budget], api_name="mine_budget")
-    start_event = start.click(start_mining, settings_inputs, live_outputs, api_name="mine")
-    resume_event = resume.click(resume_mining, [runs, iterations], live_outputs, api_name="mine_resume")
+    start_event = checked(start.click, engine, "mine", make_request, inputs=settings_inputs).success(
+        start_mining, settings_inputs, live_outputs, api_name="mine")
+    resume_event = checked(resume.click, engine, "mine", resume_request, inputs=[runs, iterations]).success(
+        resume_mining, [runs, iterations], live_outputs, api_name="mine_resume")
     stop.click(stop_mining, [state], live_outputs, cancels=[start_event, resume_event], api_name=False)
     refresh.click(refresh_runs, None, [runs], api_name=False)
     restored = [iterations, population, select, mutations, n, n_var, alpha, combine, keep_parents, seed, image_seed,

@@ -20,8 +20,9 @@ from engine.methods import cfsets, intersectional, mitigate
 from engine.report import mitigate as report
 
 from . import axes_table
-from .common import distinct_captions, gallery_items, gpu, user_errors, with_notes
+from .common import checked, distinct_captions, gallery_items, gpu, user_errors, with_notes
 from .intersectional import reference_text
+from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a ceo"]
 MAX_AXES = 8
@@ -141,8 +142,7 @@ def build(engine) -> list:
                 tolerance = gr.Slider(0, 0.2, value=0.02, step=0.01, label="Trade-off alert when an axis' w̄ rises by "
                                       "more than")
                 negative = gr.Textbox(label="Negative prompt")
-                steps = gr.Number(None, label="Steps", precision=0)
-                guidance = gr.Number(None, label="Guidance")
+                generation = generation_fields("mt")
             with gr.Row():
                 preview_btn = gr.Button("Preview the steps", elem_id="mt-preview-btn")
                 go = gr.Button("Mitigate", variant="primary", elem_id="mt-run")
@@ -159,9 +159,6 @@ def build(engine) -> list:
     # each slot's inputs by name: priority_0, mode_0, shares_0, priority_1, ...
     slot_inputs = {f"{name}_{i}": getattr(s, name) for i, s in enumerate(slots) for name in ("priority", "mode", "shares")}
     priorities = {f"priority_{i}": s.priority for i, s in enumerate(slots)}
-
-    def slot_values(slot_form: dict) -> list:
-        return [slot_form.get(f"{name}_{i}") for i in range(MAX_AXES) for name in ("priority", "mode", "shares")]
 
     def kept_values(axes, values) -> dict:
         return {a: tuple(values[3 * i:3 * i + 3]) for i, a in enumerate((axes or [])[:MAX_AXES])}
@@ -229,19 +226,9 @@ def build(engine) -> list:
                             epsilon=mitigate.DEFAULT_EPSILON, strategy="intermit", other_policy="drop", n_boot=200,
                             tradeoff_tolerance=0.02, negative_prompt=None, steps=None, guidance=None, **slot_form):
         """Both endpoints: the inputs by name (the slots' as priority_i, mode_i, shares_i)."""
-        axes = axes_table.axes_of(table)
-        if axes and not axes_to_mitigate:
-            raise InputError("tick at least one axis to mitigate (B*)")
-        names = list(axes_and_values(prompt, table))   # the slots' order (see refresh)
-        prios, ideals = request_parts(names, list(axes_to_mitigate), slot_values(slot_form))
-        request = mitigate.MitigateRequest(
-            prompt=prompt, axes=axes, fill=axes_table.parse_fill(fill), n=int(n), seed=int(seed or 0),
-            mitigate=list(axes_to_mitigate) if axes else [], priorities=prios if axes else {}, ideals=ideals,
-            epsilon=float(epsilon), strategy="intermit" if preview_only else strategy, other_policy=other_policy,
-            n_boot=0 if preview_only else int(n_boot), tradeoff_tolerance=float(tradeoff_tolerance),
-            negative_prompt=negative_prompt or "", steps=None if steps in (None, "") else int(steps),
-            guidance=None if guidance in (None, "") else float(guidance), preview_only=preview_only)
-        yield from stream(request)
+        yield from stream(mitigate_request(preview_only, prompt, table, n, axes_to_mitigate, fill, seed, epsilon,
+                                           strategy, other_policy, n_boot, tradeoff_tolerance, negative_prompt, steps,
+                                           guidance, **slot_form))
 
     def stream(request):
         """Run the method; each event updates the outputs it names, the last names them all."""
@@ -301,9 +288,34 @@ def build(engine) -> list:
                   api_name=False)
     form = dict(prompt=editor.prompt, fill=editor.fill, table=editor.table, axes_to_mitigate=bstar, n=n, seed=seed,
                 epsilon=epsilon, strategy=strategy, other_policy=policy, n_boot=n_boot, tradeoff_tolerance=tolerance,
-                negative_prompt=negative, steps=steps, guidance=guidance, **slot_inputs)
+                negative_prompt=negative, **generation.fields, **slot_inputs)
     outputs = [progress, preview_box, view, gallery, export, editor.table]
-    go.click(functools.partial(mitigate_or_preview, False), inputs_kwargs=form, outputs=outputs, api_name="mitigate")
-    preview_btn.click(functools.partial(mitigate_or_preview, True), inputs_kwargs=form, outputs=outputs,
-                      api_name="mitigate_preview")
-    return []
+    for button, preview_only, api_name in ((go, False, "mitigate"), (preview_btn, True, "mitigate_preview")):
+        checked(button.click, engine, "mitigate", functools.partial(mitigate_request, preview_only),
+                inputs_kwargs=form).success(functools.partial(mitigate_or_preview, preview_only), inputs_kwargs=form,
+                                            outputs=outputs, api_name=api_name)
+    return [generation.hook(engine)]
+
+
+def slot_values(slot_form: dict) -> list:
+    """The slots' values in order (priority, mode, shares per slot) from the inputs by name."""
+    return [slot_form.get(f"{name}_{i}") for i in range(MAX_AXES) for name in ("priority", "mode", "shares")]
+
+
+def mitigate_request(preview_only: bool, prompt, table, n, axes_to_mitigate=(), fill=None, seed=0,
+                     epsilon=mitigate.DEFAULT_EPSILON, strategy="intermit", other_policy="drop", n_boot=200,
+                     tradeoff_tolerance=0.02, negative_prompt=None, steps=None, guidance=None,
+                     **slot_form) -> mitigate.MitigateRequest:
+    """The request the form's values make (empty optional numbers: None, the method's defaults)."""
+    axes = axes_table.axes_of(table)
+    if axes and not axes_to_mitigate:
+        raise InputError("tick at least one axis to mitigate (B*)")
+    names = list(axes_and_values(prompt, table))   # the slots' order (see refresh)
+    prios, ideals = request_parts(names, list(axes_to_mitigate), slot_values(slot_form))
+    return mitigate.MitigateRequest(
+        prompt=prompt, axes=axes, fill=axes_table.parse_fill(fill), n=int(n), seed=int(seed or 0),
+        mitigate=list(axes_to_mitigate) if axes else [], priorities=prios if axes else {}, ideals=ideals,
+        epsilon=float(epsilon), strategy="intermit" if preview_only else strategy, other_policy=other_policy,
+        n_boot=0 if preview_only else int(n_boot), tradeoff_tolerance=float(tradeoff_tolerance),
+        negative_prompt=negative_prompt or "", steps=number_or_none(steps, int), guidance=number_or_none(guidance),
+        preview_only=preview_only)

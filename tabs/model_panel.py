@@ -9,7 +9,8 @@ from engine.presets import PRESETS, parse_options
 from .common import status_markdown, user_errors
 
 
-def build(engine) -> None:
+def build(engine) -> gr.Markdown:
+    """Lay out the panel; returns its status, which changes whenever a model does."""
     with gr.Accordion("Models", open=False, elem_id="model-panel"):
         status = gr.Markdown(status_markdown(engine.status()), elem_id="engine-status")
         with gr.Row():
@@ -52,3 +53,4 @@ def build(engine) -> None:
     refresh.click(lambda: status_markdown(engine.status()), None, [status], api_name="status")
     unload.click(unload_all, None, [status], api_name="unload")
     use.click(use_model, [role, model, options, budget], [status], api_name="use_model")
+    return status

@@ -6,7 +6,6 @@ import time
 import gradio as gr
 
 from engine.axes import known_axes, parse_targets
-from engine.device import on_zero_gpu
 from engine.errors import InputError
 from engine.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import single_prompt, validate
@@ -15,7 +14,8 @@ from engine.report import trust
 from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
 
 from . import spotcheck
-from .common import gallery_items, gpu, gpu_seconds, user_errors, with_notes
+from .common import checked, gallery_items, gpu, gpu_seconds, user_errors, with_notes
+from .optional import generation_fields, number_or_none
 
 NO_DETAILS = "Click an image to see its seed and VQA answers."
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher",
@@ -34,11 +34,8 @@ def build(engine) -> list:
                 n = gr.Slider(1, engine.max_images, value=min(16, engine.max_images), step=1,
                               label="Images (N)", elem_id="sp-n")
                 seed = gr.Number(0, label="First seed", precision=0, elem_id="sp-seed")
-            with gr.Accordion("Generation settings (family defaults)", open=False):
-                steps = gr.Number(None, label="Steps", precision=0)
-                guidance = gr.Number(None, label="Guidance")
-                width = gr.Number(None, label="Width", precision=0)
-                height = gr.Number(None, label="Height", precision=0)
+            with gr.Accordion("Generation settings (empty: the model's defaults)", open=False):
+                generation = generation_fields("sp", ("steps", "guidance", "width", "height"))
             axes = gr.CheckboxGroup(axis_names, value=list(single_prompt.DEFAULT_AXES), label="Axes to measure",
                                     elem_id="sp-axes-pick")
             extra_axes = gr.Textbox(label="More axes (free text, comma-separated)", placeholder="hair color, setting",
@@ -75,13 +72,6 @@ def build(engine) -> list:
     state = gr.State({})
     spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "sp-spot")
 
-    @user_errors
-    def fill_defaults():
-        if on_zero_gpu() and not engine.generator_loaded():
-            return (gr.skip(),) * 4  # never load (or touch CUDA) in ZeroGPU's main process for a page view
-        s = engine.default_settings()
-        return s.steps, s.guidance, s.width, s.height
-
     def measure_seconds(prompt, n, seed=0, negative_prompt=None, steps=None, *rest, **kwargs):
         return gpu_seconds(n, steps)  # ZeroGPU calls it with measure's own arguments
 
@@ -89,12 +79,8 @@ def build(engine) -> list:
     @user_errors
     def measure(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
                 axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0):
-        request = single_prompt.SinglePromptRequest(
-            prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative_prompt or "",
-            steps=_int(steps), guidance=_float(guidance), width=_int(width), height=_int(height),
-            axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
-            references=parse_targets(references or ""), mode=mode, alpha=float(alpha), combine=combine,
-            until_half_width=float(until) if until else None)
+        request = measure_request(prompt, n, seed, negative_prompt, steps, guidance, width, height, axes, extra_axes,
+                                  references, mode, alpha, combine, until)
         records, axis_blocks, started, notes = [], {}, time.perf_counter(), []
         view = {"records": {}}
         # each event updates the outputs it names; the last yield names them all (an API
@@ -182,25 +168,30 @@ def build(engine) -> list:
         return (trust.headline_html(results.get("headline")) + axes_html(axis_html(a, m) for a, m in shown.items()),
                 trust.validation_html(validation) if checked else "")
 
-    form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, steps=steps, guidance=guidance, width=width,
-                height=height, axes=axes, extra_axes=extra_axes, references=references, mode=mode, alpha=alpha,
-                combine=combine, until=until)
+    form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, **generation.fields, axes=axes,
+                extra_axes=extra_axes, references=references, mode=mode, alpha=alpha, combine=combine, until=until)
     outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
     redraw = dict(fn=show_distribution, inputs=[state, distribution], outputs=[axes_out, spot["result"]],
                   api_name=False)
-    go.click(measure, inputs_kwargs=form, outputs=outputs, api_name="single_prompt").then(**redraw)
-    prompt.submit(measure, inputs_kwargs=form, outputs=outputs, api_name=False).then(**redraw)
+    checked(go.click, engine, "single_prompt", measure_request, inputs_kwargs=form).success(
+        measure, inputs_kwargs=form, outputs=outputs, api_name="single_prompt").then(**redraw)
+    checked(prompt.submit, engine, "single_prompt", measure_request, inputs_kwargs=form).success(
+        measure, inputs_kwargs=form, outputs=outputs, api_name=False).then(**redraw)
     distribution.change(**redraw)
     for trigger in (go.click, prompt.submit):   # a new run clears the previous image's details
         trigger(lambda: NO_DETAILS, None, [details], api_name=False, queue=False)
     gallery.select(show_image, [state], [details, state], api_name=False)
     regenerate.click(regenerate_alone, [state], [details], api_name="regenerate")
-    return [(fill_defaults, [steps, guidance, width, height])]
+    return [generation.hook(engine)]
 
 
-def _int(value):
-    return None if value in (None, "") else int(value)
-
-
-def _float(value):
-    return None if value in (None, "") else float(value)
+def measure_request(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
+                    axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0):
+    """The request the form's values make (empty optional numbers: None, the method's defaults)."""
+    return single_prompt.SinglePromptRequest(
+        prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative_prompt or "",
+        steps=number_or_none(steps, int), guidance=number_or_none(guidance), width=number_or_none(width, int),
+        height=number_or_none(height, int),
+        axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
+        references=parse_targets(references or ""), mode=mode, alpha=float(alpha), combine=combine,
+        until_half_width=float(until) if until else None)

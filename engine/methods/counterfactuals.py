@@ -43,7 +43,7 @@ from ..metrics.wordnet import missing_note, wordnet_synonyms
 from ..presets import ASSETS
 from ..scores import number
 from .cfsets import SetSpec, SetsRequest, check, generate_set, prepare, resample_weights
-from .generate import settings_for
+from .generate import settle_settings
 
 
 @dataclass
@@ -245,14 +245,15 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     Request: CounterfactualsRequest (the axes table or the LLM's, N images per set, concept
     and normalisation choices, bootstrap size, Top-K).
     Yields: Table("axes") when the LLM proposed the axes; Warning for dropped
-    counterfactuals and flagged images; Table("questions"); Images and Progress per set;
+    counterfactuals, unexpected settings (settings_notes) and flagged images;
+    Table("questions"); Images and Progress per set;
     Scores("initial") per prompt, Scores("axis:<name>") per axis, Scores("aggregate") in
     aggregate mode; one Done.
     Results: CounterfactualsResults.
     """
     # 1. Settle the prompts, axes and image sets; each axis' VQA question (spec §2.4).
     prompts, axes, specs = yield from prepare(request, engine)
-    settings = settings_for(request, engine)
+    settings = yield from settle_settings(request, engine)
     seeds = request.seeds()
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
     questions = {axis: tibet_question(axis) for axis in axes}

@@ -44,6 +44,36 @@ def settings_for(request, engine: Engine):
                            height=request.height, negative_prompt=request.negative_prompt or "")
 
 
+# A model whose default is more than this many steps is not distilled for few steps.
+FEW_STEP_DEFAULT = 8
+
+
+def settings_notes(settings, defaults) -> list[str]:
+    """Sentences on the generator settings a researcher may not expect, each naming the number:
+    steps at most a quarter of the model's default on a model that is not distilled for few steps
+    (default > FEW_STEP_DEFAULT: the images are unfinished), and guidance ≤ 1 where the model's
+    default is above 1 (classifier-free guidance off). Defaults of 0 (an API's own, existing
+    images) give none. `settings` and `defaults` are GenerationSettings."""
+    notes = []
+    if defaults.steps > FEW_STEP_DEFAULT and settings.steps <= defaults.steps // 4:
+        notes.append(f"steps = {settings.steps}, at most a quarter of this model's default of {defaults.steps}: it "
+                     "is not distilled for so few steps, so its images are likely unfinished (blurred or noisy) "
+                     "and every number here is measured on them")
+    if defaults.guidance > 1 and settings.guidance <= 1:
+        notes.append(f"guidance = {settings.guidance:g} turns classifier-free guidance off for this model (its "
+                     f"default is {defaults.guidance:g}): the images follow the prompt only loosely")
+    return notes
+
+
+def settle_settings(request, engine: Engine):
+    """`settings_for(request, engine)` after a Warning for each of its `settings_notes` (use
+    `yield from`); returns the settings."""
+    settings = settings_for(request, engine)
+    for note in settings_notes(settings, engine.default_settings()):
+        yield Warning(note)
+    return settings
+
+
 class GenerateResults(TypedDict, total=False):
     """What a Generate run stores (`Done.results`)."""
 
@@ -64,7 +94,8 @@ def run(request: GenerateRequest, engine: Engine, run_record: Run):
     """N images of one prompt (or of each of `request.prompts`), recorded as one run.
 
     Request: GenerateRequest (prompt or prompts, N, first seed, generator settings).
-    Yields: Warning for repeated or over-long prompts and flagged images; Images and Progress
+    Yields: Warning for repeated or over-long prompts, unexpected
+    settings (settings_notes) and flagged images; Images and Progress
     batch by batch; one Done.
     Results: GenerateResults.
     """
@@ -72,7 +103,7 @@ def run(request: GenerateRequest, engine: Engine, run_record: Run):
     prompts = [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
     unique = list(dict.fromkeys(prompts))
     engine.check_n(request.n)
-    settings = settings_for(request, engine)
+    settings = yield from settle_settings(request, engine)
     if len(unique) < len(prompts):
         yield Warning(f"{len(prompts) - len(unique)} repeated prompt(s) left out")
     long = [p for p in unique if len(p.split()) * 1.3 > 75]

@@ -45,7 +45,7 @@ from ..metrics.intervals import headline_claim
 from ..scores import number
 from .cfsets import (SetSpec, SetsRequest, axis_name, check, counterfactual_value, generate_set, prepare,
                      resample_weights)
-from .generate import settings_for
+from .generate import settle_settings
 
 LEVELS = ("auto", "prompt", "aggregated")
 IMPORTANCE = ("count", "abs_is")
@@ -60,9 +60,11 @@ class IntersectionalRequest(SetsRequest):
     level: str = field(default="auto", metadata={
         "help": "edge thresholds (auto: aggregated with --fill)", "choices": LEVELS})
     p_threshold: float | None = field(default=None, metadata={
-        "help": "χ² p-value below which an edge is kept (default: 1e-4 per prompt, 5e-5 aggregated)"})
+        "help": "χ² p-value below which an edge is kept (default: {:g} per prompt, {:g} aggregated)".format(
+            bc.EDGE_THRESHOLDS["prompt"][0], bc.EDGE_THRESHOLDS["aggregated"][0])})
     min_abs_is: float | None = field(default=None, metadata={
-        "help": "smallest |IS| of a kept edge (default: 0 per prompt, 0.03 aggregated)"})
+        "help": "smallest |IS| of a kept edge (default: {:g} per prompt, {:g} aggregated)".format(
+            bc.EDGE_THRESHOLDS["prompt"][1], bc.EDGE_THRESHOLDS["aggregated"][1])})
     importance: str = field(default="count", metadata={
         "help": "MaxImp/MaxInf by edge count or sum of |IS|", "choices": IMPORTANCE})
     questions: dict = field(default_factory=dict)     # axis -> VQA question (overrides the default)
@@ -208,7 +210,8 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     Request: IntersectionalRequest: the axes table (None: the LLM proposes it), N images per
     set, D* per axis (`ideals`), the other-answer policy, edge thresholds, bootstrap size.
     Yields: Table("axes") when the LLM proposed the axes; Warning for dropped
-    counterfactuals, one-counterfactual axes, ignored ideals and answers outside the choices;
+    counterfactuals, unexpected settings (settings_notes), one-counterfactual axes, ignored
+    ideals and answers outside the choices;
     Table("questions"); Images and Progress while each set is generated and asked about;
     Progress("sensitivity"); Scores("sensitivity", results); Graph("biasgraph"); one Done.
     Results: IntersectionalResults.
@@ -216,7 +219,7 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     # 1. Check the request; settle the prompts, axes and image sets (cfsets.prepare).
     check_request(request)
     prompts, axes, specs = yield from prepare(request, engine)
-    settings, seeds = settings_for(request, engine), request.seeds()
+    settings, seeds = (yield from settle_settings(request, engine)), request.seeds()
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
     # 2. Each axis' choices, VQA question and ideal distribution D* (spec §3.2).
     values = {axis: choices(request.prompt.strip(), cfs) for axis, cfs in axes.items()}
@@ -237,11 +240,35 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
 
 
 def check_request(request: IntersectionalRequest) -> None:
-    """InputError when a choice of the request is not one the method knows."""
+    """InputError when a choice of the request is not one the method knows, or an edge
+    threshold is outside its range (p in [0, 1]; |IS| in [0, 1], as w̄ is)."""
     if request.other_policy not in bc.OTHER_POLICIES:
         raise InputError(f"the other-answer policy must be one of {', '.join(bc.OTHER_POLICIES)}")
     if request.level not in LEVELS or request.importance not in IMPORTANCE:
         raise InputError(f"level must be one of {', '.join(LEVELS)} and importance one of {', '.join(IMPORTANCE)}")
+    for value, what in ((request.p_threshold, "the p threshold"), (request.min_abs_is, "the minimum |IS| for an edge")):
+        if value is not None and not (isinstance(value, (int, float)) and 0 <= value <= 1):
+            raise InputError(f"{what} must be between 0 and 1; got {value}")
+
+
+def default_thresholds(level: str) -> dict[str, tuple[float, float]]:
+    """{level: (p threshold, minimum |IS|)} that an empty `p_threshold` / `min_abs_is` means
+    under `level` (spec §3.5): that level's pair, or for "auto" both levels' (the prompt
+    level's with one prompt, the aggregated level's with fill values)."""
+    return dict(bc.EDGE_THRESHOLDS) if level == "auto" else {level: bc.EDGE_THRESHOLDS[level]}
+
+
+def threshold_notes(results: dict) -> list[str]:
+    """Sentences on a p threshold that changes the graph in a way a researcher may not expect
+    (p ≤ 0 keeps no edge; p ≥ 1 tests nothing), each naming the level's own threshold."""
+    level, p = results.get("level", "prompt"), results.get("p_threshold")
+    default = bc.EDGE_THRESHOLDS.get(level, bc.EDGE_THRESHOLDS["prompt"])[0]
+    if not isinstance(p, (int, float)) or 0 < p < 1:
+        return []
+    if p <= 0:
+        return [f"p < {p:g} keeps no edge: no p-value is below it (the {level} level's threshold is {default:g})"]
+    return [f"p < {p:g} keeps every pair the test could compute: the χ² test prunes nothing (the {level} level's "
+            f"threshold is {default:g})"]
 
 
 def settle_questions_and_ideals(request, engine: Engine, axes: dict[str, list[str]], values: dict[str, list[str]]):

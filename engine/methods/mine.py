@@ -41,7 +41,7 @@ from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..metrics.intervals import headline_claim
 from ..scores import number
 from ..store import ImageRecord, image_key
-from .generate import GenerationOptions, settings_for
+from .generate import GenerationOptions, settings_for, settle_settings
 from .single_prompt import gap_for_images
 
 DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
@@ -606,7 +606,8 @@ def run(request: MineRequest, engine: Engine, run_record: Run):
     seeds, generator settings, resume).
     Yields: Scores("run") first; Progress("llm") while the LLM writes prompts; per prompt
     Images, Scores("prompt") and Progress; per iteration Scores("iteration") and
-    Table("population"), Table("archive"); Warning for unscored prompts and LLM trouble;
+    Table("population"), Table("archive"); Warning for unexpected settings
+    (settings_notes), unscored prompts and LLM trouble;
     one Done.
     Results: MineResults.
     """
@@ -615,6 +616,7 @@ def run(request: MineRequest, engine: Engine, run_record: Run):
     miner = Miner(request, engine, run_record, stored)
     yield Scores("run", {"run_id": run_record.id, "resumed_from": request.resume, "strategy": request.strategy,
                          "params": miner.results()["params"]})
+    yield from settle_settings(request, engine)   # its notes (the Miner has the same settings)
     stats = engine.stats
     before = (stats.images_generated, stats.image_cache_hits, stats.llm_calls, stats.llm_cache_hits)
     # 2. The search (Miner.steps: score, select, mutate, inject random prompts; spec A.4).

@@ -89,7 +89,7 @@ from ..scores import finite_or_none, number
 from . import intersectional
 from . import cfsets
 from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
-from .generate import settings_for
+from .generate import settle_settings
 
 DEFAULT_EPSILON = 0.35
 STRATEGIES = ("intermit", "all")
@@ -731,16 +731,17 @@ def run(request: MitigateRequest, engine: Engine, run_record: Run):
     Request: MitigateRequest: the axes table (None: the LLM proposes it), B*, priorities, D*
     per axis, ε, strategy, N images per set, bootstrap size, quality checks, export path.
     Yields: Table("axes") when the LLM proposed the axes; Warning for dropped counterfactuals,
-    single-value axes, ignored ideals/priorities, trade-offs, approximate product prompts,
-    quality drops and answers outside the choices; Table("questions"); Images and Progress
-    while sets are generated; Scores("results") after every measurement, Scores("preview")
+    unexpected settings (settings_notes), single-value axes, ignored ideals/priorities,
+    trade-offs, approximate product prompts, quality drops and answers outside the choices;
+    Table("questions"); Images and Progress while sets are generated; Scores("results") after every measurement, Scores("preview")
     after the first matrix, Scores("step") per step; one Done.
     Results: MitigateResults.
     """
     # 1. Check the request; settle axes, questions, D*, B* and p (spec §4.2).
     image_sources.require_new_images(engine, "Mitigate")
     setup, epsilon = yield from _settle(request, engine)
-    mitigation = Mitigation(request, engine, run_record, setup, epsilon)
+    settings = yield from settle_settings(request, engine)
+    mitigation = Mitigation(request, engine, run_record, setup, epsilon, settings)
     # 2. τ on the initial images (§4.3-1); nothing to do when it is below ε already (§4.3-6).
     yield from mitigation.measure_initial()
     # 3. Step by step: S on the current prompt set, x* = argmax γ (§4.3-2, -4, -5), its
@@ -755,9 +756,10 @@ class Mitigation:
     """One mitigation run's state: the prompt set (`comps`), the measured states, the axes
     mitigated so far, and the results being built."""
 
-    def __init__(self, request: MitigateRequest, engine: Engine, run_record: Run, setup: Setup, epsilon: float):
+    def __init__(self, request: MitigateRequest, engine: Engine, run_record: Run, setup: Setup, epsilon: float,
+                 settings):
         self.request, self.engine, self.run_record, self.setup, self.epsilon = request, engine, run_record, setup, epsilon
-        self.settings = settings_for(request, engine)
+        self.settings = settings
         self.measurer = Measurer(engine, run_record, setup, request, self.settings)
         targets = setup.targets
         self.candidates = list(setup.axes) if len(targets) > 1 else list(targets)   # |B*| = 1: no BiasConnect step

@@ -31,7 +31,7 @@ from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vend
 from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..names import readable
 from ..scores import Score, as_interval, finite_or_none, number
-from .generate import GenerationOptions, settings_for
+from .generate import GenerationOptions, settings_for, settle_settings
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
 
@@ -261,7 +261,8 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
 
     Request: SinglePromptRequest (prompt, N, seed, axes and their reference distributions,
     metric mode, gap-score settings, interval settings, Top-K).
-    Yields: Warning for an over-long prompt and flagged images; Images and Progress while
+    Yields: Warning for an over-long prompt, unexpected settings
+    (settings_notes) and flagged images; Images and Progress while
     generating; Progress("vqa") and Scores("axis:<name>") per axis (again after images are
     added); Scores("headline"); Scores("diversity"); Progress("gap") and Scores("gap") (when
     `gap`); Table("top_concepts"); one Done.
@@ -275,7 +276,7 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     for what, value in (("interval half-width", request.half_width), ("target half-width", request.until_half_width)):
         if value is not None and not 0 < float(value) < 0.5:
             raise InputError(f"the {what} must be between 0 and 0.5 (e.g. 0.1 for ±10 points), not {value:g}")
-    settings = settings_for(request, engine)
+    settings = yield from settle_settings(request, engine)
     results: SinglePromptResults = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
     if len(prompt.split()) * 1.3 > 75:
         yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")

@@ -15,7 +15,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
-from ..methods.intersectional import edge_status
+from ..methods.intersectional import edge_status, threshold_notes
 from . import Markup, charts, fmt, macro, signed, trust
 
 POSITIVE, NEGATIVE = "#2b6cb0", "#c53030"
@@ -130,12 +130,14 @@ def iframe(document: str, height: int = 480, elem_id: str = "") -> Markup:
 
 
 def summary_html(results: dict) -> Markup:
-    """MaxImp/MaxInf, the distortion 𝓘, and the settings behind the numbers, in words."""
+    """MaxImp/MaxInf, the distortion 𝓘, and the settings behind the numbers, in words (with a note
+    beside a p threshold that keeps no edge or tests nothing: `threshold_notes`)."""
     policy = {"drop": "dropped (distributions renormalised over the choices)",
               "other_bin": "counted in an 'other' category the target gives 0"}.get(results["other_policy"],
                                                                                    results["other_policy"])
     return macro("intersectional.html", "summary")(r=results, policy=policy,
-                                                   headline=trust.headline_html(results.get("headline")))
+                                                   headline=trust.headline_html(results.get("headline")),
+                                                   notes=threshold_notes(results))
 
 
 def pair_html(results: dict, intervened: str, affected: str) -> Markup:
