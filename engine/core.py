@@ -103,22 +103,22 @@ class Engine:
     def overlap_evaluation(self) -> bool:
         """Whether evaluation may run beside generation (stream_image_set's `evaluate`): set it to force
         a choice. By default True on a GPU when the generator, embedder and VQA fit the memory budget
-        together (else the manager would have to evict a model in use); False on a CPU, where both
-        threads would fight for the same cores (bench/end_to_end.py measured it slower there), and
-        for the synthetic world."""
+        together, each with its working memory (else the manager would have to evict a model in use);
+        False on a CPU, where both threads would fight for the same cores (bench/end_to_end.py
+        measured it slower there), and for the synthetic world."""
         if self._overlap is not None:
             return self._overlap
         specs = [self.preset.specs()[r] for r in ("generator", "embedder", "vqa")]
         if all(s.backend.startswith("synthetic") for s in specs):
             return False
         from .device import is_accelerator
-        from .plan import estimate_bytes
+        from .plan import estimate_bytes, working_bytes
 
         device = self.models.device
         if not is_accelerator(device):
             return False
         budget = self.models.budget_bytes
-        return not budget or sum(estimate_bytes(s, device) for s in specs) <= budget
+        return not budget or sum(estimate_bytes(s, device) + working_bytes(s) for s in specs) <= budget
 
     @overlap_evaluation.setter
     def overlap_evaluation(self, value: bool | None) -> None:
@@ -421,10 +421,16 @@ class CachedLLM:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.id = engine.model_id("llm")
+        self._settings = getattr(engine.models.get(engine.preset.llm), "generation_settings", None)
 
     def chat(self, messages, *, temperature: float = 1.0, max_tokens: int = 1024, seed: int = 0) -> str:
+        """Returns the reply to `messages`, from the store when this exact request was answered before.
+        The request recorded with the reply (its provenance, and part of its key) carries the backend's
+        effective decoding settings (`generation_settings`), not only the temperature asked for."""
         request = {"messages": list(messages), "temperature": temperature, "max_tokens": max_tokens,
                    "seed": seed}
+        if callable(self._settings):
+            request["decoding"] = self._settings(temperature)
         key = content_key("llm", self.id, request)
         reply = self.engine.store.get_llm_reply(key)
         if reply is not None:
