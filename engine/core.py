@@ -182,6 +182,15 @@ class Engine:
         self.preset, self.preset_reason = preset, reason
 
     # -- validation ----------------------------------------------------------------------------
+    def check_questions(self, questions) -> None:
+        """InputError before a run when the VQA evaluator cannot answer one of `questions` (the faces
+        evaluator answers gender and age only)."""
+        from .backends import question_problem
+
+        problem = question_problem(self.preset.vqa, questions)
+        if problem:
+            raise InputError(problem)
+
     def check_prompt(self, prompt: str, what: str = "prompt") -> str:
         """The stripped prompt; InputError when it is empty or too long."""
         prompt = (prompt or "").strip()
