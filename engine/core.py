@@ -96,7 +96,7 @@ class Engine:
     def model_id(self, role: str) -> str:
         """The loaded backend's id (part of cache keys); loads the model if needed."""
         spec, context = self._spec_and_context(role)
-        backend = self.models.get(spec, **context)
+        backend = self.models.peek(spec, **context)
         return backend.id if getattr(backend, "options_in_id", False) else with_options(backend.id, spec.options)
 
     @property
@@ -226,7 +226,7 @@ class Engine:
         serves image i of the prompt for seed i and says how many it has when asked for more."""
         settings = settings or self.default_settings()
         gen_id = self.model_id("generator")
-        generator = self.models.get(self.generator_spec)   # loaded by model_id above
+        generator = self.models.peek(self.generator_spec)   # loaded by model_id above
         if seeds and hasattr(generator, "check_available"):
             generator.check_available(prompt, max(seeds) + 1)   # before any image: one clear sentence
         keys = [image_key(gen_id, prompt, s, settings) for s in seeds]
@@ -430,7 +430,7 @@ class CachedLLM:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.id = engine.model_id("llm")
-        self._settings = getattr(engine.models.get(engine.preset.llm), "generation_settings", None)
+        self._settings = getattr(engine.models.peek(engine.preset.llm), "generation_settings", None)
 
     def chat(self, messages, *, temperature: float = 1.0, max_tokens: int = 1024, seed: int = 0) -> str:
         """Returns the reply to `messages`, from the store when this exact request was answered before.

@@ -86,6 +86,11 @@ def default_dtype(device: str, *, prefer_bf16: bool = False, override=None):
 FP16_UNSTABLE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 
 
+def stores_fp8(options: dict) -> bool:
+    """True when a diffusers generator's options ask for fp8 storage of its denoiser (storage_dtype=fp8)."""
+    return str(options.get("storage_dtype", "")).lower() in ("fp8", "float8", "float8_e4m3fn")
+
+
 def vlm_dtype(model_type: str, device: str, override=None):
     """Returns the dtype an image-text-to-text model of `model_type` runs in on `device`: as
     default_dtype (bf16 where native), except fp32 instead of fp16 for FP16_UNSTABLE_MODEL_TYPES."""

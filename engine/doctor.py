@@ -113,14 +113,15 @@ def _check_memory(preset: Preset, device: str, gpu_memory_gb: float | None) -> C
     else:
         total = DeviceMemory().total_bytes(device)
         result = plan(preset, round(total / 2**30, 1) if total else None,
-                      budget_bytes=default_budget_bytes(device), device=device)
+                      budget_bytes=default_budget_bytes(device), device=device,
+                      bf16=DeviceMemory().native_bf16(device))
         where = f"{device} ({result.gpu_memory_gb} GB)" if total else device
     detail = (f"preset {preset.name} on {where}: strategy {result.strategy}, peak {result.peak_gb:.1f} GB "
               f"of a {result.budget_gb} GB budget")
     if result.fits:
         return Check("memory", "pass", detail)
     return Check("memory", "fail", detail + f"; it needs at least {result.needs_gb['offload']:.1f} GB",
-                 "use a smaller preset (python -m engine plan --preset NAME --gpu-memory GB) or a larger GPU")
+                 result.verdict + " (python -m engine plan --preset NAME --gpu-memory GB)")
 
 
 def _offline() -> bool:
@@ -187,13 +188,14 @@ def _listing(spec: ModelSpec) -> tuple[list[str] | None, dict | None]:
     """Returns (the repository's file names, its model_index.json or None) from the hub; (None, None)
     when they cannot be read."""
     import json
+    from pathlib import Path
 
     repo = hub_files(spec)[0]
     try:
         from huggingface_hub import HfApi, hf_hub_download
 
         files = HfApi().list_repo_files(repo)
-        index = json.loads(open(hf_hub_download(repo, "model_index.json")).read()) \
+        index = json.loads(Path(hf_hub_download(repo, "model_index.json")).read_text()) \
             if "model_index.json" in files else None
         return files, index
     except Exception:  # noqa: BLE001 - unreachable or gated: the generic patterns below
@@ -209,8 +211,9 @@ def download_command(spec: ModelSpec, files: list[str] | None = None, model_inde
     repository's file list and model_index.json when known: for a diffusers pipeline the folders
     model_index.json names (never the single-file checkpoints at the root), one weights variant each
     (fp16 where the folder has it); for a transformers model its root configs and safetensors; for
-    open_clip its one weights file. Without a file list, patterns that still skip root checkpoints and
-    other formats (.bin, .onnx, .msgpack, .h5), at the cost of both weight variants."""
+    open_clip its one weights file (a repository without safetensors: its PyTorch .bin weights).
+    Without a file list, patterns that still skip root checkpoints and other formats (.bin, .onnx,
+    .msgpack, .h5), at the cost of both weight variants."""
     from .plan import loaded_weight_files, pipeline_folders
 
     repo, names = hub_files(spec)
@@ -229,7 +232,8 @@ def download_command(spec: ModelSpec, files: list[str] | None = None, model_inde
     elif spec.backend == "diffusers":
         includes = ["model_index.json"] + [f"*/{p}" for p in CONFIG_PATTERNS + ("*.safetensors",)]
     else:
-        includes = list(CONFIG_PATTERNS) + (loaded_weight_files(files) if files is not None else ["*.safetensors"])
+        weights = (loaded_weight_files(files) or ["pytorch_model*.bin"]) if files is not None else ["*.safetensors"]
+        includes = list(CONFIG_PATTERNS) + weights
         excludes = ["*/*"]   # root files only: fnmatch's * crosses folders
     return " ".join([f"hf download {repo}"] + [f'--include "{p}"' for p in includes]
                     + [f'--exclude "{p}"' for p in excludes])

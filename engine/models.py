@@ -131,6 +131,13 @@ class ModelManager:
             entry.last_used = time.time()
             return entry.backend
 
+    def peek(self, spec: ModelSpec, **context) -> object:
+        """The backend for `spec` to read (its id, batch size, defaults), loading it if needed but
+        leaving a parked model in host RAM: only `use()` brings it back onto the device."""
+        with self._load_lock:
+            entry = self._models.get(spec)
+            return entry.backend if entry is not None else self.get(spec, **context)
+
     def _working(self, spec: ModelSpec) -> int:
         if spec.backend.startswith("synthetic"):
             return 0
@@ -145,19 +152,24 @@ class ModelManager:
         budget = self.budget_bytes
         if not budget:
             return context
-        from .plan import model_size, offload_problem
+        from .plan import GB, SEQUENTIAL_LAYER_GB, model_size, offload_problem
 
         size = model_size(spec, device=device, bf16=self._bf16(device))
         if not size.bytes:
             return context
-        footprint = size.bytes + self._working(spec)
-        if spec.backend == "diffusers" and footprint > budget and "enable_cpu_offload" not in spec.options:
+        working = self._working(spec)
+        footprint = size.bytes + working
+        offload = str(spec.options.get("enable_cpu_offload", "auto")).lower() if spec.backend == "diffusers" else ""
+        if offload == "auto" and footprint > budget:
             problem = offload_problem(spec, budget, device, host_bytes=self.memory.total_bytes("cpu"),
                                       bf16=self._bf16(device))
             if problem:
                 raise ModelLoadError(problem)
-            context = {**context, "enable_cpu_offload": True}
-            footprint = size.largest_component + self._working(spec)   # one component on the device at a time
+            context, offload = {**context, "enable_cpu_offload": True}, "true"
+        if offload == "sequential":
+            footprint = int(SEQUENTIAL_LAYER_GB * GB) + working          # one layer on the device at a time
+        elif offload in ("true", "1", "yes", "model"):
+            footprint = size.largest_component + working               # one component at a time
         self._free(min(footprint, budget), keep=None)
         return context
 

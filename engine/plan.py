@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .backends.base import ModelSpec
-from .device import HOST_RESERVE_BYTES
+from .device import HOST_RESERVE_BYTES, stores_fp8
 
 GB = 2**30
 
@@ -158,9 +158,8 @@ def model_size(spec: ModelSpec, role: str = "", device: str = "cuda", *, online:
     if params is None:
         table = KNOWN_PARAMS.get(spec_key(spec))
         params, source = ({k: int(v * 1e9) for k, v in table.items()}, "table") if table else ({}, "unknown")
-    stored = {name: (1 if spec.backend == "diffusers" and name in DENOISERS and str(
-        spec.options.get("storage_dtype", "")).lower().startswith("fp8") else per) for name in params}
-    components = {k: n * stored[k] for k, n in params.items()}
+    fp8 = spec.backend == "diffusers" and stores_fp8(spec.options)
+    components = {k: n * (1 if fp8 and k in DENOISERS else per) for k, n in params.items()}
     captioner = spec.options.get("caption_model") if spec.backend == "blip_vqa" else None
     if captioner:
         extra = model_size(ModelSpec("blip_vqa", str(captioner), {k: v for k, v in spec.options.items()
@@ -216,7 +215,7 @@ def generator_remedies(spec: ModelSpec, size: ModelSize, work: int, device: str 
                  "generation_peak_bytes": int(SEQUENTIAL_LAYER_GB * GB) + work,
                  "note": "one layer on the GPU at a time, several times slower"}]
     denoiser = next((c for c in DENOISERS if c in size.components), None)
-    if denoiser and not str(spec.options.get("storage_dtype", "")).startswith("fp8"):
+    if denoiser and not stores_fp8(spec.options):
         fp8 = model_size(ModelSpec(spec.backend, spec.model, {**spec.options, "storage_dtype": "fp8"}), "generator",
                          device, online=online, bf16=bf16)
         remedies.append({"option": "storage_dtype=fp8", "generation_peak_bytes": fp8.largest_component + work,
@@ -233,7 +232,7 @@ def _offload_sentence(subject: str, size: ModelSize, work: int, fitting: list[tu
             f"{_gb(size.largest_component + work):.1f} GB")
     if fitting:
         text += "; what would fit: the generator option " + " or ".join(
-            f"{option} (peak {_gb(peak):.1f} GB; {note})" for option, peak, note in fitting)
+            f"{option} (generation peak {_gb(peak):.1f} GB; {note})" for option, peak, note in fitting)
     else:
         text += "; no generator option makes it fit: use a larger GPU or a smaller preset"
     text += f". Offload keeps the generator's {_gb(size.bytes):.1f} GB of weights in host RAM"
@@ -260,8 +259,8 @@ def plan(preset, gpu_memory_gb: float | None = None, *, budget_bytes: int | None
     if host_memory_gb is None:
         host = DeviceMemory().total_bytes("cpu")
         host_memory_gb = round(host / GB, 1) if host else None
-    sizes = {role: model_size(spec, role, device, online=online, bf16=bf16) for role, spec in preset.specs().items()}
     specs = preset.specs()
+    sizes = {role: model_size(spec, role, device, online=online, bf16=bf16) for role, spec in specs.items()}
     work = {stage: max(working_bytes(specs[r]) for r in roles) for stage, roles in STAGES.items()}
     stage_bytes = {stage: sum(sizes[r].bytes for r in roles) + work[stage] for stage, roles in STAGES.items()}
     everything = sum(s.bytes for s in sizes.values())

@@ -285,8 +285,8 @@ def test_flux_on_24gb_is_refused_before_loading_with_the_plans_sentence(fake_loa
     assert not fake_loads                                                        # nothing was loaded
     verdict = plan(PRESETS["flux-schnell"], 24, host_memory_gb=24).verdict
     assert message.split(": even with", 1)[1] == verdict.split(": even with", 1)[1]   # the plan's own sentence
-    assert "needs 28.1 GB" in message and "enable_cpu_offload=sequential (peak 6.5 GB" in message
-    assert "storage_dtype=fp8 (peak 17.1 GB" in message
+    assert "needs 28.1 GB" in message and "enable_cpu_offload=sequential (generation peak 6.5 GB" in message
+    assert "storage_dtype=fp8 (generation peak 17.1 GB" in message
     assert "31.4 GB of weights in host RAM (this machine has 24.0 GB: not enough)" in message
     # each remedy loads: fp8 storage halves the transformer and fits with model offload
     fp8 = manager.get(ModelSpec(FLUX.backend, FLUX.model, {"storage_dtype": "fp8"}))
@@ -345,6 +345,7 @@ def test_evicted_models_are_parked_in_host_ram_and_the_plan_counts_what_moves(fa
     assert 10 < moved / GB < 10.3 and loads == 0                                 # SDXL, CLIP and Qwen, none from disk
     # parked for the LLM, back for the next run's images, parked again: never reloaded
     assert manager._models[SDXL.generator].backend.moves == ["cpu", "cuda", "cpu"]
+    assert manager.peek(SDXL.generator).moves == ["cpu", "cuda", "cpu"]          # reading its id moves nothing
     assert [m for m in manager.loaded() if m.get("parked")] and "parked in host RAM: " in manager.summary()
 
 

@@ -371,7 +371,7 @@ def _store_denoiser_in_fp8(pipe, option, compute_dtype) -> None:
     precision-critical norm and embedding layers)."""
     if not option:
         return
-    if str(option).lower() not in ("fp8", "float8", "float8_e4m3fn"):
+    if not devices.stores_fp8({"storage_dtype": option}):
         raise InputError(f"storage_dtype '{option}' is not supported; use fp8 (or leave it unset)")
     import torch
 
