@@ -96,29 +96,29 @@ class Engine:
     def model_id(self, role: str) -> str:
         """The loaded backend's id (part of cache keys); loads the model if needed."""
         spec, context = self._spec_and_context(role)
-        backend = self.models.get(spec, **context)
+        backend = self.models.peek(spec, **context)
         return backend.id if getattr(backend, "options_in_id", False) else with_options(backend.id, spec.options)
 
     @property
     def overlap_evaluation(self) -> bool:
         """Whether evaluation may run beside generation (stream_image_set's `evaluate`): set it to force
         a choice. By default True on a GPU when the generator, embedder and VQA fit the memory budget
-        together (else the manager would have to evict a model in use); False on a CPU, where both
-        threads would fight for the same cores (bench/end_to_end.py measured it slower there), and
-        for the synthetic world."""
+        together, each with its working memory (else the manager would have to evict a model in use);
+        False on a CPU, where both threads would fight for the same cores (bench/end_to_end.py
+        measured it slower there), and for the synthetic world."""
         if self._overlap is not None:
             return self._overlap
         specs = [self.preset.specs()[r] for r in ("generator", "embedder", "vqa")]
         if all(s.backend.startswith("synthetic") for s in specs):
             return False
         from .device import is_accelerator
-        from .plan import estimate_bytes
+        from .plan import estimate_bytes, working_bytes
 
         device = self.models.device
         if not is_accelerator(device):
             return False
         budget = self.models.budget_bytes
-        return not budget or sum(estimate_bytes(s, device) for s in specs) <= budget
+        return not budget or sum(estimate_bytes(s, device) + working_bytes(s) for s in specs) <= budget
 
     @overlap_evaluation.setter
     def overlap_evaluation(self, value: bool | None) -> None:
@@ -182,6 +182,15 @@ class Engine:
         self.preset, self.preset_reason = preset, reason
 
     # -- validation ----------------------------------------------------------------------------
+    def check_questions(self, questions) -> None:
+        """InputError before a run when the VQA evaluator cannot answer one of `questions` (the faces
+        evaluator answers gender and age only)."""
+        from .backends import question_problem
+
+        problem = question_problem(self.preset.vqa, questions)
+        if problem:
+            raise InputError(problem)
+
     def check_prompt(self, prompt: str, what: str = "prompt") -> str:
         """The stripped prompt; InputError when it is empty or too long."""
         prompt = (prompt or "").strip()
@@ -217,7 +226,7 @@ class Engine:
         serves image i of the prompt for seed i and says how many it has when asked for more."""
         settings = settings or self.default_settings()
         gen_id = self.model_id("generator")
-        generator = self.models.get(self.generator_spec)   # loaded by model_id above
+        generator = self.models.peek(self.generator_spec)   # loaded by model_id above
         if seeds and hasattr(generator, "check_available"):
             generator.check_available(prompt, max(seeds) + 1)   # before any image: one clear sentence
         keys = [image_key(gen_id, prompt, s, settings) for s in seeds]
@@ -421,10 +430,16 @@ class CachedLLM:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.id = engine.model_id("llm")
+        self._settings = getattr(engine.models.peek(engine.preset.llm), "generation_settings", None)
 
     def chat(self, messages, *, temperature: float = 1.0, max_tokens: int = 1024, seed: int = 0) -> str:
+        """Returns the reply to `messages`, from the store when this exact request was answered before.
+        The request recorded with the reply (its provenance, and part of its key) carries the backend's
+        effective decoding settings (`generation_settings`), not only the temperature asked for."""
         request = {"messages": list(messages), "temperature": temperature, "max_tokens": max_tokens,
                    "seed": seed}
+        if callable(self._settings):
+            request["decoding"] = self._settings(temperature)
         key = content_key("llm", self.id, request)
         reply = self.engine.store.get_llm_reply(key)
         if reply is not None:

@@ -81,6 +81,27 @@ def default_dtype(device: str, *, prefer_bf16: bool = False, override=None):
     return torch.float16
 
 
+# Models whose fp16 forward pass overflows into garbage (transformers issue #33294: Qwen2-VL in fp16
+# "results in errors or gibberish output"): on a GPU without native bf16 (T4, V100) they run in fp32.
+FP16_UNSTABLE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+
+
+def stores_fp8(options: dict) -> bool:
+    """True when a diffusers generator's options ask for fp8 storage of its denoiser (storage_dtype=fp8)."""
+    return str(options.get("storage_dtype", "")).lower() in ("fp8", "float8", "float8_e4m3fn")
+
+
+def vlm_dtype(model_type: str, device: str, override=None):
+    """Returns the dtype an image-text-to-text model of `model_type` runs in on `device`: as
+    default_dtype (bf16 where native), except fp32 instead of fp16 for FP16_UNSTABLE_MODEL_TYPES."""
+    import torch
+
+    dtype = default_dtype(device, prefer_bf16=True, override=override)
+    if dtype == torch.float16 and override in (None, "", "auto") and model_type in FP16_UNSTABLE_MODEL_TYPES:
+        return torch.float32
+    return dtype
+
+
 def _supports_bf16(device: str) -> bool:
     """True when the device computes in bfloat16 natively (CUDA compute capability >= 8.0, Ampere on;
     MPS from macOS 14). torch.cuda.is_bf16_supported() also says True for emulated bf16 on older
@@ -113,6 +134,8 @@ def on_zero_gpu() -> bool:
 ZERO_GPU_MEMORY_GB = 70.0
 # Kept free on a CUDA device for the CUDA context, cuBLAS/cuDNN workspaces and fragmentation.
 CUDA_RESERVE_BYTES = int(1.5 * 2**30)
+# Host RAM left free when evicted models are parked there (the OS, Python, images, the next load).
+HOST_RESERVE_BYTES = 4 * 2**30
 
 
 class DeviceMemory:
@@ -138,6 +161,28 @@ class DeviceMemory:
             return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
         except (ValueError, OSError, AttributeError):
             return None
+
+    def available_bytes(self, device: str = "cpu") -> int | None:
+        """Returns the host RAM free for new allocations (Linux MemAvailable, else the free pages), or
+        None when unknown; for a GPU device its free memory when CUDA reports it."""
+        if str(device).split(":")[0] == "cuda" and not on_zero_gpu():
+            info = memory_info(device)
+            return int(info["free"]) if info else None
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            return None
+
+    def native_bf16(self, device: str) -> bool:
+        """True when `device` computes bf16 natively (see _supports_bf16); False on the CPU."""
+        return is_accelerator(device) and _supports_bf16(device)
 
     def empty_cache(self, device: str) -> None:
         """Collects garbage and returns cached blocks to the driver, so the next load can use them."""

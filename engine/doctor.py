@@ -54,7 +54,7 @@ def diagnose(preset: str | Preset = "auto", *, gpu_memory_gb: float | None = Non
         checks.append(Check("self-test", "skip", "weights not in the local cache, so no model was run",
                             "download the weights (see 'weights'), then run doctor again"))
     else:
-        checks += _self_test(preset, device)
+        checks += run_self_test(preset, device)
     return checks
 
 
@@ -65,7 +65,9 @@ def format_table(checks: list[Check]) -> str:
     for c in checks:
         lines.append(f"{c.name:<{width}}  {c.status.upper():<6}  {c.detail}")
         if c.fix and c.status in ("fail", "warn", "skip"):
-            lines.append(f"{'':<{width}}          what to do: {c.fix}")
+            first, *more = c.fix.splitlines()
+            lines.append(f"{'':<{width}}          what to do: {first}")
+            lines += [f"{'':<{width}}            {line}" for line in more]   # e.g. one download command a line
     failed = [c.name for c in checks if c.status == "fail"]
     lines.append("")
     lines.append("verdict: " + ("ready" if not failed else f"not ready ({', '.join(failed)} failed)"))
@@ -111,14 +113,15 @@ def _check_memory(preset: Preset, device: str, gpu_memory_gb: float | None) -> C
     else:
         total = DeviceMemory().total_bytes(device)
         result = plan(preset, round(total / 2**30, 1) if total else None,
-                      budget_bytes=default_budget_bytes(device), device=device)
+                      budget_bytes=default_budget_bytes(device), device=device,
+                      bf16=DeviceMemory().native_bf16(device))
         where = f"{device} ({result.gpu_memory_gb} GB)" if total else device
     detail = (f"preset {preset.name} on {where}: strategy {result.strategy}, peak {result.peak_gb:.1f} GB "
               f"of a {result.budget_gb} GB budget")
     if result.fits:
         return Check("memory", "pass", detail)
     return Check("memory", "fail", detail + f"; it needs at least {result.needs_gb['offload']:.1f} GB",
-                 "use a smaller preset (python -m engine plan --preset NAME --gpu-memory GB) or a larger GPU")
+                 result.verdict + " (python -m engine plan --preset NAME --gpu-memory GB)")
 
 
 def _offline() -> bool:
@@ -166,17 +169,74 @@ def _check_weights(preset: Preset, reachable: bool) -> tuple[Check, bool]:
     captioner = preset.vqa.options.get("caption_model") if preset.vqa.backend == "blip_vqa" else None
     if captioner:
         specs.append(ModelSpec("blip_vqa", str(captioner)))
-    missing = [s for s in specs if s.backend not in ("openai",) and not s.backend.startswith("synthetic")
-               and not is_cached(s)]
+    hub = [s for s in specs if hub_files(s) is not None]   # API, synthetic and bundled models need no download
+    missing = [s for s in hub if not is_cached(s)]
     if not missing:
-        return Check("weights", "pass", f"all {len(specs)} models of {preset.name} are in the local cache"), True
-    gb = sum(model_size(s, device="cpu").bytes for s in missing) / 2 / 2**30  # download is about fp16 size
-    names = ", ".join((hub_files(s) or (s.model,))[0] for s in missing)  # open_clip: the repo holding its weights
+        return Check("weights", "pass", f"all {len(hub)} hub models of {preset.name} are in the local cache"), True
+    gb = sum(model_size(s).bytes for s in missing) / 2**30  # what loads: fp16 files, open_clip's fp32 ones
+    names = ", ".join(hub_files(s)[0] for s in missing)  # open_clip: the repo holding its weights
+    commands = "\n".join(download_command(s, *_listing(s) if reachable else (None, None)) for s in missing)
     if reachable:
         return Check("weights", "warn", f"not in the local cache: {names} (about {gb:.0f} GB to download)",
-                     "they download on first use; to do it now: hf download <id> for each"), False
+                     f"they download on first use; to fetch only the files that load, now:\n{commands}"), False
     return Check("weights", "fail", f"not in the local cache and the hub is not reachable: {names}",
-                 "download them on a connected machine (hf download <id>) and copy ~/.cache/huggingface/hub here"), False
+                 "on a connected machine, fetch the files that load, then copy ~/.cache/huggingface/hub here "
+                 f"(with the hub reachable, doctor lists them exactly):\n{commands}"), False
+
+
+def _listing(spec: ModelSpec) -> tuple[list[str] | None, dict | None]:
+    """Returns (the repository's file names, its model_index.json or None) from the hub; (None, None)
+    when they cannot be read."""
+    import json
+    from pathlib import Path
+
+    repo = hub_files(spec)[0]
+    try:
+        from huggingface_hub import HfApi, hf_hub_download
+
+        files = HfApi().list_repo_files(repo)
+        index = json.loads(Path(hf_hub_download(repo, "model_index.json")).read_text()) \
+            if "model_index.json" in files else None
+        return files, index
+    except Exception:  # noqa: BLE001 - unreachable or gated: the generic patterns below
+        return None, None
+
+
+# Small files a load reads beside the weights: configs, tokenizer vocabularies and merges, sentencepiece models.
+CONFIG_PATTERNS = ("*.json", "*.txt", "*.model")
+
+
+def download_command(spec: ModelSpec, files: list[str] | None = None, model_index: dict | None = None) -> str:
+    """Returns the `hf download` command that fetches only the files loading `spec` reads, from the
+    repository's file list and model_index.json when known: for a diffusers pipeline the folders
+    model_index.json names (never the single-file checkpoints at the root), one weights variant each
+    (fp16 where the folder has it); for a transformers model its root configs and safetensors; for
+    open_clip its one weights file (a repository without safetensors: its PyTorch .bin weights).
+    Without a file list, patterns that still skip root checkpoints and other formats (.bin, .onnx,
+    .msgpack, .h5), at the cost of both weight variants."""
+    from .plan import loaded_weight_files, pipeline_folders
+
+    repo, names = hub_files(spec)
+    if spec.backend == "open_clip":
+        return f"hf download {repo} " + next((n for n in names if files is None or n in files), names[0])
+    includes, excludes = [], []
+    if spec.backend == "diffusers" and files is not None and model_index is not None:
+        weights = loaded_weight_files(files, model_index)
+        includes.append("model_index.json")
+        for folder in pipeline_folders(model_index):
+            includes += [f"{folder}/{p}" for p in CONFIG_PATTERNS]
+            chosen = [w for w in weights if w.startswith(folder + "/")]
+            if chosen:
+                includes.append(f"{folder}/*.fp16*.safetensors" if all(".fp16" in w for w in chosen)
+                                else f"{folder}/*.safetensors")
+    elif spec.backend == "diffusers":
+        includes = ["model_index.json"] + [f"*/{p}" for p in CONFIG_PATTERNS + ("*.safetensors",)]
+    else:
+        weights = (loaded_weight_files(files) or ["pytorch_model*.bin"]) if files is not None else ["*.safetensors"]
+        includes = list(CONFIG_PATTERNS) + weights
+        excludes = ["*/*"]   # root files only: fnmatch's * crosses folders
+    return " ".join([f"hf download {repo}"] + [f'--include "{p}"' for p in includes]
+                    + [f'--exclude "{p}"' for p in excludes])
 
 
 def _check_wordnet() -> Check:
@@ -188,7 +248,7 @@ def _check_wordnet() -> Check:
     return Check("wordnet", "pass", f"WordNet found in {DEFAULT_WORDNET_DIR}")
 
 
-def _self_test(preset: Preset, device: str) -> list[Check]:
+def run_self_test(preset: Preset, device: str) -> list[Check]:
     """Runs the preset's models on the scikit-image astronaut photo; one row per model."""
     try:
         from PIL import Image

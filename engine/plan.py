@@ -2,20 +2,27 @@
 and how the model manager fits them in a budget (all resident, evicted between stages, or the
 generator offloaded to the CPU component by component).
 
-Sizes come from the safetensors headers of the weights (huggingface_hub's
+Sizes come from the safetensors headers of the weights a load reads (huggingface_hub's
 `parse_safetensors_file_metadata` online, the header of the cached file offline: tensor shapes, no
-weights are read), else from `KNOWN_PARAMS`, the parameter counts of the presets' models.
-Weights are counted at 2 bytes per parameter on an accelerator (fp16/bf16) and 4 on the CPU.
+weights are read; for a diffusers pipeline only the folders its model_index.json names, never the
+single-file checkpoints beside them), else from `KNOWN_PARAMS`, the parameter counts of the presets'
+models. Weights are counted at the dtype their loader uses (`bytes_per_param`): 2 bytes per parameter
+on an accelerator (fp16/bf16), 4 on the CPU, 4 for open_clip (fp32 weights under autocast).
 
 A run has three stages that never need their models at the same time: generation (the generator),
 evaluation (embedder + VQA) and the LLM. The peak of a strategy is the largest stage it keeps on
 the device plus that stage's working memory (activations, KV cache, VAE decode):
 
 - resident: every model stays loaded; peak = all weights + the largest working memory.
-- evict:    the manager unloads the least recently used models before a load that would not fit;
-            peak = the largest stage.
+- evict:    the manager moves the least recently used models off the device before a load that
+            would not fit (parked in host RAM when it has room, else unloaded); peak = the largest stage.
 - offload:  as evict, and the generator runs with diffusers' model CPU offload (one component on
             the device at a time); peak = its largest component + generation working memory.
+
+When even offload does not fit, the plan lists the generator options that would (`remedies`:
+sequential CPU offload, fp8 storage of the denoiser) and the model manager refuses to load the
+generator with the same sentence (`offload_problem`) instead of running out of memory. `per_run`
+says what each strategy moves onto the GPU per run.
 """
 from __future__ import annotations
 
@@ -26,27 +33,30 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .backends.base import ModelSpec
+from .device import HOST_RESERVE_BYTES, stores_fp8
 
 GB = 2**30
 
-# Parameters (billions) per component of the presets' models (model cards / safetensors headers).
-# Keys are hub ids; open_clip models use "open_clip:NAME". Only used when no header is readable.
+# Parameters (billions) per component of the presets' models, as loaded in memory (a tied LM head
+# counted once; built on the meta device from the released configs with the installed transformers,
+# diffusers and open_clip). Keys are hub ids; open_clip models use "open_clip:NAME". Only used when no
+# safetensors header is readable.
 KNOWN_PARAMS: dict[str, dict[str, float]] = {
     "stabilityai/sd-turbo": {"unet": 0.866, "text_encoder": 0.340, "vae": 0.084},
     "stable-diffusion-v1-5/stable-diffusion-v1-5": {"unet": 0.860, "text_encoder": 0.123, "vae": 0.084,
                                                     "safety_checker": 0.304},
     "stabilityai/sdxl-turbo": {"unet": 2.567, "text_encoder": 0.123, "text_encoder_2": 0.695, "vae": 0.084},
-    "black-forest-labs/FLUX.1-schnell": {"transformer": 11.90, "text_encoder_2": 4.762, "text_encoder": 0.123,
+    "black-forest-labs/FLUX.1-schnell": {"transformer": 11.891, "text_encoder_2": 4.762, "text_encoder": 0.123,
                                          "vae": 0.084},
     "open_clip:ViT-B-32": {"model": 0.151},
     "openai/clip-vit-large-patch14": {"model": 0.428},
     "Qwen/Qwen2.5-0.5B-Instruct": {"model": 0.494},
     "Qwen/Qwen2.5-1.5B-Instruct": {"model": 1.544},
     "Qwen/Qwen2.5-3B-Instruct": {"model": 3.086},
-    "Salesforce/blip-vqa-base": {"model": 0.385},
-    "Salesforce/blip-vqa-capfilt-large": {"model": 0.470},
-    "Salesforce/blip-image-captioning-base": {"model": 0.247},
-    "Salesforce/blip-image-captioning-large": {"model": 0.470},
+    "Salesforce/blip-vqa-base": {"model": 0.361},
+    "Salesforce/blip-vqa-capfilt-large": {"model": 0.588},
+    "Salesforce/blip-image-captioning-base": {"model": 0.224},
+    "Salesforce/blip-image-captioning-large": {"model": 0.446},
     "Qwen/Qwen2-VL-2B-Instruct": {"model": 2.209},
     "Qwen/Qwen2.5-VL-3B-Instruct": {"model": 3.755},
 }
@@ -57,8 +67,15 @@ KNOWN_PARAMS: dict[str, dict[str, float]] = {
 GENERATION_WORKING_GB = {"flux": 6.0, "sdxl": 2.5, "stable-diffusion-v1-5": 2.5, "sd-turbo": 1.5}
 DEFAULT_GENERATION_WORKING_GB = 2.5
 EVAL_WORKING_GB = 0.75
+# Sequential CPU offload keeps one layer on the device at a time: the largest single layer of the
+# presets' models is T5-XXL's token embedding, 0.25 GB in bf16.
+SEQUENTIAL_LAYER_GB = 0.5
+DENOISERS = ("unet", "transformer")
 
 STAGES = {"generation": ("generator",), "evaluation": ("embedder", "vqa"), "llm": ("llm",)}
+# The order a Single Prompt run uses its models in (images, VQA + CLIP, the gap score's LLM,
+# captions): what `per_run` replays to count what eviction reloads.
+RUN_ORDER = (("generator",), ("vqa", "embedder"), ("llm",), ("vqa",))
 
 
 @dataclass
@@ -76,6 +93,10 @@ class ModelSize:
     def largest_component(self) -> int:
         return max(self.components.values(), default=0)
 
+    @property
+    def largest_name(self) -> str:
+        return max(self.components, key=self.components.get, default="")
+
 
 @dataclass
 class Plan:
@@ -90,42 +111,67 @@ class Plan:
     needs_gb: dict[str, float]            # strategy -> peak: the smallest budget each strategy needs
     models: list[dict] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)
+    verdict: str = ""                     # one sentence: fits or not, and what would fit
+    remedies: list[dict] = field(default_factory=list)   # generator options that lower the peak
+    offload_host_gb: float = 0.0          # host RAM CPU offload keeps the generator's weights in
+    host_memory_gb: float | None = None   # this machine's RAM
+    per_run: dict[str, str] = field(default_factory=dict)  # strategy -> what moves onto the GPU per run
 
     def as_json(self) -> dict:
         return asdict(self)
 
 
-def bytes_per_param(device: str = "cuda") -> int:
-    return 4 if str(device).split(":")[0] == "cpu" else 2
+def bytes_per_param(spec: ModelSpec | None = None, device: str = "cuda", *, bf16: bool = True) -> int:
+    """Returns the bytes a parameter of `spec` takes on `device`, as its loader keeps it: the `dtype`
+    option when set; 4 on the CPU; open_clip's `precision` option (fp32 unless set: open_clip loads
+    fp32 weights and runs them under autocast); 4 for a VLM that must not run in fp16 on a GPU without
+    native bf16 (device.FP16_UNSTABLE_MODEL_TYPES); else 2 (fp16/bf16)."""
+    options = spec.options if spec is not None else {}
+    if options.get("dtype") not in (None, "", "auto"):
+        return 4 if str(options["dtype"]).lower().removeprefix("torch.") in ("fp32", "float32", "float") else 2
+    if str(device).split(":")[0] == "cpu":
+        return 4
+    if spec is not None and spec.backend == "open_clip":
+        return 2 if "16" in str(options.get("precision", "fp32")) else 4
+    if spec is not None and spec.backend == "vlm" and not bf16:
+        from .device import FP16_UNSTABLE_MODEL_TYPES
+
+        if _model_type(spec.model) in FP16_UNSTABLE_MODEL_TYPES:
+            return 4
+    return 2
 
 
 def spec_key(spec: ModelSpec) -> str:
     return f"open_clip:{spec.model}" if spec.backend == "open_clip" else spec.model
 
 
-def model_size(spec: ModelSpec, role: str = "", device: str = "cuda", *, online: bool = False) -> ModelSize:
+def model_size(spec: ModelSpec, role: str = "", device: str = "cuda", *, online: bool = False,
+               bf16: bool = True) -> ModelSize:
     """Returns the size of `spec`'s weights on `device` without loading them: from the safetensors
     headers in the local hub cache, from the hub's headers when `online`, else from KNOWN_PARAMS
-    (a BLIP VQA model's `caption_model` option adds its captioner). Synthetic backends take 0 bytes."""
-    per = bytes_per_param(device)
-    if spec.backend.startswith("synthetic") or spec.backend == "openai":
+    (a BLIP VQA model's `caption_model` option adds its captioner; a diffusers `storage_dtype=fp8`
+    option stores the denoiser at 1 byte a parameter). Synthetic backends take 0 bytes."""
+    per = bytes_per_param(spec, device, bf16=bf16)
+    if spec.backend.startswith("synthetic") or spec.backend in ("openai", "faces"):
         return ModelSize(role, spec.label, {}, "no device memory")
     params, source = _header_params(spec.model, online=online)
     if params is None:
         table = KNOWN_PARAMS.get(spec_key(spec))
         params, source = ({k: int(v * 1e9) for k, v in table.items()}, "table") if table else ({}, "unknown")
-    components = {k: n * per for k, n in params.items()}
+    fp8 = spec.backend == "diffusers" and stores_fp8(spec.options)
+    components = {k: n * (1 if fp8 and k in DENOISERS else per) for k, n in params.items()}
     captioner = spec.options.get("caption_model") if spec.backend == "blip_vqa" else None
     if captioner:
-        extra = model_size(ModelSpec("blip_vqa", str(captioner)), role, device, online=online)
+        extra = model_size(ModelSpec("blip_vqa", str(captioner), {k: v for k, v in spec.options.items()
+                                                                 if k == "dtype"}), role, device, online=online)
         components["captioner"] = extra.bytes
     return ModelSize(role, spec.label, components, source)
 
 
-def estimate_bytes(spec: ModelSpec, device: str) -> int:
+def estimate_bytes(spec: ModelSpec, device: str, *, bf16: bool = True) -> int:
     """Returns the bytes `spec` will take on `device` (0 when unknown); what the model manager
     checks against its budget before loading."""
-    return model_size(spec, device=device).bytes
+    return model_size(spec, device=device, bf16=bf16).bytes
 
 
 def generation_working_bytes(spec: ModelSpec) -> int:
@@ -134,21 +180,88 @@ def generation_working_bytes(spec: ModelSpec) -> int:
     return int(gb * GB) if spec.backend == "diffusers" else 0
 
 
+def working_bytes(spec: ModelSpec) -> int:
+    """Returns the device memory `spec` needs beside its weights while it runs: a diffusers
+    generator's GENERATION_WORKING_GB, EVAL_WORKING_GB for a local LLM or generative VQA model, else 0
+    (embedders batch a few small tensors; API backends use no device memory)."""
+    if spec.backend == "diffusers":
+        return generation_working_bytes(spec)
+    return int(EVAL_WORKING_GB * GB) if spec.backend in ("hf_chat", "blip_vqa", "vlm") else 0
+
+
+def offload_problem(spec: ModelSpec, budget_bytes: int, device: str = "cuda", *, host_bytes: int | None = None,
+                    online: bool = False, bf16: bool = True) -> str | None:
+    """Returns the sentence saying why the diffusers generator `spec` does not fit `budget_bytes` even
+    with model CPU offload (its largest component plus the generation's working memory), with the
+    generator options that would fit and the host RAM offload needs; None when it fits."""
+    size = model_size(spec, "generator", device, online=online, bf16=bf16)
+    work = generation_working_bytes(spec)
+    if spec.backend != "diffusers" or size.largest_component + work <= budget_bytes:
+        return None
+    fitting = [(r["option"], r["generation_peak_bytes"], r["note"])
+               for r in generator_remedies(spec, size, work, device, online=online, bf16=bf16)
+               if r["generation_peak_bytes"] <= budget_bytes]
+    return _offload_sentence(f"{spec.label} does not fit this device's {_gb(budget_bytes):.1f} GB budget",
+                             size, work, fitting, host_bytes)
+
+
+def generator_remedies(spec: ModelSpec, size: ModelSize, work: int, device: str = "cuda", *,
+                       online: bool = False, bf16: bool = True) -> list[dict]:
+    """Returns the generator options that lower a diffusers generator's peak, each with the peak of
+    its generation stage: sequential CPU offload (one layer on the device at a time) and, where the
+    denoiser is not already stored in fp8, fp8 storage of the denoiser (diffusers' layerwise casting,
+    with model CPU offload)."""
+    remedies = [{"option": "enable_cpu_offload=sequential",
+                 "generation_peak_bytes": int(SEQUENTIAL_LAYER_GB * GB) + work,
+                 "note": "one layer on the GPU at a time, several times slower"}]
+    denoiser = next((c for c in DENOISERS if c in size.components), None)
+    if denoiser and not stores_fp8(spec.options):
+        fp8 = model_size(ModelSpec(spec.backend, spec.model, {**spec.options, "storage_dtype": "fp8"}), "generator",
+                         device, online=online, bf16=bf16)
+        remedies.append({"option": "storage_dtype=fp8", "generation_peak_bytes": fp8.largest_component + work,
+                         "note": f"the {denoiser} stored in float8 and computed in 16 bits, a small loss of quality"})
+    return remedies
+
+
+def _offload_sentence(subject: str, size: ModelSize, work: int, fitting: list[tuple[str, int, str]],
+                      host_bytes: int | None) -> str:
+    """`subject` + why model CPU offload is not enough + `fitting` ((option, peak bytes, note) of each
+    generator option that would fit) + the host RAM offload needs."""
+    text = (f"{subject}: even with model CPU offload its largest component ({size.largest_name}, "
+            f"{_gb(size.largest_component):.1f} GB) plus {_gb(work):.1f} GB to generate needs "
+            f"{_gb(size.largest_component + work):.1f} GB")
+    if fitting:
+        text += "; what would fit: the generator option " + " or ".join(
+            f"{option} (generation peak {_gb(peak):.1f} GB; {note})" for option, peak, note in fitting)
+    else:
+        text += "; no generator option makes it fit: use a larger GPU or a smaller preset"
+    text += f". Offload keeps the generator's {_gb(size.bytes):.1f} GB of weights in host RAM"
+    if host_bytes:
+        enough = "enough" if host_bytes >= size.bytes + HOST_RESERVE_BYTES else "not enough"
+        text += f" (this machine has {_gb(host_bytes):.1f} GB: {enough})"
+    return text + "."
+
+
 def plan(preset, gpu_memory_gb: float | None = None, *, budget_bytes: int | None = None,
-         device: str = "cuda", online: bool = False) -> Plan:
+         device: str = "cuda", online: bool = False, bf16: bool = True,
+         host_memory_gb: float | None = None) -> Plan:
     """Returns the memory plan of `preset` (a Preset) on a device with `gpu_memory_gb` of memory
-    (budget = that minus device.CUDA_RESERVE_BYTES), or with an explicit `budget_bytes`.
+    (budget = that minus device.CUDA_RESERVE_BYTES), or with an explicit `budget_bytes`; `bf16`:
+    whether the GPU computes bf16 natively; `host_memory_gb`: the host's RAM (default: this machine's).
 
     The strategy is the first of resident, evict, offload whose peak fits the budget (offload when
-    none does, with fits=False). Without any budget the plan says what each strategy needs."""
-    from .device import CUDA_RESERVE_BYTES
+    none does, with fits=False; `remedies` then lists the generator options that would fit). Without
+    any budget the plan says what each strategy needs."""
+    from .device import CUDA_RESERVE_BYTES, DeviceMemory
 
     if budget_bytes is None and gpu_memory_gb:
         budget_bytes = max(int(gpu_memory_gb * GB) - CUDA_RESERVE_BYTES, int(gpu_memory_gb * GB) // 2)
-    sizes = {role: model_size(spec, role, device, online=online) for role, spec in preset.specs().items()}
-    work = {"generation": generation_working_bytes(preset.generator),
-            "evaluation": int(EVAL_WORKING_GB * GB) if sizes["vqa"].bytes else 0,
-            "llm": int(EVAL_WORKING_GB * GB) if sizes["llm"].bytes else 0}
+    if host_memory_gb is None:
+        host = DeviceMemory().total_bytes("cpu")
+        host_memory_gb = round(host / GB, 1) if host else None
+    specs = preset.specs()
+    sizes = {role: model_size(spec, role, device, online=online, bf16=bf16) for role, spec in specs.items()}
+    work = {stage: max(working_bytes(specs[r]) for r in roles) for stage, roles in STAGES.items()}
     stage_bytes = {stage: sum(sizes[r].bytes for r in roles) + work[stage] for stage, roles in STAGES.items()}
     everything = sum(s.bytes for s in sizes.values())
     offload_generation = sizes["generator"].largest_component + work["generation"]
@@ -172,11 +285,89 @@ def plan(preset, gpu_memory_gb: float | None = None, *, budget_bytes: int | None
         models.append({"role": role, "model": size.label, "gb": _gb(size.bytes), "placement": where,
                        "size_from": size.source,
                        "components": {k: _gb(v) for k, v in size.components.items()}})
-    return Plan(preset=preset.name, gpu_memory_gb=gpu_memory_gb,
-                budget_gb=None if budget_bytes is None else _gb(budget_bytes),
-                strategy=strategy, peak_gb=_gb(peaks[strategy]), fits=fits,
-                needs_gb={k: _gb(v) for k, v in peaks.items()}, models=models,
-                stages={k: _gb(v) for k, v in stage_bytes.items()})
+    remedies = []
+    if not fits and preset.generator.backend == "diffusers":
+        others = max(stage_bytes["evaluation"], stage_bytes["llm"])
+        for r in generator_remedies(preset.generator, sizes["generator"], work["generation"], device,
+                                    online=online, bf16=bf16):
+            generation = r.pop("generation_peak_bytes")
+            peak = max(generation, others)
+            remedies.append({**r, "peak_gb": _gb(peak), "generation_peak_gb": _gb(generation),
+                             "fits": peak <= budget_bytes})
+    host_bytes = int(host_memory_gb * GB) if host_memory_gb else None
+    result = Plan(preset=preset.name, gpu_memory_gb=gpu_memory_gb,
+                  budget_gb=None if budget_bytes is None else _gb(budget_bytes),
+                  strategy=strategy, peak_gb=_gb(peaks[strategy]), fits=fits,
+                  needs_gb={k: _gb(v) for k, v in peaks.items()}, models=models,
+                  stages={k: _gb(v) for k, v in stage_bytes.items()}, remedies=remedies,
+                  offload_host_gb=_gb(sizes["generator"].bytes), host_memory_gb=host_memory_gb,
+                  per_run=per_run(sizes, {r: working_bytes(s) for r, s in specs.items()}, budget_bytes, host_bytes))
+    result.verdict = _verdict(result, preset, sizes, work, budget_bytes, host_bytes)
+    return result
+
+
+def per_run(sizes: dict[str, ModelSize], working: dict[str, int], budget_bytes: int | None,
+            host_bytes: int | None) -> dict[str, str]:
+    """Returns, per strategy, what moves onto the GPU in each run once the models are loaded: the
+    model manager's eviction rule (engine.models: before a model loads or runs, the least recently
+    used idle ones leave until its weights and `working` memory fit) replayed over the models a run
+    uses (RUN_ORDER), twice, counting the second run. Evicted models come back from host RAM when it
+    can hold them all (the manager parks them there), else from disk."""
+    reloaded = sum(_replay_evictions(sizes, working, budget_bytes).values())
+    # under offload the generator takes its largest component, and its traffic is per call, not per run
+    offloaded = {**sizes, "generator": ModelSize("generator", "", {"largest": sizes["generator"].largest_component}, "")}
+    besides = sum(v for r, v in _replay_evictions(offloaded, working, budget_bytes).items() if r != "generator")
+    parked = sum(s.bytes for s in sizes.values())
+    source = ("host RAM (the manager parks evicted models there)" if host_bytes and host_bytes >= parked + HOST_RESERVE_BYTES
+              else "disk (the host has too little RAM to park them)")
+    return {"resident": "nothing: every model stays on the GPU",
+            "evict": (f"{_gb(reloaded):g} GB of models move back onto the GPU each run, from {source}" if reloaded
+                      else "nothing at this budget: the models fit side by side"),
+            "offload": (f"the generator's {_gb(sizes['generator'].bytes):g} GB cross to the GPU on every generator "
+                        f"call (model CPU offload)" + (f", and {_gb(besides):g} GB of evicted models each run, from "
+                                                       f"{source}" if besides else ""))}
+
+
+def _replay_evictions(sizes: dict[str, ModelSize], working: dict[str, int], budget: int | None) -> dict[str, int]:
+    """Returns {role: bytes moved onto the device} in the second of two runs (RUN_ORDER) under the
+    model manager's rule at `budget`."""
+    resident: dict[str, int] = {}
+    moved = {role: 0 for role in sizes}
+    if not budget:
+        return moved
+    for run in range(2):
+        for stage in RUN_ORDER:
+            for role in stage:
+                need = sizes[role].bytes
+                if not need:
+                    continue
+                extra = working.get(role, 0) + (0 if role in resident else need)
+                while sum(resident.values()) + extra > budget:
+                    victim = next((r for r in resident if r != role), None)
+                    if victim is None:
+                        break
+                    resident.pop(victim)
+                if role not in resident:
+                    moved[role] += need if run else 0
+                resident[role] = resident.pop(role, need)      # most recently used last
+    return moved
+
+
+def _verdict(p: Plan, preset, sizes: dict[str, ModelSize], work: dict, budget: int | None,
+             host_bytes: int | None) -> str:
+    """Returns the plan's one sentence."""
+    memory = f"a {p.gpu_memory_gb:g} GB GPU" if p.gpu_memory_gb else "this device"
+    if p.fits:
+        return (f"{preset.name} fits {memory}: strategy {p.strategy}, peak {p.peak_gb:g} GB"
+                + (f" of a {p.budget_gb:g} GB budget." if p.budget_gb is not None else "."))
+    generator = preset.generator
+    if generator.backend == "diffusers" and sizes["generator"].largest_component + work["generation"] > budget:
+        fitting = [(r["option"], int(r["generation_peak_gb"] * GB), r["note"]) for r in p.remedies if r["fits"]]
+        return _offload_sentence(f"{preset.name} does not fit {memory} (budget {p.budget_gb:.1f} GB)",
+                                 sizes["generator"], work["generation"], fitting, host_bytes)
+    worst = max(p.stages, key=p.stages.get)
+    return (f"{preset.name} does not fit {memory}: its {worst} stage alone needs {p.stages[worst]:g} GB of a "
+            f"{p.budget_gb:g} GB budget; use a larger GPU or a smaller preset.")
 
 
 def format_plan(p: Plan) -> str:
@@ -189,11 +380,34 @@ def format_plan(p: Plan) -> str:
         lines.append(f"  {m['role']:<9} {m['model']:<58} {m['gb']:6.2f} GB  {m['placement']}  [{m['size_from']}]")
     lines.append("  stages: " + ", ".join(f"{k} {v:.1f} GB" for k, v in p.stages.items()))
     lines.append("  needs:  " + ", ".join(f"{k} {v:.1f} GB" for k, v in p.needs_gb.items()))
+    lines.append(f"  per run ({p.strategy}): {p.per_run.get(p.strategy, '')}")
+    for r in p.remedies:
+        lines.append(f"  option {r['option']}: peak {r['peak_gb']:.1f} GB, " + ("fits" if r["fits"] else "does not fit")
+                     + f" ({r['note']})")
+    lines.append(p.verdict)
     return "\n".join(lines)
 
 
 def _gb(n: int) -> float:
     return round(n / GB, 2)
+
+
+def _model_type(model: str) -> str:
+    """Returns the `model_type` of a local or cached config.json ("" when unknown), else a guess from
+    the id ("qwen2_vl" / "qwen2_5_vl" for Qwen2-VL / Qwen2.5-VL ids)."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        from .device import cached_snapshot
+
+        folder = cached_snapshot(model)
+    config = folder / "config.json" if folder is not None else None
+    if config is not None and config.is_file():
+        try:
+            return str(json.loads(config.read_text()).get("model_type", ""))
+        except (OSError, ValueError):
+            return ""
+    lowered = model.lower()
+    return "qwen2_5_vl" if "qwen2.5-vl" in lowered else "qwen2_vl" if "qwen2-vl" in lowered else ""
 
 
 # -- safetensors headers ---------------------------------------------------------------------------
@@ -222,13 +436,25 @@ def _header_params(model: str, *, online: bool) -> tuple[dict[str, int] | None, 
     return None, ""
 
 
-def _pick_weight_files(names: list[str]) -> list[str]:
-    """One weights variant per folder: the fp16 variant when a folder has it (same tensors, half the
-    bytes to read), never both."""
+def pipeline_folders(model_index: dict) -> list[str]:
+    """Returns the component folders a diffusers `model_index.json` names (entries with a library and
+    class, e.g. unet, vae, tokenizer; not `_class_name` or components set to null): the only folders
+    a pipeline loads. Root files beside them, such as single-file checkpoints, are never loaded."""
+    return sorted(name for name, value in model_index.items() if not name.startswith("_")
+                  and isinstance(value, (list, tuple)) and len(value) == 2 and value[0] and value[1])
+
+
+def loaded_weight_files(names: list[str], model_index: dict | None = None) -> list[str]:
+    """Returns, of a repository's file names, the safetensors files a load reads: for a diffusers
+    pipeline (`model_index` given) those in the folders it names, else those at the root; one weights
+    variant per folder: the fp16 variant when a folder has it (same tensors, half the bytes to read),
+    never both."""
+    folders = set(pipeline_folders(model_index)) if model_index is not None else {""}
     by_folder: dict[str, list[str]] = {}
     for name in names:
-        if name.endswith(".safetensors"):
-            by_folder.setdefault(os.path.dirname(name), []).append(name)
+        folder = os.path.dirname(name)
+        if name.endswith(".safetensors") and folder in folders:
+            by_folder.setdefault(folder, []).append(name)
     chosen = []
     for files in by_folder.values():
         plain = [f for f in files if os.path.basename(f).count(".") == 1]
@@ -243,9 +469,11 @@ def _component(name: str) -> str:
 
 
 def _params_in_folder(folder: Path) -> dict[str, int]:
+    index = folder / "model_index.json"
+    model_index = json.loads(index.read_text()) if index.is_file() else None
     names = [p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")]
     params: dict[str, int] = {}
-    for name in _pick_weight_files(names):
+    for name in loaded_weight_files(names, model_index):
         with open(folder / name, "rb") as f:
             length = struct.unpack("<Q", f.read(8))[0]
             header = json.loads(f.read(length))
@@ -255,11 +483,14 @@ def _params_in_folder(folder: Path) -> dict[str, int]:
 
 
 def _params_on_hub(model: str) -> dict[str, int]:
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, hf_hub_download
 
     api = HfApi()
-    files = _pick_weight_files(api.list_repo_files(model))
-    if files and all("/" not in f for f in files):  # a transformers repo: one call reads every shard's header
+    names = api.list_repo_files(model)
+    model_index = json.loads(Path(hf_hub_download(model, "model_index.json")).read_text()) \
+        if "model_index.json" in names else None
+    files = loaded_weight_files(names, model_index)
+    if files and model_index is None:  # a transformers repo: one call reads every shard's header
         return {"model": sum(api.get_safetensors_metadata(model).parameter_count.values())}
     params: dict[str, int] = {}
     for name in files:

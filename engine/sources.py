@@ -20,7 +20,7 @@ def kind_by_name(spec: ModelSpec) -> str:
 
 def _generator(engine):
     spec, context = engine._spec_and_context("generator")
-    return engine.models.get(spec, **context)
+    return engine.models.peek(spec, **context)
 
 
 def source_kind(engine) -> str:

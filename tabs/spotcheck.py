@@ -72,7 +72,7 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
         result = gr.HTML("", elem_id=f"{prefix}-validation")
         with gr.Row():
             other = gr.Textbox("", label="Compare with another evaluator (backend:model)",
-                               placeholder="clip_vqa:synthetic, blip_vqa:Salesforce/blip-vqa-base, vlm:...",
+                               placeholder="faces: (gender and age), clip_vqa:synthetic, blip_vqa:Salesforce/blip-vqa-base, vlm:...",
                                elem_id=f"{prefix}-other", scale=4)
             compare_btn = gr.Button("Compare evaluators", elem_id=f"{prefix}-compare", scale=1)
         comparison = gr.HTML("", elem_id=f"{prefix}-comparison")

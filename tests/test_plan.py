@@ -21,6 +21,12 @@ QWEN3B = ModelSpec("hf_chat", "Qwen/Qwen2.5-3B-Instruct")
 VLM3B = ModelSpec("vlm", "Qwen/Qwen2.5-VL-3B-Instruct")
 
 
+def write_header(path, header: bytes) -> None:
+    """A safetensors file holding only its header: shapes to read, no weights."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+
+
 class FakeCuda:
     """A CUDA memory reporter: a card of `total_gb`, and a log of empty_cache calls."""
 
@@ -68,14 +74,17 @@ def test_sizes_are_known_before_loading_from_the_table_and_from_safetensors_head
     assert flux.source == "table"
     assert flux.bytes == pytest.approx(sum(KNOWN_PARAMS[FLUX.model].values()) * 1e9 * 2, rel=1e-6)
     assert model_size(FLUX, device="cpu").bytes == 2 * flux.bytes       # fp32 on the CPU
-    # A local diffusers-style folder: the header's shapes are read, fp16 variant counted once.
+    # A local diffusers folder: the header's shapes are read, fp16 variant counted once, and only the
+    # folders model_index.json names (a single-file checkpoint at the root and a stray folder are not loaded).
     header = json.dumps({"w": {"dtype": "F32", "shape": [1000, 1000], "data_offsets": [0, 4_000_000]},
                          "b": {"dtype": "F32", "shape": [1000], "data_offsets": [4_000_000, 4_004_000]}}).encode()
     for name in ("unet/diffusion_pytorch_model.safetensors", "unet/diffusion_pytorch_model.fp16.safetensors",
-                 "vae/diffusion_pytorch_model.safetensors"):
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(struct.pack("<Q", len(header)) + header)   # header only: no weights are read
+                 "vae/diffusion_pytorch_model.safetensors", "whole_model.safetensors",
+                 "whole_model_fp16.safetensors", "controlnet/diffusion_pytorch_model.safetensors"):
+        write_header(tmp_path / name, header)
+    (tmp_path / "model_index.json").write_text(json.dumps(
+        {"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
+         "vae": ["diffusers", "AutoencoderKL"], "safety_checker": [None, None]}))
     size = model_size(ModelSpec("diffusers", str(tmp_path)), device="cuda")
     assert size.source == "safetensors header (local)"
     assert size.components == {"unet": 1_001_000 * 2, "vae": 1_001_000 * 2}
@@ -104,7 +113,7 @@ def test_flux_set_does_not_fit_24gb_resident_and_the_plan_says_how_it_runs():
 
 def test_eviction_and_empty_cache_happen_before_a_load_that_would_not_fit(loads):
     calls, holder = loads
-    cuda = FakeCuda(24)
+    cuda = FakeCuda(32)
     manager = ModelManager("cuda", memory=cuda)
     holder.append(manager)
     manager.get(QWEN3B)
@@ -112,12 +121,12 @@ def test_eviction_and_empty_cache_happen_before_a_load_that_would_not_fit(loads)
     assert calls[-1]["resident"] == ["hf_chat:Qwen/Qwen2.5-3B-Instruct"] and not cuda.emptied
     sd15 = manager.get(SD15)       # fits next to both: nothing evicted
     assert len(manager.loaded()) == 3 and calls[-1]["emptied"] == 0 and not sd15.context
-    flux = manager.get(FLUX)       # ~31 GB > budget: everything idle goes first, then CPU offload
+    flux = manager.get(FLUX)       # 31 GB + 6 GB to generate > budget: everything idle goes first, then CPU offload
     assert calls[-1]["resident"] == [] and calls[-1]["emptied"] == 1
     assert flux.context == {"enable_cpu_offload": True}
     assert [m["model"] for m in manager.loaded()] == [FLUX.label]
     summary = manager.summary()
-    assert summary.startswith("resident: diffusers:black-forest-labs/FLUX.1-schnell (") and "budget 22.5 GB" in summary
+    assert summary.startswith("resident: diffusers:black-forest-labs/FLUX.1-schnell (") and "budget 30.5 GB" in summary
 
 
 def test_a_model_in_use_is_not_evicted_to_make_room(loads):

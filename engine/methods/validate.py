@@ -279,8 +279,12 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec, seed
         theirs = [a if choices else normalise_free_answer(a) for a in answers]
         if not choices:
             theirs = [a if a in item.classes else OTHER for a in theirs]
-        classes = list(item.classes) + ([OTHER] if OTHER in theirs and OTHER not in item.classes else [])
         first = [item.predicted[i] for i in present]
+        # an answer outside the classes keeps its kind as a column of its own ("other", "no face found",
+        # "several faces: female, male" -> "several faces"), so no image drops out of the matrix
+        first, theirs = ([a if a in item.classes else a.split(":")[0].strip() or OTHER for a in labels]
+                         for labels in (first, theirs))
+        classes = list(item.classes) + [c for c in dict.fromkeys(first + theirs) if c not in item.classes]
         stats = agreement(first, theirs, classes, seed=seed)
         axes[name] = {**stats, "agreement_matrix": stats["confusion"], "question": item.question,
                       "first": dict(Counter(first)), "second": dict(Counter(theirs))}

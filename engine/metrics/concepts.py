@@ -14,7 +14,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
-from engine.metrics.tibet import DEFAULT_STOPWORDS
+from engine.metrics.tibet import CAPTIONER_ARTEFACTS, DEFAULT_STOPWORDS
 
 # Words that only qualify the concept before them ("light skin", "dark-skinned"): merged into it.
 _QUALIFIERS = ("skinned", "skin", "toned", "tone", "coloured", "colored")
@@ -43,12 +43,13 @@ def _qualified(phrase: str) -> bool:
 
 
 def answer_phrase(answer: str, stopwords: frozenset[str] = DEFAULT_STOPWORDS) -> str | None:
-    """Returns one VQA answer as one concept ("A dark blue." -> "dark blue"), or None when it
-    carries none (empty, yes/no/none, stop words only)."""
-    words = _clean(answer).split()
+    """Returns one VQA answer as one concept ("A dark blue." -> "dark blue"; a captioner artefact
+    such as "arafed" dropped), or None when it carries none (empty, stop words only, or a whole-answer
+    stop entry such as "no face found")."""
+    words = [w for w in _clean(answer).split() if w not in CAPTIONER_ARTEFACTS]
     while words and words[0] in ("a", "an", "the"):
         words.pop(0)
-    if not words or all(w in stopwords for w in words):
+    if not words or all(w in stopwords for w in words) or " ".join(words) in stopwords:
         return None
     return " ".join(words)
 

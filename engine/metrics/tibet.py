@@ -44,10 +44,14 @@ doesn doesnt hadn hadnt hasn hasnt haven havent isn isnt ma mightn mightnt mustn
 neednt shan shant shouldn shouldnt wasn wasnt weren werent won wont wouldn wouldnt
 """.split())
 
-# Released TIBET code: "image" joins the stop words; yes/no/none answers carry no concept.
+# Released TIBET code: "image" joins the stop words; yes/no/none answers carry no concept, nor does
+# the face-attribute evaluator's "no face found" (engine.backends.faces).
 EXTRA_STOPWORDS = frozenset({"image"})
-NON_CONCEPT_ANSWERS = frozenset({"yes", "no", "none"})
-DEFAULT_STOPWORDS = ENGLISH_STOPWORDS | EXTRA_STOPWORDS | NON_CONCEPT_ANSWERS
+NON_CONCEPT_ANSWERS = frozenset({"yes", "no", "none", "no face found"})
+# BLIP captioners' artefact word ("arafed man in a suit"; not English) and its spellings: never a
+# concept, in Top-K or in CAS.
+CAPTIONER_ARTEFACTS = frozenset({"arafed", "araffe", "arafe", "araffed", "arafly"})
+DEFAULT_STOPWORDS = ENGLISH_STOPWORDS | EXTRA_STOPWORDS | NON_CONCEPT_ANSWERS | CAPTIONER_ARTEFACTS
 
 _STRIP_PUNCTUATION = str.maketrans("", "", string.punctuation.replace("-", ""))
 
@@ -62,7 +66,9 @@ def concept_words(answer: str, stopwords: frozenset[str] = DEFAULT_STOPWORDS) ->
     Hyphens inside a word are kept, so "middle-aged" stays one readable concept instead of
     counting as "middle" and "aged"; all other punctuation is deleted.
     """
-    words = (word.strip("-") for word in str(answer).lower().translate(_STRIP_PUNCTUATION).split())
+    words = [word.strip("-") for word in str(answer).lower().translate(_STRIP_PUNCTUATION).split()]
+    if " ".join(words) in stopwords:    # a whole-answer entry such as "no face found"
+        return []
     return [word for word in words if word and word not in stopwords]
 
 
