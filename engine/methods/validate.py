@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import backend_choices
 from ..axes import axis_for, normalise_free_answer
 from ..backends.base import ModelSpec
 from ..core import Engine
@@ -29,7 +30,6 @@ from ..events import Done, Progress, Scores
 from ..metrics import biasbench
 from ..metrics.agreement import agreement, corrected_distribution
 from ..metrics.intervals import posterior_interval, tidy
-from ..presets import parse_model_override
 from ..store import Store
 from .single_prompt import METRIC_RANGES
 
@@ -261,7 +261,7 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec, seed
     interval, the share of images they agree on, and both distributions.
     Returns {"run_id", "first", "second", "axes": {axis: {...}}}."""
     run = _run(engine.store, run_id)
-    spec = parse_model_override(other) if isinstance(other, str) else other
+    spec = backend_choices.resolve(engine, "vqa", other)   # a visitor of a public GapLens: one the host offers
     # the same engine (store, model manager, stats) with another VQA: its answers are cached under
     # their own evaluator id, and the run's evaluator stays loaded for the next question
     second = copy.copy(engine)
