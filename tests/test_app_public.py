@@ -57,8 +57,11 @@ def test_two_visitors_the_host_budgets_and_the_database_over_http(tmp_path, monk
         (a_run,) = a_runs
         with pytest.raises(AppError, match="pick a run first|no run"):
             b.predict(selected=[a_run], api_name="/runs_open")
-        with pytest.raises(AppError, match="not yours"):
-            b.predict(selected=[a_run], confirmed=True, keep=False, api_name="/runs_delete")
+        # deleting another visitor's run answers as for a run that does not exist (issue 26)
+        others = b.predict(selected=[a_run], confirmed=True, keep=False, api_name="/runs_delete")[2]
+        missing = b.predict(selected=["20000101-000000-abcdef"], confirmed=True, keep=False, api_name="/runs_delete")[2]
+        assert others.replace(a_run, "ID") == missing.replace("20000101-000000-abcdef", "ID")
+        assert "Not found" in others and a_run in _run_ids(a)
 
         # Host-only: switching the preset and unloading, refused to visitors, allowed to the host.
         for client in (a, b):

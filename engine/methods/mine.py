@@ -177,9 +177,7 @@ def check_request(request: MineRequest, engine: Engine) -> MineRequest:
 
 def load_resumable(engine: Engine, run_id: str) -> dict:
     """The stored record of a mine run that can be resumed; InputError otherwise."""
-    record = engine.store.get_run(run_id.strip())
-    if record is None or record["method"] != "mine":
-        raise InputError(f"no Mine Prompts run '{run_id}' in the store at {engine.store.data_dir}")
+    record = engine.store.require_run(run_id, "mine", "Mine Prompts run")
     if not record["results"].get("nodes"):
         raise InputError(f"run '{run_id}' stopped before it saved any state; start a new run instead")
     return record

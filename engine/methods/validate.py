@@ -293,10 +293,7 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec, seed
 
 
 def _run(store: Store, run_id: str) -> dict:
-    run = store.get_run(str(run_id).strip())
-    if run is None:
-        raise InputError(f"no run '{run_id}' in {store.data_dir}")
-    return run
+    return store.require_run(run_id)
 
 
 # -- as a command ----------------------------------------------------------------------------------
