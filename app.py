@@ -80,9 +80,11 @@ def build_app(engine: Engine) -> gr.Blocks:
 
 
 def allowed_paths(engine: Engine) -> list[str]:
-    """What Gradio may serve from the data directory: the image files only (never the
-    database, its WAL or anything else there). Downloads are copied into Gradio's cache."""
-    return [str(engine.store.image_dir)]
+    """What Gradio may serve straight from the data directory: locally the image files only (never
+    the database, its WAL or anything else there); in public mode nothing, as anyone may fetch an
+    allowed path: pages show copies in Gradio's cache (tabs.common.served) that only the visitor
+    handed them can find. Downloads are copied into Gradio's cache."""
+    return [] if engine.public else [str(engine.store.image_dir)]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,5 +1,5 @@
 """The app in public mode over HTTP (issue 13): two visitors through gradio_client, host-only
-actions, budgets, and the file route refusing the database."""
+actions, budgets, and the file route refusing the store's files."""
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -80,12 +80,13 @@ def test_two_visitors_the_host_budgets_and_the_database_over_http(tmp_path, monk
             _measure(b, 16)
         assert engine.store.count("runs") == before
 
-        # The file route serves images, never the database or its WAL.
+        # The file route serves no file of the store: not its images (issue 26: visitors get copies in
+        # Gradio's cache, tests/test_app_public_reach.py), never the database or its WAL.
         with access.acting_as(access.HOST):
             image = engine.store.get_images([engine.store.get_run(host_run)["images"][0]["image_key"]])
         (record,) = image.values()
         status, body = _get(f"{url}gradio_api/file={urllib.parse.quote(record.path)}")
-        assert status == 200 and body[:8] == b"\x89PNG\r\n\x1a\n"
+        assert status == 403 and not body.startswith(b"\x89PNG")
         data_dir = engine.store.data_dir
         assert (data_dir / "gaplens.sqlite").exists() and (data_dir / "gaplens.sqlite-wal").exists()
         for name in ("gaplens.sqlite", "gaplens.sqlite-wal", "gaplens.sqlite-shm", "images/../gaplens.sqlite"):
