@@ -553,6 +553,11 @@ class Store:
                 (*chunk, *args))})
         return [by_id[i] for i in run_ids if i in by_id]
 
+    def imported_run_ids(self, run_ids: Sequence[str]) -> set[str]:
+        """The runs among `run_ids` that came from an archive: an import records no process (host)
+        that ran them, a run made here always does (`create_run`)."""
+        return {r["id"] for r in self.run_rows(run_ids) if not r.get("host")}
+
     def run_image_rows(self, run_ids: Sequence[str]) -> list[dict]:
         return [dict(r) for r in self._read_in("SELECT * FROM run_images", "run_id", run_ids, "run_id, position")]
 

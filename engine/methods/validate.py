@@ -57,17 +57,23 @@ class CheckAxis:
 def checkable_axes(run: dict) -> dict[str, CheckAxis]:
     """The axes of a stored run whose evaluator labels a person can check: Single Prompt's axes
     and Counterfactuals' axis questions (free-form answers grouped into their commonest
-    classes). Other methods: {}."""
+    classes), over the images the run holds (`run["images"]`: a key its results name but it does
+    not hold, e.g. in an imported archive, is never read). Other methods: {}."""
     results = run.get("results") or {}
+    held = {link["image_key"] for link in run.get("images") or []}
     out: dict[str, CheckAxis] = {}
     if run.get("method") == "single_prompt":
         # the measured images in order (flagged ones are left out of every metric); from the image
         # list, whose keys an import rewrites, rather than the keys of `answers`
-        keys = [im["key"] for im in results.get("images") or [] if not im.get("nsfw")]
+        measured = [im["key"] for im in results.get("images") or [] if not im.get("nsfw")]
         for name, m in (results.get("axes") or {}).items():
             labels = list(m.get("labels") or [])
-            if len(labels) != len(keys) or not labels:
+            if len(labels) != len(measured) or not labels:
                 continue
+            kept = [(k, label) for k, label in zip(measured, labels) if k in held]
+            if not kept:
+                continue
+            keys, labels = [k for k, _ in kept], [label for _, label in kept]
             axis = axis_for(name)
             classes = list(m.get("classes") or axis.values)
             reference = m.get("reference") if isinstance(m.get("reference"), dict) else None
@@ -80,7 +86,7 @@ def checkable_axes(run: dict) -> dict[str, CheckAxis]:
             for label, s in (results.get("sets") or {}).items():
                 for image in s.get("images") or []:
                     answer = (image.get("answers") or {}).get(name)
-                    if answer is not None and image.get("key") not in keys:
+                    if answer is not None and image.get("key") in held and image.get("key") not in keys:
                         keys.append(image["key"])
                         labels.append(normalise_free_answer(answer))
                         groups.append(label)
