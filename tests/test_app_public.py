@@ -1,12 +1,10 @@
 """The app in public mode over HTTP (issue 13): two visitors through gradio_client, host-only
 actions, budgets, and the file route refusing the store's files."""
-import urllib.error
 import urllib.parse
-import urllib.request
 
 import pytest
 
-from apphelpers import running_app
+from apphelpers import http_get as _get, running_app
 from engine import access
 from engine.core import Engine
 from engine.events import Done
@@ -14,14 +12,6 @@ from engine.limits import Budget
 from engine.methods import generate
 
 HOST_TOKEN = "test-host-token-0123456789"
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def _measure(client, n: int):

@@ -6,15 +6,13 @@ import json
 import re
 import socketserver
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from apphelpers import running_app
+from apphelpers import http_get as _get, running_app
 from engine import access
 from engine.core import Engine
 from engine.events import Done
@@ -54,8 +52,8 @@ def listener():
 
 
 def _public_engine(tmp_path, **options) -> Engine:
-    return Engine("synthetic", data_dir=str(tmp_path / "store"), public=True, max_images=256,
-                  budget=Budget(images=64, hourly_images=10**6), **options)
+    options.setdefault("budget", Budget(images=64, hourly_images=10**6))
+    return Engine("synthetic", data_dir=str(tmp_path / "store"), public=True, max_images=256, **options)
 
 
 def _clients(url):
@@ -63,14 +61,6 @@ def _clients(url):
 
     host = Client(url, headers={"x-gaplens-host-token": HOST_TOKEN}, verbose=False, download_files=False)
     return host, Client(url, verbose=False, download_files=False), Client(url, verbose=False, download_files=False)
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def _file(url: str, path) -> tuple[int, bytes]:
@@ -99,22 +89,38 @@ def _default(param: dict):
     return "" if param["python_type"]["type"] == "str" else None   # an empty box
 
 
-def _call(client, name: str, **given):
-    """`client.predict` on endpoint `name` with `given` and every other parameter left as on the page."""
+def _arguments(client, name: str, **given) -> dict:
+    """The arguments of endpoint `name`: `given`, and every other parameter left as on the page."""
     params = client.view_api(print_info=False, return_format="dict")["named_endpoints"][name]["parameters"]
-    return client.predict(**{p["parameter_name"]: given.get(p["parameter_name"], _default(p)) for p in params},
-                          api_name=name)
+    return {p["parameter_name"]: given.get(p["parameter_name"], _default(p)) for p in params}
 
 
-def _value(param: dict, hostile: str, picks: dict):
-    """What the walk sends for one parameter: the hostile text in every free-text parameter and in
-    every parameter naming a backend (its own run where it selects runs), else its default."""
-    kind, name = param["python_type"]["type"], param["parameter_name"]
-    if name in picks:
-        return picks[name]
-    if kind in FREE_TEXT or NAMES_A_BACKEND.search(param.get("label") or ""):
-        return [hostile] if kind.startswith("list") else hostile
-    return None if "filepath" in kind else _default(param)
+def _call(client, name: str, **given):
+    return client.predict(**_arguments(client, name, **given), api_name=name)
+
+
+def _names_a_backend(param: dict) -> bool:
+    return bool(NAMES_A_BACKEND.search(param.get("label") or ""))
+
+
+def _attacks(endpoint: dict, hostile: str, picks: dict):
+    """The calls the walk makes to one endpoint, as (arguments, the parameter given `hostile`): one
+    per free-text parameter and per parameter naming a backend, `hostile` there alone. Every other
+    parameter holds what the page would send (`picks`: a prompt, the visitor's own run; else its
+    default or, naming a backend, a choice offered), so `hostile` reaches the handler unless its
+    own parameter is refused. Parameters taking a file get none (Gradio takes uploads only)."""
+    def offered(p):
+        if p["parameter_name"] in picks:
+            return picks[p["parameter_name"]]
+        if "filepath" in p["python_type"]["type"]:
+            return None
+        return p["example_input"] if _names_a_backend(p) else _default(p)
+
+    base = {p["parameter_name"]: offered(p) for p in endpoint["parameters"]}
+    for p in endpoint["parameters"]:
+        if p["python_type"]["type"] in FREE_TEXT or _names_a_backend(p):
+            value = [hostile] if p["python_type"]["type"].startswith("list") else hostile
+            yield {**base, p["parameter_name"]: value}, p["parameter_name"]
 
 
 def test_no_endpoint_lets_a_visitor_name_a_server_path_or_backend(tmp_path, listener, monkeypatch):
@@ -125,36 +131,37 @@ def test_no_endpoint_lets_a_visitor_name_a_server_path_or_backend(tmp_path, list
     from gradio_client.exceptions import AppError
 
     monkeypatch.setenv("GAPLENS_HOST_TOKEN", HOST_TOKEN)
-    engine = _public_engine(tmp_path)
+    engine = _public_engine(tmp_path, budget=Budget(images=24, hourly_images=10**6))   # the walk runs small sets
     port = listener.server_address[1]
     hostile_texts = [f"openai:http://127.0.0.1:{port}/v1", f"hf-inference:http://127.0.0.1:{port}/model",
-                     f"http://127.0.0.1:{port}/v1", f"base_url=http://127.0.0.1:{port}/v1",
-                     "folder:/etc", "diffusers:/usr"]
+                     "folder:/etc"]
     with running_app(engine) as url:
         host, a, _ = _clients(url)
         run_id, _ = _measure(a, "a photo of a nurse")   # a run of A's own for the spot-check panels
-        _call(a, "/counterfactuals", prompt="a photo of a doctor", n=2)
         info = a.view_api(print_info=False, return_format="dict", all_endpoints=True)
         endpoints = info["named_endpoints"]
         assert not info["unnamed_endpoints"]
         naming = {(name, p["parameter_name"]) for name, ep in endpoints.items() for p in ep["parameters"]
-                  if NAMES_A_BACKEND.search(p.get("label") or "")}
-        picks = {"selected": [run_id], "run_value": [run_id]}
-        answers = []
+                  if _names_a_backend(p)}
+        picks = {"selected": [run_id], "run_value": [run_id], "prompt": "a photo of a cat",
+                 "prompt_text": "a photo of a cat", "n": 2}
+        answers = []   # (endpoint, the parameter given the hostile text, outcome, answer)
         for hostile in hostile_texts:
             for name, endpoint in endpoints.items():
-                kwargs = {p["parameter_name"]: _value(p, hostile, picks) for p in endpoint["parameters"]}
-                try:
-                    answers.append((name, hostile, "ok", str(a.predict(**kwargs, api_name=name))))
-                except AppError as exc:
-                    answers.append((name, hostile, "refused", str(exc)))
+                for kwargs, attacked in _attacks(endpoint, hostile, picks):
+                    try:
+                        answers.append((name, attacked, "ok", str(a.predict(**kwargs, api_name=name))))
+                    except AppError as exc:
+                        answers.append((name, attacked, "refused", str(exc)))
         assert listener.hits == [], listener.hits
-        for name, hostile, outcome, text in answers:
+        for name, _, _, text in answers:
             assert str(engine.store.data_dir) not in text and str(tmp_path) not in text, (name, text)
-        for name, param in sorted(naming):
-            refusals = [text for endpoint, _, outcome, text in answers if endpoint == name and outcome == "refused"]
-            assert len(refusals) == len(hostile_texts), (name, param)
-            assert all(OFFERS in t or HOST_ONLY in t or NOT_A_CHOICE in t for t in refusals), (name, refusals)
+        for name, param in sorted(naming):   # each parameter naming a backend: refused whenever it was hostile
+            outcomes = [(outcome, text) for endpoint, attacked, outcome, text in answers
+                        if endpoint == name and param == attacked]
+            assert len(outcomes) == len(hostile_texts), (name, param)
+            assert all(outcome == "refused" and (OFFERS in t or HOST_ONLY in t or NOT_A_CHOICE in t)
+                       for outcome, t in outcomes), (name, param, outcomes)
         # the parameters the walk found naming a backend (the closing note of issue 26 lists them)
         assert {name for name, _ in naming} >= {"/compare_models", "/sp_spot_compare", "/cf_spot_compare",
                                                 "/runs_spot_compare", "/use_model", "/use_preset"}
@@ -249,6 +256,14 @@ def test_store_images_reach_their_visitor_or_everyone_once_published(tmp_path, m
         for image_url in a_urls + opened:
             status, body = _get(image_url)
             assert status == 200 and body in stored
+        # ... and the counterfactual sets' thumbnails (an HTML grid of <img> from Gradio's cache)
+        job = a.submit(**_arguments(a, "/counterfactuals", prompt="a photo of a doctor", n=2), api_name="/counterfactuals")
+        job.result()
+        thumbnails = {src for out in job.outputs() for src in re.findall(r'<img src="([^"]+)"', str(out[4]))}
+        assert thumbnails and all(src.startswith("gradio_api/file=") for src in thumbnails)
+        for src in thumbnails:
+            status, body = _get(url + src)
+            assert status == 200 and body.startswith(PNG)
         # Everyone sees the published run's images, B included.
         published = b.predict(selected=[shown], api_name="/runs_open")[1]
         assert len(published) == 2 and all(_get(item["image"]["url"])[0] == 200 for item in published)
