@@ -237,6 +237,9 @@ def test_store_images_reach_their_visitor_or_everyone_once_published(tmp_path, m
     from gradio_client.exceptions import AppError
 
     monkeypatch.setenv("GAPLENS_HOST_TOKEN", HOST_TOKEN)
+    # the server's own cache: on this machine test clients download files into the default one,
+    # under the plain sha256 of their bytes, which a guess below would find
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio-cache"))
     engine = _public_engine(tmp_path)
     with access.acting_as(access.HOST):   # the host's run, published to every visitor
         shown = [e for e in generate.run(generate.GenerateRequest("a photo of a chef", n=2), engine)
