@@ -14,7 +14,7 @@ from engine.errors import InputError, NotAllowedError
 from engine.events import Done
 from engine.limits import Budget
 from engine.methods import compare_models, mine, mitigate, single_prompt, validate
-from engine.presets import PRESETS
+from engine.presets import PRESETS, SYNTHETIC_TABLE
 from engine.report import export
 from engine.store import is_key
 
@@ -86,6 +86,22 @@ def test_a_visitor_picks_only_what_the_host_offers_under_labels_without_host_pat
         assert validate.compare_evaluators(engine, run_id, "clip_vqa:synthetic")["second"] == "clip_vqa:synthetic"
     with access.acting_as(access.HOST):   # the host may name anything, as on their own machine
         assert backend_choices.resolve(engine, "generator", "folder:/etc") == ModelSpec("folder", "/etc")
+
+
+def test_a_model_the_host_offers_from_a_path_runs_and_its_path_stays_home(tmp_path):
+    world = tmp_path / "host-only" / "world.json"
+    world.parent.mkdir()
+    world.write_text(open(SYNTHETIC_TABLE).read())
+    engine = _public(tmp_path, public_generators=f"world-copy=synthetic_generator:{world}")
+    with access.acting_as(A):
+        done = _done(_compare(engine, "synthetic", "world-copy"))
+        assert done.results["generators"] == ["synthetic", "world-copy"]
+        export.export_files(engine.store, [done.run_id, *done.results["runs"]], "all", tmp_path / "out")
+    written = [p.read_bytes() for p in (tmp_path / "out").iterdir()]
+    (archive,) = (tmp_path / "out").glob("*.zip")
+    with zipfile.ZipFile(archive) as zf:
+        written += [zf.read(name) for name in zf.namelist() if name.endswith((".json", ".jsonl", ".html", ".csv"))]
+    assert str(world.parent) not in json.dumps(done.results) and not any(str(world.parent).encode() in w for w in written)
 
 
 def test_a_host_allow_list_is_checked_when_the_app_starts(tmp_path):

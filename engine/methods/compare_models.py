@@ -19,6 +19,7 @@ from ..backends.base import ModelSpec
 from ..core import Engine, Run, recorded
 from ..errors import GapLensError, InputError
 from ..events import Done, Progress, Scores, Table, Warning
+from ..names import short_label
 from ..scores import Score, difference
 from . import cfsets, counterfactuals, intersectional, single_prompt
 
@@ -77,7 +78,8 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
             yield Warning(f"counterfactual {problem}")
         base.axes = axes
         yield Table("axes", ["axis", "counterfactual"], cfsets.rows_from_axes(axes))
-    results: dict = {"method": request.method, "generators": labels, "models": [s.label for s in specs],
+    models = [s.label if backend_choices.free(engine) else short_label(s.label) for s in specs]  # visitors: no host path
+    results: dict = {"method": request.method, "generators": labels, "models": models,
                      "request": _plain(base), "runs": [], "results": []}
     own = engine.preset.generator
     for i, (label, spec) in enumerate(zip(labels, specs)):

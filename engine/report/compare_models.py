@@ -3,7 +3,7 @@ MAD per axis, IS matrices and BiasGraphs), then every compared number with the d
 from the first model and their intervals."""
 from __future__ import annotations
 
-from ..names import readable, short_label
+from ..names import readable
 from . import Markup, counterfactuals, fmt, fmt_ci, intersectional, render
 from .single_prompt import axis_html
 
@@ -53,7 +53,7 @@ def page(results: dict) -> Markup:
     """Returns the HTML of a finished (or partial) compare_models run's results."""
     method, labels = results["method"], results["generators"]
     done = results.get("results") or []
-    models = [{"letter": _letter(i), "generator": g, "model": short_label((results.get("models") or labels)[i]),
+    models = [{"letter": _letter(i), "generator": g, "model": (results.get("models") or labels)[i],
                "run_id": results["runs"][i] if i < len(results.get("runs", [])) else "not run yet"}
               for i, g in enumerate(labels)]
     sections = [{"title": title, "views": [{"letter": _letter(i), "generator": labels[i], "html": Markup(html)}
