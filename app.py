@@ -83,9 +83,11 @@ def build_app(engine: Engine) -> gr.Blocks:
 
 
 def allowed_paths(engine: Engine) -> list[str]:
-    """What Gradio may serve from the data directory: the image files only (never the
-    database, its WAL or anything else there). Downloads are copied into Gradio's cache."""
-    return [str(engine.store.image_dir)]
+    """What Gradio may serve straight from the data directory: locally the image files only (never
+    the database, its WAL or anything else there); in public mode nothing, as anyone may fetch an
+    allowed path: pages show copies in Gradio's cache (tabs.common.served) that only the visitor
+    handed them can find. Downloads are copied into Gradio's cache."""
+    return [] if engine.public else [str(engine.store.image_dir)]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -111,6 +113,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.add_argument(f"--{role}-option", action="append", default=[], metavar="KEY=VALUE", dest=f"{role}_option",
                        help=f"an option of the {role} (repeatable; never a secret)")
     p.add_argument("--max-api-calls", type=int, default=None, help="most image API calls one run may make")
+    p.add_argument("--public-generators", default=None, metavar="[LABEL=]BACKEND:MODEL,...",
+                   help="public mode: generators visitors may pick in Compare models besides the presets' and "
+                        "--generator (visitors never type a model, path or URL)")
+    p.add_argument("--public-evaluators", default=None, metavar="[LABEL=]BACKEND:MODEL,...",
+                   help="public mode: VQA evaluators visitors may pick in Compare evaluators besides the presets' "
+                        "and --vqa")
     return p.parse_args(argv)
 
 
@@ -120,6 +128,7 @@ def main(argv=None) -> None:
     quota = args.quota_gb if args.quota_gb is not None else (20.0 if args.public else None)
     try:
         engine = make_engine(args, public=args.public, budget=budget, quota_gb=quota,
+                             public_generators=args.public_generators, public_evaluators=args.public_evaluators,
                              device="cuda" if os.environ.get("SPACES_ZERO_GPU") else None)  # ZeroGPU: never probe CUDA
     except GapLensError as exc:  # e.g. a damaged database: one sentence, no traceback
         raise SystemExit(f"error: {exc}") from None

@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import __version__, access, limits, sources
+from . import __version__, access, backend_choices, limits, sources
 from .backends.base import GenerationSettings, ModelSpec, PartialBatch, with_options
 from .errors import GapLensError, InputError, OutOfMemoryError, StoreError
 from .events import Done, Images, Progress, Warning
@@ -54,12 +54,19 @@ class Engine:
                  memory_budget_gb: float | None = None, public: bool = False,
                  budget: "limits.Budget | None" = None, quota_gb: float | None = None,
                  options: dict | None = None, max_api_calls: int = DEFAULT_MAX_API_CALLS,
+                 public_generators=None, public_evaluators=None,
                  **model_overrides: str | ModelSpec | None):
         """`public`: serve visitors (engine/access.py): each sees only their own runs, host-only
         actions refuse them, requests must fit `budget` (default `limits.Budget()`), and the
         store is cleaned automatically when its images exceed `quota_gb`. `options`: backend
-        options by role (`--ROLE-option KEY=VALUE`); `max_api_calls`: image API calls per run."""
+        options by role (`--ROLE-option KEY=VALUE`); `max_api_calls`: image API calls per run.
+        `public_generators` / `public_evaluators`: what visitors may pick beyond the presets' models
+        and this engine's own in Compare models / Compare evaluators ('[LABEL=]backend:model',
+        comma-separated or a list; engine/backend_choices.py)."""
         self.preset, self.preset_reason = resolve_preset(preset, options, **model_overrides)
+        self.started_with = self.preset.specs()
+        self.public_choices = {"generator": backend_choices.parse_allow_list(public_generators, "generator"),
+                               "vqa": backend_choices.parse_allow_list(public_evaluators, "vqa")}
         self.public = bool(public)
         self.budget = (budget or limits.Budget()) if public else budget
         self.store = Store(data_dir or default_data_dir(), public=self.public)
@@ -386,9 +393,11 @@ class Engine:
     # -- runs ----------------------------------------------------------------------------------
     def admit(self, method: str, request) -> int:
         """Check a request before any work starts or anything is stored: ranges always
-        (limits.check_request); in public mode also the budgets and the store's quota.
+        (limits.check_request); in public mode also the backends and files it names
+        (backend_choices.check_request), the budgets and the store's quota.
         Returns the images it is budgeted for. InputError / OverBudgetError / StoreError."""
         limits.check_request(method, request, self.preset.name)
+        backend_choices.check_request(self, request)   # public mode: no backend, server or file but the host's
         fields = _as_dict(request)
         for name, what in (("n", "number of images"), ("n_variations", "number of text variations")):
             if fields.get(name) is not None:
@@ -493,6 +502,7 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
         if check is not None:
             check(request, engine)
         limits.check_request(method, request, engine.preset.name)
+        backend_choices.check_request(engine, request)
 
     def wrap(fn):
         @functools.wraps(fn)

@@ -238,13 +238,14 @@ def _read(zf: zipfile.ZipFile, name: str, store: Store, replace: bool, trust: bo
     todo, skipped, renamed = [], [], {}
     for run in run_rows:
         old = run["id"]
-        if is_run_id(old) and store.run_exists(old):
-            if store.run_writable(old) and not replace:
+        if is_run_id(old) and store.run_writable(old):
+            if not replace:
                 skipped.append(old)
                 continue
-            if not store.run_writable(old):  # someone else's run: never overwrite it
-                run["id"] = store.new_run_id()
-        elif not is_run_id(old):  # ids become file names: a path-like id gets a fresh one
+        elif not is_run_id(old) or store.run_exists(old) or visitor_owner:
+            # ids become file names (a path-like id gets a fresh one); someone else's run is never
+            # overwritten; and a visitor's import always gets fresh ids, as whether an id was kept
+            # would tell whether another visitor's run has it
             run["id"] = store.new_run_id()
         if run["id"] != old:
             renamed[old] = run["id"]

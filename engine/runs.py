@@ -218,12 +218,7 @@ def _row(run: dict) -> dict:
 
 # -- one run ---------------------------------------------------------------------------------
 def get_run(store: Store, run_id: str) -> dict:
-    run = store.get_run((run_id or "").strip())
-    if run is None:
-        where = "" if store.public else f" at {store.data_dir}"  # no host paths for visitors
-        raise InputError(f"no run '{run_id}' in the store{where} "
-                         f"(`python -m engine runs list` shows the runs there)")
-    return run
+    return store.require_run(run_id, hint=" (`python -m engine runs list` shows the runs there)")
 
 
 def run_records(store: Store, run: dict) -> list[tuple[ImageRecord, str]]:

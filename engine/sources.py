@@ -80,16 +80,19 @@ def announce_api_calls(engine, sets):
                   "images are not seedable, so regenerating them would not reproduce them: they are kept in the store")
 
 
-def use_model(engine, role: str, model: str = "", options: dict | None = None) -> ModelSpec:
+def use_model(engine, role: str, model: str = "", options: dict | str | None = None) -> ModelSpec:
     """Replace one role's model (BACKEND:MODEL, read as the role means it; empty keeps the
-    current one) and its options (replacing the old ones; secrets refused). The old model is
+    current one) and its options (a dict, or KEY=VALUE lines; replacing the old ones; secrets
+    refused). Host only in public mode, refused before anything is read. The old model is
     unloaded, the store kept. Returns the new spec."""
     from dataclasses import replace
 
     from . import access
-    from .presets import check_options, parse_model_override
+    from .presets import check_options, parse_model_override, parse_options
 
     access.require_host(getattr(engine, "public", False), "changing a model")  # it changes it for every visitor
+    if isinstance(options, str):
+        options = parse_options(options, role)
     if role not in engine.preset.specs():
         raise InputError(f"unknown role '{role}'; roles: {', '.join(engine.preset.specs())}")
     old = engine.preset.specs()[role]

@@ -493,6 +493,16 @@ class Store:
             "SELECT image_key, label, position FROM run_images WHERE run_id=? ORDER BY position", (run_id,))]
         return run
 
+    def require_run(self, run_id: str, method: str | None = None, what: str = "run", hint: str = "") -> dict:
+        """The run (`get_run`) when the current visitor may see it and it is of `method` (any when
+        None); else InputError in one sentence that reads the same for another visitor's run as for
+        a missing one, and names the data directory only in local mode."""
+        run = self.get_run(str(run_id or "").strip())
+        if run is None or (method and run["method"] != method):
+            where = "" if self.public else f" at {self.data_dir}"  # no host paths for visitors
+            raise InputError(f"no {what} '{run_id}' in the store{where}{hint}")
+        return run
+
     def list_runs(self, method: str | None = None, limit: int | None = None, offset: int = 0,
                   oldest_first: bool = False) -> list[dict]:
         """The runs the current visitor may see, newest first (`limit` of them from `offset`)."""
@@ -543,6 +553,11 @@ class Store:
                 (*chunk, *args))})
         return [by_id[i] for i in run_ids if i in by_id]
 
+    def imported_run_ids(self, run_ids: Sequence[str]) -> set[str]:
+        """The runs among `run_ids` that came from an archive: an import records no process (host)
+        that ran them, a run made here always does (`create_run`)."""
+        return {r["id"] for r in self.run_rows(run_ids) if not r.get("host")}
+
     def run_image_rows(self, run_ids: Sequence[str]) -> list[dict]:
         return [dict(r) for r in self._read_in("SELECT * FROM run_images", "run_id", run_ids, "run_id, position")]
 
@@ -556,13 +571,16 @@ class Store:
 
     def delete_run(self, run_id: str, keep_images: bool = False) -> dict:
         """Delete a run and its image links; unless `keep_images`, also the images no other run
-        links to (rows, files, and their VQA answers and embeddings). Returns what was removed."""
+        links to (rows, files, and their VQA answers and embeddings). Returns what was removed:
+        nothing for a run the visitor may not see, as for a missing one (no existence oracle)."""
         where, args = self._scope(write=True)
+        seen, seen_args = self._scope()
         with self._write() as db:
-            if db.execute("SELECT COUNT(*) FROM runs WHERE id=?", (run_id,)).fetchone()[0] == 0:
+            if db.execute("SELECT COUNT(*) FROM runs WHERE id=?" + (f" AND {seen}" if seen else ""),
+                          (run_id, *seen_args)).fetchone()[0] == 0:
                 return {"runs": 0, "images": 0, "answers": 0, "embeddings": 0}
             if where and db.execute(f"SELECT COUNT(*) FROM runs WHERE id=? AND {where}", (run_id, *args)).fetchone()[0] == 0:
-                raise NotAllowedError(f"run '{run_id}' is not yours: visitors may delete only their own runs")
+                raise NotAllowedError(f"run '{run_id}' is published, not yours: visitors may delete only their own runs")
             keys = [r[0] for r in db.execute("SELECT DISTINCT image_key FROM run_images WHERE run_id=?", (run_id,))]
             db.execute("DELETE FROM run_images WHERE run_id=?", (run_id,))
             db.execute("DELETE FROM labels WHERE run_id=?", (run_id,))

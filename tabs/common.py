@@ -5,6 +5,8 @@ import functools
 import hmac
 import inspect
 import os
+import re
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import gradio as gr
@@ -202,8 +204,34 @@ def distinct_captions(records) -> list[str]:
     return [f"seed {r.seed}: " + " ".join(w[start:] or w) for r, w in zip(records, words)]
 
 
+STORE_FILE = re.compile(r"(?:[0-9a-f]{64}|refused)\.png")   # an image of the store, or its refusal placeholder
+
+
+def served(path) -> str | None:
+    """A copy of the store image at `path` in Gradio's cache, which is what a page shows (None for
+    a file that is not a store image). The store's own folder is never served (app.allowed_paths):
+    the copy's folder is a hash of its bytes keyed by this installation's secret seed (Gradio's
+    save_file_to_cache, the copy Gradio itself makes of a returned file), so only someone handed
+    its URL (the visitor whose run holds the image, or anyone for a published run) can fetch it,
+    and a guessed image key finds nothing."""
+    from gradio import processing_utils, utils
+
+    if not path or not STORE_FILE.fullmatch(Path(path).name):
+        return None
+    try:
+        return processing_utils.save_file_to_cache(path, cache_dir=utils.get_upload_folder())
+    except OSError:  # deleted meanwhile: shown as missing
+        return None
+
+
+def served_url(path) -> str:
+    """The address a page's <img> fetches the `served` copy of a store image from ('' when none)."""
+    copy = served(path)
+    return f"gradio_api/file={copy}" if copy else ""
+
+
 def gallery_items(records, captions=None) -> list[tuple[str, str]]:
-    """(path, caption) pairs for gr.Gallery; flagged images say so in their caption."""
+    """(path, caption) pairs for gr.Gallery (paths: `served` copies); flagged images say so in their caption."""
     items = []
     for i, r in enumerate(records):
         caption = captions[i] if captions else f"seed {r.seed}"
@@ -211,7 +239,9 @@ def gallery_items(records, captions=None) -> list[tuple[str, str]]:
             caption += " [refused by the API: excluded]"
         elif r.nsfw:
             caption += " [flagged by safety checker: excluded]"
-        items.append((r.path, caption))
+        path = served(r.path)
+        if path:
+            items.append((path, caption))
     return items
 
 

@@ -7,6 +7,7 @@ import time
 
 import gradio as gr
 
+from engine import backend_choices
 from engine.axes import known_axes
 from engine.events import Done, Progress, Scores, Table, Warning
 from engine.methods import compare_models, single_prompt
@@ -29,9 +30,13 @@ def build(engine) -> list:
     with gr.Row():
         with gr.Column(scale=2, min_width=340):
             method = gr.Radio(METHODS, value="single_prompt", label="Audit", elem_id="cm-method")
-            presets = gr.CheckboxGroup(list(PRESETS), value=[], label="Generators: presets", elem_id="cm-presets")
+            # public mode: visitors pick from the generators the host offers, never type one
+            offered = backend_choices.offered(engine, "generator") if engine.public else PRESETS
+            presets = gr.CheckboxGroup(list(offered), value=[], label="Generators" if engine.public else
+                                       "Generators: presets", elem_id="cm-presets")
             more = gr.Textbox(label="More generators (BACKEND:MODEL, comma-separated)", elem_id="cm-more",
-                              placeholder="diffusers:/models/my-sd, synthetic_generator:/path/world.json")
+                              placeholder="diffusers:/models/my-sd, synthetic_generator:/path/world.json",
+                              visible=not engine.public)
             editor = axes_table.build(engine, "cm", EXAMPLES)
             with gr.Row():
                 n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,

@@ -12,7 +12,7 @@ from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table, spotcheck
-from .common import checked, gpu, gpu_seconds_for_sets, user_errors, with_notes
+from .common import checked, gpu, gpu_seconds_for_sets, served, served_url, user_errors, with_notes
 from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
@@ -24,8 +24,8 @@ def drilldown(results: dict, label: str):
         return "", []
     images = results["sets"][label]["images"]
     # short captions (a gallery shows one line): the answers' values; the drill-down names the questions
-    items = [(im["path"], f"seed {im['seed']}: " + " · ".join(str(v) for v in im["answers"].values()))
-             for im in images]
+    items = [(path, f"seed {im['seed']}: " + " · ".join(str(v) for v in im["answers"].values()))
+             for im in images if (path := served(im["path"]))]
     return report.drill_html(results, label), items
 
 
@@ -93,7 +93,7 @@ def build(engine) -> list:
                 if event.label.endswith("initial"):
                     records.clear()       # aggregate mode: show the current prompt's sets only
                 records.setdefault(event.label, []).extend(event.records)
-                yield skip, skip, skip, skip, report.sets_html(records), skip, skip, skip
+                yield skip, skip, skip, skip, report.sets_html(records, served_url), skip, skip, skip
             elif isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
                 status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"

@@ -285,7 +285,7 @@ def build(engine) -> list:
         results = (view_state or {}).get("results")
         if not results or not node_id:
             return NO_DETAILS, [], ""
-        info = mine.prompt_details(engine, results, node_id)
+        info = mine.prompt_details(engine, results, node_id, view_state["run_id"])
         head, gap = report.selected_html(info)
         return head, gallery_items(info["images"]), gap
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import gradio as gr
 
 from engine import sources
-from engine.presets import PRESETS, parse_options
+from engine.presets import PRESETS
 
 from .common import status_markdown, user_errors
 
@@ -19,7 +19,7 @@ def build(engine) -> gr.Markdown:
             switch = gr.Button("Use preset", scale=1)
             refresh = gr.Button("Refresh", scale=1)
             unload = gr.Button("Unload models", variant="stop", scale=1, elem_id="unload")
-        with gr.Row():
+        with gr.Row(visible=not engine.public):   # changing a model is the host's (by API, with the host token)
             role = gr.Dropdown(["generator", "embedder", "llm", "vqa"], value="generator", label="Role", scale=1,
                                elem_id="model-role")
             model = gr.Textbox(label="Model (BACKEND:MODEL; empty keeps the current one)", scale=3,
@@ -38,7 +38,7 @@ def build(engine) -> gr.Markdown:
 
     @user_errors
     def use_model(role, model, options, budget):
-        spec = sources.use_model(engine, role, model or "", parse_options(options or "", role))
+        spec = sources.use_model(engine, role, model or "", options or "")
         if budget:
             engine.max_api_calls = max(1, int(budget))
         gr.Info(f"{role}: {spec.full_label}")

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import gradio as gr
 
+from engine import backend_choices
 from engine.errors import InputError
 from engine.methods import validate
 from engine.report import trust
 
-from .common import gpu, user_errors
+from .common import gpu, served, user_errors
 
 MAX_CLASSES = 9
 # Keys 1–9 press the answer buttons of the spot-check on screen, 0 or c "can't tell"; typing in a
@@ -71,9 +72,13 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
                 cant = gr.Button("0 · can't tell", visible=False, elem_id=f"{prefix}-answer-0", size="sm")
         result = gr.HTML("", elem_id=f"{prefix}-validation")
         with gr.Row():
-            other = gr.Textbox("", label="Compare with another evaluator (backend:model)",
-                               placeholder="faces: (gender and age), clip_vqa:synthetic, blip_vqa:Salesforce/blip-vqa-base, vlm:...",
-                               elem_id=f"{prefix}-other", scale=4)
+            if engine.public:  # visitors pick from the evaluators the host offers, never type one
+                other = gr.Dropdown(list(backend_choices.offered(engine, "vqa")), value=None,
+                                    label="Compare with another evaluator", elem_id=f"{prefix}-other", scale=4)
+            else:
+                other = gr.Textbox("", label="Compare with another evaluator (backend:model)",
+                                   placeholder="faces: (gender and age), clip_vqa:synthetic, blip_vqa:Salesforce/blip-vqa-base, vlm:...",
+                                   elem_id=f"{prefix}-other", scale=4)
             compare_btn = gr.Button("Compare evaluators", elem_id=f"{prefix}-compare", scale=1)
         comparison = gr.HTML("", elem_id=f"{prefix}-comparison")
     state = gr.State({})
@@ -91,7 +96,7 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
                     + hidden_buttons() + [trust.validation_html(validate.validate_run(store, s["run_id"]))])
         key = queue[pos]
         path = store.get_images([key]).get(key)
-        return ([gr.Image(value=str(path.path) if path else None, visible=True),
+        return ([gr.Image(value=served(path.path) if path else None, visible=True),
                  trust.spot_item_html(prefix, s["run_id"], s["axis"], s["question"], s["classes"], key, pos + 1,
                                       len(queue))]
                 + [gr.Button(f"{i + 1} · {s['classes'][i]}", visible=True) if i < len(s["classes"])

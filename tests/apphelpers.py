@@ -34,6 +34,18 @@ def running_app(engine):
         demo.close()
 
 
+def http_get(url: str) -> tuple[int, bytes]:
+    """(status, body) of a plain GET with no session, error statuses included."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
 def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -166,7 +166,7 @@ def pages(engine, made: dict[str, Done], hostile: Hostile) -> dict[str, str]:
             out["graph:document"] = ic_page.graph_from_results(results)  # its script data, at top level
         if method == "mine":
             node = d.results["archive"][0]["id"]
-            head, gap = mine_page.selected_html(hostile.poison(mine.prompt_details(engine, d.results, node)))
+            head, gap = mine_page.selected_html(hostile.poison(mine.prompt_details(engine, d.results, node, d.run_id)))
             out["tab:mine"] = (mine_page.progress_text(results, hostile(d.run_id), hostile("Running")) + head + gap
                                + mine_page.mine_chart(results))
         if method == "mitigate":

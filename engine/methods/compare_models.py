@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from .. import backend_choices
 from ..backends.base import ModelSpec
 from ..core import Engine, Run, recorded
 from ..errors import GapLensError, InputError
 from ..events import Done, Progress, Scores, Table, Warning
-from ..presets import PRESETS, parse_model_override
+from ..names import short_label
 from ..scores import Score, difference
 from . import cfsets, counterfactuals, intersectional, single_prompt
 
@@ -32,18 +33,15 @@ METHODS = {
 @dataclass
 class CompareModelsRequest:
     method: str                                        # single_prompt | counterfactuals | intersectional
-    generators: list[str] = field(default_factory=list)  # preset names or "backend:model" specs
+    generators: list[str] = field(default_factory=list,  # preset names or "backend:model" specs
+                                  metadata={"backend": "generator"})  # (public mode: engine.backend_choices.offered)
     request: dict = field(default_factory=dict)         # the method's request fields (prompt, n, axes, ...)
 
 
-def generator_spec(text: str) -> ModelSpec:
-    """Returns the generator a name stands for: a preset's generator, or a 'backend:model' spec."""
-    text = (text or "").strip()
-    if text in PRESETS:
-        return PRESETS[text].generator
-    if ":" not in text:
-        raise InputError(f"'{text}' is neither a preset ({', '.join(PRESETS)}) nor a 'backend:model' generator")
-    return parse_model_override(text)
+def generator_spec(engine: Engine, text: str) -> ModelSpec:
+    """Returns the generator a name stands for: a preset's generator, or a 'backend:model' spec
+    (a visitor of a public GapLens: one the host offers; engine.backend_choices.resolve)."""
+    return backend_choices.resolve(engine, "generator", text)
 
 
 def method_request(request: CompareModelsRequest):
@@ -60,7 +58,7 @@ def method_request(request: CompareModelsRequest):
 
 def check(request: CompareModelsRequest, engine: Engine) -> None:
     """Raises InputError before any run exists: two or more distinct generators, a valid audit."""
-    specs = [generator_spec(g) for g in request.generators if g and g.strip()]
+    specs = [generator_spec(engine, g) for g in request.generators if g and g.strip()]
     if len(set(specs)) < 2:
         raise InputError("pick two or more different generators to compare")
     audit = method_request(request)     # checks the method's name first
@@ -72,7 +70,7 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
     base = method_request(request)
     kind, method, _ = METHODS[request.method]
     labels = list(dict.fromkeys(g.strip() for g in request.generators if g and g.strip()))
-    specs = [generator_spec(g) for g in labels]
+    specs = [generator_spec(engine, g) for g in labels]
     if request.method != "single_prompt" and not base.axes:
         # one set of counterfactuals for every model, so the comparison is of the generators only
         axes, problems = cfsets.propose_for(engine, base.prompt, base.fill, base.llm_seed, base.max_length_change)
@@ -80,7 +78,8 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
             yield Warning(f"counterfactual {problem}")
         base.axes = axes
         yield Table("axes", ["axis", "counterfactual"], cfsets.rows_from_axes(axes))
-    results: dict = {"method": request.method, "generators": labels, "models": [s.label for s in specs],
+    models = [s.label if backend_choices.free(engine) else short_label(s.label) for s in specs]  # visitors: no host path
+    results: dict = {"method": request.method, "generators": labels, "models": models,
                      "request": _plain(base), "runs": [], "results": []}
     own = engine.preset.generator
     for i, (label, spec) in enumerate(zip(labels, specs)):

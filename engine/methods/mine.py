@@ -177,9 +177,7 @@ def check_request(request: MineRequest, engine: Engine) -> MineRequest:
 
 def load_resumable(engine: Engine, run_id: str) -> dict:
     """The stored record of a mine run that can be resumed; InputError otherwise."""
-    record = engine.store.get_run(run_id.strip())
-    if record is None or record["method"] != "mine":
-        raise InputError(f"no Mine Prompts run '{run_id}' in the store at {engine.store.data_dir}")
+    record = engine.store.require_run(run_id, "mine", "Mine Prompts run")
     if not record["results"].get("nodes"):
         raise InputError(f"run '{run_id}' stopped before it saved any state; start a new run instead")
     return record
@@ -749,18 +747,20 @@ def list_runs(engine: Engine) -> list[dict]:
     return engine.store.list_runs("mine")
 
 
-def prompt_details(engine: Engine, results: dict, node_id: str) -> dict:
-    """What opening one mined prompt shows: the node, its lineage, its images (from the store)
-    and its gap-score details (stored for archived prompts; recomputed from the cache for the
-    others when this engine has the run's models)."""
+def prompt_details(engine: Engine, results: dict, node_id: str, run_id: str) -> dict:
+    """What opening one mined prompt of run `run_id` shows: the node, its lineage, its images (those
+    of the store the run holds: its results, e.g. an imported archive's, name keys but never reach
+    other images) and its gap-score details (stored for archived prompts; recomputed from the cache
+    for the others when this engine has the run's models)."""
     by_id = {n["id"]: n for n in results["nodes"]}
     node = by_id.get(node_id)
     if node is None:
         raise InputError(f"no prompt '{node_id}' in this run")
     settings = GenerationSettings(**results["settings"])
+    held = {link["image_key"] for link in (engine.store.get_run(run_id) or {}).get("images", [])}
     keys = [image_key(results["model_ids"]["generator"], node["prompt"], seed, settings)
             for seed in results["image_seeds"]]
-    found = engine.store.get_images(keys)
+    found = engine.store.get_images([k for k in keys if k in held])
     records: list[ImageRecord] = [found[k] for k in keys if k in found]
     gap, note = results.get("details", {}).get(node_id), ""
     if gap is None and node.get("score") is not None:

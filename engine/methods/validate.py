@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import backend_choices
 from ..axes import axis_for, normalise_free_answer
 from ..backends.base import ModelSpec
 from ..core import Engine
@@ -29,7 +30,6 @@ from ..events import Done, Progress, Scores
 from ..metrics import biasbench
 from ..metrics.agreement import agreement, corrected_distribution
 from ..metrics.intervals import posterior_interval, tidy
-from ..presets import parse_model_override
 from ..store import Store
 from .single_prompt import METRIC_RANGES
 
@@ -57,17 +57,23 @@ class CheckAxis:
 def checkable_axes(run: dict) -> dict[str, CheckAxis]:
     """The axes of a stored run whose evaluator labels a person can check: Single Prompt's axes
     and Counterfactuals' axis questions (free-form answers grouped into their commonest
-    classes). Other methods: {}."""
+    classes), over the images the run holds (`run["images"]`: a key its results name but it does
+    not hold, e.g. in an imported archive, is never read). Other methods: {}."""
     results = run.get("results") or {}
+    held = {link["image_key"] for link in run.get("images") or []}
     out: dict[str, CheckAxis] = {}
     if run.get("method") == "single_prompt":
         # the measured images in order (flagged ones are left out of every metric); from the image
         # list, whose keys an import rewrites, rather than the keys of `answers`
-        keys = [im["key"] for im in results.get("images") or [] if not im.get("nsfw")]
+        measured = [im["key"] for im in results.get("images") or [] if not im.get("nsfw")]
         for name, m in (results.get("axes") or {}).items():
             labels = list(m.get("labels") or [])
-            if len(labels) != len(keys) or not labels:
+            if len(labels) != len(measured) or not labels:
                 continue
+            kept = [(k, label) for k, label in zip(measured, labels) if k in held]
+            if not kept:
+                continue
+            keys, labels = [k for k, _ in kept], [label for _, label in kept]
             axis = axis_for(name)
             classes = list(m.get("classes") or axis.values)
             reference = m.get("reference") if isinstance(m.get("reference"), dict) else None
@@ -80,7 +86,7 @@ def checkable_axes(run: dict) -> dict[str, CheckAxis]:
             for label, s in (results.get("sets") or {}).items():
                 for image in s.get("images") or []:
                     answer = (image.get("answers") or {}).get(name)
-                    if answer is not None and image.get("key") not in keys:
+                    if answer is not None and image.get("key") in held and image.get("key") not in keys:
                         keys.append(image["key"])
                         labels.append(normalise_free_answer(answer))
                         groups.append(label)
@@ -261,7 +267,7 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec, seed
     interval, the share of images they agree on, and both distributions.
     Returns {"run_id", "first", "second", "axes": {axis: {...}}}."""
     run = _run(engine.store, run_id)
-    spec = parse_model_override(other) if isinstance(other, str) else other
+    spec = backend_choices.resolve(engine, "vqa", other)   # a visitor of a public GapLens: one the host offers
     # the same engine (store, model manager, stats) with another VQA: its answers are cached under
     # their own evaluator id, and the run's evaluator stays loaded for the next question
     second = copy.copy(engine)
@@ -297,10 +303,7 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec, seed
 
 
 def _run(store: Store, run_id: str) -> dict:
-    run = store.get_run(str(run_id).strip())
-    if run is None:
-        raise InputError(f"no run '{run_id}' in {store.data_dir}")
-    return run
+    return store.require_run(run_id)
 
 
 # -- as a command ----------------------------------------------------------------------------------

@@ -72,13 +72,14 @@ def drill_html(results: dict, label: str) -> Markup:
         [_concepts(initial, chosen["axis"], "initial"), _concepts(chosen, chosen["axis"], "counterfactual")])
 
 
-def sets_html(records_by_label: dict[str, list]) -> Markup:
-    """A grid of small image sets, one per prompt, in generation order (images served by Gradio)."""
+def sets_html(records_by_label: dict[str, list], url=lambda path: f"gradio_api/file={path}") -> Markup:
+    """A grid of small image sets, one per prompt, in generation order (images served by Gradio:
+    `url(path)` is an image's address)."""
     sets = []
     for label, records in records_by_label.items():
         shown = sorted(records, key=lambda r: r.seed)[:THUMBS_PER_SET]
         sets.append({"label": label, "title": label.split("|cf=")[-1] if "|cf=" in label else "initial prompt",
-                     "images": [{"src": f"gradio_api/file={r.path}", "seed": r.seed} for r in shown],
+                     "images": [{"src": url(r.path), "seed": r.seed} for r in shown],
                      "more": len(records) - len(shown)})
     return macro("counterfactuals.html", "sets")(sets)
 

@@ -31,13 +31,13 @@ import time
 import zipfile
 from pathlib import Path
 
-from engine import __version__
+from engine import __version__, access
 from engine.errors import InputError
 from engine.imports import FORMAT, FORMAT_VERSION, replace_strings
 from engine.names import safe_stem, short_label
 from engine.methods.validate import validate_run
 from engine.runs import compare_runs, get_run, headline, run_prompt, run_records, scores, short_model
-from engine.store import Store, _json_default
+from engine.store import Store, _json_default, is_key
 
 from . import Markup, clip, macro, render, static
 from .runs import compare_html, results_html, run_header_html, thumbnails_html
@@ -141,6 +141,20 @@ def _strings(obj, out: set) -> set:
     return out
 
 
+def _embedded_texts(store: Store, runs: list[dict]) -> list[str]:
+    """The texts whose embeddings an export carries: the strings of the runs' results that are not
+    store keys (image embeddings follow the images the runs hold). For a visitor of a public
+    GapLens, imported runs are left out: their results are an archive's words and could name
+    another visitor's texts (an untrusted import keeps no text embedding of its own anyway)."""
+    if not access.visitor_for(store.public).host:
+        imported = store.imported_run_ids([r["id"] for r in runs])
+        runs = [r for r in runs if r["id"] not in imported]
+    texts: set[str] = set()
+    for run in runs:
+        _strings(run.get("results") or {}, texts)
+    return sorted(t for t in texts if not is_key(t))
+
+
 def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
     """Write the imagefolder + store zip (module docstring). Returns its manifest."""
     runs = _runs(store, run_ids)
@@ -151,10 +165,7 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
     present = store.get_images(keys, verify=True)
     missing = [k for k in keys if k not in present or k not in image_rows]
     answers = store.answer_rows([k for k in keys if k in present])
-    texts = set()
-    for run in runs:
-        _strings(run.get("results") or {}, texts)
-    embeddings = store.embedding_rows([k for k in keys if k in present] + sorted(texts))
+    embeddings = store.embedding_rows([k for k in keys if k in present] + _embedded_texts(store, runs))
     by_image: dict[str, list] = {}
     for a in answers:
         by_image.setdefault(a["image_key"], []).append(
