@@ -48,6 +48,9 @@ def build(engine) -> list:
                 steps = gr.Number(None, label="Steps", precision=0)
                 guidance = gr.Number(None, label="Guidance")
             with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
+                mode = gr.Radio(list(counterfactuals.MODES), value=counterfactuals.DEFAULT_MODE, elem_id="cf-mode",
+                                label="CAS and MAD as in", info="paper: the thesis's TIBET with the options below; "
+                                "reference: the authors' released code, number for number (a run stores both)")
                 caption = gr.Checkbox(True, label="Add each image's caption to its concepts (thesis; the released "
                                       "code leaves it out)")
                 missing = counterfactuals.synonyms_note()   # said beside the option, not only in the server log
@@ -80,13 +83,14 @@ def build(engine) -> list:
     @gpu(duration=compare_seconds)
     @user_errors
     def compare(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
-                sum_normalise, min_frequency, n_boot, top_k):
+                sum_normalise, min_frequency, n_boot, top_k, mode):
         request = counterfactuals.CounterfactualsRequest(
             prompt=prompt, axes=axes_table.axes_of(rows), fill=axes_table.parse_fill(fill), n=int(n),
             seed=int(seed or 0), negative_prompt=negative or "", steps=None if steps in (None, "") else int(steps),
             guidance=None if guidance in (None, "") else float(guidance), caption=bool(caption),
             synonyms=bool(synonyms), renormalise=bool(renormalise), sum_normalise=bool(sum_normalise),
-            min_frequency=float(min_frequency or 0), n_boot=int(n_boot), top_k=int(top_k))
+            min_frequency=float(min_frequency or 0), n_boot=int(n_boot), top_k=int(top_k),
+            mode=mode or counterfactuals.DEFAULT_MODE)
         skip = gr.skip()
         records: dict[str, list] = {}
         axes_scores: dict[str, dict] = {}
@@ -125,7 +129,7 @@ def build(engine) -> list:
         return drilldown((view or {}).get("results"), label)
 
     inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, steps, guidance, caption, synonyms,
-              renormalise, sum_normalise, min_frequency, n_boot, top_k]
+              renormalise, sum_normalise, min_frequency, n_boot, top_k, mode]
     go.click(compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals").then(
         lambda view: spotcheck.checked_html(engine.store, view["run_id"]) if (view or {}).get("run_id") else "",
         [state], [spot["result"]], api_name=False)  # labels of these images checked before: raw beside corrected
