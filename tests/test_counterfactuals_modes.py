@@ -54,6 +54,8 @@ def test_a_reference_run_is_the_port_on_its_stored_answers(engine):
     assert mode_scores(results, "reference") == results["modes"]["reference"]
     assert {k: results["modes"]["reference"][k] for k in ("mad", "mad_order")} == {
         "mad": results["mad"], "mad_order": results["mad_order"]}
+    no_captions = measure(engine, mode="reference", caption=False)[0].results
+    assert (no_captions["mad"], no_captions["cas"]) == (results["mad"], results["cas"])   # never part of it (Q6)
     paper = measure(engine)[0].results                                     # the same images and answers
     assert results["modes"]["paper"]["mad"] == paper["mad"] and results["modes"]["paper"]["cas"] == paper["cas"]
     assert paper["modes"]["reference"] == results["modes"]["reference"]

@@ -117,6 +117,15 @@ def test_mad_is_sum_normalised_over_the_one_hot_control():
     assert math.isnan(ref.mad([1.0]))                                        # 0/0 (Q14)
 
 
+def test_axes_are_ranked_by_mad_then_by_name_both_descending():
+    from engine.methods.counterfactuals import mad_order
+
+    mad = {"age": 0.5, "gender": 0.5, "emotion": 0.7, "style": None}
+    assert ref.ranking({k: v for k, v in mad.items() if v is not None}) == ["emotion", "gender", "age"]   # Q16
+    assert mad_order(mad, "reference") == ["emotion", "gender", "age", "style"]
+    assert mad_order(mad) == ["emotion", "age", "gender", "style"]          # paper mode: ties in axis order
+
+
 def test_axis_scores_overall_and_per_question():
     initial = [["male", "young"], ["male", "old"]]
     cfs = [[["male", "young"], ["male", "old"]],        # identical: CAS 1

@@ -290,12 +290,15 @@ def _set_json(s: ConceptSet, answers: dict[str, list[str]], captions: list[str],
                         **({"caption": captions[i]} if captions else {})} for i, r in enumerate(s.records)]}
 
 
-def mad_order(mad: dict[str, float | None]) -> list[str]:
-    """The axes by MAD, most biased first; an undefined MAD (None) last."""
-    return sorted(mad, key=lambda a: (mad[a] is None, -(mad[a] or 0.0)))
+def mad_order(mad: dict[str, float | None], mode: str = DEFAULT_MODE) -> list[str]:
+    """The axes by MAD, most biased first (ties: in axis order; reference mode: as the
+    released code ranks them, tibet_reference.ranking); an undefined MAD (None) last."""
+    defined = {a: v for a, v in mad.items() if v is not None}
+    order = tibet_reference.ranking(defined) if mode == "reference" else sorted(defined, key=lambda a: -defined[a])
+    return order + [a for a in mad if mad[a] is None]
 
 
-def summarise(scored: dict[str, dict], n: int | None = None) -> dict:
+def summarise(scored: dict[str, dict], n: int | None = None, mode: str = DEFAULT_MODE) -> dict:
     """The score part of the results from {axis: {"cfs": [...], "mad": ..., ...}}, with the
     "most biased axis" headline and the bootstrap probability that it is the top one (issue 16)."""
     out = {"counterfactuals": [_public(c) for a in scored.values() for c in a["cfs"]],
@@ -304,7 +307,7 @@ def summarise(scored: dict[str, dict], n: int | None = None) -> dict:
     for key in ("mad", "mad_ci", "mad_clip", "mad_clip_ci", "mad_per_question"):
         if all(key in a for a in scored.values()):
             out[key] = {axis: a[key] for axis, a in scored.items()}
-    out["mad_order"] = mad_order(out["mad"])
+    out["mad_order"] = mad_order(out["mad"], mode)
     draws = {axis: a.get("_mad_draws") for axis, a in scored.items()}
     if n and all(d is not None and len(d) for d in draws.values()):
         out["headline"] = headline_claim(out["mad"], draws, n, what="most biased axis (MAD of CAS)")
@@ -418,7 +421,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
             yield Scores(f"axis:{axis}", {"prompt": prompt, "axis": axis, **_public(scored[axis]),
                                           "counterfactuals": [_public(c) for c in cfs]})
         per_prompt.append(scored)
-        results["per_prompt"][prompt] = summarise(scored, request.n)
+        results["per_prompt"][prompt] = summarise(scored, request.n, request.mode)
         run_record.save(results)
 
     # 3. One prompt: its scores; aggregate mode: CAS averaged over the prompts, then MAD.
@@ -427,7 +430,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     else:
         averaged = {axis: _average([s[axis]["cfs"] for s in per_prompt]) for axis in axes}
         results.update(summarise({axis: {"cfs": cfs, **axis_scores(cfs, request.sum_normalise, request.mode)}
-                                  for axis, cfs in averaged.items()}, request.n))
+                                  for axis, cfs in averaged.items()}, request.n, request.mode))
         yield Scores("aggregate", {k: results[k] for k in ("mad", "mad_ci", "mad_order", "counterfactuals")})
     if results.get("headline"):
         yield Scores("headline", results["headline"])
@@ -502,9 +505,10 @@ def mode_scores(results: dict, mode: str) -> dict:
     cas = {a: [float(np.mean([p[a][k] for p in per_prompt.values()])) for k in range(len(cfs))]
            for a, cfs in axes.items()}
     mad = mads(cas)
-    out = {"cas": {a: dict(zip(cfs, cas[a])) for a, cfs in axes.items()}, "mad": mad, "mad_order": mad_order(mad)}
+    out = {"cas": {a: dict(zip(cfs, cas[a])) for a, cfs in axes.items()}, "mad": mad,
+           "mad_order": mad_order(mad, mode)}
     if aggregate:
-        out["per_prompt"] = {p: {"mad": m, "mad_order": mad_order(m)} for p, m in
+        out["per_prompt"] = {p: {"mad": m, "mad_order": mad_order(m, mode)} for p, m in
                              ((p, mads(c)) for p, c in per_prompt.items())}
     return out
 

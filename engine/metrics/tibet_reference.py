@@ -17,48 +17,50 @@ Concepts (clean_concepts.py)
   Q3  Stop words are NLTK's English list plus "image" (L41-44). The list's contractions
       keep their apostrophe ("don't"), so after Q1 they never match: "dont", "isnt",
       "youre" and the like stay concepts ("I don't know" -> "dont", "know").
-  Q4  The answers of all images are joined into one text (`merge_clean_VQAans`, L95-107)
-      and tokenised again; "yes", "no" and "none" are dropped only then (`word_frequency`,
-      L67-71), after the stop words.
-  Q5  Counts are divided by the number of images (L82) and concepts under 0.01 are dropped
-      (`get_freq_dict`, L90; threshold from MAD_func.py L64 and L86). A counterfactual set's
-      counts are divided by the number of images of the *initial* set (MAD_func.py L45, L72,
-      L90). Concepts stay in order of first appearance.
+  Q4  The answers of all images are joined into one text (`merge_clean_VQAans`, L93-106)
+      and tokenised again (L66); "yes", "no" and "none" are dropped only then
+      (`word_frequency`, L68-72), after the stop words.
+  Q5  Counts are divided by the number of images (L84) and concepts under 0.01 are dropped
+      (`get_freq_dict`, L90; the threshold is passed at MAD_func.py L63, L71, L90, L95). A
+      counterfactual set's counts are divided by the number of images of the *initial* set
+      (MAD_func.py L47, used at L71 and L95). Concepts stay in order of first appearance.
   Q6  A caption is not part of the concepts: the caption question is commented out
       (tibet/minigptv2.py, `build_mini_gpt_questions`).
 
-Synonym merge (concept_matching.py `clean_concepts_syn`, L21-89), per compared pair
-  Q7  The vocabulary is the set of both pairs' concepts (L27), iterated in a Python set's
+Synonym merge (concept_matching.py `clean_concepts_syn`, L22-91), per compared pair
+  Q7  The vocabulary is the set of both lists' concepts (L28), iterated in a Python set's
       order, which follows string hashes: it changes from one process to the next (unless
       PYTHONHASHSEED is fixed) and between Python versions. `merge_pair` takes the order as
       `order`; the default, alphabetical, makes reference mode reproducible.
   Q8  Synonyms are the lemma names of NLTK's `wordnet.synsets(word)` plus male -> man and
-      female -> woman (`get_syn`, L6-19; `engine.metrics.wordnet.released_synonyms`).
+      female -> woman (`get_syn`, L6-20; `engine.metrics.wordnet.released_synonyms`).
   Q9  Pairs: for every (v1, v2) of vocabulary x vocabulary in that order, (v1, v2) is
       recorded when `v1 in syns[v2] or v2 in syns[v1] and (v2, v1) not in syns_tuples`
-      (L35-38): by operator precedence the "not yet recorded" test guards the second half
+      (L36-40): by operator precedence the "not yet recorded" test guards the second half
       only, so a pair is recorded in both directions when v1 is a synonym of v2 both ways,
       and (v, v) when v is its own lemma.
-  Q10 Renaming (L42-53): each concept walks through all pairs in order and takes the first
+  Q10 Renaming (L44-56): each concept walks through all pairs in order and takes the first
       word of every pair holding its *current* name, so names chain along the pairs. The
       groups are neither closed (a ~ b ~ c can leave c apart) nor independent of the order.
-  Q11 Summing (L55-73): the loop keeps the first entry of a name as it was before the loop,
+  Q11 Summing (L58-76): the loop keeps the first entry of a name as it was before the loop,
       so a name with three or more concepts gets the frequency of its first and its last
       concept only; those in between are lost.
   Q12 A concept missing on one side gets frequency 0 there, and both lists are sorted by
-      name (L75-86).
+      name (L78-89).
 
 CAS and MAD (CAS_func.py, MAD_func.py)
   Q13 HistIoU rescales both vectors to sum 1 (CAS_func.py L6-7); an all-zero vector becomes
       the *number* 1e-7, compared with every entry of the other: CAS is n x 1e-7 when one
       set has no concept and the other has n (each at least 1e-7), and 1.0 when neither
-      has one. CAS is 1e-7 when the intersection is 0 (L14-15).
-  Q14 An axis' CAS are divided by their sum (MAD_func.py L93), then MAD =
-      sqrt(mean|x - mean x|) / sqrt(the same for [0, ..., 0, 1]) (L12-40), which is
-      undefined (0/0, NaN) for an axis with one counterfactual.
+      has one. CAS is 1e-7 when the intersection is 0 (L15-16).
+  Q14 An axis' CAS are divided by their sum (MAD_func.py L100; L77 per question), then MAD =
+      sqrt(mean|x - mean x|) / sqrt(the same for [0, ..., 0, 1]) (`MAD_func`, L12-41), which
+      is undefined (0/0, NaN) for an axis with one counterfactual.
   Q15 Besides the overall MAD, one per question, from the answers to that question alone
-      (MAD_func.py L53-76); the code asks one question per axis, in axis order
-      (tibet/gen_questions.py), so question q is the question of axis q.
+      (MAD_func.py L57-81); the code asks one question per axis, in axis order
+      (tibet/gen_questions.py `generate_questions`), so question q is the question of axis q.
+  Q16 Axes are ranked by MAD, ties by axis name, both descending (`get_CAS_data`,
+      tibet/metrics/plotting.py L32); the plot then shows each MAD divided by their sum (L34).
 """
 from __future__ import annotations
 
@@ -70,10 +72,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.metrics.tibet import CITATION  # noqa: F401  (the paper the released code belongs to)
 from engine.metrics.wordnet import released_synonyms
 
-REPOSITORY = "https://github.com/TIBET-AI/TIBET"
 COMMIT = "8558c4da6e612f6f0ad3e8b50d5b5951a265db2d"
+URL = f"https://github.com/TIBET-AI/TIBET/tree/{COMMIT}/tibet/metrics"
 
 # NLTK's English stop words (`stopwords.words("english")`, 179 words) as the released code
 # loads them, apostrophes included (Q3), plus "image".
@@ -191,7 +194,7 @@ def _first_and_last(concepts_: Concepts, names: Mapping[str, str]) -> dict[str, 
 
 
 def _summed(concepts_: Concepts, names: Mapping[str, str]) -> Concepts:
-    """The concepts renamed and summed per name as L55-73 do it: first + last entry of a name (Q11)."""
+    """The concepts renamed and summed per name as L58-76 do it: first + last entry of a name (Q11)."""
     summed = [(name, kept[0][1] + kept[1][1] if len(kept) == 2 else kept[0][1])
               for name, kept in _first_and_last(concepts_, names).items()]
     return [(name, value) for name, value in summed if value != 0]
@@ -219,7 +222,7 @@ def alphabetical(words: Iterable[str]) -> list[str]:
 def merge_pair(initial: Concepts, counterfactual: Concepts,
                synonyms_fn: Callable[[str], Collection[str]] | None = released_synonyms,
                order: Callable[[Iterable[str]], list[str]] = alphabetical) -> Merged:
-    """Return `clean_concepts_syn(initial, counterfactual)` (concept_matching.py L21-89).
+    """Return `clean_concepts_syn(initial, counterfactual)` (concept_matching.py L22-91).
 
     `synonyms_fn` (get_syn; None: no synonyms, every concept keeps its name) and `order`,
     the vocabulary order the released code takes from a Python set (Q7).
@@ -250,7 +253,7 @@ def cas(initial: Concepts, counterfactual: Concepts,
         synonyms_fn: Callable[[str], Collection[str]] | None = released_synonyms,
         order: Callable[[Iterable[str]], list[str]] = alphabetical) -> float:
     """Return `compute_association(C_init, C_cf, histogram_intersection_over_union)`
-    (concept_matching.py L91-102): the HistIoU of the merged pair."""
+    (concept_matching.py L93-103): the HistIoU of the merged pair."""
     merged = merge_pair(initial, counterfactual, synonyms_fn, order)
     return hist_iou([f for _, f in merged.initial], [f for _, f in merged.counterfactual])
 
@@ -270,13 +273,13 @@ def hist_iou_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def normalised_by_sum(values: Sequence[float]) -> list[float]:
-    """Return `[s / sum(values) for s in values]` (MAD_func.py L74, L93)."""
+    """Return `[s / sum(values) for s in values]` (MAD_func.py L77, L100)."""
     total = sum(values)
     return [v / total for v in values]
 
 
 def mad(values: Sequence[float]) -> float:
-    """Return `MAD_func(values)` (MAD_func.py L12-40): sqrt(mean|x - mean x|) over the same
+    """Return `MAD_func(values)` (MAD_func.py L12-41): sqrt(mean|x - mean x|) over the same
     for [0, ..., 0, 1]; NaN for a single value (Q14). Call it on sum-normalised CAS."""
     data = np.array(values, dtype=float)
     control = np.array([0] * (len(data) - 1) + [1])
@@ -285,12 +288,17 @@ def mad(values: Sequence[float]) -> float:
                      / np.sqrt(np.mean(np.abs(control - np.mean(control)))))
 
 
+def ranking(mad: Mapping[str, float]) -> list[str]:
+    """Return the axes most biased first as the released code ranks them (Q16)."""
+    return [axis for _, axis in sorted(zip(mad.values(), mad), reverse=True)]
+
+
 def axis_cas(initial: Sequence[Sequence[str | None]], counterfactuals: Sequence[Sequence[Sequence[str | None]]],
              question: int | None = None,
              synonyms_fn: Callable[[str], Collection[str]] | None = released_synonyms,
              order: Callable[[Iterable[str]], list[str]] = alphabetical) -> list[float]:
     """Return the raw CAS of each counterfactual set against the initial set, from all answers
-    or from `question`'s only (MAD_func.py L55-72, L82-91).
+    or from `question`'s only (MAD_func.py L60-75, L88-98).
 
     `initial[i]` / `counterfactuals[k][i]`: the answers about image i of the initial set / of
     counterfactual k, one per question. Every set's frequencies are divided by the initial
@@ -304,10 +312,10 @@ def axis_cas(initial: Sequence[Sequence[str | None]], counterfactuals: Sequence[
 def axis_scores(initial: Sequence[Sequence[str | None]], counterfactuals: Sequence[Sequence[Sequence[str | None]]],
                 synonyms_fn: Callable[[str], Collection[str]] | None = released_synonyms,
                 order: Callable[[Iterable[str]], list[str]] = alphabetical) -> dict:
-    """Return what `get_variance(p_dict, axis)` computes for one axis (MAD_func.py L43-128):
+    """Return what `get_variance(p_dict, axis)` computes for one axis (MAD_func.py L45-127):
     {"cas": raw CAS per counterfactual (`axis_cas`), "mad": MAD of the sum-normalised CAS,
     "cas_per_question": raw CAS per question and counterfactual, "mad_per_question": MAD per
-    question}. The number of questions is that of the first initial image (L47).
+    question}. The number of questions is that of the first initial image (L48).
     """
     raw = axis_cas(initial, counterfactuals, None, synonyms_fn, order)
     per_question = [axis_cas(initial, counterfactuals, q, synonyms_fn, order) for q in range(len(initial[0]))]

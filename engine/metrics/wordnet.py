@@ -167,7 +167,7 @@ def wordnet_synonyms(word: str, root: str = DEFAULT_WORDNET_DIR) -> set[str]:
 @functools.lru_cache(maxsize=65536)
 def released_synonyms(word: str, root: str = DEFAULT_WORDNET_DIR) -> frozenset[str]:
     """Return the released TIBET code's synonyms of `word` (tibet/metrics/concept_matching.py
-    L6-19, `get_syn`): every lemma name of every NLTK `wordnet.synsets(word)`, lower-cased,
+    L6-20, `get_syn`): every lemma name of every NLTK `wordnet.synsets(word)`, lower-cased,
     multi-word names included, plus "man" for "male" and "woman" for "female" (only those
     exact words, not lower-cased first). `word` is in it only when it is a lemma ("men" is
     not). Without a database: the manual pair only (a warning is issued once).
