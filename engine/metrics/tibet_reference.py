@@ -72,11 +72,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.metrics.tibet import CITATION  # noqa: F401  (the paper the released code belongs to)
+from engine.metrics import tibet
 from engine.metrics.wordnet import released_synonyms
 
 COMMIT = "8558c4da6e612f6f0ad3e8b50d5b5951a265db2d"
 URL = f"https://github.com/TIBET-AI/TIBET/tree/{COMMIT}/tibet/metrics"
+CITATION = tibet.CITATION   # the paper the released code belongs to
 
 # NLTK's English stop words (`stopwords.words("english")`, 179 words) as the released code
 # loads them, apostrophes included (Q3), plus "image".
@@ -139,17 +140,22 @@ def concepts(answers_per_image: Sequence[Sequence[str | None]], n_images: int | 
     """
     n_images = len(answers_per_image) if n_images is None else n_images
     if question is None:
-        text = "".join("".join(" " + preprocess(a) for a in answers) + " " for answers in answers_per_image)
+        text = "".join(_image_text(answers) for answers in answers_per_image)
     else:
         text = "".join(preprocess(answers[question]) + " " for answers in answers_per_image)
     counts = Counter(t for t in tokens(text) if t not in DROPPED_TOKENS)   # insertion order: first seen
     return [(word, count / n_images) for word, count in counts.items() if count / n_images >= threshold]
 
 
+def _image_text(answers: Sequence[str | None]) -> str:
+    """What one image adds to its set's text (L101-104)."""
+    return "".join(" " + preprocess(a) for a in answers) + " "
+
+
 def image_concepts(answers: Sequence[str | None]) -> list[str]:
     """Return the concept words the answers about one image add to their set's text, in order
     (Q1-Q4): `concepts` counts these over the images."""
-    return [t for t in tokens("".join(" " + preprocess(a) for a in answers) + " ") if t not in DROPPED_TOKENS]
+    return [t for t in tokens(_image_text(answers)) if t not in DROPPED_TOKENS]
 
 
 def representatives(vocabulary: Sequence[str], synonyms: Mapping[str, Collection[str]]) -> dict[str, str]:
@@ -215,13 +221,9 @@ class Merged:
     names: dict[str, str]
 
 
-def alphabetical(words: Iterable[str]) -> list[str]:
-    return sorted(words)
-
-
 def merge_pair(initial: Concepts, counterfactual: Concepts,
                synonyms_fn: Callable[[str], Collection[str]] | None = released_synonyms,
-               order: Callable[[Iterable[str]], list[str]] = alphabetical) -> Merged:
+               order: Callable[[Iterable[str]], list[str]] = sorted) -> Merged:
     """Return `clean_concepts_syn(initial, counterfactual)` (concept_matching.py L22-91).
 
     `synonyms_fn` (get_syn; None: no synonyms, every concept keeps its name) and `order`,
@@ -251,7 +253,7 @@ def hist_iou(p: Sequence[float], q: Sequence[float]) -> float:
 
 def cas(initial: Concepts, counterfactual: Concepts,
         synonyms_fn: Callable[[str], Collection[str]] | None = released_synonyms,
-        order: Callable[[Iterable[str]], list[str]] = alphabetical) -> float:
+        order: Callable[[Iterable[str]], list[str]] = sorted) -> float:
     """Return `compute_association(C_init, C_cf, histogram_intersection_over_union)`
     (concept_matching.py L93-103): the HistIoU of the merged pair."""
     merged = merge_pair(initial, counterfactual, synonyms_fn, order)
@@ -296,7 +298,7 @@ def ranking(mad: Mapping[str, float]) -> list[str]:
 def axis_cas(initial: Sequence[Sequence[str | None]], counterfactuals: Sequence[Sequence[Sequence[str | None]]],
              question: int | None = None,
              synonyms_fn: Callable[[str], Collection[str]] | None = released_synonyms,
-             order: Callable[[Iterable[str]], list[str]] = alphabetical) -> list[float]:
+             order: Callable[[Iterable[str]], list[str]] = sorted) -> list[float]:
     """Return the raw CAS of each counterfactual set against the initial set, from all answers
     or from `question`'s only (MAD_func.py L60-75, L88-98).
 
@@ -311,7 +313,7 @@ def axis_cas(initial: Sequence[Sequence[str | None]], counterfactuals: Sequence[
 
 def axis_scores(initial: Sequence[Sequence[str | None]], counterfactuals: Sequence[Sequence[Sequence[str | None]]],
                 synonyms_fn: Callable[[str], Collection[str]] | None = released_synonyms,
-                order: Callable[[Iterable[str]], list[str]] = alphabetical) -> dict:
+                order: Callable[[Iterable[str]], list[str]] = sorted) -> dict:
     """Return what `get_variance(p_dict, axis)` computes for one axis (MAD_func.py L45-127):
     {"cas": raw CAS per counterfactual (`axis_cas`), "mad": MAD of the sum-normalised CAS,
     "cas_per_question": raw CAS per question and counterfactual, "mad_per_question": MAD per
