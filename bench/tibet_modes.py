@@ -157,6 +157,35 @@ def random_answer_sets(trials: int) -> dict:
     return values | {f"random_{k}": v for k, v in quirks(answers, compared).items()}
 
 
+# Answers rich in words WordNet chains together (man ~ homo ~ human ~ world ~ earth ...): where
+# the released code's vocabulary order (its Python set's hash order, Q7) changes the groups.
+CHAINED = ("man men male person human woman women female adult old aged young youth child kid senior elder "
+           "doctor physician nurse happy glad felicitous sad serious tired middle-aged white black asian "
+           "indoors outdoors formal suit dress wheelchair blind fit slim obese thin lean big large heavy fat "
+           "world humanity homo earth mankind cheerful").split()
+
+
+def order_sensitivity(pairs_: int = 1000) -> dict:
+    """Share of pairs of random CHAINED answers whose CAS changes (beyond rounding) under another
+    vocabulary order, as between two runs of the released code with different hash seeds."""
+    rng = random.Random(5)
+
+    def answer_set(n, q):
+        return [[" ".join(rng.choice(CHAINED) for _ in range(rng.randint(1, 4))) for _ in range(q)] for _ in range(n)]
+
+    changed, largest = 0, 0.0
+    for _ in range(pairs_):
+        n, q = rng.randint(2, 16), rng.randint(1, 3)
+        c_init, c_cf = ref.concepts(answer_set(n, q)), ref.concepts(answer_set(n, q))
+        value = ref.cas(c_init, c_cf)
+        change = max(abs(ref.cas(c_init, c_cf, order=lambda ws: rng.sample(sorted(ws), len(ws))) - value)
+                     for _ in range(RANDOM_ORDERS))
+        changed += change > 1e-12
+        largest = max(largest, change)
+    return {"chained_pairs": pairs_, "chained_q7_order_changes_cas_share": changed / pairs_,
+            "chained_q7_largest_cas_change": largest}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="a Counterfactuals run's JSON (`--json` output)")
@@ -174,6 +203,7 @@ def main() -> None:
     answers = [a for s in results["sets"].values() for im in s["images"] for a in im["answers"].values() if a]
     values |= quirks(answers, pairs(results))
     values |= random_answer_sets(args.random)
+    values |= order_sensitivity()
     values["top_axis_differs_share_defaults"] = values["top_axis_differs_defaults"] / values["prompts"]
     report(**values)
 
