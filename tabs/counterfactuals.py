@@ -48,6 +48,9 @@ def build(engine) -> list:
                 negative = gr.Textbox(label="Negative prompt")
                 generation = generation_fields("cf")
             with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
+                mode = gr.Radio(list(counterfactuals.MODES), value=counterfactuals.DEFAULT_MODE, elem_id="cf-mode",
+                                label="CAS and MAD as in", info="paper: the thesis's TIBET with the options below; "
+                                "reference: the authors' released code, number for number (a run stores both)")
                 caption = gr.Checkbox(True, label="Add each image's caption to its concepts (thesis; the released "
                                       "code leaves it out)")
                 missing = counterfactuals.synonyms_note()   # said beside the option, not only in the server log
@@ -80,9 +83,9 @@ def build(engine) -> list:
     @gpu(duration=compare_seconds)
     @user_errors
     def compare(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
-                sum_normalise, min_frequency, n_boot, top_k):
+                sum_normalise, min_frequency, n_boot, top_k, mode):
         request = compare_request(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms,
-                                  renormalise, sum_normalise, min_frequency, n_boot, top_k)
+                                  renormalise, sum_normalise, min_frequency, n_boot, top_k, mode)
         skip = gr.skip()
         records: dict[str, list] = {}
         axes_scores: dict[str, dict] = {}
@@ -121,7 +124,7 @@ def build(engine) -> list:
         return drilldown((view or {}).get("results"), label)
 
     inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, generation["steps"], generation["guidance"],
-              caption, synonyms, renormalise, sum_normalise, min_frequency, n_boot, top_k]
+              caption, synonyms, renormalise, sum_normalise, min_frequency, n_boot, top_k, mode]
     checked(go.click, engine, "counterfactuals", compare_request, inputs=inputs).success(
         compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals").then(
         lambda view: spotcheck.checked_html(engine.store, view["run_id"]) if (view or {}).get("run_id") else "",
@@ -131,11 +134,11 @@ def build(engine) -> list:
 
 
 def compare_request(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
-                    sum_normalise, min_frequency, n_boot, top_k) -> counterfactuals.CounterfactualsRequest:
+                    sum_normalise, min_frequency, n_boot, top_k, mode=None) -> counterfactuals.CounterfactualsRequest:
     """The request the form's values make (empty optional numbers: None, the method's defaults)."""
     return counterfactuals.CounterfactualsRequest(
         prompt=prompt, axes=axes_table.axes_of(rows), fill=axes_table.parse_fill(fill), n=int(n),
         seed=int(seed or 0), negative_prompt=negative or "", steps=number_or_none(steps, int),
         guidance=number_or_none(guidance), caption=bool(caption), synonyms=bool(synonyms),
         renormalise=bool(renormalise), sum_normalise=bool(sum_normalise), min_frequency=float(min_frequency or 0),
-        n_boot=int(n_boot), top_k=int(top_k))
+        n_boot=int(n_boot), top_k=int(top_k), mode=mode or counterfactuals.DEFAULT_MODE)

@@ -53,7 +53,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("generate", "Generate", generate.GenerateRequest, generate.run, generate.headline, generate.scores,
            cli="generate"),
     Method("counterfactuals", "Counterfactuals", counterfactuals.CounterfactualsRequest, counterfactuals.run,
-           counterfactuals.headline, cli="counterfactuals"),
+           counterfactuals.headline, counterfactuals.scores, cli="counterfactuals"),
     Method("intersectional", "Intersectional Matrix", intersectional.IntersectionalRequest, intersectional.run,
            intersectional.headline, cli="intersectional"),
     Method("mine", "Mine Prompts", mine.MineRequest, mine.run, mine.headline, cli="mine"),

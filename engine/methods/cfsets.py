@@ -258,14 +258,21 @@ def prepare(request: SetsRequest, engine: Engine):
     if not axes:
         raise InputError("no axis has a counterfactual: add rows (axis, counterfactual prompt) to the table")
     name, values = placeholder(template), fill_values(request.fill)
-    prefix = (lambda p: f"prompt={p}|") if len(prompts) > 1 else (lambda p: "")
+    aggregate = len(prompts) > 1
     specs = []
     for i, p in enumerate(prompts):
-        specs.append(SetSpec(prefix(p) + "initial", p, i))
-        specs += [SetSpec(f"{prefix(p)}axis={axis}|cf={cf}", cf.replace(f"{{{name}}}", values[i]) if name else cf,
+        specs.append(SetSpec(set_label(p, aggregate), p, i))
+        specs += [SetSpec(set_label(p, aggregate, axis, cf), cf.replace(f"{{{name}}}", values[i]) if name else cf,
                           i, axis, cf, counterfactual_value(template, cf))
                   for axis, cfs in axes.items() for cf in cfs]
     return prompts, axes, specs
+
+
+def set_label(prompt: str, aggregate: bool, axis: str | None = None, cf: str | None = None) -> str:
+    """The label of a set in a run: "initial" or "axis=<axis>|cf=<cf>", prefixed
+    "prompt=<prompt>|" in aggregate mode."""
+    prefix = f"prompt={prompt}|" if aggregate else ""
+    return prefix + ("initial" if axis is None else f"axis={axis}|cf={cf}")
 
 
 def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], settings,

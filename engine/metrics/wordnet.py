@@ -9,6 +9,10 @@ directories, so this module parses the files itself (format: wndb(5WN)).
 The synonyms of a word are the lemma names of every synset of every base form of the word
 (all parts of speech), as `{l.name() for s in wordnet.synsets(w) for l in s.lemmas()}` in
 NLTK, lower-cased, multi-word lemmas left out (concepts are single words).
+
+`released_synonyms` is the released TIBET code's `get_syn` exactly (reference mode): NLTK's
+morphy, which takes a word found in an exception list (`men`, `bed`, `axes`) to its listed
+base forms only, and the lemma names as they are, the word itself only when it is one.
 """
 from __future__ import annotations
 
@@ -83,13 +87,28 @@ class WordNet:
             self._exceptions[pos] = exceptions
         return self._exceptions[pos]
 
-    def base_forms(self, word: str, pos: str) -> list[str]:
-        """Return the forms of `word` that are lemmas of `pos` (WordNet's morphy, one rule pass)."""
+    def base_forms(self, word: str, pos: str, nltk_morphy: bool = False) -> list[str]:
+        """Return the forms of `word` that are lemmas of `pos` (WordNet's morphy, one rule pass).
+
+        `nltk_morphy`: as NLTK's `WordNetCorpusReader._morphy` (3.9), where a word with an
+        entry in the exception list gets only its listed forms, no suffix rule ("bed" stays
+        "bed"; without it the verb rule also gives "be").
+        """
         index = self._index(pos)
-        candidates = [word, *self._exception_forms(pos).get(word, [])]
-        candidates += [word[: -len(suffix)] + replacement
-                       for suffix, replacement in _SUFFIX_RULES[pos] if word.endswith(suffix)]
+        exceptions = self._exception_forms(pos).get(word)
+        candidates = [word, *(exceptions or [])]
+        if not (nltk_morphy and exceptions is not None):
+            candidates += [word[: -len(suffix)] + replacement
+                           for suffix, replacement in _SUFFIX_RULES[pos] if word.endswith(suffix)]
         return list(dict.fromkeys(form for form in candidates if form in index))
+
+    def nltk_lemma_names(self, word: str) -> set[str]:
+        """Return `{l.name().lower() for s in nltk wordnet.synsets(word) for l in s.lemmas()}`:
+        NLTK's morphy (`base_forms(..., nltk_morphy=True)`), multi-word names kept, `word`
+        itself only when it is a lemma of one of the synsets."""
+        word = word.lower()
+        return {name for pos in _POS_FILES for form in self.base_forms(word, pos, nltk_morphy=True)
+                for offset in self._index(pos)[form] for name in self._lemma_names(pos, offset)}
 
     @functools.lru_cache(maxsize=65536)
     def _lemma_names(self, pos: str, offset: int) -> tuple[str, ...]:
@@ -143,3 +162,16 @@ def wordnet_synonyms(word: str, root: str = DEFAULT_WORDNET_DIR) -> set[str]:
     database = load_wordnet(root)
     names = database.synonyms(word) if database is not None else {word}
     return names | MANUAL_SYNONYMS.get(word, set())
+
+
+@functools.lru_cache(maxsize=65536)
+def released_synonyms(word: str, root: str = DEFAULT_WORDNET_DIR) -> frozenset[str]:
+    """Return the released TIBET code's synonyms of `word` (tibet/metrics/concept_matching.py
+    L6-20, `get_syn`): every lemma name of every NLTK `wordnet.synsets(word)`, lower-cased,
+    multi-word names included, plus "man" for "male" and "woman" for "female" (only those
+    exact words, not lower-cased first). `word` is in it only when it is a lemma ("men" is
+    not). Without a database: the manual pair only (a warning is issued once).
+    """
+    database = load_wordnet(root)
+    names = database.nltk_lemma_names(word) if database is not None else set()
+    return frozenset(names | MANUAL_SYNONYMS.get(word, set()))

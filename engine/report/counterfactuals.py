@@ -11,11 +11,23 @@ CAS_NOTE = ("CAS: how similar the concepts in a counterfactual's images are to t
 THUMBS_PER_SET = 8
 
 
+MODE_NAMES = {"paper": "paper mode (the thesis's TIBET)", "reference": "reference mode (the authors' released code)"}
+
+
+def rankings_differ(results: dict) -> dict[str, list[str]] | None:
+    """{mode: axes by MAD} when the run's two modes (`results["modes"]`) rank its axes
+    differently, else None."""
+    orders = {m: v.get("mad_order") for m, v in (results.get("modes") or {}).items() if v}
+    return orders if len(orders) == 2 and len({tuple(o or ()) for o in orders.values()}) == 2 else None
+
+
 def mad_html(results: dict) -> Markup:
-    """MAD per axis, most biased first, with 95% CIs; per-prompt MADs as a heatmap in aggregate mode."""
+    """MAD per axis, most biased first, with 95% CIs; per-prompt MADs as a heatmap in aggregate
+    mode; one sentence with both rankings when the paper and reference modes rank the axes differently."""
     order = results["mad_order"]
+    mode = " (reference mode)" if results.get("mode") == "reference" else ""
     chart = charts.bar_chart(order, [results["mad"][a] for a in order], ci=[tuple(results["mad_ci"][a]) for a in order],
-                             vmax=1.0, title="Bias strength: normalised MAD per axis (most biased first)",
+                             vmax=1.0, title=f"Bias strength: normalised MAD per axis{mode} (most biased first)",
                              chart_id="mad", width=520)
     heat = ""
     if results.get("aggregate"):
@@ -23,13 +35,14 @@ def mad_html(results: dict) -> Markup:
         matrix = [[results["per_prompt"][p]["mad"].get(a) for a in order] for p in prompts]
         heat = charts.heatmap(matrix, prompts, order, diverging=False, title="MAD per prompt", table_id="mad-per-prompt")
     return macro("counterfactuals.html", "mad")(chart=chart, clip=[(a, results["mad_clip"][a]) for a in order],
-                                                heat=heat, headline=trust.headline_html(results.get("headline")))
+                                                heat=heat, headline=trust.headline_html(results.get("headline")),
+                                                rankings=rankings_differ(results))
 
 
 def cas_html(axes: dict[str, dict]) -> Markup:
     """One CAS chart per axis ({axis: {"mad", "counterfactuals"}}), bars with 95% CIs, most biased axis first."""
     blocks = []
-    for axis, a in sorted(axes.items(), key=lambda kv: -kv[1]["mad"]):
+    for axis, a in sorted(axes.items(), key=lambda kv: -(kv[1]["mad"] or 0.0)):
         cfs = a["counterfactuals"]
         blocks.append((axis, charts.bar_chart(
             [c["value"] for c in cfs], [c["cas"] for c in cfs], ci=[tuple(c["cas_ci"]) for c in cfs], vmax=1.0,
@@ -84,10 +97,19 @@ def sets_html(records_by_label: dict[str, list], url=lambda path: f"gradio_api/f
     return macro("counterfactuals.html", "sets")(sets)
 
 
+def modes_rows(results: dict) -> list[list[str]]:
+    """Rows (axis, MAD in paper mode, MAD in reference mode), most biased first, from `results["modes"]`."""
+    modes = results.get("modes") or {}
+    if not all(modes.get(m) for m in MODE_NAMES):
+        return []
+    return [[a, *(fmt((modes[m].get("mad") or {}).get(a), 3) for m in MODE_NAMES)] for a in results["mad_order"]]
+
+
 def page(results: dict) -> Markup:
     """A whole Counterfactuals run: MAD, CAS per counterfactual, the table, each set's Top-K."""
     return macro("counterfactuals.html", "page")(
         prompt=results.get("prompt", ""), n_prompts=len(results.get("prompts", [])), n=results.get("n"),
+        mode=MODE_NAMES.get(results.get("mode", "paper"), ""), modes=modes_rows(results),
         questions=results.get("questions", {}), mad=mad_html(results), cas=cas_html(by_axis(results)),
         rows=counterfactual_rows(results),
         top=[(label, [w for w, _ in s["top_k"]]) for label, s in results.get("sets", {}).items()])
