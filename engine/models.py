@@ -94,6 +94,16 @@ class ModelManager:
     def resident_bytes(self) -> int:
         return sum(m.bytes for m in self._models.values())
 
+    def size_bytes(self, spec: ModelSpec, device: str) -> int:
+        """Returns the bytes `spec` takes on `device`: measured on the loaded model when it is loaded,
+        else the memory plan's estimate (engine.plan.estimate_bytes)."""
+        entry = self._models.get(spec)
+        if entry is not None and entry.bytes:
+            return entry.bytes
+        from .plan import estimate_bytes
+
+        return estimate_bytes(spec, device)
+
     def get(self, spec: ModelSpec, **context) -> object:
         """The loaded backend for `spec`, loading it (once) if needed. Before a load that would not fit
         the budget, the least recently used idle models are unloaded and the device cache emptied,

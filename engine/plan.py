@@ -243,12 +243,17 @@ def _component(name: str) -> str:
 
 
 def _params_in_folder(folder: Path) -> dict[str, int]:
+    """{component: parameters} from the headers of the folder's weights; {} when any header cannot be
+    read (on ZeroGPU `spaces` removes the weights it packed from the hub cache, leaving dangling links)."""
     names = [p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")]
     params: dict[str, int] = {}
     for name in _pick_weight_files(names):
-        with open(folder / name, "rb") as f:
-            length = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(length))
+        try:
+            with open(folder / name, "rb") as f:
+                length = struct.unpack("<Q", f.read(8))[0]
+                header = json.loads(f.read(length))
+        except (OSError, ValueError, struct.error):
+            return {}
         count = sum(_numel(v["shape"]) for k, v in header.items() if k != "__metadata__")
         params[_component(name)] = params.get(_component(name), 0) + count
     return params

@@ -12,7 +12,7 @@ from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table, spotcheck
-from .common import gpu, gpu_seconds_for_sets, user_errors, with_notes
+from .common import gpu, user_errors, with_notes
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
 
@@ -75,10 +75,9 @@ def build(engine) -> list:
     spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
     def compare_seconds(prompt, fill, rows, n, seed, negative, steps, *rest):
-        return gpu_seconds_for_sets(n, steps, rows)  # ZeroGPU: images x steps of every set
+        return axes_table.gpu_seconds_for_sets(engine, n, steps, rows, fill)  # ZeroGPU: every set's work
 
-    @gpu(duration=compare_seconds)
-    @user_errors
+    @gpu(engine, duration=compare_seconds)
     def compare(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
                 sum_normalise, min_frequency, n_boot, top_k):
         request = counterfactuals.CounterfactualsRequest(

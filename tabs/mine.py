@@ -2,7 +2,6 @@
 ranked archive, lineage), stoppable and resumable; any stored run (app or CLI) can be opened."""
 from __future__ import annotations
 
-import threading
 import time
 
 import gradio as gr
@@ -12,23 +11,14 @@ from engine.events import Done, Progress, Scores, Warning
 from engine.methods import mine
 from engine.report import mine as report
 
-from .common import gallery_items, gpu, user_errors, with_notes
+from .common import gallery_items, gpu, gpu_seconds_for, user_errors, with_notes
 
 BIAS_CHOICES = ["open", "socio-demographic", "style", "objects"]
 STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random"),
                     ("rank the prompts a folder/dataset source holds (no new images)", "source")]
 UPDATE_EVERY = 0.5   # seconds between two progress/population updates of the page
+STOP_WAIT = 30       # seconds Stop waits for the cancelled run to save its state and close
 NO_DETAILS = "Click a prompt in the archive or the population (or pick one above) to see its images and gap."
-
-# Stop requests by browser session: the Stop button sets it, the running handler checks it.
-_STOPS: dict[str, threading.Event] = {}
-# The run each session is streaming (so Stop can show what was kept).
-_RUNNING: dict[str, str] = {}
-
-
-def _session(request: gr.Request | None) -> str:
-    return getattr(request, "session_hash", None) or "default"
-
 
 def _run_choices(engine) -> list[tuple[str, str]]:
     out = []
@@ -161,23 +151,28 @@ def build(engine) -> list:
                                 combine=combine, keep_parents=bool(keep_parents), bias=(bias or "open").strip(),
                                 strategy=strategy, seed=int(seed or 0), image_seed=int(image_seed or 0))
 
-    @gpu
-    @user_errors
+    def mine_seconds(bias=None, strategy="ga", iterations=5, population=8, select=2, mutations=3, n=8, *rest):
+        # T·b prompts of N images; per prompt an LLM mutation (or a random prompt) and its text variations
+        try:
+            prompts = max(1, int(iterations)) * max(1, int(population))
+        except (TypeError, ValueError):
+            prompts = 40
+        return gpu_seconds_for(engine, n, sets=prompts, llm_calls=2 * prompts)
+
+    @gpu(engine, duration=lambda *values: gpu_seconds_for(engine, 1, llm_calls=2))   # the probe: 1 LLM call, 1 image
     def preview(*values):
         return "**Budget:** " + mine.budget_text(mine.estimate_budget(make_request(*values), engine, probe=True))
 
-    def stream(request: mine.MineRequest, session: str):
-        """Run the method and map its events onto the live outputs (frequent ones throttled)."""
-        stop_flag = _STOPS.setdefault(session, threading.Event())
-        stop_flag.clear()
+    def stream(request: mine.MineRequest):
+        """Run the method and map its events onto the live outputs (frequent ones throttled). Stop cancels
+        the event (`cancels=`): Gradio closes this generator, or on ZeroGPU `spaces` closes it in its
+        worker at the next yield, which marks the run stopped and keeps its state."""
         view = _View()
         events = mine.run(request, engine)
         population: dict[str, list] = {}
         run_id, message, started, last = "", "", time.perf_counter(), 0.0
         try:
             for event in events:
-                if stop_flag.is_set():
-                    break
                 if isinstance(event, Progress):
                     eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
                     message = f"**{event.message or event.stage}**{eta}"
@@ -195,7 +190,6 @@ def build(engine) -> list:
                                           population=rows)
                 elif isinstance(event, Scores) and event.name == "run":
                     run_id = event.values["run_id"]
-                    _RUNNING[session] = run_id
                     view.state = {"run_id": run_id}
                     yield view.update(progress=f"**Started** run `{run_id}`", state=view.state)
                 elif isinstance(event, Warning):    # shown with this run, not as a toast over it
@@ -211,9 +205,6 @@ def build(engine) -> list:
                     yield view.everything()
         finally:
             events.close()   # a Stop (or a closed page) marks the run stopped and saves its state
-            _RUNNING.pop(session, None)
-        if stop_flag.is_set() and run_id:
-            yield _stopped(run_id, view)
 
     def _stopped(run_id: str, view: _View):
         record = engine.store.get_run(run_id)
@@ -225,33 +216,30 @@ def build(engine) -> list:
         view.values["runs"] = gr.update(choices=_run_choices(engine), value=run_id)
         return view.everything()
 
-    @gpu
-    @user_errors
+    @gpu(engine, duration=mine_seconds)
     def start_mining(bias, strategy, iterations, population, select, mutations, n, n_var, alpha, combine,
-                     keep_parents, seed, image_seed, request: gr.Request = None):
+                     keep_parents, seed, image_seed):
         yield from stream(make_request(bias, strategy, iterations, population, select, mutations, n, n_var, alpha,
-                                       combine, keep_parents, seed, image_seed), _session(request))
+                                       combine, keep_parents, seed, image_seed))
 
-    @gpu
-    @user_errors
-    def resume_mining(run_id, iterations, request: gr.Request = None):
+    @gpu(engine, duration=lambda run_id, iterations: mine_seconds(iterations=iterations))
+    def resume_mining(run_id, iterations):
         if not run_id:
             raise InputError("pick a stored run to resume")
         stored_T = mine.load_resumable(engine, run_id)["results"]["params"]["T"]   # T only ever grows here
-        yield from stream(mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T)),
-                          _session(request))
+        yield from stream(mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T)))
 
-    def stop_mining(view_state, request: gr.Request = None):
-        session = _session(request)
-        _STOPS.setdefault(session, threading.Event()).set()
-        run_id = _RUNNING.get(session)
+    def stop_mining(view_state):
+        """After Stop cancelled the run's event: its results as they were kept (the run is read from the
+        store, which the process running it, maybe ZeroGPU's worker, writes)."""
+        run_id = (view_state or {}).get("run_id")
+        record = engine.store.get_run(run_id) if run_id else None
         view = _View()
-        if not run_id:     # e.g. Stop after the run finished: leave its results and state alone
-            shown = (view_state or {}).get("run_id")
-            record = engine.store.get_run(shown) if shown else None
-            text = (f"Nothing is running: run `{shown}` is {record['status']}." if record else "Nothing is running.")
-            return view.update(progress=text)
-        deadline = time.time() + 5
+        if record is None:
+            return view.update(progress="Nothing is running.")
+        if record["status"] != "running":   # e.g. Stop after the run finished: leave its results alone
+            return view.update(progress=f"Nothing is running: run `{run_id}` is {record['status']}.")
+        deadline = time.time() + STOP_WAIT
         while time.time() < deadline:   # the cancelled handler closes the run (status 'stopped')
             record = engine.store.get_run(run_id)
             if record is None or record["status"] != "running":

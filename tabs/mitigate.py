@@ -20,7 +20,7 @@ from engine.methods import cfsets, intersectional, mitigate
 from engine.report import mitigate as report
 
 from . import axes_table
-from .common import distinct_captions, gallery_items, gpu, user_errors, with_notes
+from .common import distinct_captions, gallery_items, gpu, in_order, user_errors, with_notes
 from .intersectional import reference_text
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a ceo"]
@@ -223,8 +223,13 @@ def build(engine) -> list:
                 **dict(zip(slot_components, slot_updates({a: axes[a] for a in names}, kept))),
                 weights: weights_markdown(names, names, [DEFAULT_PRIORITY] * len(names))}
 
-    @gpu
-    @user_errors
+    outputs = [progress, preview_box, view, gallery, export, editor.table]
+
+    def mitigate_seconds(preview_only, prompt=None, table=None, n=16, fill=None, steps=None, **rest):
+        # a mitigation generates the prompt sets again (limits.estimate_images); a preview once
+        return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill, runs=1 if preview_only else 2)
+
+    @gpu(engine, duration=mitigate_seconds)
     def mitigate_or_preview(preview_only: bool, prompt, table, n, axes_to_mitigate=(), fill=None, seed=0,
                             epsilon=mitigate.DEFAULT_EPSILON, strategy="intermit", other_policy="drop", n_boot=200,
                             tradeoff_tolerance=0.02, negative_prompt=None, steps=None, guidance=None, **slot_form):
@@ -244,7 +249,8 @@ def build(engine) -> list:
         yield from stream(request)
 
     def stream(request):
-        """Run the method; each event updates the outputs it names, the last names them all."""
+        """Run the method; each event updates the outputs it names, yielded in output order (`in_order`);
+        the last names them all."""
         shown = {progress: "", preview_box: "", view: "", gallery: [], export: None}
         started = time.perf_counter()
         sample: dict[int, list] = {}
@@ -283,10 +289,10 @@ def build(engine) -> list:
                     progress: with_notes(text, notes),
                     view: report.page(r, with_preview=False), preview_box: report.preview_html(r.get("preview")),
                     export: _export_file(r, event.run_id) if not request.preview_only else None})
-                yield shown
+                yield in_order(outputs, shown)
             if update:
                 shown.update(update)
-                yield update
+                yield in_order(outputs, update)
 
     refresh_outputs = [axes_state, bstar, *slot_components, weights]
     editor.table.change(refresh, inputs_kwargs=dict(prompt=editor.prompt, rows=editor.table, axes=axes_state,
@@ -302,7 +308,6 @@ def build(engine) -> list:
     form = dict(prompt=editor.prompt, fill=editor.fill, table=editor.table, axes_to_mitigate=bstar, n=n, seed=seed,
                 epsilon=epsilon, strategy=strategy, other_policy=policy, n_boot=n_boot, tradeoff_tolerance=tolerance,
                 negative_prompt=negative, steps=steps, guidance=guidance, **slot_inputs)
-    outputs = [progress, preview_box, view, gallery, export, editor.table]
     go.click(functools.partial(mitigate_or_preview, False), inputs_kwargs=form, outputs=outputs, api_name="mitigate")
     preview_btn.click(functools.partial(mitigate_or_preview, True), inputs_kwargs=form, outputs=outputs,
                       api_name="mitigate_preview")
