@@ -208,6 +208,12 @@ def free_memory(device: str | None = None) -> None:
         torch.mps.empty_cache()
 
 
+def weights_device(module):
+    """Returns the torch device of `module`'s first parameter, where its inputs must go. On ZeroGPU that is
+    the GPU `spaces` moved the weights to in its worker, whatever device string the model was loaded with."""
+    return next(module.parameters()).device
+
+
 def module_bytes(*modules) -> int:
     """Returns the bytes held by the parameters and buffers of torch modules (None entries are skipped);
     the model manager budgets memory with it."""

@@ -52,8 +52,14 @@ class ModelManager:
         self._pinned: set[ModelSpec] = set()
 
     def pin(self, spec: ModelSpec) -> None:
-        """Keeps `spec` loaded across preset switches (`unload_except`); eviction may still take it."""
+        """Keeps `spec` loaded across preset switches (`unload_except`) and comparisons
+        (`unload_unpinned`); eviction may still take it."""
         self._pinned.add(spec)
+
+    def unload_unpinned(self, spec: ModelSpec) -> list[str]:
+        """Unloads `spec` unless it is pinned: a preloaded model stays (on ZeroGPU `spaces` removed its
+        cached files when it packed its weights, so it could not be loaded again without the hub)."""
+        return [] if spec in self._pinned else self.unload(spec)
 
     def unload_except(self, keep) -> list[str]:
         """Unloads every model that is neither in `keep` nor pinned. Returns the labels unloaded."""

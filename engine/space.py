@@ -65,8 +65,9 @@ def preload(engine, preset: Preset) -> list[str]:
     preset later loads nothing. Returns the labels loaded; ModelLoadError when one cannot be loaded."""
     loaded = []
     for spec in preset.specs().values():
-        if uses_device(spec):
-            engine.models.get(spec)
+        if uses_device(spec):   # a CLIP VQA answers through the preset's embedder, as Engine loads it
+            context = {"embedder": engine.models.get(preset.embedder)} if spec.backend == "clip_vqa" else {}
+            engine.models.get(spec, **context)
             engine.models.pin(spec)
             loaded.append(spec.label)
     return loaded

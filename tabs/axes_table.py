@@ -46,7 +46,7 @@ def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
     notes = gr.Markdown("", elem_id=f"{prefix}-axes-notes")
 
     # TIBET's meta-prompt: three LLM turns (re-asked at most once more each when the output is unusable)
-    @gpu(engine, duration=lambda *args: gpu_seconds_for(engine, 0, llm_calls=6), specs=lambda *args: [engine.preset.llm])
+    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 0, llm_calls=6), specs=lambda **form: [engine.preset.llm])
     def propose_axes(prompt_text, fill_text):
         axes, problems = cfsets.propose_for(engine, engine.check_prompt(prompt_text), parse_fill(fill_text))
         dropped = "\n".join(f"- the LLM's counterfactual {problem}" for problem in problems)

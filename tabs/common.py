@@ -24,14 +24,20 @@ def gpu(engine, *, duration=None, specs=None):
     GPU quota. The visitor and the engine's model configuration (`Engine.model_config`) travel into the
     GPU function as arguments and are set there: the worker may have been forked for another visitor or
     preset. `duration(*args, **kwargs)` returns the seconds to ask for (engine.space.gpu_seconds; default
-    60). Elsewhere the handler runs as it is. GapLensError becomes gr.Error (user_errors) either way."""
+    60). Both callables get the handler's arguments by name, however Gradio passed them. Elsewhere the
+    handler runs as it is. GapLensError becomes gr.Error (user_errors) either way."""
     def decorate(fn):
         fn = user_errors(fn)
         setattr(inspect.unwrap(fn), GPU_HANDLER, True)
         if not on_zero_gpu():
             return fn
-        on_gpu = _spaces_gpu(engine, fn, duration)
-        needed = specs or (lambda *args, **kwargs: engine.preset.specs().values())
+        signature = inspect.signature(fn)
+
+        def named(call):
+            return lambda *args, **kwargs: call(**signature.bind(*args, **kwargs).arguments)
+
+        on_gpu = _spaces_gpu(engine, fn, named(duration) if callable(duration) else duration)
+        needed = named(specs) if specs else (lambda *args, **kwargs: engine.preset.specs().values())
         if inspect.isgeneratorfunction(fn):
             def handler(*args, **kwargs):
                 if needs_gpu(needed(*args, **kwargs)):

@@ -49,7 +49,7 @@ def build(engine) -> list:
     def generators_of(presets, more) -> list[str]:
         return list(presets or []) + [g.strip() for g in (more or "").split(",") if g.strip()]
 
-    def specs_used(method, presets, more, *rest):
+    def specs_used(presets=None, more=None, **rest):
         """The generators to compare and the engine's other models: what the GPU decision looks at."""
         try:
             generators = [compare_models.generator_spec(g) for g in generators_of(presets, more)]

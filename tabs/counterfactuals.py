@@ -74,7 +74,7 @@ def build(engine) -> list:
     state = gr.State({})
     spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
-    def compare_seconds(prompt, fill, rows, n, seed, negative, steps, *rest):
+    def compare_seconds(fill=None, rows=None, n=16, steps=None, **rest):
         return axes_table.gpu_seconds_for_sets(engine, n, steps, rows, fill)  # ZeroGPU: every set's work
 
     @gpu(engine, duration=compare_seconds)

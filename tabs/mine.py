@@ -151,7 +151,7 @@ def build(engine) -> list:
                                 combine=combine, keep_parents=bool(keep_parents), bias=(bias or "open").strip(),
                                 strategy=strategy, seed=int(seed or 0), image_seed=int(image_seed or 0))
 
-    def mine_seconds(bias=None, strategy="ga", iterations=5, population=8, select=2, mutations=3, n=8, *rest):
+    def mine_seconds(iterations=5, population=8, n=8, **rest):
         # T·b prompts of N images; per prompt an LLM mutation (or a random prompt) and its text variations
         try:
             prompts = max(1, int(iterations)) * max(1, int(population))
@@ -159,7 +159,7 @@ def build(engine) -> list:
             prompts = 40
         return gpu_seconds_for(engine, n, sets=prompts, llm_calls=2 * prompts)
 
-    @gpu(engine, duration=lambda *values: gpu_seconds_for(engine, 1, llm_calls=2))   # the probe: 1 LLM call, 1 image
+    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 1, llm_calls=2))   # the probe: 1 LLM call, 1 image
     def preview(*values):
         return "**Budget:** " + mine.budget_text(mine.estimate_budget(make_request(*values), engine, probe=True))
 

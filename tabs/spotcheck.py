@@ -142,7 +142,7 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
         return [*other, engine.preset.embedder, engine.preset.vqa]
 
     # the run's images (at most the server's N per set, a few sets) asked each axis' question again
-    @gpu(engine, duration=lambda *args: gpu_seconds_for(engine, engine.max_images, questions=3), specs=evaluators)
+    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, engine.max_images, questions=3), specs=evaluators)
     def compare(run_value, other_spec):
         run_id = run_id_of(run_value)
         if not run_id:
