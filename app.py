@@ -90,7 +90,8 @@ def allowed_paths(engine: Engine) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="GapLens web app")
     p.add_argument("--preset", default=os.environ.get("GAPLENS_PRESET", "synthetic" if os.environ.get("SPACE_ID") else "auto"),
-                   help="synthetic, sd-turbo, sd15, sdxl-turbo, flux-schnell or auto (default)")
+                   help="synthetic, sd-turbo, sd15, sdxl-turbo, flux-schnell or auto (default; on a Space "
+                        "$GAPLENS_PRESET, else synthetic)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     p.add_argument("--share", action="store_true", help="also serve on a public gradio.live link")
