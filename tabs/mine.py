@@ -164,15 +164,20 @@ def build(engine) -> list:
         return "**Budget:** " + mine.budget_text(mine.estimate_budget(make_request(*values), engine, probe=True))
 
     def stream(request: mine.MineRequest):
-        """Run the method and map its events onto the live outputs (frequent ones throttled). Stop cancels
-        the event (`cancels=`): Gradio closes this generator, or on ZeroGPU `spaces` closes it in its
-        worker at the next yield, which marks the run stopped and keeps its state."""
+        """Run the method and map its events onto the live outputs (frequent ones throttled). Stop marks the
+        run stopped in the store, which this loop reads (on ZeroGPU it runs in `spaces`' worker process),
+        and cancels the event (`cancels=`); either way the method is closed, which keeps its state."""
         view = _View()
         events = mine.run(request, engine)
         population: dict[str, list] = {}
-        run_id, message, started, last = "", "", time.perf_counter(), 0.0
+        run_id, message, started, last, checked = "", "", time.perf_counter(), 0.0, 0.0
         try:
             for event in events:
+                if run_id and time.perf_counter() - checked >= UPDATE_EVERY:
+                    checked = time.perf_counter()
+                    record = engine.store.get_run(run_id)
+                    if record is not None and record["status"] != "running":
+                        break     # Stop was pressed (in whichever process serves the page)
                 if isinstance(event, Progress):
                     eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
                     message = f"**{event.message or event.stage}**{eta}"
@@ -230,8 +235,8 @@ def build(engine) -> list:
         yield from stream(mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T)))
 
     def stop_mining(view_state):
-        """After Stop cancelled the run's event: its results as they were kept (the run is read from the
-        store, which the process running it, maybe ZeroGPU's worker, writes)."""
+        """Stop: marks the visitor's running run stopped in the store (which the process running it, maybe
+        ZeroGPU's worker, reads), waits until that process saved its state, and shows what was kept."""
         run_id = (view_state or {}).get("run_id")
         record = engine.store.get_run(run_id) if run_id else None
         view = _View()
@@ -239,10 +244,12 @@ def build(engine) -> list:
             return view.update(progress="Nothing is running.")
         if record["status"] != "running":   # e.g. Stop after the run finished: leave its results alone
             return view.update(progress=f"Nothing is running: run `{run_id}` is {record['status']}.")
-        deadline = time.time() + STOP_WAIT
-        while time.time() < deadline:   # the cancelled handler closes the run (status 'stopped')
+        asked = time.time()
+        engine.store.update_run(run_id, status="stopped")
+        deadline = asked + STOP_WAIT
+        while time.time() < deadline:   # the run's own process saves its state when it closes the run
             record = engine.store.get_run(run_id)
-            if record is None or record["status"] != "running":
+            if record is None or record["updated"] > asked + 1e-3:
                 break
             time.sleep(0.1)
         return _stopped(run_id, view)
@@ -285,7 +292,7 @@ def build(engine) -> list:
     estimate.click(preview, settings_inputs, [budget], api_name="mine_budget")
     start_event = start.click(start_mining, settings_inputs, live_outputs, api_name="mine")
     resume_event = resume.click(resume_mining, [runs, iterations], live_outputs, api_name="mine_resume")
-    stop.click(stop_mining, [state], live_outputs, cancels=[start_event, resume_event], api_name=False)
+    stop.click(stop_mining, [state], live_outputs, cancels=[start_event, resume_event], api_name="mine_stop")
     refresh.click(refresh_runs, None, [runs], api_name=False)
     restored = [iterations, population, select, mutations, n, n_var, alpha, combine, keep_parents, seed, image_seed,
                 strategy, bias]   # Open restores every setting of the run, not only T

@@ -7,9 +7,11 @@ And a Space whose weights cannot be fetched starts on the synthetic world and sa
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -44,7 +46,7 @@ def start_space(tmp: Path, scheduler: Scheduler, argv: list[str], **env) -> tupl
     log = open(tmp / "app.log", "w")
     process = subprocess.Popen([sys.executable, "tests/zerogpu_app.py", "--port", str(port), "--data-dir",
                                 str(tmp / "store"), "--max-images", "8", *argv],
-                               cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
+                               cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
 
     def serving():
@@ -54,8 +56,24 @@ def start_space(tmp: Path, scheduler: Scheduler, argv: list[str], **env) -> tupl
             return httpx.get(url + "config", timeout=2).status_code == 200
         except Exception:  # noqa: BLE001 - not listening yet
             return False
-    wait_until(serving, 600, "the emulated Space to serve its page", poll=0.5)
+    try:
+        wait_until(serving, 600, "the emulated Space to serve its page", poll=0.5)
+    except BaseException:
+        stop_space(process, scheduler)
+        raise
     return process, url
+
+
+def stop_space(process: subprocess.Popen, scheduler: Scheduler) -> None:
+    """Stops the app and the GPU workers `spaces` forked (its process group), and the scheduler."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        scheduler.close()
 
 
 def owner_cookie() -> str:
@@ -100,9 +118,7 @@ def space(tmp_path_factory):
     try:
         yield {"url": url, "tmp": tmp, "cache": cache, "scheduler": scheduler, "process": process}
     finally:
-        process.terminate()
-        process.wait(30)
-        scheduler.close()
+        stop_space(process, scheduler)
 
 
 @pytest.mark.timeout(1800)   # starting the Space and seven tabs' runs, each in the forked worker, on 2 CPU cores
@@ -168,29 +184,32 @@ def test_every_gpu_handler_works_on_zero_gpu_for_the_visitor_who_asked(space):
                    "a photo of a doctor", "", ROWS, 2, 0, ["gender"])
     assert "**Done**: 2 generators compared" in out[0]
 
-    # Mine, stopped: Stop cancels the event; `spaces` stops its worker's generator at the next step,
-    # which marks the run stopped with its state kept (the store is shared across the processes).
+    # Mine, stopped: Stop marks the run stopped in the store, which the worker's loop reads between
+    # steps (the store is shared across the processes); the worker closes the run, keeping its state.
     before = len(scheduler.scheduled())
     job = visitor_a.submit("open", "ga", 5, 4, 1, 2, 2, 2, 25, "diff", False, 0, 0, api_name="/mine")
-    mining = wait_until(lambda: next((r for r in runs(store) if r["method"] == "mine" and r["status"] == "running"),
-                                     None), 300, "the mining run to start", poll=0.2)
-    try:
-        job.cancel()      # what the Stop button sends (/cancel of the events it cancels)
-    except httpx.ReadTimeout:
-        pass              # the server answers once the worker's current step ends; the client waits 5 s
-    stopped = wait_until(lambda: next((r for r in runs(store) if r["id"] == mining["id"] and r["status"] != "running"),
-                                      None), 120, "the cancelled mining run to stop", poll=0.2)
-    assert stopped["status"] == "stopped" and len(scheduler.scheduled()) == before + 1
+    wait_until(lambda: any(r["method"] == "mine" and r["status"] == "running" for r in runs(store)), 300,
+               "the mining run to start", poll=0.2)
+    shown = wait_until(lambda: (lambda text: "Nothing is running" not in text and text)(
+        visitor_a.predict(api_name="/mine_stop")[0]), 300, "Stop to find the visitor's run", poll=1)
+    assert "Stopped; everything computed is kept" in shown, shown
+    job.result(timeout=300)
+    mining = next(r for r in runs(store) if r["method"] == "mine")
+    assert mining["status"] == "stopped" and len(scheduler.scheduled()) == before + 1
+    assert json.loads(mining["results"])["params"]["T"] == 5    # its state, to resume from
 
-    # Every run belongs to the visitor who made it, and ran in the worker `spaces` forked: one worker
-    # process served both visitors in turn (the scheduler hands out the same idle GPU).
+    # Every run belongs to the visitor who made it (a comparison's runs, one per generator, too) and ran
+    # in a worker `spaces` forked (one per GPU function); Single Prompt's worker, kept because the
+    # scheduler handed out the same idle GPU again, served visitor A and then visitor B.
     made = [r for r in runs(store) if r["status"] in ("done", "stopped")]
-    owners = {"single_prompt": [visitor_a, visitor_b], "counterfactuals": [visitor_a], "intersectional": [visitor_b],
-              "mitigate": [visitor_a], "compare_models": [visitor_b], "mine": [visitor_a]}
+    owners = {"single_prompt": [visitor_a, visitor_b, visitor_b, visitor_b], "counterfactuals": [visitor_a],
+              "intersectional": [visitor_b], "mitigate": [visitor_a], "compare_models": [visitor_b],
+              "mine": [visitor_a]}
     for method, clients in owners.items():
         assert [r["owner"] for r in made if r["method"] == method] == [f"session:{c.session_hash}" for c in clients], method
-    workers = {r["pid"] for r in made}
-    assert space["process"].pid not in workers and len(workers) == 1
+    assert space["process"].pid not in {r["pid"] for r in made}
+    first, second = [r for r in made if r["method"] == "single_prompt"][:2]
+    assert first["pid"] == second["pid"] and first["owner"] != second["owner"]
 
     # The synthetic world needs no GPU: its runs (and the synthetic LLM's proposal) never enter the
     # GPU function, so they spend nobody's ZeroGPU quota.
@@ -220,6 +239,4 @@ def test_a_space_whose_weights_cannot_be_fetched_serves_the_synthetic_world_and_
         assert "the models of 'sd-turbo' could not be loaded" in status and "serves the synthetic world" in status
         assert "Traceback" not in (tmp_path / "app.log").read_text()
     finally:
-        process.terminate()
-        process.wait(30)
-        scheduler.close()
+        stop_space(process, scheduler)
