@@ -176,7 +176,7 @@ def build(engine) -> list:
                 if run_id and time.perf_counter() - checked >= UPDATE_EVERY:
                     checked = time.perf_counter()
                     record = engine.store.get_run(run_id)
-                    if record is not None and record["status"] != "running":
+                    if record is not None and record["status"] == "stopped":
                         break     # Stop was pressed (in whichever process serves the page)
                 if isinstance(event, Progress):
                     eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
