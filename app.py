@@ -52,6 +52,8 @@ def build_app(engine: Engine) -> gr.Blocks:
     # public mode: Gradio's cache of served files is emptied of day-old files every hour
     with gr.Blocks(title="GapLens", delete_cache=(3600, 86400) if engine.public else None) as demo:
         gr.Markdown(HEADER)
+        if os.environ.get("OAUTH_CLIENT_ID"):   # a Space with `hf_oauth: true`: its owner signs in to be host
+            gr.LoginButton(size="sm", elem_id="login")
         gr.HTML("", js_on_load=DISMISS_STALE_TOASTS, elem_id="gl-toast-rule", container=False, padding=False)
         model_status = model_panel.build(engine)
         load_hooks = []
@@ -93,7 +95,8 @@ def allowed_paths(engine: Engine) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="GapLens web app")
     p.add_argument("--preset", default=os.environ.get("GAPLENS_PRESET", "synthetic" if os.environ.get("SPACE_ID") else "auto"),
-                   help="synthetic, sd-turbo, sd15, sdxl-turbo, flux-schnell or auto (default)")
+                   help="synthetic, sd-turbo, sd15, sdxl-turbo, flux-schnell or auto (default; on a Space "
+                        "$GAPLENS_PRESET, else synthetic)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     p.add_argument("--share", action="store_true", help="also serve on a public gradio.live link")
@@ -142,11 +145,9 @@ def main(argv=None) -> None:
         engine.store = open_gallery(args.gallery, engine.store.data_dir)
         print(f"GapLens: gallery {args.gallery} opened read-only ({engine.store.count('runs')} runs)")
     if os.environ.get("SPACE_ID"):
-        from engine.space import preload, real_preset_for, space_gpu_memory_gb
+        from engine.space import start_up
 
-        real = real_preset_for(space_gpu_memory_gb())
-        if real:  # loaded now (on ZeroGPU: on the CPU, moved to the GPU inside each @spaces.GPU call)
-            print(f"GapLens: Space hardware allows preset '{real}'; loaded {', '.join(preload(engine, real))}")
+        print(f"GapLens: {start_up(engine)}")   # preloads a real preset; never fatal (the status line says why)
     demo = build_app(engine)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
                 theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"],

@@ -119,13 +119,13 @@ class Engine:
         if all(s.backend.startswith("synthetic") for s in specs):
             return False
         from .device import is_accelerator
-        from .plan import estimate_bytes, working_bytes
+        from .plan import working_bytes
 
         device = self.models.device
         if not is_accelerator(device):
             return False
         budget = self.models.budget_bytes
-        return not budget or sum(estimate_bytes(s, device) + working_bytes(s) for s in specs) <= budget
+        return not budget or sum(self.models.size_bytes(s, device) + working_bytes(s) for s in specs) <= budget
 
     @overlap_evaluation.setter
     def overlap_evaluation(self, value: bool | None) -> None:
@@ -187,6 +187,20 @@ class Engine:
         self.model_overrides, self.model_options = overrides, dict(options or {})
         self.models.unload_except(preset.specs().values())  # shared and pinned (preloaded) models stay
         self.preset, self.preset_reason = preset, reason
+
+    def model_config(self) -> dict:
+        """What decides the models a run uses: the preset (with its reason), the overrides and options
+        later presets keep, and the API-call budget. Plain data: on ZeroGPU it is pickled into the
+        GPU worker, a process forked earlier that `adopt`s it before each run."""
+        return {"preset": self.preset, "preset_reason": self.preset_reason, "model_overrides": self.model_overrides,
+                "model_options": self.model_options, "max_api_calls": self.max_api_calls}
+
+    def adopt(self, config: dict) -> None:
+        """Take on `config` (from `model_config`), unloading the models a changed preset no longer uses."""
+        if config["preset"] != self.preset:
+            self.models.unload_except(config["preset"].specs().values())
+        for name, value in config.items():
+            setattr(self, name, value)
 
     # -- validation ----------------------------------------------------------------------------
     def check_questions(self, questions) -> None:

@@ -130,8 +130,9 @@ def on_zero_gpu() -> bool:
     return os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
 
 
-# ZeroGPU attaches (a slice of) an H200: 70 GB per workload (huggingface.co/docs/hub/spaces-zerogpu).
-ZERO_GPU_MEMORY_GB = 70.0
+# ZeroGPU attaches a slice of an H200, an "H200 MIG 3g.71gb": 74,625,056,768 bytes = 69.5 GiB and 60 SMs
+# (the `spaces` package's device defaults; the docs round it to "70GB per workload").
+ZERO_GPU_MEMORY_GB = 69.5
 # Kept free on a CUDA device for the CUDA context, cuBLAS/cuDNN workspaces and fragmentation.
 CUDA_RESERVE_BYTES = int(1.5 * 2**30)
 # Host RAM left free when evicted models are parked there (the OS, Python, images, the next load).
@@ -250,6 +251,12 @@ def free_memory(device: str | None = None) -> None:
         torch.cuda.empty_cache()
     if torch.backends.mps.is_available() and (device is None or str(device) == "mps"):
         torch.mps.empty_cache()
+
+
+def weights_device(module):
+    """Returns the torch device of `module`'s first parameter, where its inputs must go. On ZeroGPU that is
+    the GPU `spaces` moved the weights to in its worker, whatever device string the model was loaded with."""
+    return next(module.parameters()).device
 
 
 def module_bytes(*modules) -> int:

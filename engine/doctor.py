@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from .backends import uses_device
 from .backends.base import ModelSpec
 from .presets import REAL_PRESET_ORDER, Preset, hub_files, is_cached, resolve_preset
 
@@ -32,20 +33,24 @@ class Check:
 
 def diagnose(preset: str | Preset = "auto", *, gpu_memory_gb: float | None = None, self_test: bool = True,
              device: str | None = None, **overrides) -> list[Check]:
-    """Returns the checks for `preset` (a name or a Preset; "auto" or the synthetic world mean the
-    smallest real preset, sd-turbo) in order."""
+    """Returns the checks for `preset` (a name or a Preset; "auto" means the smallest real preset,
+    sd-turbo) in order. A preset without device models (the synthetic worlds, APIs, folders) needs no
+    GPU, weights or hub: it is ready on any machine."""
     checks: list[Check] = []
     if isinstance(preset, str):
-        name = preset
-        if name in ("auto", "synthetic", "colour"):
-            name = REAL_PRESET_ORDER[0]
-        preset, _ = resolve_preset(name, **overrides)
+        preset, _ = resolve_preset(REAL_PRESET_ORDER[0] if preset == "auto" else preset, **overrides)
+    if not any(uses_device(s) for s in preset.specs().values()):
+        wordnet = _guard("wordnet", _check_wordnet)
+        wordnet.status = "warn" if wordnet.status == "fail" else wordnet.status   # synonyms only, not readiness
+        return [Check("models", "pass", f"preset {preset.name} loads no model onto a device: it needs no GPU, "
+                      "no weights and no hub, so it runs on any machine"), wordnet]
     device_check, device = _check_torch(device)
     checks.append(device_check)
     checks.append(_guard("memory", lambda: _check_memory(preset, device, gpu_memory_gb)))
-    hub_check, token_check, reachable = _check_hub(preset)
+    missing = _missing_weights(preset)
+    hub_check, token_check, reachable = _check_hub(preset, cached=not missing)
     checks += [hub_check, token_check]
-    weights_check, all_cached = _check_weights(preset, reachable)
+    weights_check, all_cached = _check_weights(preset, missing, reachable)
     checks.append(weights_check)
     checks.append(_guard("wordnet", _check_wordnet))
     if not self_test:
@@ -128,8 +133,9 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
 
 
-def _check_hub(preset: Preset) -> tuple[Check, Check, bool]:
-    """Returns (reachability, token, reachable?)."""
+def _check_hub(preset: Preset, cached: bool) -> tuple[Check, Check, bool]:
+    """Returns (reachability, token, reachable?); offline (HF_HUB_OFFLINE=1) passes when every weight
+    is `cached`."""
     try:
         from huggingface_hub import get_token
     except ImportError:
@@ -140,6 +146,9 @@ def _check_hub(preset: Preset) -> tuple[Check, Check, bool]:
                         "a Hugging Face token is set" if token else "no Hugging Face token (HF_TOKEN) is set",
                         "" if token else "needed only for gated models such as FLUX.1-schnell: accept the licence "
                         "on the model page, then set HF_TOKEN")
+    if _offline() and cached:
+        return (Check("hub", "pass", "the hub is switched off (HF_HUB_OFFLINE=1) and every weight is in the local "
+                      "cache, so none is needed"), token_check, False)
     if _offline():
         return (Check("hub", "fail", "the hub is switched off (HF_HUB_OFFLINE=1): only cached weights can be used",
                       "unset HF_HUB_OFFLINE on a machine with internet access, or copy the weights into the cache"),
@@ -162,17 +171,25 @@ def _check_hub(preset: Preset) -> tuple[Check, Check, bool]:
     return Check("hub", "pass", f"the hub is reachable ({repo} answered)"), token_check, True
 
 
-def _check_weights(preset: Preset, reachable: bool) -> tuple[Check, bool]:
-    from .plan import model_size
-
-    specs = list(preset.specs().values())
+def _preset_weights(preset: Preset) -> list[ModelSpec]:
+    """The preset's device models, its BLIP captioner included."""
+    specs = [s for s in preset.specs().values() if uses_device(s)]
     captioner = preset.vqa.options.get("caption_model") if preset.vqa.backend == "blip_vqa" else None
     if captioner:
         specs.append(ModelSpec("blip_vqa", str(captioner)))
-    hub = [s for s in specs if hub_files(s) is not None]   # API, synthetic and bundled models need no download
-    missing = [s for s in hub if not is_cached(s)]
+    return [s for s in specs if hub_files(s) is not None]   # API, synthetic and bundled models need no download
+
+
+def _missing_weights(preset: Preset) -> list[ModelSpec]:
+    return [s for s in _preset_weights(preset) if not is_cached(s)]
+
+
+def _check_weights(preset: Preset, missing: list[ModelSpec], reachable: bool) -> tuple[Check, bool]:
+    from .plan import model_size
+
     if not missing:
-        return Check("weights", "pass", f"all {len(hub)} hub models of {preset.name} are in the local cache"), True
+        return Check("weights", "pass", f"all {len(_preset_weights(preset))} hub models of {preset.name} are in "
+                     "the local cache"), True
     gb = sum(model_size(s).bytes for s in missing) / 2**30  # what loads: fp16 files, open_clip's fp32 ones
     names = ", ".join(hub_files(s)[0] for s in missing)  # open_clip: the repo holding its weights
     commands = "\n".join(download_command(s, *_listing(s) if reachable else (None, None)) for s in missing)

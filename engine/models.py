@@ -62,8 +62,14 @@ class ModelManager:
         self._pinned: set[ModelSpec] = set()
 
     def pin(self, spec: ModelSpec) -> None:
-        """Keeps `spec` loaded across preset switches (`unload_except`); eviction may still take it."""
+        """Keeps `spec` loaded across preset switches (`unload_except`) and comparisons
+        (`unload_unpinned`); eviction may still take it."""
         self._pinned.add(spec)
+
+    def unload_unpinned(self, spec: ModelSpec) -> list[str]:
+        """Unloads `spec` unless it is pinned: a preloaded model stays (on ZeroGPU `spaces` removed its
+        cached files when it packed its weights, so it could not be loaded again without the hub)."""
+        return [] if spec in self._pinned else self.unload(spec)
 
     def unload_except(self, keep) -> list[str]:
         """Unloads every model that is neither in `keep` nor pinned. Returns the labels unloaded."""
@@ -104,6 +110,16 @@ class ModelManager:
     def resident_bytes(self) -> int:
         """Returns the bytes of the models on the device (parked ones are in host RAM)."""
         return sum(m.bytes for m in self._models.values() if not m.parked)
+
+    def size_bytes(self, spec: ModelSpec, device: str) -> int:
+        """Returns the bytes `spec` takes on `device`: measured on the loaded model when it is loaded,
+        else the memory plan's estimate (engine.plan.estimate_bytes)."""
+        entry = self._models.get(spec)
+        if entry is not None and entry.bytes:
+            return entry.bytes
+        from .plan import estimate_bytes
+
+        return estimate_bytes(spec, device)
 
     def get(self, spec: ModelSpec, **context) -> object:
         """The loaded backend for `spec`, loading it (once) if needed, or moving it back from host RAM.

@@ -469,14 +469,23 @@ def _component(name: str) -> str:
 
 
 def _params_in_folder(folder: Path) -> dict[str, int]:
+    """{component: parameters} from the headers of the weights a load reads (the folders model_index.json
+    names); {} when any header cannot be read (on ZeroGPU `spaces` removes the weights it packed from the
+    hub cache, leaving dangling links)."""
     index = folder / "model_index.json"
-    model_index = json.loads(index.read_text()) if index.is_file() else None
+    try:
+        model_index = json.loads(index.read_text()) if index.is_file() else None
+    except (OSError, ValueError):
+        return {}
     names = [p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")]
     params: dict[str, int] = {}
     for name in loaded_weight_files(names, model_index):
-        with open(folder / name, "rb") as f:
-            length = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(length))
+        try:
+            with open(folder / name, "rb") as f:
+                length = struct.unpack("<Q", f.read(8))[0]
+                header = json.loads(f.read(length))
+        except (OSError, ValueError, struct.error):
+            return {}
         count = sum(_numel(v["shape"]) for k, v in header.items() if k != "__metadata__")
         params[_component(name)] = params.get(_component(name), 0) + count
     return params

@@ -99,7 +99,7 @@ def use_model(engine, role: str, model: str = "", options: dict | str | None = N
     base = parse_model_override(model, role) if (model or "").strip() else old
     spec = ModelSpec(base.backend, base.model, check_options(dict(options or {}), role))
     if spec != old:
-        engine.models.unload(old)
+        engine.models.unload_unpinned(old)   # a preloaded model stays (ModelManager.unload_unpinned)
         name = engine.preset.name if engine.preset.name.endswith("+custom") else f"{engine.preset.name}+custom"
         engine.preset = replace(engine.preset, name=name, **{role: spec})
         engine.preset_reason += f"; {role} set to {spec.full_label}"

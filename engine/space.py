@@ -1,19 +1,27 @@
-"""Running on a Hugging Face Space: which presets to offer, and ZeroGPU start-up.
+"""Running on a Hugging Face Space: which presets to offer, start-up, and what ZeroGPU is asked for.
 
-On a Space (SPACE_ID set) the app starts with the synthetic world and offers one real preset: the
-largest one whose memory plan fits the hardware (ZeroGPU: 70 GB; a dedicated GPU: its memory), skipping
-gated generators unless HF_TOKEN is set. On ZeroGPU the real preset's models are loaded at start-up:
-from_pretrained runs on the CPU, and the `.to("cuda")` of the main process is recorded by the `spaces`
-package, which moves the weights to the GPU it attaches for each @spaces.GPU call; the main
-process itself never initialises CUDA.
+On a Space (SPACE_ID set) the app starts on $GAPLENS_PRESET (default the synthetic world) and preloads
+one real preset: $GAPLENS_PRESET's own models when it names one, else the largest preset whose memory
+plan fits the hardware (ZeroGPU: 69.5 GiB; a dedicated GPU: its memory), skipping gated generators
+unless HF_TOKEN is set. A preload that fails (weights that cannot be fetched) is never fatal: the app
+serves the synthetic world and its status line says why (`start_up`).
+
+On ZeroGPU the preloaded models are loaded on the CPU: their `.to("cuda")` in the main process is
+recorded by the `spaces` package, which moves the weights to the GPU it attaches for each @spaces.GPU
+call; the main process itself never initialises CUDA. Only work that uses a device model goes through
+@spaces.GPU (`needs_gpu`), asking for an honest duration (`gpu_seconds`).
 """
 from __future__ import annotations
 
 import os
 
+from . import access
+from .backends import uses_device
+from .backends.base import ModelSpec
 from .device import ZERO_GPU_MEMORY_GB, on_zero_gpu
+from .errors import GapLensError
 from .plan import plan
-from .presets import PRESETS, REAL_PRESET_ORDER
+from .presets import PRESETS, REAL_PRESET_ORDER, Preset
 
 GATED = {"black-forest-labs/FLUX.1-schnell"}
 
@@ -23,7 +31,7 @@ def on_space() -> bool:
 
 
 def space_gpu_memory_gb() -> float | None:
-    """Returns the GPU memory of this Space's hardware in GB, None without a GPU. Only a dedicated
+    """Returns the GPU memory of this Space's hardware in GiB, None without a GPU. Only a dedicated
     GPU is asked (CUDA may be initialised there); ZeroGPU is known."""
     if on_zero_gpu():
         return ZERO_GPU_MEMORY_GB
@@ -52,12 +60,98 @@ def real_preset_for(gpu_memory_gb: float | None, *, has_token: bool | None = Non
     return None
 
 
-def preload(engine, preset_name: str) -> list[str]:
-    """Loads `preset_name`'s models into the engine's manager and pins them, so switching to that preset
-    later loads nothing. Returns the labels loaded."""
+def preload(engine, preset: Preset) -> list[str]:
+    """Loads `preset`'s device models into the engine's manager and pins them, so switching to that
+    preset later loads nothing. Returns the labels loaded; ModelLoadError when one cannot be loaded."""
     loaded = []
-    for spec in PRESETS[preset_name].specs().values():
-        engine.models.get(spec)
-        engine.models.pin(spec)
-        loaded.append(spec.label)
+    for spec in preset.specs().values():
+        if uses_device(spec):   # a CLIP VQA answers through the preset's embedder, as Engine loads it
+            context = {"embedder": engine.models.get(preset.embedder)} if spec.backend == "clip_vqa" else {}
+            engine.models.get(spec, **context)
+            engine.models.pin(spec)
+            loaded.append(spec.label)
     return loaded
+
+
+def start_up(engine) -> str:
+    """On a Space: preloads the engine's preset when it uses device models, else the largest real preset
+    the hardware holds. When that fails, the engine serves the synthetic world and its status line
+    (`preset_reason`) says why; nothing raises. Returns the line to print."""
+    preset = engine.preset if needs_gpu(engine.preset.specs().values()) else None
+    if preset is None:
+        name = real_preset_for(space_gpu_memory_gb())
+        if name is None:
+            return "no GPU on this Space: the synthetic world only"
+        preset = PRESETS[name]
+    try:
+        loaded = preload(engine, preset)
+    except GapLensError as exc:
+        problem = f"the models of '{preset.name}' could not be loaded ({exc})"
+        if preset is engine.preset:
+            with access.acting_as(access.HOST):   # the operator's start-up, not a visitor's switch
+                engine.set_preset("synthetic")
+            engine.preset_reason = f"{problem}, so this Space serves the synthetic world"
+        else:
+            engine.preset_reason += f"; {problem}, so only the synthetic world is offered"
+        return engine.preset_reason
+    # (on ZeroGPU: on the CPU, moved to the GPU inside each @spaces.GPU call)
+    return f"preset '{preset.name}' preloaded: {', '.join(loaded)}"
+
+
+def needs_gpu(specs) -> bool:
+    """True when any of `specs` (ModelSpecs) is a device model (engine.backends.uses_device): work with
+    the synthetic worlds, images APIs, folders and label tables never asks ZeroGPU for a GPU."""
+    return any(uses_device(s) for s in specs if isinstance(s, ModelSpec))
+
+
+# -- how long to ask ZeroGPU for --------------------------------------------------------------------
+# ZeroGPU's slice is an H200 MIG 3g.71gb: 60 of the H200's 132 SMs and 69.5 GiB (the `spaces`
+# package's device defaults). Denoising is compute-bound, so its seconds on a full H200 (fp16/bf16,
+# the family's default size, batched; FLUX.1-schnell at 1024 px about 0.3 s a step) are scaled by the
+# slice's share of SMs. VQA, captions, embeddings and LLM replies are short generations dominated by
+# per-call overhead, so their seconds are given on the slice directly.
+ZERO_GPU_SMS, H200_SMS = 60, 132
+H200_STEP_SECONDS = {"sd1": 0.012, "sd2": 0.012, "sd-turbo": 0.012, "sdxl": 0.09, "sdxl-turbo": 0.025,
+                     "sd3": 0.09, "flux": 0.3, "flux-dev": 0.3}      # one step of one image
+H200_DECODE_SECONDS = 0.02      # the VAE decode and safety check of one image
+QUESTION_SECONDS = {"blip_vqa": 0.01, "vlm": 0.25, "clip_vqa": 0.002}   # one VQA question about one image
+CAPTION_SECONDS = {"blip_vqa": 0.05, "vlm": 1.0}                        # one caption
+EMBED_SECONDS = 0.005          # one CLIP embedding
+LLM_REPLY_SECONDS = 6.0        # one LLM reply (a few hundred tokens at transformers' per-token overhead)
+START_SECONDS = 10             # CUDA start-up and moving the preloaded weights onto the slice
+MARGIN = 1.5                   # ZeroGPU may abort a call that overruns; a visitor is charged what it used
+GPU_MIN_SECONDS, GPU_MAX_SECONDS = 20, 300   # 300 s: the most ZeroGPU grants one call
+
+
+def gpu_seconds(preset: Preset, *, images: int, steps=None, questions: int = 0, llm_calls: int = 0) -> int:
+    """Returns the seconds to ask ZeroGPU for a run of `preset` that makes `images` images (a blank
+    `steps` means the generator's default, engine.backends.diffusers_generator.default_steps) and asks
+    `questions` VQA questions, a caption and an embedding per image, plus `llm_calls` LLM replies:
+    START_SECONDS + the work (the tables above, device models only) × MARGIN, within
+    [GPU_MIN_SECONDS, GPU_MAX_SECONDS]."""
+    images, questions, llm_calls = (max(0, _whole(v)) for v in (images, questions, llm_calls))
+    work = 0.0
+    generator = preset.generator
+    if uses_device(generator) and generator.backend == "diffusers" and images:
+        from .backends.diffusers_generator import default_steps, family_of
+
+        steps = _whole(steps) if steps not in (None, "") else default_steps(generator)
+        step = H200_STEP_SECONDS.get(family_of(generator), H200_STEP_SECONDS["sdxl"])
+        work += images * (max(1, steps) * step + H200_DECODE_SECONDS) * H200_SMS / ZERO_GPU_SMS
+    vqa = preset.vqa
+    if uses_device(vqa):
+        can_caption = vqa.backend == "vlm" or vqa.options.get("caption_model")
+        work += images * (questions * QUESTION_SECONDS.get(vqa.backend, QUESTION_SECONDS["vlm"])
+                          + (CAPTION_SECONDS.get(vqa.backend, 1.0) if can_caption else 0))
+    if uses_device(preset.embedder):
+        work += images * EMBED_SECONDS
+    if uses_device(preset.llm):
+        work += llm_calls * LLM_REPLY_SECONDS
+    return int(min(GPU_MAX_SECONDS, max(GPU_MIN_SECONDS, START_SECONDS + work * MARGIN)))
+
+
+def _whole(value) -> int:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return 0

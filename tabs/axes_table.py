@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from engine.limits import SETS_GUESS
 from engine.methods import cfsets
 
-from .common import user_errors
+from .common import gpu, gpu_seconds_for
 
 HEADERS = ["axis", "counterfactual"]
 
@@ -44,7 +45,8 @@ def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
                          "axis cell continues the axis above)", elem_id=f"{prefix}-axes", max_height=360, wrap=True)
     notes = gr.Markdown("", elem_id=f"{prefix}-axes-notes")
 
-    @user_errors
+    # TIBET's meta-prompt: three LLM turns (re-asked at most once more each when the output is unusable)
+    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 0, llm_calls=6), specs=lambda **form: [engine.preset.llm])
     def propose_axes(prompt_text, fill_text):
         axes, problems = cfsets.propose_for(engine, engine.check_prompt(prompt_text), parse_fill(fill_text))
         dropped = "\n".join(f"- the LLM's counterfactual {problem}" for problem in problems)
@@ -60,6 +62,16 @@ def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
     all_occupations.click(lambda: ", ".join(cfsets.load_preset("occupations")["occupations"]), None, [fill],
                           api_name=False)
     return AxesEditor(prompt, fill, table, notes)
+
+
+def gpu_seconds_for_sets(engine, n, steps, rows, fill, runs: int = 1) -> int:
+    """Seconds to ask ZeroGPU for `runs` passes over the table's image sets of `n` images: the prompt and
+    each counterfactual, for every fill value, each image asked one question per axis; an empty table
+    counts as the LLM's proposal (SETS_GUESS sets, three axes, its three turns)."""
+    axes = cfsets.axes_from_rows(rows if isinstance(rows, list) else None)
+    sets = 1 + sum(len(cfs) for cfs in axes.values()) if axes else SETS_GUESS
+    sets *= max(1, len(parse_fill(fill if isinstance(fill, str) else "")))
+    return gpu_seconds_for(engine, n, steps, sets=sets * runs, questions=len(axes) or 3, llm_calls=0 if axes else 3)
 
 
 def axes_of(rows) -> dict | None:

@@ -12,46 +12,96 @@ from typing import Callable, NamedTuple
 import gradio as gr
 
 from engine import access
+from engine.device import on_zero_gpu
 from engine.errors import GapLensError
 from engine.methods import METHODS
+from engine.space import gpu_seconds, needs_gpu
 
-try:  # On a Hugging Face Space with ZeroGPU, GPU work must run inside spaces.GPU.
+GPU_HANDLER = "gaplens_gpu_handler"   # set on the function of every handler `gpu` wraps
+
+
+def gpu(engine, *, duration=None, specs=None):
+    """Decorator for a handler (plain or generator) whose work may need the GPU. On a ZeroGPU Space the
+    handler runs inside spaces.GPU, in the worker process `spaces` forks, when the request uses a device
+    model, decided per call: `specs(*args, **kwargs)` returns the ModelSpecs the request uses (default the
+    engine's preset), and work with the synthetic world, an images API or a folder runs here, spending no
+    GPU quota. The visitor and the engine's model configuration (`Engine.model_config`) travel into the
+    GPU function as arguments and are set there: the worker may have been forked for another visitor or
+    preset. `duration(*args, **kwargs)` returns the seconds to ask for (engine.space.gpu_seconds; default
+    60). Both callables get the handler's arguments by name, however Gradio passed them. Elsewhere the
+    handler runs as it is. GapLensError becomes gr.Error (user_errors) either way."""
+    def decorate(fn):
+        fn = user_errors(fn)
+        setattr(inspect.unwrap(fn), GPU_HANDLER, True)
+        if not on_zero_gpu():
+            return fn
+        signature = inspect.signature(fn)
+
+        def named(call):
+            return lambda *args, **kwargs: call(**signature.bind(*args, **kwargs).arguments)
+
+        on_gpu = _spaces_gpu(engine, fn, named(duration) if callable(duration) else duration)
+        needed = named(specs) if specs else (lambda *args, **kwargs: engine.preset.specs().values())
+        if inspect.isgeneratorfunction(fn):
+            def handler(*args, **kwargs):
+                if needs_gpu(needed(*args, **kwargs)):
+                    yield from on_gpu(access.current(), engine.model_config(), *args, **kwargs)
+                else:
+                    yield from fn(*args, **kwargs)
+        else:
+            def handler(*args, **kwargs):
+                if needs_gpu(needed(*args, **kwargs)):
+                    return on_gpu(access.current(), engine.model_config(), *args, **kwargs)
+                return fn(*args, **kwargs)
+        return user_errors(functools.wraps(fn)(handler))
+    return decorate
+
+
+def _spaces_gpu(engine, fn, duration):
+    """`fn` as a spaces.GPU function that takes the visitor and the engine's model configuration first."""
     import spaces
 
-    def gpu(fn=None, *, duration=120):
-        """spaces.GPU: `duration` is seconds, or a callable taking the handler's inputs and returning
-        them (ZeroGPU's dynamic duration: a short request gets a GPU sooner)."""
-        return spaces.GPU(duration=duration)(fn) if fn else spaces.GPU(duration=duration)
-except ImportError:  # elsewhere it is a no-op
-    def gpu(fn=None, *, duration=120):
-        return fn if fn else (lambda f: f)
-
-# Seconds a GPU call may take: start-up (moving weights, VQA, CLIP and the LLM) plus each image-step.
-GPU_BASE_SECONDS = 30
-GPU_SECONDS_PER_IMAGE_STEP = 0.5   # FLUX.1-schnell at 1024 px on an H200 is about 0.3 s a step per image
-GPU_MAX_SECONDS = 300
-DEFAULT_STEPS_GUESS = 30           # a blank steps field means the family default: assume a slow one
+    if inspect.isgeneratorfunction(fn):
+        def inside(visitor, models, *args, **kwargs):
+            engine.adopt(models)
+            yield from _stream_as(visitor, fn(*args, **kwargs))
+    else:
+        def inside(visitor, models, *args, **kwargs):
+            engine.adopt(models)
+            with access.acting_as(visitor):
+                return fn(*args, **kwargs)
+    seconds = (lambda visitor, models, *args, **kwargs: duration(*args, **kwargs)) if callable(duration) else duration
+    return spaces.GPU(duration=seconds)(inside)
 
 
-def gpu_seconds(images, steps, calls: int = 1) -> int:
-    """Returns the GPU time to ask ZeroGPU for: GPU_BASE_SECONDS + images x steps x calls x
-    GPU_SECONDS_PER_IMAGE_STEP, capped at GPU_MAX_SECONDS (blank or bad inputs count as large)."""
-    def number(value, fallback):
-        try:
-            return max(1, int(float(value)))
-        except (TypeError, ValueError):
-            return fallback
-    work = number(images, 16) * number(steps, DEFAULT_STEPS_GUESS) * max(1, int(calls))
-    return int(min(GPU_MAX_SECONDS, GPU_BASE_SECONDS + work * GPU_SECONDS_PER_IMAGE_STEP))
+def is_gpu_handler(fn) -> bool:
+    """True when `fn` (an event's function, possibly wrapped by `as_visitor` or functools.partial) is a
+    handler `gpu` wrapped."""
+    while fn is not None:
+        if getattr(fn, GPU_HANDLER, False):
+            return True
+        fn = fn.func if isinstance(fn, functools.partial) else getattr(fn, "__wrapped__", None)
+    return False
 
 
-def gpu_seconds_for_sets(n, steps, rows) -> int:
-    """Returns gpu_seconds for an initial set plus one set per row of a counterfactual table."""
+def in_order(outputs: list, update: dict) -> tuple:
+    """The values of `update` ({component: value}) in the order of `outputs`, gr.skip() for the rest: what
+    a GPU handler yields (spaces pickles every value, and components do not pickle)."""
+    return tuple(update.get(component, gr.skip()) for component in outputs)
+
+
+def gpu_seconds_for(engine, n, steps=None, *, sets: int = 1, questions: int = 0, llm_calls: int = 0) -> int:
+    """Seconds to ask ZeroGPU for `sets` image sets of `n` images (engine.space.gpu_seconds); blank or
+    unreadable numbers count as the defaults (the handler itself reports bad input)."""
+    return gpu_seconds(engine.preset, images=_count(n, 16) * max(1, sets), steps=steps, questions=questions,
+                       llm_calls=llm_calls)
+
+
+def _count(value, blank: int) -> int:
     try:
-        count = len(rows) if rows is not None else 0
-    except TypeError:
-        count = 8
-    return gpu_seconds(n, steps, calls=1 + count)
+        return max(1, int(float(value)))
+    except (TypeError, ValueError):
+        return blank
 
 
 class LoadHook(NamedTuple):
@@ -141,19 +191,7 @@ def as_visitor(fn):
     fn = user_errors(fn)
     if inspect.isgeneratorfunction(fn):
         def wrapper(gaplens_request, *args, **kwargs):
-            visitor = visitor_of(gaplens_request)
-            stream = fn(*args, **kwargs)
-            try:
-                while True:
-                    with access.acting_as(visitor):
-                        try:
-                            item = next(stream)
-                        except StopIteration:
-                            return
-                    yield item
-            finally:
-                with access.acting_as(visitor):
-                    stream.close()
+            yield from _stream_as(visitor_of(gaplens_request), fn(*args, **kwargs))
     else:
         def wrapper(gaplens_request, *args, **kwargs):
             with access.acting_as(visitor_of(gaplens_request)):
@@ -166,6 +204,22 @@ def as_visitor(fn):
     wrapper.__name__ = getattr(fn, "__name__", "handler")
     wrapper.__doc__ = getattr(fn, "__doc__", None)
     return wrapper
+
+
+def _stream_as(visitor: access.Visitor | None, stream):
+    """Yields what `stream` yields, running each of its steps (and its closing) for `visitor`, whatever
+    thread the step runs in."""
+    try:
+        while True:
+            with access.acting_as(visitor):
+                try:
+                    item = next(stream)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        with access.acting_as(visitor):
+            stream.close()
 
 
 def bind_visitors(demo: gr.Blocks) -> None:

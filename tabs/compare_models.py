@@ -10,12 +10,14 @@ import gradio as gr
 from engine import backend_choices
 from engine.axes import known_axes
 from engine.events import Done, Progress, Scores, Table, Warning
+from engine.errors import InputError
 from engine.methods import compare_models, single_prompt
 from engine.presets import PRESETS
 from engine.report.compare_models import page
+from engine.space import GPU_MAX_SECONDS
 
 from . import axes_table
-from .common import checked, gpu, user_errors, with_notes
+from .common import checked, gpu, gpu_seconds_for, with_notes
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher"]
 METHODS = [("Single Prompt (distributions, T2I-BiasBench)", "single_prompt"),
@@ -49,8 +51,20 @@ def build(engine) -> list:
             progress = gr.Markdown("", elem_id="cm-progress")
             view = gr.HTML(elem_id="cm-view")
 
-    @gpu
-    @user_errors
+    def specs_used(presets=None, more=None, **rest):
+        """The generators to compare and the engine's other models: what the GPU decision looks at."""
+        try:
+            generators = [compare_models.generator_spec(g) for g in generators_of(presets, more)]
+        except InputError:
+            generators = []    # the run itself reports the bad name
+        return [*generators, engine.preset.embedder, engine.preset.llm, engine.preset.vqa]
+
+    def compare_seconds(method, presets, more, prompt, fill, rows, n, seed, axes):
+        per_model = (gpu_seconds_for(engine, n, questions=len(axes or ())) if method == "single_prompt" else
+                     axes_table.gpu_seconds_for_sets(engine, n, None, rows, fill))
+        return min(GPU_MAX_SECONDS, per_model * max(2, len(generators_of(presets, more))))
+
+    @gpu(engine, duration=compare_seconds, specs=specs_used)
     def compare(method, presets, more, prompt, fill, rows, n, seed, axes):
         request = compare_request(method, presets, more, prompt, fill, rows, n, seed, axes)
         notes, started, status = [], time.perf_counter(), ""
@@ -83,10 +97,15 @@ def build(engine) -> list:
 
 def compare_request(method, presets, more, prompt, fill, rows, n, seed, axes) -> compare_models.CompareModelsRequest:
     """The request the form's values make: the chosen presets, then the typed generators."""
-    generators = list(presets or []) + [g.strip() for g in (more or "").split(",") if g.strip()]
+    generators = generators_of(presets, more)
     fields = {"prompt": prompt, "n": int(n), "seed": int(seed or 0)}
     if method == "single_prompt":
         fields.update(axes=list(axes or []), n_boot=300)
     else:
         fields.update(axes=axes_table.axes_of(rows) or {}, fill=axes_table.parse_fill(fill), n_boot=300)
     return compare_models.CompareModelsRequest(method, generators, fields)
+
+
+def generators_of(presets, more) -> list[str]:
+    """The chosen presets, then the generators typed in "More generators" (comma-separated)."""
+    return list(presets or []) + [g.strip() for g in (more or "").split(",") if g.strip()]

@@ -12,7 +12,7 @@ from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table, spotcheck
-from .common import checked, gpu, gpu_seconds_for_sets, served, served_url, user_errors, with_notes
+from .common import checked, gpu, served, served_url, with_notes
 from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
@@ -77,11 +77,10 @@ def build(engine) -> list:
     state = gr.State({})
     spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
-    def compare_seconds(prompt, fill, rows, n, seed, negative, steps, *rest):
-        return gpu_seconds_for_sets(n, steps, rows)  # ZeroGPU: images x steps of every set
+    def compare_seconds(fill=None, rows=None, n=16, steps=None, **rest):
+        return axes_table.gpu_seconds_for_sets(engine, n, steps, rows, fill)  # ZeroGPU: every set's work
 
-    @gpu(duration=compare_seconds)
-    @user_errors
+    @gpu(engine, duration=compare_seconds)
     def compare(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
                 sum_normalise, min_frequency, n_boot, top_k, mode):
         request = compare_request(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms,

@@ -13,7 +13,7 @@ from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 
 from . import axes_table
-from .common import checked, gpu, gpu_seconds_for_sets, user_errors, with_notes
+from .common import checked, gpu, in_order, user_errors, with_notes
 from .optional import generation_fields, number_or_none, optional_number, placeholder
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
@@ -120,32 +120,33 @@ def build(engine) -> list:
         return (request["prompt"], ", ".join(request.get("fill") or []),
                 cfsets.rows_from_axes(full["results"]["axes"]), request["n"], request["seed"])
 
-    def connect_seconds(prompt, table, n, *args, steps=None, **kwargs):
-        return gpu_seconds_for_sets(n, steps, table)  # ZeroGPU: images x steps of every set
+    outputs = [progress, summary, matrix, graph, edges, questions, editor.table, pair, state]
 
-    @gpu(duration=connect_seconds)
-    @user_errors
+    def connect_seconds(prompt, table, n, fill=None, *args, steps=None, **kwargs):
+        return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill)  # ZeroGPU: every set's work
+
+    @gpu(engine, duration=connect_seconds)
     def connect(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto", p_threshold=None,
                 min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None, guidance=None):
         request = connect_request(prompt, table, n, fill, seed, targets, other_policy, level, p_threshold, min_abs_is,
                                   importance, n_boot, negative_prompt, steps, guidance)
         started, notes = time.perf_counter(), []
         asked, proposed = [], {}
-        # each event updates the outputs it names; the last yield names every output of the run
-        # (the axes table, an input, only when the LLM proposed it)
+        # each event updates the outputs it names, yielded in output order (`in_order`); the last yield
+        # names every output of the run (the axes table, an input, only when the LLM proposed it)
         for event in intersectional.run(request, engine):
             if isinstance(event, Progress):
                 eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
                 status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
-                yield {progress: with_notes(status, notes)}
+                yield in_order(outputs, {progress: with_notes(status, notes)})
             elif isinstance(event, Warning):    # shown with this result, not as a toast over it
                 notes.append(event.message)
             elif isinstance(event, Table) and event.name == "axes":
                 proposed = {editor.table: event.rows}
-                yield proposed
+                yield in_order(outputs, proposed)
             elif isinstance(event, Table) and event.name == "questions":
                 asked = event.rows
-                yield {questions: asked}
+                yield in_order(outputs, {questions: asked})
             elif isinstance(event, Done):
                 r = event.results
                 axes = r["sensitivity"]["axes"]
@@ -155,11 +156,11 @@ def build(engine) -> list:
                         f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
                 graph_view = (report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame")
                               if r["kept_edges"] else NO_EDGE)
-                yield {progress: with_notes(text, notes),
-                       summary: report.summary_html(r), matrix: report.matrix_html(r), graph: graph_view,
-                       edges: edge_rows(r), questions: asked, **proposed,
-                       pair: gr.update(choices=pairs, value="|".join(best) if best else None),
-                       state: {"results": r, "run_id": event.run_id}}
+                yield in_order(outputs, {
+                    progress: with_notes(text, notes), summary: report.summary_html(r),
+                    matrix: report.matrix_html(r), graph: graph_view, edges: edge_rows(r), questions: asked,
+                    **proposed, pair: gr.update(choices=pairs, value="|".join(best) if best else None),
+                    state: {"results": r, "run_id": event.run_id}})
 
     def show_pair(view, value):
         results = (view or {}).get("results")
@@ -176,8 +177,7 @@ def build(engine) -> list:
                 other_policy=policy, level=level, p_threshold=p_threshold, min_abs_is=min_abs_is,
                 importance=importance, n_boot=n_boot, negative_prompt=negative, **generation.fields)
     checked(go.click, engine, "intersectional", connect_request, inputs_kwargs=form).success(
-        connect, inputs_kwargs=form, outputs=[progress, summary, matrix, graph, edges, questions, editor.table, pair,
-                                              state], api_name="intersectional")
+        connect, inputs_kwargs=form, outputs=outputs, api_name="intersectional")
     level.change(threshold_placeholders, [level], [p_threshold, min_abs_is], api_name=False, queue=False)
     pair.change(show_pair, [state, pair], [pair_view], api_name=False)
     return [generation.hook(engine)]

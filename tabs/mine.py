@@ -2,7 +2,6 @@
 ranked archive, lineage), stoppable and resumable; any stored run (app or CLI) can be opened."""
 from __future__ import annotations
 
-import threading
 import time
 
 import gradio as gr
@@ -12,23 +11,14 @@ from engine.events import Done, Progress, Scores, Warning
 from engine.methods import mine
 from engine.report import mine as report
 
-from .common import checked, gallery_items, gpu, user_errors, with_notes
+from .common import checked, gallery_items, gpu, gpu_seconds_for, user_errors, with_notes
 
 BIAS_CHOICES = ["open", "socio-demographic", "style", "objects"]
 STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random"),
                     ("rank the prompts a folder/dataset source holds (no new images)", "source")]
 UPDATE_EVERY = 0.5   # seconds between two progress/population updates of the page
+STOP_WAIT = 30       # seconds Stop waits for the cancelled run to save its state and close
 NO_DETAILS = "Click a prompt in the archive or the population (or pick one above) to see its images and gap."
-
-# Stop requests by browser session: the Stop button sets it, the running handler checks it.
-_STOPS: dict[str, threading.Event] = {}
-# The run each session is streaming (so Stop can show what was kept).
-_RUNNING: dict[str, str] = {}
-
-
-def _session(request: gr.Request | None) -> str:
-    return getattr(request, "session_hash", None) or "default"
-
 
 def _run_choices(engine) -> list[tuple[str, str]]:
     out = []
@@ -161,23 +151,33 @@ def build(engine) -> list:
                                 combine=combine, keep_parents=bool(keep_parents), bias=(bias or "open").strip(),
                                 strategy=strategy, seed=int(seed or 0), image_seed=int(image_seed or 0))
 
-    @gpu
-    @user_errors
+    def mine_seconds(iterations=5, population=8, n=8, **rest):
+        # T·b prompts of N images; per prompt an LLM mutation (or a random prompt) and its text variations
+        try:
+            prompts = max(1, int(iterations)) * max(1, int(population))
+        except (TypeError, ValueError):
+            prompts = 40
+        return gpu_seconds_for(engine, n, sets=prompts, llm_calls=2 * prompts)
+
+    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 1, llm_calls=2))   # the probe: 1 LLM call, 1 image
     def preview(*values):
         return "**Budget:** " + mine.budget_text(mine.estimate_budget(make_request(*values), engine, probe=True))
 
-    def stream(request: mine.MineRequest, session: str):
-        """Run the method and map its events onto the live outputs (frequent ones throttled)."""
-        stop_flag = _STOPS.setdefault(session, threading.Event())
-        stop_flag.clear()
+    def stream(request: mine.MineRequest):
+        """Run the method and map its events onto the live outputs (frequent ones throttled). Stop marks the
+        run stopped in the store, which this loop reads (on ZeroGPU it runs in `spaces`' worker process),
+        and cancels the event (`cancels=`); either way the method is closed, which keeps its state."""
         view = _View()
         events = mine.run(request, engine)
         population: dict[str, list] = {}
-        run_id, message, started, last = "", "", time.perf_counter(), 0.0
+        run_id, message, started, last, checked = "", "", time.perf_counter(), 0.0, 0.0
         try:
             for event in events:
-                if stop_flag.is_set():
-                    break
+                if run_id and time.perf_counter() - checked >= UPDATE_EVERY:
+                    checked = time.perf_counter()
+                    record = engine.store.get_run(run_id)
+                    if record is not None and record["status"] == "stopped":
+                        break     # Stop was pressed (in whichever process serves the page)
                 if isinstance(event, Progress):
                     eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
                     message = f"**{event.message or event.stage}**{eta}"
@@ -195,7 +195,6 @@ def build(engine) -> list:
                                           population=rows)
                 elif isinstance(event, Scores) and event.name == "run":
                     run_id = event.values["run_id"]
-                    _RUNNING[session] = run_id
                     view.state = {"run_id": run_id}
                     yield view.update(progress=f"**Started** run `{run_id}`", state=view.state)
                 elif isinstance(event, Warning):    # shown with this run, not as a toast over it
@@ -211,9 +210,6 @@ def build(engine) -> list:
                     yield view.everything()
         finally:
             events.close()   # a Stop (or a closed page) marks the run stopped and saves its state
-            _RUNNING.pop(session, None)
-        if stop_flag.is_set() and run_id:
-            yield _stopped(run_id, view)
 
     def _stopped(run_id: str, view: _View):
         record = engine.store.get_run(run_id)
@@ -225,12 +221,11 @@ def build(engine) -> list:
         view.values["runs"] = gr.update(choices=_run_choices(engine), value=run_id)
         return view.everything()
 
-    @gpu
-    @user_errors
+    @gpu(engine, duration=mine_seconds)
     def start_mining(bias, strategy, iterations, population, select, mutations, n, n_var, alpha, combine,
-                     keep_parents, seed, image_seed, request: gr.Request = None):
+                     keep_parents, seed, image_seed):
         yield from stream(make_request(bias, strategy, iterations, population, select, mutations, n, n_var, alpha,
-                                       combine, keep_parents, seed, image_seed), _session(request))
+                                       combine, keep_parents, seed, image_seed))
 
     def resume_request(run_id, iterations) -> mine.MineRequest:
         if not run_id:
@@ -238,25 +233,26 @@ def build(engine) -> list:
         stored_T = mine.load_resumable(engine, run_id)["results"]["params"]["T"]   # T only ever grows here
         return mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T))
 
-    @gpu
-    @user_errors
-    def resume_mining(run_id, iterations, request: gr.Request = None):
-        yield from stream(resume_request(run_id, iterations), _session(request))
+    @gpu(engine, duration=lambda run_id, iterations: mine_seconds(iterations=iterations))
+    def resume_mining(run_id, iterations):
+        yield from stream(resume_request(run_id, iterations))
 
-    def stop_mining(view_state, request: gr.Request = None):
-        session = _session(request)
-        _STOPS.setdefault(session, threading.Event()).set()
-        run_id = _RUNNING.get(session)
+    def stop_mining(view_state):
+        """Stop: marks the visitor's running run stopped in the store (which the process running it, maybe
+        ZeroGPU's worker, reads), waits until that process saved its state, and shows what was kept."""
+        run_id = (view_state or {}).get("run_id")
+        record = engine.store.get_run(run_id) if run_id else None
         view = _View()
-        if not run_id:     # e.g. Stop after the run finished: leave its results and state alone
-            shown = (view_state or {}).get("run_id")
-            record = engine.store.get_run(shown) if shown else None
-            text = (f"Nothing is running: run `{shown}` is {record['status']}." if record else "Nothing is running.")
-            return view.update(progress=text)
-        deadline = time.time() + 5
-        while time.time() < deadline:   # the cancelled handler closes the run (status 'stopped')
+        if record is None:
+            return view.update(progress="Nothing is running.")
+        if record["status"] != "running":   # e.g. Stop after the run finished: leave its results alone
+            return view.update(progress=f"Nothing is running: run `{run_id}` is {record['status']}.")
+        asked = time.time()
+        engine.store.update_run(run_id, status="stopped")
+        deadline = asked + STOP_WAIT
+        while time.time() < deadline:   # the run's own process saves its state when it closes the run
             record = engine.store.get_run(run_id)
-            if record is None or record["status"] != "running":
+            if record is None or record["updated"] > asked + 1e-3:
                 break
             time.sleep(0.1)
         return _stopped(run_id, view)
@@ -301,7 +297,7 @@ def build(engine) -> list:
         start_mining, settings_inputs, live_outputs, api_name="mine")
     resume_event = checked(resume.click, engine, "mine", resume_request, inputs=[runs, iterations]).success(
         resume_mining, [runs, iterations], live_outputs, api_name="mine_resume")
-    stop.click(stop_mining, [state], live_outputs, cancels=[start_event, resume_event], api_name=False)
+    stop.click(stop_mining, [state], live_outputs, cancels=[start_event, resume_event], api_name="mine_stop")
     refresh.click(refresh_runs, None, [runs], api_name=False)
     restored = [iterations, population, select, mutations, n, n_var, alpha, combine, keep_parents, seed, image_seed,
                 strategy, bias]   # Open restores every setting of the run, not only T

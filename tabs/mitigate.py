@@ -20,7 +20,7 @@ from engine.methods import cfsets, intersectional, mitigate
 from engine.report import mitigate as report
 
 from . import axes_table
-from .common import checked, distinct_captions, gallery_items, gpu, user_errors, with_notes
+from .common import checked, distinct_captions, gallery_items, gpu, in_order, user_errors, with_notes
 from .intersectional import reference_text
 from .optional import generation_fields, number_or_none
 
@@ -220,8 +220,13 @@ def build(engine) -> list:
                 **dict(zip(slot_components, slot_updates({a: axes[a] for a in names}, kept))),
                 weights: weights_markdown(names, names, [DEFAULT_PRIORITY] * len(names))}
 
-    @gpu
-    @user_errors
+    outputs = [progress, preview_box, view, gallery, export, editor.table]
+
+    def mitigate_seconds(preview_only, prompt=None, table=None, n=16, fill=None, steps=None, **rest):
+        # a mitigation generates the prompt sets again (limits.estimate_images); a preview once
+        return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill, runs=1 if preview_only else 2)
+
+    @gpu(engine, duration=mitigate_seconds)
     def mitigate_or_preview(preview_only: bool, prompt, table, n, axes_to_mitigate=(), fill=None, seed=0,
                             epsilon=mitigate.DEFAULT_EPSILON, strategy="intermit", other_policy="drop", n_boot=200,
                             tradeoff_tolerance=0.02, negative_prompt=None, steps=None, guidance=None, **slot_form):
@@ -231,7 +236,8 @@ def build(engine) -> list:
                                            guidance, **slot_form))
 
     def stream(request):
-        """Run the method; each event updates the outputs it names, the last names them all."""
+        """Run the method; each event updates the outputs it names, yielded in output order (`in_order`);
+        the last names them all."""
         shown = {progress: "", preview_box: "", view: "", gallery: [], export: None}
         started = time.perf_counter()
         sample: dict[int, list] = {}
@@ -270,10 +276,10 @@ def build(engine) -> list:
                     progress: with_notes(text, notes),
                     view: report.page(r, with_preview=False), preview_box: report.preview_html(r.get("preview")),
                     export: _export_file(r, event.run_id) if not request.preview_only else None})
-                yield shown
+                yield in_order(outputs, shown)
             if update:
                 shown.update(update)
-                yield update
+                yield in_order(outputs, update)
 
     refresh_outputs = [axes_state, bstar, *slot_components, weights]
     editor.table.change(refresh, inputs_kwargs=dict(prompt=editor.prompt, rows=editor.table, axes=axes_state,
@@ -289,7 +295,6 @@ def build(engine) -> list:
     form = dict(prompt=editor.prompt, fill=editor.fill, table=editor.table, axes_to_mitigate=bstar, n=n, seed=seed,
                 epsilon=epsilon, strategy=strategy, other_policy=policy, n_boot=n_boot, tradeoff_tolerance=tolerance,
                 negative_prompt=negative, **generation.fields, **slot_inputs)
-    outputs = [progress, preview_box, view, gallery, export, editor.table]
     for button, preview_only, api_name in ((go, False, "mitigate"), (preview_btn, True, "mitigate_preview")):
         checked(button.click, engine, "mitigate", functools.partial(mitigate_request, preview_only),
                 inputs_kwargs=form).success(functools.partial(mitigate_or_preview, preview_only), inputs_kwargs=form,

@@ -14,7 +14,7 @@ from engine.report import trust
 from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
 
 from . import spotcheck
-from .common import checked, gallery_items, gpu, gpu_seconds, user_errors, with_notes
+from .common import checked, gallery_items, gpu, gpu_seconds_for, in_order, user_errors, with_notes
 from .optional import generation_fields, number_or_none
 
 NO_DETAILS = "Click an image to see its seed and VQA answers."
@@ -72,19 +72,22 @@ def build(engine) -> list:
     state = gr.State({})
     spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "sp-spot")
 
-    def measure_seconds(prompt, n, seed=0, negative_prompt=None, steps=None, *rest, **kwargs):
-        return gpu_seconds(n, steps)  # ZeroGPU calls it with measure's own arguments
+    outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
 
-    @gpu(duration=measure_seconds)
-    @user_errors
+    def measure_seconds(n=16, steps=None, axes=(), extra_axes=None, until=0, **rest):
+        # ZeroGPU calls it with measure's own arguments; `until` may grow N up to the server's maximum
+        questions = len(axes or ()) + len([a for a in (extra_axes or "").split(",") if a.strip()])
+        return gpu_seconds_for(engine, engine.max_images if until else n, steps, questions=questions, llm_calls=1)
+
+    @gpu(engine, duration=measure_seconds)
     def measure(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
                 axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0):
         request = measure_request(prompt, n, seed, negative_prompt, steps, guidance, width, height, axes, extra_axes,
                                   references, mode, alpha, combine, until)
         records, axis_blocks, started, notes = [], {}, time.perf_counter(), []
         view = {"records": {}}
-        # each event updates the outputs it names; the last yield names them all (an API
-        # client's result)
+        # each event updates the outputs it names, yielded in output order (`in_order`); the last
+        # yield names them all (an API client's result)
         shown = {gallery: [], progress: "", axes_out: "", diversity: "", gap_out: "", topk: [], state: view}
         for event in single_prompt.run(request, engine):
             if isinstance(event, Images):
@@ -117,12 +120,12 @@ def build(engine) -> list:
                                              if not event.results.get("all_flagged") else
                                              f"**Nothing measured**: {event.results['message']} (run `{event.run_id}`).",
                                              notes)
-                yield shown
+                yield in_order(outputs, shown)
                 continue
             else:
                 continue
             shown.update(update)
-            yield update
+            yield in_order(outputs, update)
 
     def show_image(view, evt: gr.SelectData):
         records = sorted(view.get("records", {}).values(), key=lambda r: r["seed"])
@@ -139,8 +142,7 @@ def build(engine) -> list:
         flag = " **flagged by the safety checker**" if record.get("nsfw") else ""
         return f"**Seed {record['seed']}**{flag}, key `{record['key'][:12]}…`\n\n{answers}", view
 
-    @gpu
-    @user_errors
+    @gpu(engine, duration=lambda view: gpu_seconds_for(engine, 1), specs=lambda view: [engine.preset.generator])
     def regenerate_alone(view):
         record, request = view.get("selected"), view.get("request")
         if not record or not request:
@@ -170,7 +172,6 @@ def build(engine) -> list:
 
     form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, **generation.fields, axes=axes,
                 extra_axes=extra_axes, references=references, mode=mode, alpha=alpha, combine=combine, until=until)
-    outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]
     redraw = dict(fn=show_distribution, inputs=[state, distribution], outputs=[axes_out, spot["result"]],
                   api_name=False)
     checked(go.click, engine, "single_prompt", measure_request, inputs_kwargs=form).success(

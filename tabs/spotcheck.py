@@ -10,9 +10,10 @@ import gradio as gr
 from engine import backend_choices
 from engine.errors import InputError
 from engine.methods import validate
+from engine.presets import parse_model_override
 from engine.report import trust
 
-from .common import gpu, served, user_errors
+from .common import gpu, gpu_seconds_for, served, user_errors
 
 MAX_CLASSES = 9
 # Keys 1–9 press the answer buttons of the spot-check on screen, 0 or c "can't tell"; typing in a
@@ -137,8 +138,16 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
             return [s] + show(s)
         return record
 
-    @gpu
-    @user_errors
+    def evaluators(run_value, other_spec):
+        """The second evaluator and the preset's (whose embedder a CLIP VQA uses): the GPU decision."""
+        try:
+            other = [parse_model_override((other_spec or "").strip())]
+        except InputError:
+            other = []    # the comparison itself reports the bad name
+        return [*other, engine.preset.embedder, engine.preset.vqa]
+
+    # the run's images (at most the server's N per set, a few sets) asked each axis' question again
+    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, engine.max_images, questions=3), specs=evaluators)
     def compare(run_value, other_spec):
         run_id = run_id_of(run_value)
         if not run_id:

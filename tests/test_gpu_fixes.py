@@ -88,7 +88,7 @@ def test_a_gated_repository_says_to_accept_the_licence_and_set_hf_token(monkeypa
 
     from engine.backends import diffusers_generator
 
-    httpx = _http.httpx2   # the HTTP client huggingface_hub speaks through
+    httpx = getattr(_http, "httpx2", None) or _http.httpx   # the HTTP client huggingface_hub speaks through (1.x: httpx)
 
     url = "https://huggingface.co/black-forest-labs/FLUX.1-schnell/resolve/main/model_index.json"
     response = httpx.Response(403, headers={"X-Error-Code": "GatedRepo", "X-Error-Message": "Access restricted"},

@@ -231,10 +231,12 @@ def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE):
     return tok
 
 
-def build_tiny_chat_llm(root: str | Path, *, name: str = "tiny-chat-llm", chat_template: bool = True) -> ModelSpec:
-    """Writes a tiny GPT-2 (2 layers, width 64, 512 positions) with a byte-level BPE tokenizer
+def build_tiny_chat_llm(root: str | Path, *, name: str = "tiny-chat-llm", chat_template: bool = True,
+                        positions: int = 512) -> ModelSpec:
+    """Writes a tiny GPT-2 (2 layers, width 64, `positions` positions) with a byte-level BPE tokenizer
     trained in-process, to root/name. With `chat_template=True` the tokenizer carries a
     ChatML-style template; without it the backend falls back to its plain "role: content" format.
+    Few positions cap every reply at a few tokens (a quick LLM call on a CPU).
 
     Returns the ModelSpec that loads it (backend "hf_chat")."""
     path = Path(root) / name
@@ -245,7 +247,7 @@ def build_tiny_chat_llm(root: str | Path, *, name: str = "tiny-chat-llm", chat_t
 
     tok = _chat_tokenizer(CHAT_TEMPLATE if chat_template else None)
     _seed(3)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=512, n_embd=64, n_layer=2, n_head=2,
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=positions, n_embd=64, n_layer=2, n_head=2,
                                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
     model.save_pretrained(path)
     tok.save_pretrained(path)

@@ -55,6 +55,17 @@ ROLE_ALIASES: dict[str, dict[str, str]] = {
 }
 
 
+# Backends that put no weights on the device: HTTP clients, image folders and datasets, label
+# tables. Everything else (including a backend added later) counts as a device model.
+NO_DEVICE_BACKENDS = ("openai", "openai_images", "hf_inference", "folder", "hf_dataset", "openai_vqa", "labels")
+
+
+def uses_device(spec: ModelSpec) -> bool:
+    """True when `spec`'s backend loads weights onto the torch device (a GPU where there is one);
+    False for the synthetic worlds and NO_DEVICE_BACKENDS, which run anywhere without one."""
+    return not (spec.backend.startswith("synthetic") or spec.backend in NO_DEVICE_BACKENDS)
+
+
 def backend_for_role(name: str, role: str | None) -> str:
     """Returns the backend name `name` means for `role` (see ROLE_ALIASES). Raises
     ModelLoadError when the backend exists but serves another role (a chat LLM as generator)."""

@@ -75,7 +75,8 @@ class OpenClipEmbedder:
 
         out = []
         for batch in _batches(_rgb(images), self.batch_size):
-            pixels = torch.stack([self._preprocess(img) for img in batch]).to(self.device, self._input_dtype)
+            pixels = torch.stack([self._preprocess(img) for img in batch]).to(devices.weights_device(self.model),
+                                                                              self._input_dtype)
             with torch.inference_mode(), self._precision():
                 out.append(self.model.encode_image(pixels).float().cpu().numpy())
         return self._finish(out)
@@ -86,7 +87,7 @@ class OpenClipEmbedder:
 
         out = []
         for batch in _batches(list(texts), self.batch_size):
-            tokens = self._tokenizer(batch).to(self.device)
+            tokens = self._tokenizer(batch).to(devices.weights_device(self.model))
             with torch.inference_mode(), self._precision():
                 out.append(self.model.encode_text(tokens).float().cpu().numpy())
         return self._finish(out)
@@ -127,7 +128,7 @@ class HFClipEmbedder:
 
         out = []
         for batch in _batches(_rgb(images), self.batch_size):
-            inputs = self._processor(images=batch, return_tensors="pt").to(self.device)
+            inputs = self._processor(images=batch, return_tensors="pt").to(devices.weights_device(self.model))
             inputs = {k: v.to(self._dtype) if v.is_floating_point() else v for k, v in inputs.items()}
             with torch.inference_mode():
                 out.append(_features(self.model.get_image_features(**inputs)))
@@ -141,7 +142,8 @@ class HFClipEmbedder:
         for batch in _batches(list(texts), self.batch_size):
             inputs = self._processor(text=list(batch), return_tensors="pt", truncation=True,
                                      max_length=self._max_length,
-                                     padding="max_length" if self._pad_to_max else True).to(self.device)
+                                     padding="max_length" if self._pad_to_max else True
+                                     ).to(devices.weights_device(self.model))
             with torch.inference_mode():
                 out.append(_features(self.model.get_text_features(**inputs)))
         return self._finish(out)

@@ -48,6 +48,7 @@ than a CPU one for the same seed); `generator_device="cuda"` changes that and th
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -116,6 +117,35 @@ def family_from_class_name(class_name: str, model: str) -> str:
         f"'{model}' is a {class_name}, which GapLens does not support as a text-to-image generator; "
         f"supported: Stable Diffusion 1.x/2.x, SDXL, SD-Turbo, SDXL-Turbo, SD3, FLUX.1 "
         f"(set option family=... if the pipeline is compatible with one of them)")
+
+
+def family_of(spec: ModelSpec) -> str:
+    """Returns `spec`'s family without loading it: the `family` option, else from the pipeline class
+    its model_index.json names (a local folder or the hub cache), else guessed from the id."""
+    if spec.options.get("family") in FAMILY_DEFAULTS:
+        return str(spec.options["family"])
+    lowered = spec.model.lower()
+    class_name = ("FluxPipeline" if "flux" in lowered else "StableDiffusion3Pipeline" if "stable-diffusion-3" in lowered
+                  else "StableDiffusionXLPipeline" if "xl" in lowered else "StableDiffusionPipeline")
+    folder = Path(spec.model).expanduser() if Path(spec.model).expanduser().is_dir() else devices.cached_snapshot(spec.model)
+    try:
+        class_name = json.loads((folder / "model_index.json").read_text())["_class_name"]
+    except (TypeError, OSError, ValueError, KeyError):
+        pass   # not downloaded yet: the id's guess
+    try:
+        family = family_from_class_name(class_name, spec.model)
+    except ModelLoadError:
+        return "sd1"
+    return "flux-dev" if family == "flux" and "dev" in lowered else family
+
+
+def default_steps(spec: ModelSpec) -> int:
+    """Returns the denoising steps a blank steps field means for `spec` (its `steps` option, else its
+    family's default), without loading it."""
+    try:
+        return max(1, int(spec.options["steps"]))
+    except (KeyError, TypeError, ValueError):
+        return FAMILY_DEFAULTS[family_of(spec)].steps
 
 
 def _load_safety_checker(folder: str, model_index: dict, device: str, dtype):

@@ -212,7 +212,7 @@ class _GenerativeVQA:
         dtype = next(model.parameters()).dtype
         replies = []
         for batch in _batches(_rgb(images), self.batch_size):
-            inputs = _to(inputs_for(batch), self.device, dtype)
+            inputs = _to(inputs_for(batch), devices.weights_device(model), dtype)
             with torch.inference_mode():
                 output = model.generate(**inputs, **decoding_settings(0), **generate_kwargs)
             if "input_ids" in inputs:

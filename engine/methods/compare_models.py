@@ -84,8 +84,8 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
     own = engine.preset.generator
     for i, (label, spec) in enumerate(zip(labels, specs)):
         yield Progress(i, len(specs), "model", f"model {i + 1} of {len(specs)}: {label}")
-        for other in {own, *specs} - {spec}:    # one generator in memory at a time
-            engine.models.unload(other)
+        for other in {own, *specs} - {spec}:    # one generator in memory at a time (a preloaded one stays)
+            engine.models.unload_unpinned(other)
         child = engine.with_generator(spec, label)
         try:
             for event in method(kind(**_plain(base)), child):
@@ -100,7 +100,7 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
             raise type(exc)(f"{label}: {exc}") from exc
         run.save(results)
     if specs[-1] != own:
-        engine.models.unload(specs[-1])
+        engine.models.unload_unpinned(specs[-1])
     results["comparison"] = side_by_side(request.method, results["results"], labels)
     yield Scores("comparison", results["comparison"])
     summary = {"method": request.method, "generators": labels, "runs": results["runs"]}
