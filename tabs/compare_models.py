@@ -10,7 +10,7 @@ import gradio as gr
 from engine import backend_choices
 from engine.axes import known_axes
 from engine.events import Done, Progress, Scores, Table, Warning
-from engine.errors import InputError
+from engine.errors import GapLensError
 from engine.methods import compare_models, single_prompt
 from engine.presets import PRESETS
 from engine.report.compare_models import page
@@ -54,8 +54,8 @@ def build(engine) -> list:
     def specs_used(presets=None, more=None, **rest):
         """The generators to compare and the engine's other models: what the GPU decision looks at."""
         try:
-            generators = [compare_models.generator_spec(g) for g in generators_of(presets, more)]
-        except InputError:
+            generators = [compare_models.generator_spec(engine, g) for g in generators_of(presets, more)]
+        except GapLensError:
             generators = []    # the run itself reports the bad name
         return [*generators, engine.preset.embedder, engine.preset.llm, engine.preset.vqa]
 

@@ -24,7 +24,7 @@ MINE = ["open", "ga", 2, 4, 1, 2, 2, 2, 25, "diff", False, 0, 0]
 
 def inputs(api_name: str, made: dict):
     """(args, kwargs) of a request to each GPU endpoint; `made` holds what earlier requests returned."""
-    cf_args = [PROMPT, "", ROWS, 4, 0, "", None, None, True, True, True, True, 0.01, 0, 5]
+    cf_args = [PROMPT, "", ROWS, 4, 0, "", None, None, True, True, True, True, 0.01, 0, 5, "paper"]
     table = {
         "single_prompt": ((), SINGLE),
         "regenerate": ((made.get("single_prompt_state"),), {}),
