@@ -140,7 +140,10 @@ class Engine:
         return self.default_settings().replace(**changes)
 
     def status(self) -> dict:
-        """What the model panel shows: preset, why, device, loaded models, store."""
+        """What the model panel shows: preset, why, device, loaded models, store; for a visitor
+        of a public GapLens also what they may still spend this hour ("left": images, LLM calls)."""
+        visitor = access.current()
+        left = spending.left(self.store, self.budget, visitor) if self.public and visitor and not visitor.host else None
         return {
             "preset": self.preset.name,
             "reason": short_label(self.preset_reason),
@@ -156,6 +159,7 @@ class Engine:
             "max_api_calls": self.max_api_calls,
             "generator_kind": sources.kind_by_name(self.generator_spec),
             "version": __version__,
+            "left": left,
         }
 
     def unload(self) -> list[str]:
