@@ -91,6 +91,7 @@ def test_two_visitors_the_host_budgets_and_the_database_over_http(tmp_path, monk
         # No host path in what a visitor sees of the status.
         status_text = a.predict(api_name="/status")
         assert str(data_dir) not in status_text and str(tmp_path) not in status_text
+        assert "This hour you may still** generate 60 images and make 199 LLM calls" in status_text  # A ran 4
         assert "/assets/synthetic_world.json" not in status_text
 
 
