@@ -409,17 +409,17 @@ class Engine:
             settings = self.default_settings()
             storage.check_share(self.store, visitor, cost * storage.image_bytes(
                 fields.get("width") or settings.width, fields.get("height") or settings.height))
-            spending.charge(self.store, self.budget, visitor, images=cost,
-                            llm_needed=limits.estimate_llm_calls(method, request), what=method)
+            spending.charge(self.store, self.budget, visitor, {"images": cost},
+                            {"llm_calls": limits.estimate_llm_calls(method, request)}, what=method)
         return cost
 
-    def charge(self, *, images: int = 0, llm_calls: int = 0, what: str = "") -> None:
-        """Charge work done outside a run's admission (an LLM call, one regenerated image) to the
-        current visitor of a public GapLens; OverBudgetError when it does not fit. Nothing in
-        local mode or for the host."""
+    def charge(self, what: str = "", **spend: int) -> None:
+        """Charge work done outside a run's admission (an LLM call, a regenerated image, an export's
+        bytes: `spending.KINDS`) to the current visitor of a public GapLens; OverBudgetError when
+        it does not fit. Nothing in local mode or for the host."""
         visitor = access.visitor_for(self.public)
         if self.public and not visitor.host:
-            spending.charge(self.store, self.budget, visitor, images=images, llm_calls=llm_calls, what=what)
+            spending.charge(self.store, self.budget, visitor, spend, what=what)
 
     def max_set_images(self) -> int:
         """The largest N of an image set the current user may grow one to (Single Prompt's

@@ -53,6 +53,8 @@ class Budget:
     hourly_images_total: int = 4096     # images per hour, all visitors together (--hourly-images-total)
     hourly_llm_calls_total: int = 3200  # LLM calls per hour, all visitors together (--hourly-llm-calls-total)
     storage_mb: int = 512         # each visitor's share of the store: runs, results, images (--visitor-storage-mb)
+    hourly_export_mb: int = 1024  # MiB of runs each visitor may export per hour (two shares)
+    hourly_export_mb_total: int = 16384
 
 
 def preset_limits(preset_name: str) -> tuple[int, int]:

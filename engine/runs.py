@@ -224,7 +224,7 @@ def get_run(store: Store, run_id: str) -> dict:
     run = store.get_run((run_id or "").strip())
     if run is None:
         where = "" if store.public else f" at {store.data_dir}"  # no host paths for visitors
-        raise InputError(f"no run '{run_id}' in the store{where} "
+        raise InputError(f"no run '{str(run_id)[:80]}' in the store{where} "
                          f"(`python -m engine runs list` shows the runs there)")
     return run
 

@@ -85,12 +85,12 @@ CREATE TABLE IF NOT EXISTS labels (
 );
 CREATE INDEX IF NOT EXISTS labels_by_image ON labels(image_key);
 """
-# what public visitors spent (issue 27): images and LLM calls charged, by visitor and client
-# address; kept apart from the runs, so deleting a run gives nothing back (engine/spending.py)
+# what public visitors spent (issue 27): images, LLM calls and export bytes charged, by visitor
+# and client address; kept apart from the runs, so deleting a run gives nothing back (engine/spending.py)
 SCHEMA += """
 CREATE TABLE IF NOT EXISTS charges (
     created REAL NOT NULL, visitor TEXT NOT NULL, address TEXT NOT NULL,
-    images INTEGER NOT NULL, llm_calls INTEGER NOT NULL, what TEXT NOT NULL
+    images INTEGER NOT NULL, llm_calls INTEGER NOT NULL, export_bytes INTEGER NOT NULL, what TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS charges_by_created ON charges(created);
 CREATE INDEX IF NOT EXISTS charges_by_visitor ON charges(visitor, created);
@@ -656,15 +656,22 @@ class Store:
                 "total_bytes": int(total) + used}
 
     def visitor_usage(self, owner: str) -> int:
-        """Bytes `owner`'s runs hold: their rows (request, results, summary, image links, labels),
-        the image files they link, and those images' VQA answers and embeddings. An image two
+        """Bytes `owner`'s runs hold (`runs_usage`)."""
+        return self._usage("SELECT id FROM runs WHERE owner=?", owner)
+
+    def runs_usage(self, run_ids: Sequence[str]) -> int:
+        """Bytes these runs hold: their rows (request, results, summary, image links, labels), the
+        image files they link, and those images' VQA answers and embeddings. An image two
         visitors' runs link counts for both."""
-        return int(self._read("""
-            WITH mine AS (SELECT id FROM runs WHERE owner=?),
+        return self._usage("SELECT value AS id FROM json_each(?)", json.dumps(list(run_ids)))
+
+    def _usage(self, runs: str, arg) -> int:
+        return int(self._read(f"""
+            WITH mine AS ({runs}),
                  keys AS (SELECT DISTINCT image_key AS key FROM run_images WHERE run_id IN (SELECT id FROM mine))
             SELECT
               (SELECT COALESCE(SUM(length(request) + length(results) + length(summary) + length(models)
-                                   + COALESCE(length(error), 0) + 200), 0) FROM runs WHERE owner=?)
+                                   + COALESCE(length(error), 0) + 200), 0) FROM runs WHERE id IN (SELECT id FROM mine))
             + (SELECT COUNT(*) * 150 FROM run_images WHERE run_id IN (SELECT id FROM mine))
             + (SELECT COALESCE(SUM(bytes), 0) FROM images WHERE key IN (SELECT key FROM keys))
             + (SELECT COALESCE(SUM(length(vector) + length(subject) + 100), 0) FROM embeddings
@@ -672,7 +679,7 @@ class Store:
             + (SELECT COALESCE(SUM(length(answer) + length(question) + length(choices) + 200), 0) FROM answers
                WHERE image_key IN (SELECT key FROM keys))
             + (SELECT COALESCE(SUM(length(label) + length(axis) + length(who) + 200), 0) FROM labels
-               WHERE run_id IN (SELECT id FROM mine))""", (owner, owner))[0][0])
+               WHERE run_id IN (SELECT id FROM mine))""", (arg,))[0][0])
 
     def idle_visitor_runs(self, before: float) -> list[str]:
         """Ids of the visitors' runs (not the host's, not published, not running) last updated
@@ -813,20 +820,22 @@ class Ledger:
         self.db = db
 
     def charges(self, since: float, visitor: str | None = None, address: str | None = None
-                ) -> list[tuple[float, int, int]]:
-        """(created, images, llm_calls) of the charges since `since`, of one visitor or client address
-        (None: everyone's), oldest first."""
+                ) -> list[tuple[float, int, int, int]]:
+        """(created, images, llm_calls, export_bytes) of the charges since `since`, of one visitor or
+        client address (None: everyone's), oldest first."""
         where, args = "created>=?", [since]
         for column, value in (("visitor", visitor), ("address", address)):
             if value is not None:
                 where, args = f"{where} AND {column}=?", [*args, value]
         return [tuple(r) for r in self.db.execute(
-            f"SELECT created, images, llm_calls FROM charges WHERE {where} ORDER BY created", args)]
+            f"SELECT created, images, llm_calls, export_bytes FROM charges WHERE {where} ORDER BY created", args)]
 
-    def add(self, visitor: str, address: str, images: int, llm_calls: int, what: str) -> None:
+    def add(self, visitor: str, address: str, spend: dict, what: str) -> None:
+        """Charge `spend` ({"images", "llm_calls", "export_bytes"}: amounts) now."""
         now = time.time()
-        self.db.execute("INSERT INTO charges VALUES (?,?,?,?,?,?)",
-                        (now, visitor, address, int(images), int(llm_calls), what[:200]))
+        self.db.execute("INSERT INTO charges VALUES (?,?,?,?,?,?,?)",
+                        (now, visitor, address, *(int(spend.get(k, 0)) for k in ("images", "llm_calls", "export_bytes")),
+                         what[:200]))
         self.db.execute("DELETE FROM charges WHERE created<?", (now - self.KEEP_S,))
 
 

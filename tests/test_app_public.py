@@ -59,6 +59,10 @@ def test_two_visitors_the_host_budgets_and_the_database_over_http(tmp_path, monk
             b.predict(selected=[a_run], api_name="/runs_open")
         with pytest.raises(AppError, match="not yours"):
             b.predict(selected=[a_run], confirmed=True, keep=False, api_name="/runs_delete")
+        # an export is charged the bytes its runs hold (issue 27: downloads are bounded per hour too)
+        a.predict(selected=[a_run], api_name="/runs_export_zip")
+        with engine.store.ledger() as ledger:
+            assert sum(r[3] for r in ledger.charges(0)) == engine.store.runs_usage([a_run]) > 0
 
         # Host-only: switching the preset and unloading, refused to visitors, allowed to the host.
         for client in (a, b):

@@ -352,3 +352,16 @@ def test_linear_alpha_equals_the_coincidence_matrix_definition(level):
             continue
         assert study.krippendorff_alpha(units, level) == pytest.approx(_alpha_by_matrix(units, level), abs=1e-9)
     assert math.isnan(study.krippendorff_alpha([[1, 1], [1, 1]], level))
+
+
+def test_exports_are_charged_the_bytes_their_runs_hold(tmp_path):
+    engine = public_engine(tmp_path, hourly_export_mb=1)
+    with access.acting_as(A):
+        run = done_event(generate.run(generate.GenerateRequest("a photo of a cook", n=4), engine))
+        size = engine.store.runs_usage([run.run_id])
+        assert 0 < size < 2**20 and size == engine.store.visitor_usage(A.id)
+        for _ in range(2**20 // size):
+            engine.charge(what="export zip", export_bytes=size)
+        with pytest.raises(OverBudgetError, match=r"each visitor may export 1 MiB per hour; 0 are left this hour and "
+                                                  r"this request needs up to 1"):
+            engine.charge(what="export zip", export_bytes=size)
