@@ -22,7 +22,10 @@ Design
   prompts, models and automatic scores, and lists every form's items and the expected answers
   of the checks; it is never given to participants.
 
-Analysis (`analyse`): raters failing any attention check are excluded (optional); agreement
+Analysis (`load_key`, `read_answers`, `analyse`): packs are bounded like imports and keys to
+MAX_KEY_BYTES before anything is inflated, answers by bytes, rows and raters, and every step is
+linear in the answers, so an upload a stranger crafted cannot exhaust a public server.
+Raters failing any attention check are excluded (optional); agreement
 between raters is Krippendorff's alpha (interval for ratings, nominal for pair choices, units =
 sets or set pairs; it handles any number of raters and missing answers); each set's human score
 (mean rating, or share of comparisons won) is correlated with its automatic score by Spearman's
