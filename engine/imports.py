@@ -199,7 +199,7 @@ def import_limits(store: Store) -> ArchiveLimits:
     if room is None:
         return ARCHIVE_LIMITS
     return dataclasses.replace(ARCHIVE_LIMITS, entry_bytes=PUBLIC_ENTRY_BYTES, total_bytes=room,
-                   total_note="what is left of your share of this GapLens' store; delete runs to make room")
+                               total_note="what is left of your share of this GapLens' store; delete runs to make room")
 
 
 def check_image(data: bytes, where: str) -> tuple[int, int]:

@@ -62,7 +62,7 @@ class QueuePolicy:
     gpu_per_address: int = 4
     waiting: int = 64               # queued events per concurrency group
     # A new session costs Gradio ~0.2 s of its event loop (a copy of the page's config) and ~0.8 MB:
-    # rationed per address (a burst, then one a minute) and for everyone (a burst, then one a second).
+    # rationed per address (a burst, then one every 30 s) and, without an open page, for everyone.
     new_sessions: tuple[int, float] = (16, 1 / 30)         # per address: (burst, per second)
     new_sessions_total: tuple[int, float] = (16, 1.0)
     page_loads: tuple[int, float] = (20, 1 / 3)            # GET of the page, its config or API info, per address
@@ -153,9 +153,9 @@ class FairQueue:
             self.known_sessions[session] = time.monotonic()
 
     async def _make_room(self, group, address: str) -> None:
-        """A full group drops its newest event nobody listens for (no open page or stream); else the newest event of the
-        address waiting most, when it holds more than the newcomer's would; else the newcomer
-        is refused."""
+        """A full group drops its newest event nobody listens for (no open page or stream); else
+        the newest event of the address waiting most, when it holds more than the newcomer's
+        would; else the newcomer is refused."""
         known = [e for e in group.queue if e._id in self.events]
         unheard = [e for e in known if self.middleware_active and not self._listened(e)]
         if unheard:
@@ -211,6 +211,11 @@ class FairQueue:
             for buckets in (self.session_buckets, self.page_buckets):
                 for address in [a for a, b in buckets.items() if b.full()]:
                     del buckets[address]
+            for address in [a for a, (opened, seen) in self.live.items()
+                            if not opened and now - seen > self.policy.session_seen_s]:
+                del self.live[address]
+            for address in [a for a, sent in self.uploaded.items() if not sent or now - sent[-1][0] > 3600]:
+                del self.uploaded[address]
             for event_id, info in list(self.events.items()):
                 event = self.queue.event_ids_to_events.get(event_id)
                 if event is None:
