@@ -216,13 +216,15 @@ def test_a_visitors_page_works_behind_the_fair_queue_and_refusals_are_one_senten
     with running_app(engine) as url, browser_page() as page:
         page.goto(url, wait_until="load")
         page.wait_for_selector("#sp-prompt textarea", timeout=30_000)
-        for prompt, n in (("a photo of a doctor", 4), ("a photo of a nurse", 4)):
+        for prompt in ("a photo of a doctor", "a photo of a nurse"):
             page.fill("#sp-prompt textarea", prompt)
-            page.fill("#sp-n input[type=number]", str(n))
+            page.fill("#sp-n input[type=number]", "4")
             page.press("#sp-n input[type=number]", "Enter")
             page.click("#sp-generate")
-        # the page's load events, the first run and its redraw passed the queue; the second is over budget
-        page.wait_for_selector(".toast-body.error", timeout=60_000)
+            if prompt.endswith("doctor"):   # the page's load events, this run and its redraw passed the queue
+                page.wait_for_function("document.querySelector('#sp-progress').innerText.includes('Done')",
+                                       timeout=60_000)
+        page.wait_for_selector(".toast-body.error", timeout=60_000)   # the second is over budget
         message = page.inner_text(".toast-body")
         assert "each visitor may generate 6 images per hour; 2 are left" in message and "frees up at" in message
         assert "Traceback" not in message and engine.store.count("runs") == 1
