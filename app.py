@@ -20,9 +20,10 @@ from engine.cli import make_engine  # noqa: E402
 from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
 from engine.errors import GapLensError  # noqa: E402
 from engine.limits import Budget  # noqa: E402
+from engine.storage import upload_limit  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
-from tabs import (compare_models, counterfactuals, intersectional, mine, mitigate, model_panel, runs,  # noqa: E402
-                  single_prompt)
+from tabs import (compare_models, counterfactuals, fair_queue, intersectional, mine, mitigate, model_panel,  # noqa: E402
+                  runs, single_prompt)
 from tabs.common import LoadHook, bind_visitors  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
@@ -49,8 +50,8 @@ if (!window.glToastRule) {
 
 
 def build_app(engine: Engine) -> gr.Blocks:
-    # public mode: Gradio's cache of served files is emptied of day-old files every hour
-    with gr.Blocks(title="GapLens", delete_cache=(3600, 86400) if engine.public else None) as demo:
+    # public mode: uploads and downloads in Gradio's cache are kept an hour (removed every 15 minutes)
+    with gr.Blocks(title="GapLens", delete_cache=(900, 3600) if engine.public else None) as demo:
         gr.Markdown(HEADER)
         if os.environ.get("OAUTH_CLIENT_ID"):   # a Space with `hf_oauth: true`: its owner signs in to be host
             gr.LoginButton(size="sm", elem_id="login")
@@ -77,11 +78,27 @@ def build_app(engine: Engine) -> gr.Blocks:
             demo.load(hook.fn, None, hook.outputs, api_name=False)
             if hook.after_model_change:   # e.g. the placeholders naming the model's default steps
                 model_status.change(hook.after_model_change, None, hook.outputs, api_name=False)
-    if engine.public:
-        bind_visitors(demo)  # every handler acts for its visitor; methods share one GPU queue
-    # One GPU: one generation at a time; other requests wait in Gradio's queue.
-    demo.queue(default_concurrency_limit=1, max_size=64 if engine.public else None)
+    if not engine.public:  # One GPU: one generation at a time; other requests wait in Gradio's queue.
+        demo.queue(default_concurrency_limit=1)
+        return demo
+    bind_visitors(demo)  # every handler acts for its visitor; methods share one GPU queue
+    # Every event goes through the queue (api_open=False: no direct /run/ calls), where the fair queue
+    # bounds each visitor, address and concurrency group (tabs/fair_queue.py); max_size is only a
+    # backstop (on ZeroGPU, Gradio would otherwise make it 1).
+    policy = fair_queue.QueuePolicy()
+    groups = {fn.concurrency_id for fn in demo.fns.values()}
+    demo.queue(default_concurrency_limit=1, max_size=policy.waiting * len(groups), api_open=False)
+    demo.fair_queue = fair_queue.install(demo, policy, max_file_size=upload_limit(engine.budget))
     return demo
+
+
+def launch_options(engine: Engine, demo: gr.Blocks) -> dict:
+    """What `demo.launch` takes besides the address: looks, the paths Gradio may serve, and in
+    public mode the upload limit and the fair queue's HTTP side."""
+    options = dict(css=CSS, theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"])
+    if engine.public:  # uploads: exports to import, study packs, answer CSVs
+        options.update(max_file_size=upload_limit(engine.budget), **fair_queue.launch_kwargs(demo.fair_queue))
+    return options
 
 
 def allowed_paths(engine: Engine) -> list[str]:
@@ -109,6 +126,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="clean unneeded images when the store's images exceed this (public mode default 20)")
     p.add_argument("--hourly-images", type=int, default=Budget.hourly_images,
                    help="public mode: images each visitor may generate per hour")
+    p.add_argument("--hourly-images-total", type=int, default=Budget.hourly_images_total,
+                   help="public mode: images all visitors together may generate per hour")
+    p.add_argument("--hourly-llm-calls", type=int, default=Budget.hourly_llm_calls,
+                   help="public mode: LLM calls each visitor's requests may make per hour (any backend)")
+    p.add_argument("--hourly-llm-calls-total", type=int, default=Budget.hourly_llm_calls_total,
+                   help="public mode: LLM calls all visitors together may make per hour")
+    p.add_argument("--visitors-per-address", type=int, default=Budget.visitors_per_address,
+                   help="public mode: one client address may spend this many visitors' hourly budgets "
+                        "(raise it for a class behind one address)")
+    p.add_argument("--visitor-storage-mb", type=int, default=Budget.storage_mb,
+                   help="public mode: each visitor's share of the store (runs, results, images)")
     p.add_argument("--gallery", default=os.environ.get("GAPLENS_GALLERY"), metavar="PATH_OR_DATASET",
                    help="browse a published export (zip, folder or HF dataset id) read-only")
     for role in ("generator", "embedder", "llm", "vqa"):
@@ -127,7 +155,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    budget = Budget(hourly_images=args.hourly_images) if args.public else None
+    budget = Budget(hourly_images=args.hourly_images, hourly_images_total=args.hourly_images_total,
+                    hourly_llm_calls=args.hourly_llm_calls, hourly_llm_calls_total=args.hourly_llm_calls_total,
+                    visitors_per_address=args.visitors_per_address,
+                    storage_mb=args.visitor_storage_mb) if args.public else None
     quota = args.quota_gb if args.quota_gb is not None else (20.0 if args.public else None)
     try:
         engine = make_engine(args, public=args.public, budget=budget, quota_gb=quota,
@@ -149,9 +180,7 @@ def main(argv=None) -> None:
 
         print(f"GapLens: {start_up(engine)}")   # preloads a real preset; never fatal (the status line says why)
     demo = build_app(engine)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-                theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"],
-                max_file_size="1gb" if engine.public else None)  # uploads: exports to import, answer CSVs
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options(engine, demo))
 
 
 if __name__ == "__main__":

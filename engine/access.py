@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import NotAllowedError
 
@@ -19,10 +19,12 @@ from .errors import NotAllowedError
 @dataclass(frozen=True)
 class Visitor:
     """`id` keys the visitor's runs (a Gradio session hash or a Hugging Face user name);
-    `host` is the operator, who may do everything."""
+    `host` is the operator, who may do everything; `address` is the client address the request
+    came from ('' when unknown), which per-address budgets key on (engine/spending.py)."""
 
     id: str
     host: bool = False
+    address: str = field(default="", compare=False)
 
 
 ANONYMOUS = Visitor("anonymous")
@@ -52,6 +54,18 @@ def visitor_for(public: bool) -> Visitor:
     if not public:
         return HOST
     return current() or ANONYMOUS
+
+
+def client_address(peer: str | None, forwarded_for: str | None, behind_proxy: bool) -> str:
+    """The address a request came from: behind a proxy that appends the client's address to
+    X-Forwarded-For (a Hugging Face Space's), that header's last entry, the one no client can
+    write; otherwise the socket peer (uvicorn already resolved a trusted local proxy's header
+    into it, see FORWARDED_ALLOW_IPS). '' when neither is known."""
+    if behind_proxy and forwarded_for:
+        last = forwarded_for.split(",")[-1].strip()
+        if last:
+            return last[:64]
+    return (peer or "")[:64]
 
 
 def require_host(public: bool, action: str) -> None:

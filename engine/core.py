@@ -16,9 +16,9 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import __version__, access, backend_choices, limits, sources
+from . import __version__, access, backend_choices, limits, sources, spending, storage
 from .backends.base import GenerationSettings, ModelSpec, PartialBatch, with_options
-from .errors import GapLensError, InputError, OutOfMemoryError, StoreError
+from .errors import GapLensError, InputError, OutOfMemoryError
 from .events import Done, Images, Progress, Warning
 from .models import ModelManager
 from .presets import resolve_preset
@@ -57,9 +57,10 @@ class Engine:
                  public_generators=None, public_evaluators=None,
                  **model_overrides: str | ModelSpec | None):
         """`public`: serve visitors (engine/access.py): each sees only their own runs, host-only
-        actions refuse them, requests must fit `budget` (default `limits.Budget()`), and the
-        store is cleaned automatically when its images exceed `quota_gb`. `options`: backend
-        options by role (`--ROLE-option KEY=VALUE`); `max_api_calls`: image API calls per run.
+        actions refuse them, requests must fit `budget` (default `limits.Budget()`; per request,
+        per hour, and each visitor's share of the store), and the store is cleaned automatically
+        when it exceeds `quota_gb` (engine/storage.py). `options`: backend options by role
+        (`--ROLE-option KEY=VALUE`); `max_api_calls`: image API calls per run.
         `public_generators` / `public_evaluators`: what visitors may pick beyond the presets' models
         and this engine's own in Compare models / Compare evaluators ('[LABEL=]backend:model',
         comma-separated or a list; engine/backend_choices.py)."""
@@ -71,6 +72,8 @@ class Engine:
         self.budget = (budget or limits.Budget()) if public else budget
         self.store = Store(data_dir or default_data_dir(), public=self.public)
         self.store.quota_bytes = int(quota_gb * 2**30) if quota_gb else None
+        self.store.share_bytes = self.budget.storage_mb * 2**20 if self.public else None
+        self.prepaid = False   # a view whose runs are parts of one charged up front (compare models)
         # CLI/app overrides (--generator etc.) and options apply to every preset picked later, too
         self.model_overrides = {k: v for k, v in model_overrides.items() if v}
         self.model_options = dict(options or {})
@@ -144,7 +147,10 @@ class Engine:
         return self.default_settings().replace(**changes)
 
     def status(self) -> dict:
-        """What the model panel shows: preset, why, device, loaded models, store."""
+        """What the model panel shows: preset, why, device, loaded models, store; for a visitor
+        of a public GapLens also what they may still spend this hour ("left": images, LLM calls)."""
+        visitor = access.current()
+        left = spending.left(self.store, self.budget, visitor) if self.public and visitor and not visitor.host else None
         return {
             "preset": self.preset.name,
             "reason": short_label(self.preset_reason),
@@ -160,6 +166,7 @@ class Engine:
             "max_api_calls": self.max_api_calls,
             "generator_kind": sources.kind_by_name(self.generator_spec),
             "version": __version__,
+            "left": left,
         }
 
     def unload(self) -> list[str]:
@@ -170,8 +177,10 @@ class Engine:
     def with_generator(self, spec: ModelSpec, label: str = "") -> "Engine":
         """Returns a view of this engine whose preset has `spec` as its generator (compare
         models): the store, the model manager (one memory budget), the other models and the
-        stats are shared, so only the generator differs."""
+        stats are shared, so only the generator differs. Its runs are not charged again: the
+        comparison was charged for all of them."""
         view = copy.copy(self)
+        view.prepaid = True   # its runs are the parts of a comparison, charged as one request
         view.preset = replace(self.preset, name=f"{self.preset.name}+{label or spec.label}", generator=spec)
         view.preset_reason = f"{self.preset_reason}; generator replaced by {spec.label} to compare models"
         return view
@@ -320,6 +329,7 @@ class Engine:
         stored = self.store.get_images([key]).get(key)
         if stored is None:
             return False, None
+        self.charge(images=1, what="regenerate")
         with self._backend("generator") as gen:
             fresh = gen.generate(prompt, [int(seed)], settings)[0].image.convert("RGB")
         self.stats.generator_calls += 1
@@ -408,28 +418,56 @@ class Engine:
     def admit(self, method: str, request) -> int:
         """Check a request before any work starts or anything is stored: ranges always
         (limits.check_request); in public mode also the backends and files it names
-        (backend_choices.check_request), the budgets and the store's quota.
-        Returns the images it is budgeted for. InputError / OverBudgetError / StoreError."""
+        (backend_choices.check_request), the per-request budget, the store's room and the
+        visitor's share of it (engine/storage.py), and the hourly budgets, which it is charged
+        to (engine/spending.py). Returns the most images it can generate.
+        InputError / OverBudgetError / StoreError."""
         limits.check_request(method, request, self.preset.name)
         backend_choices.check_request(self, request)   # public mode: no backend, server or file but the host's
         fields = _as_dict(request)
         for name, what in (("n", "number of images"), ("n_variations", "number of text variations")):
             if fields.get(name) is not None:
                 self.check_n(fields[name], what)
+        visitor = access.visitor_for(self.public)
+        charged = self.public and not visitor.host and not self.prepaid
+        cost = limits.estimate_images(method, request, until_cap=self.max_set_images(),
+                                      proposed=self.budget.images if charged else None)
         if not self.public:
-            return limits.estimate_images(method, request)
-        visitor = access.visitor_for(True)
-        cost = limits.estimate_images(method, request)
-        if not visitor.host:
-            spent = self.store.spent(self.store.owner(), time.time() - 3600)
-            cost = limits.check_budget(method, request, self.budget, spent)
-        quota = self.store.quota_bytes
-        if quota and self.store.usage()["image_bytes"] > quota:
-            with access.acting_as(access.HOST):  # the automatic clean-up acts for the host
-                left = self.store.gc(quota)
-            if left["over_quota"]:
-                raise StoreError("this GapLens' store is full (its runs need all of its space); try again later")
+            return cost
+        if charged:
+            limits.check_budget(method, request, self.budget, cost)
+        storage.require_room(self.store)
+        if charged:
+            settings = self.default_settings()
+            storage.check_share(self.store, visitor, cost * storage.image_bytes(
+                fields.get("width") or settings.width, fields.get("height") or settings.height))
+            spending.charge(self.store, self.budget, visitor, {"images": cost},
+                            {"llm_calls": limits.estimate_llm_calls(method, request)}, what=method)
         return cost
+
+    def charge(self, what: str = "", **spend: int) -> None:
+        """Charge work done outside a run's admission (an LLM call, a regenerated image, an export's
+        bytes: `spending.KINDS`) to the current visitor of a public GapLens; OverBudgetError when
+        it does not fit. Nothing in local mode or for the host."""
+        visitor = access.visitor_for(self.public)
+        if self.public and not visitor.host:
+            spending.charge(self.store, self.budget, visitor, spend, what=what)
+
+    def max_set_images(self) -> int:
+        """The largest N of an image set the current user may grow one to (Single Prompt's
+        `until_half_width`): the server's maximum, and for a visitor of a public GapLens no more
+        than one request may generate."""
+        if self.public and not access.visitor_for(True).host:
+            return min(self.max_images, self.budget.images)
+        return self.max_images
+
+    def fit_proposed_axes(self, method: str, request, axes: dict, share: int = 1) -> tuple[dict, list[str]]:
+        """The LLM-proposed `axes` a visitor's request keeps: those whose sets fit what it was
+        charged (one request's images, divided among `share` runs), in the LLM's order, and the
+        axes left out. Everything in local mode and for the host."""
+        if not self.public or access.visitor_for(True).host:
+            return axes, []
+        return limits.fit_axes(method, request, axes, self.budget.images // max(1, share))
 
     def start_run(self, method: str, request: dict, cost: int = 0) -> "Run":
         self.api_calls = self.api_calls_announced = 0
@@ -469,6 +507,7 @@ class CachedLLM:
             self.engine.stats.llm_cache_hits += 1
             return reply
         with self.engine._backend("llm") as llm:
+            self.engine.charge(llm_calls=1, what="llm")   # every call a visitor's work makes, any backend
             reply = llm.chat(messages, temperature=temperature, max_tokens=max_tokens, seed=seed)
         self.engine.stats.llm_calls += 1
         self.engine.store.put_llm_reply(key, self.id, request, reply)
@@ -499,7 +538,8 @@ class Run:
         return Done(self.id, results, summary)
 
 
-def recorded(method: str, check: Callable | None = None, continues: Callable | None = None):
+def recorded(method: str, check: Callable | None = None, continues: Callable | None = None,
+             priced: Callable | None = None):
     """Decorator for a method generator `fn(request, engine, run_record)`: creates its run record and
     marks it failed (with the message) or stopped when the consumer closes the stream early.
     Whatever the method stored before the failure stays in the store.
@@ -507,7 +547,8 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
     `check(request, engine)` runs first and raises InputError for a request that cannot run
     (an empty prompt), so bad input never leaves a failed run behind. `continues(request)`
     returns the id of a stored run the request continues (a resume), which is reopened under
-    its own id instead of creating a new one.
+    its own id instead of creating a new one. `priced(request, engine)` returns the request as
+    it will run, which admission checks and charges (a resume: the stored run's settings).
 
     The decorated function has `preflight(request, engine)`: those checks and the ranges of
     `limits.check_request`, starting nothing (a tab checks a request before its run streams)."""
@@ -523,7 +564,7 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
         def run_method(request, engine: Engine):
             if check is not None:
                 check(request, engine)
-            cost = engine.admit(method, request)  # nothing is stored for a request out of bounds
+            cost = engine.admit(method, priced(request, engine) if priced else request)  # nothing stored if refused
             previous = continues(request) if continues is not None else None
             run = (engine.reopen_run(previous, method, _as_dict(request)) if previous
                    else engine.start_run(method, _as_dict(request), cost))

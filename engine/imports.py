@@ -3,7 +3,9 @@
 Before anything is written (issue 13):
 
 1. the archive is bounded: number of entries, total and per-entry uncompressed bytes, and the
-   compression ratio of every large entry (a zip bomb is refused before it is inflated);
+   compression ratio of every large entry (a zip bomb is refused before it is inflated); a
+   visitor of a public GapLens may import at most what is left of their share of the store
+   (engine/storage.py), in entries of at most 64 MiB, with results of at most 8 MiB a run;
 2. every row of `gaplens/*.jsonl` is checked against `SCHEMAS` (types, lengths, allowed
    values, key formats); run ids that could not be file names get a fresh id;
 3. every image is decoded: PNG or JPEG, at most `MAX_PIXELS` pixels (and Pillow's
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import io
 import json
@@ -35,7 +38,8 @@ import numpy as np
 from PIL import Image
 
 from .errors import InputError
-from .store import Store, _json_default, content_key, is_key, is_run_id
+from .storage import import_room
+from .store import MAX_PUBLIC_RESULTS_BYTES, Store, _json_default, content_key, is_key, is_run_id
 
 FORMAT = "gaplens-export"
 FORMAT_VERSION = 1
@@ -46,6 +50,7 @@ MAX_ENTRY_BYTES = 512 * 2**20       # uncompressed, one entry
 MAX_RATIO = 100                     # uncompressed / compressed, for entries above RATIO_FLOOR
 RATIO_FLOOR = 1 * 2**20
 MAX_PIXELS = 4096 * 4096
+PUBLIC_ENTRY_BYTES = 64 * 2**20     # one entry of a visitor's import (a 4096² PNG is at most 48 MiB)
 IMAGE_FORMATS = {"PNG", "JPEG"}
 STATUSES = {"done", "running", "stopped", "failed", "interrupted"}
 
@@ -148,24 +153,53 @@ def _checked(table: str, row, where: str) -> dict:
 
 
 # -- the archive --------------------------------------------------------------------------------
-def check_archive(zf: zipfile.ZipFile, name: str) -> None:
-    """InputError when the archive's entries, sizes or compression ratios exceed the bounds."""
+@dataclasses.dataclass(frozen=True)
+class ArchiveLimits:
+    """What an archive may hold, checked from its directory before anything is inflated."""
+
+    entries: int = MAX_ENTRIES
+    total_bytes: int = MAX_TOTAL_BYTES     # uncompressed, whole archive
+    entry_bytes: int = MAX_ENTRY_BYTES     # uncompressed, one entry
+    ratio: int = MAX_RATIO                 # uncompressed / compressed, for entries above RATIO_FLOOR
+    total_note: str = ""                   # why total_bytes is what it is, for the refusal
+
+
+ARCHIVE_LIMITS = ArchiveLimits()
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def check_archive(zf: zipfile.ZipFile, name: str, limits: ArchiveLimits = ARCHIVE_LIMITS) -> None:
+    """InputError when the archive's entries, sizes or compression ratios exceed `limits`. The
+    sizes are the archive's own; reading an entry never yields more than its stated size."""
     infos = zf.infolist()
-    if len(infos) > MAX_ENTRIES:
-        raise InputError(f"{name} has {len(infos)} entries; at most {MAX_ENTRIES} are accepted")
+    if len(infos) > limits.entries:
+        raise InputError(f"{name} has {len(infos)} entries; at most {limits.entries} are accepted")
     total = 0
     for info in infos:
         total += info.file_size
-        if info.file_size > MAX_ENTRY_BYTES:
-            raise InputError(f"{name}: the entry {info.filename[:80]} unpacks to {info.file_size / 2**20:.0f} MiB; "
-                             f"at most {MAX_ENTRY_BYTES // 2**20} MiB per entry are accepted")
-        if info.file_size > RATIO_FLOOR and info.file_size > MAX_RATIO * max(1, info.compress_size):
+        if info.file_size > limits.entry_bytes:
+            raise InputError(f"{name}: the entry {info.filename[:80]} unpacks to {_size(info.file_size)}; "
+                             f"at most {_size(limits.entry_bytes)} per entry are accepted")
+        if info.file_size > RATIO_FLOOR and info.file_size > limits.ratio * max(1, info.compress_size):
             raise InputError(f"{name}: the entry {info.filename[:80]} is compressed "
-                             f"{info.file_size / max(1, info.compress_size):.0f}:1; at most {MAX_RATIO}:1 is "
+                             f"{info.file_size / max(1, info.compress_size):.0f}:1; at most {limits.ratio}:1 is "
                              f"accepted (this looks like a zip bomb)")
-    if total > MAX_TOTAL_BYTES:
-        raise InputError(f"{name} unpacks to {total / 2**30:.1f} GiB; at most {MAX_TOTAL_BYTES / 2**30:.0f} GiB "
-                         f"are accepted")
+    if total > limits.total_bytes:
+        raise InputError(f"{name} unpacks to {_size(total)}; at most {_size(limits.total_bytes)} are accepted"
+                         + (f" ({limits.total_note})" if limits.total_note else ""))
+
+
+def import_limits(store: Store) -> ArchiveLimits:
+    """The bounds of an import into `store`: ARCHIVE_LIMITS, and for a visitor of a public
+    GapLens entries of at most PUBLIC_ENTRY_BYTES and in all what is left of their share."""
+    room = import_room(store)
+    if room is None:
+        return ARCHIVE_LIMITS
+    return dataclasses.replace(ARCHIVE_LIMITS, entry_bytes=PUBLIC_ENTRY_BYTES, total_bytes=room,
+                               total_note="what is left of your share of this GapLens' store; delete runs to make room")
 
 
 def check_image(data: bytes, where: str) -> tuple[int, int]:
@@ -204,12 +238,18 @@ def import_zip(store: Store, path: str | os.PathLike, replace: bool = False, tru
         zf = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
         raise InputError(f"{name} is not a readable zip file ({exc})") from None
+    limits = import_limits(store)
     with zf:
-        check_archive(zf, name)
+        check_archive(zf, name, limits)
         try:
             plan = _read(zf, name, store, replace, trust)
         except (KeyError, ValueError, TypeError, UnicodeDecodeError, zipfile.BadZipFile, binascii.Error) as exc:
             raise InputError(f"{name} is not a valid GapLens export: {exc}") from None
+        if limits is not ARCHIVE_LIMITS:
+            for run in plan["runs"]:
+                if len(run["results"]) > MAX_PUBLIC_RESULTS_BYTES:
+                    raise InputError(f"{name}: the results of run {run['id'][:80]} are {_size(len(run['results']))}; "
+                                     f"a public GapLens keeps at most {_size(MAX_PUBLIC_RESULTS_BYTES)} per run")
         return _write(store, plan, trust, zf)
 
 

@@ -85,6 +85,17 @@ CREATE TABLE IF NOT EXISTS labels (
 );
 CREATE INDEX IF NOT EXISTS labels_by_image ON labels(image_key);
 """
+# what public visitors spent (issue 27): images, LLM calls and export bytes charged, by visitor
+# and client address; kept apart from the runs, so deleting a run gives nothing back (engine/spending.py)
+SCHEMA += """
+CREATE TABLE IF NOT EXISTS charges (
+    created REAL NOT NULL, visitor TEXT NOT NULL, address TEXT NOT NULL,
+    images INTEGER NOT NULL, llm_calls INTEGER NOT NULL, export_bytes INTEGER NOT NULL, what TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS charges_by_created ON charges(created);
+CREATE INDEX IF NOT EXISTS charges_by_visitor ON charges(visitor, created);
+CREATE INDEX IF NOT EXISTS charges_by_address ON charges(address, created);
+"""
 
 # Columns added after the first release (added to older stores when they are opened):
 # images.provenance 'local' (generated here) or 'imported' (from an archive: never a cache hit
@@ -106,6 +117,7 @@ CREATE INDEX IF NOT EXISTS images_by_used ON images(used);
 CREATE INDEX IF NOT EXISTS embeddings_by_subject ON embeddings(subject);
 """
 MAX_REQUEST_BYTES = 64 * 1024   # a run's stored request (validated requests are far smaller)
+MAX_PUBLIC_RESULTS_BYTES = 8 * 2**20   # a visitor's run's stored results (a full public request's are < 1 MiB)
 RUN_ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
@@ -157,7 +169,8 @@ class Store:
         self.data_dir = Path(data_dir).expanduser()
         self.image_dir = self.data_dir / "images"
         self.public = public   # public mode: runs are filtered by the current visitor (engine/access.py)
-        self.quota_bytes: int | None = None
+        self.quota_bytes: int | None = None   # public mode: everything stored (engine/storage.py)
+        self.share_bytes: int | None = None   # public mode: each visitor's share of it
         try:
             self.image_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -446,10 +459,12 @@ class Store:
                                  "the store", time.time(), i) for i in dead])
         return dead
 
-    def spent(self, owner: str, since: float) -> int:
-        """The images budgeted for `owner`'s runs created after `since` (epoch seconds)."""
-        return int(self._read("SELECT COALESCE(SUM(cost), 0) FROM runs WHERE owner=? AND created>=?",
-                              (owner, since))[0][0])
+    @contextmanager
+    def ledger(self):
+        """The charges ledger in one write transaction (engine/spending.py): what a check reads and
+        the charge it then adds are atomic across threads and processes. Yields a Ledger."""
+        with self._write() as db:
+            yield Ledger(db)
 
     def set_published(self, run_ids: Sequence[str], published: bool = True) -> int:
         """Publish (or withdraw) runs in the read-only gallery every visitor sees. Host only."""
@@ -467,8 +482,12 @@ class Store:
                 args.append(value)
         for column, value in (("results", results), ("summary", summary)):
             if value is not None:
+                text = json.dumps(value, default=_json_default)
+                if self.public and len(text) > MAX_PUBLIC_RESULTS_BYTES and not access.visitor_for(True).host:
+                    raise InputError(f"this run's {column} are {len(text) / 2**20:.0f} MiB; a public GapLens keeps at "
+                                     f"most {MAX_PUBLIC_RESULTS_BYTES // 2**20} MiB per run (ask for fewer images or sets)")
                 sets.append(f"{column}=?")
-                args.append(json.dumps(value, default=_json_default))
+                args.append(text)
         with self._write() as db:
             db.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id=?", (*args, run_id))
 
@@ -500,7 +519,7 @@ class Store:
         run = self.get_run(str(run_id or "").strip())
         if run is None or (method and run["method"] != method):
             where = "" if self.public else f" at {self.data_dir}"  # no host paths for visitors
-            raise InputError(f"no {what} '{run_id}' in the store{where}{hint}")
+            raise InputError(f"no {what} '{str(run_id)[:80]}' in the store{where}{hint}")
         return run
 
     def list_runs(self, method: str | None = None, limit: int | None = None, offset: int = 0,
@@ -633,7 +652,9 @@ class Store:
 
     # -- size and clean-up ---------------------------------------------------------------------
     def usage(self) -> dict:
-        """{"images": n, "image_bytes": bytes of the image files, "database_bytes": ...}."""
+        """{"images": n, "image_bytes": bytes of the image files, "database_bytes": size of the
+        database files, "database_used_bytes": bytes of its pages in use (deleted rows free pages
+        the file keeps), "total_bytes": image_bytes + database_used_bytes}."""
         rows = self._read("SELECT key, path, bytes FROM images WHERE bytes IS NULL")
         if rows:  # stores from before the `bytes` column: measure once
             sizes = []
@@ -646,7 +667,43 @@ class Store:
                 db.executemany("UPDATE images SET bytes=? WHERE key=?", sizes)
         n, total = self._read("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM images")[0]
         db_bytes = sum(p.stat().st_size for p in self.data_dir.glob("gaplens.sqlite*") if p.exists())
-        return {"images": n, "image_bytes": int(total), "database_bytes": db_bytes}
+        conn = self._conn()
+        used = (conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]) \
+            * conn.execute("PRAGMA page_size").fetchone()[0]
+        return {"images": n, "image_bytes": int(total), "database_bytes": db_bytes, "database_used_bytes": used,
+                "total_bytes": int(total) + used}
+
+    def visitor_usage(self, owner: str) -> int:
+        """Bytes `owner`'s runs hold (`runs_usage`)."""
+        return self._usage("SELECT id FROM runs WHERE owner=?", owner)
+
+    def runs_usage(self, run_ids: Sequence[str]) -> int:
+        """Bytes these runs hold: their rows (request, results, summary, image links, labels), the
+        image files they link, and those images' VQA answers and embeddings. An image two
+        visitors' runs link counts for both."""
+        return self._usage("SELECT value AS id FROM json_each(?)", json.dumps(list(run_ids)))
+
+    def _usage(self, runs: str, arg) -> int:
+        return int(self._read(f"""
+            WITH mine AS ({runs}),
+                 keys AS (SELECT DISTINCT image_key AS key FROM run_images WHERE run_id IN (SELECT id FROM mine))
+            SELECT
+              (SELECT COALESCE(SUM(length(request) + length(results) + length(summary) + length(models)
+                                   + COALESCE(length(error), 0) + 200), 0) FROM runs WHERE id IN (SELECT id FROM mine))
+            + (SELECT COUNT(*) * 150 FROM run_images WHERE run_id IN (SELECT id FROM mine))
+            + (SELECT COALESCE(SUM(bytes), 0) FROM images WHERE key IN (SELECT key FROM keys))
+            + (SELECT COALESCE(SUM(length(vector) + length(subject) + 100), 0) FROM embeddings
+               WHERE subject IN (SELECT key FROM keys))
+            + (SELECT COALESCE(SUM(length(answer) + length(question) + length(choices) + 200), 0) FROM answers
+               WHERE image_key IN (SELECT key FROM keys))
+            + (SELECT COALESCE(SUM(length(label) + length(axis) + length(who) + 200), 0) FROM labels
+               WHERE run_id IN (SELECT id FROM mine))""", (arg,))[0][0])
+
+    def idle_visitor_runs(self, before: float) -> list[str]:
+        """Ids of the visitors' runs (not the host's, not published, not running) last updated
+        before `before`, least recently updated first: what a full public store removes first."""
+        return [r[0] for r in self._read("SELECT id FROM runs WHERE owner!='' AND published=0 AND status!='running' "
+                                         "AND updated<? ORDER BY updated", (before,))]
 
     def gc(self, quota_bytes: int | None = None) -> dict:
         """Remove images no run needs (no run links them), least recently used first, until the
@@ -770,6 +827,34 @@ class Store:
             insert(db, "answers", answers, "INSERT OR IGNORE")
             insert(db, "embeddings", embeddings, "INSERT OR IGNORE")
             insert(db, "labels", labels, "INSERT OR REPLACE")
+
+
+class Ledger:
+    """The `charges` table inside a write transaction (Store.ledger)."""
+
+    KEEP_S = 86400   # charges older than a day are removed (budgets look back one hour)
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def charges(self, since: float, visitor: str | None = None, address: str | None = None
+                ) -> list[tuple[float, int, int, int]]:
+        """(created, images, llm_calls, export_bytes) of the charges since `since`, of one visitor or
+        client address (None: everyone's), oldest first."""
+        where, args = "created>=?", [since]
+        for column, value in (("visitor", visitor), ("address", address)):
+            if value is not None:
+                where, args = f"{where} AND {column}=?", [*args, value]
+        return [tuple(r) for r in self.db.execute(
+            f"SELECT created, images, llm_calls, export_bytes FROM charges WHERE {where} ORDER BY created", args)]
+
+    def add(self, visitor: str, address: str, spend: dict, what: str) -> None:
+        """Charge `spend` ({"images", "llm_calls", "export_bytes"}: amounts) now."""
+        now = time.time()
+        self.db.execute("INSERT INTO charges VALUES (?,?,?,?,?,?,?)",
+                        (now, visitor, address, *(int(spend.get(k, 0)) for k in ("images", "llm_calls", "export_bytes")),
+                         what[:200]))
+        self.db.execute("DELETE FROM charges WHERE created<?", (now - self.KEEP_S,))
 
 
 def is_key(text: str) -> bool:

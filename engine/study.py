@@ -22,7 +22,10 @@ Design
   prompts, models and automatic scores, and lists every form's items and the expected answers
   of the checks; it is never given to participants.
 
-Analysis (`analyse`): raters failing any attention check are excluded (optional); agreement
+Analysis (`load_key`, `read_answers`, `analyse`): packs are bounded like imports and keys to
+MAX_KEY_BYTES before anything is inflated, answers by bytes, rows and raters, and every step is
+linear in the answers, so an upload a stranger crafted cannot exhaust a public server.
+Raters failing any attention check are excluded (optional); agreement
 between raters is Krippendorff's alpha (interval for ratings, nominal for pair choices, units =
 sets or set pairs; it handles any number of raters and missing answers); each set's human score
 (mean rating, or share of comparisons won) is correlated with its automatic score by Spearman's
@@ -44,6 +47,8 @@ import numpy as np
 
 from . import __version__
 from .errors import InputError
+from .imports import ArchiveLimits, check_archive
+from .limits import MAX_TEXT_CHARS
 from .runs import get_run, run_prompt, run_records, short_model
 from .scores import is_finite
 
@@ -357,90 +362,181 @@ def krippendorff_alpha(units, level: str = "nominal") -> float:
     pairable and are ignored). level: nominal, ordinal, interval or ratio. nan when the data
     have no variation (alpha is undefined) or no pairable unit.
 
-    alpha = 1 − D_o / D_e over the coincidence matrix o_ck = Σ_u (pairs (c, k) in u) / (m_u − 1)."""
+    alpha = 1 − D_o / D_e, D_o = Σ_ck o_ck δ_ck / n and D_e = Σ_ck n_c n_k δ_ck / (n(n − 1)) over the
+    coincidence matrix o_ck = Σ_u (pairs (c, k) in u) / (m_u − 1) of the values actually used
+    (Krippendorff 2011). The matrix is never built: for nominal data Σ_ck o_ck δ_ck = n − Σ_c o_cc;
+    for interval data Σ over a unit's ordered pairs of (x_i − x_j)² is 2(m Σx² − (Σx)²), and
+    likewise for D_e; ordinal δ_ck = (Σ_{g=c..k} n_g − (n_c + n_k)/2)² is the interval δ of the
+    values' midranks Σ_{g<c} n_g + n_c/2. So alpha takes time linear in the answers (plus sorting
+    the distinct values); ratio δ_ck = ((c − k)/(c + k))² sums over pairs of distinct values."""
     units = [[v for v in u if v is not None and not (isinstance(v, float) and math.isnan(v))] for u in units]
-    units = [u for u in units if len(u) >= 2]
+    units = [Counter(u) for u in units if len(u) >= 2]
     if not units:
         return float("nan")
-    values = sorted({v for u in units for v in u})
-    index = {v: i for i, v in enumerate(values)}
-    k = len(values)
-    o = np.zeros((k, k))
-    for u in units:
-        counts = Counter(u)
-        m = len(u)
-        for a, na in counts.items():
-            for b, nb in counts.items():
-                pairs = na * (na - 1) if a == b else na * nb
-                o[index[a], index[b]] += pairs / (m - 1)
-    n_c = o.sum(axis=1)
-    n = n_c.sum()
+    n_c: Counter = Counter()
+    for counts in units:
+        n_c.update(counts)
+    n = sum(n_c.values())
     if level == "nominal":
-        delta = 1.0 - np.eye(k)
-    elif level == "interval":
-        x = np.asarray(values, float)
-        delta = (x[:, None] - x[None, :]) ** 2
+        d_o = (n - sum(sum(k * (k - 1) for k in counts.values()) / (sum(counts.values()) - 1) for counts in units)) / n
+        d_e = (n * n - sum(k * k for k in n_c.values())) / (n * (n - 1))
+    elif level in ("interval", "ordinal"):
+        if level == "interval":
+            x = {v: float(v) for v in n_c}
+        else:
+            x, below = {}, 0
+            for v in sorted(n_c):
+                x[v], below = below + n_c[v] / 2, below + n_c[v]
+
+        def spread(pairs) -> float:  # Σ over ordered pairs of (x_i − x_j)², the values weighted by their counts
+            m = sum(k for _, k in pairs)
+            return 2 * (m * sum(k * x[v] ** 2 for v, k in pairs) - sum(k * x[v] for v, k in pairs) ** 2)
+
+        d_o = sum(spread(counts.items()) / (sum(counts.values()) - 1) for counts in units) / n
+        d_e = spread(n_c.items()) / (n * (n - 1))
     elif level == "ratio":
+        values = sorted(n_c)
+        if len(values) > MAX_RATIO_VALUES:
+            raise InputError(f"ratio alpha compares every pair of distinct values; {len(values)} is more than the "
+                             f"{MAX_RATIO_VALUES} it takes")
         x = np.asarray(values, float)
-        s = x[:, None] + x[None, :]
-        delta = np.where(s == 0, 0.0, ((x[:, None] - x[None, :]) / np.where(s == 0, 1, s)) ** 2)
-    elif level == "ordinal":
-        cum = np.cumsum(n_c)
-        delta = np.zeros((k, k))
-        for c in range(k):
-            for d in range(k):
-                lo, hi = min(c, d), max(c, d)
-                delta[c, d] = (cum[hi] - (cum[lo - 1] if lo else 0.0) - (n_c[c] + n_c[d]) / 2) ** 2
+        total = x[:, None] + x[None, :]
+        delta = np.where(total == 0, 0.0, ((x[:, None] - x[None, :]) / np.where(total == 0, 1, total)) ** 2)
+        index = {v: i for i, v in enumerate(values)}
+        d_o = sum(sum(a * b * delta[index[c], index[k]] for c, a in counts.items() for k, b in counts.items())
+                  / (sum(counts.values()) - 1) for counts in units) / n
+        weights = np.asarray([n_c[v] for v in values], float)
+        d_e = float(weights @ delta @ weights) / (n * (n - 1))
     else:
         raise InputError(f"unknown alpha level '{level}'; choose nominal, ordinal, interval or ratio")
-    d_o = (o * delta).sum() / n
-    d_e = (np.outer(n_c, n_c) * delta).sum() / (n * (n - 1))
     if d_e == 0:
         return float("nan")
     return float(1.0 - d_o / d_e)
 
 
+QUESTION_OPTIONS = {"rating": [v for v, _ in RATING_OPTIONS], "pair": [v for v, _ in PAIR_OPTIONS]}
+# Bounds on what an analysis reads (a visitor of a public GapLens may upload anything): the pack
+# with the import's archive rules and a small answer key, answer files by bytes, rows and raters.
+STUDY_PACK_LIMITS = ArchiveLimits(entries=32, total_bytes=512 * 2**20, entry_bytes=256 * 2**20)
+MAX_KEY_BYTES = 4 * 2**20            # a 40-set pair study's key is ~1 MiB
+MAX_ANSWERS_BYTES = 32 * 2**20       # all answer files together
+MAX_ANSWER_ROWS = 200_000
+MAX_PARTICIPANTS = 10_000
+MAX_RATIO_VALUES = 2000
+KEY_MEMBER = "researcher/answer_key.json"
+
+
 def load_key(source) -> dict:
-    """The answer key from a pack zip, an answer_key.json path, its text or a dict."""
+    """The answer key from a pack zip, an answer_key.json path, its text or a dict, checked
+    (`check_key`). A pack is bounded like an import (entries, sizes, compression ratio) and
+    the key to MAX_KEY_BYTES before anything is inflated."""
     if isinstance(source, dict):
-        key = source
-    else:
-        text = None
-        if isinstance(source, (str, Path)) and Path(str(source)).exists():
-            p = Path(source)
-            if zipfile.is_zipfile(p):
-                with zipfile.ZipFile(p) as zf:
-                    if "researcher/answer_key.json" not in zf.namelist():
-                        raise InputError(f"{p.name} is not a GapLens study pack (no researcher/answer_key.json)")
-                    text = zf.read("researcher/answer_key.json").decode("utf-8")
-            else:
-                text = p.read_text(encoding="utf-8")
-        elif str(source).strip().startswith("{"):
-            text = str(source)
+        return check_key(source)
+    if isinstance(source, (str, Path)) and len(str(source)) < 4096 and Path(str(source)).exists():
+        p = Path(source)
+        if zipfile.is_zipfile(p):
+            with zipfile.ZipFile(p) as zf:
+                check_archive(zf, p.name, STUDY_PACK_LIMITS)
+                if KEY_MEMBER not in zf.namelist():
+                    raise InputError(f"{p.name} is not a GapLens study pack (no {KEY_MEMBER})")
+                if zf.getinfo(KEY_MEMBER).file_size > MAX_KEY_BYTES:
+                    raise InputError(f"{p.name}: its answer key unpacks to {zf.getinfo(KEY_MEMBER).file_size / 2**20:.0f}"
+                                     f" MiB; a GapLens key is at most {MAX_KEY_BYTES // 2**20} MiB")
+                with zf.open(KEY_MEMBER) as member:
+                    data = member.read(MAX_KEY_BYTES + 1)
         else:
-            raise InputError(f"no answer key at {source} (give the pack zip or researcher/answer_key.json)")
-        try:
-            key = json.loads(text)
-        except json.JSONDecodeError:
-            raise InputError("the answer key is not valid JSON (give the pack zip or researcher/answer_key.json)") from None
+            if p.stat().st_size > MAX_KEY_BYTES:
+                raise InputError(f"{p.name} is {p.stat().st_size / 2**20:.0f} MiB; a GapLens answer key is at most "
+                                 f"{MAX_KEY_BYTES // 2**20} MiB")
+            data = p.read_bytes()
+    elif str(source).strip().startswith("{"):
+        data = str(source).encode("utf-8")
+    else:
+        raise InputError(f"no answer key at {str(source)[:200]} (give the pack zip or {KEY_MEMBER})")
+    if len(data) > MAX_KEY_BYTES:
+        raise InputError(f"the answer key is more than {MAX_KEY_BYTES // 2**20} MiB; a GapLens key is smaller")
+    try:
+        key = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise InputError(f"the answer key is not valid JSON (give the pack zip or {KEY_MEMBER})") from None
+    return check_key(key)
+
+
+def check_key(key) -> dict:
+    """`key` when it is a GapLens study answer key `analyse` can read: its question type's
+    options, sets described by text and numbers, forms of items naming those sets. InputError
+    saying what is wrong otherwise."""
     if not isinstance(key, dict) or key.get("format") != KEY_FORMAT:
         raise InputError("that file is not a GapLens study answer key")
+
+    def bad(what: str) -> InputError:
+        return InputError(f"the answer key is damaged: {what}")
+
+    kind, sets, forms = key.get("question_type"), key.get("sets"), key.get("forms")
+    if kind not in QUESTION_OPTIONS:
+        raise bad(f"unknown question type {str(kind)[:40]!r}")
+    if key.get("options") != QUESTION_OPTIONS[kind]:
+        raise bad(f"a {kind} question's options are {', '.join(QUESTION_OPTIONS[kind])}")
+    if not isinstance(key.get("axis"), str) or not isinstance(key.get("question"), str):
+        raise bad("its axis or question is missing")
+    text = ("run_id", "label", "prompt", "method", "generator", "auto_score_name")
+    if not isinstance(sets, dict) or not all(
+            isinstance(v, dict) and all(isinstance(v.get(f), str) for f in text)
+            and (v.get("auto_score") is None or is_finite(v.get("auto_score"))) for v in sets.values()):
+        raise bad("its sets are not described")
+    if not isinstance(forms, list) or not all(isinstance(f, dict) and "form" in f and isinstance(f.get("items"), list)
+                                              for f in forms):
+        raise bad("its forms are not lists of items")
+    width = 1 if kind == "rating" else 2
+    for f in forms:
+        for item in f["items"]:
+            if not (isinstance(item, dict) and isinstance(item.get("item"), str)
+                    and item.get("kind") in ("trial", "attention") and isinstance(item.get("sets"), list)
+                    and len(item["sets"]) == width and all(isinstance(x, str) and x in sets for x in item["sets"])
+                    and (item.get("expected") is None or item["expected"] in QUESTION_OPTIONS[kind])):
+                raise bad(f"an item of form {str(f.get('form'))[:20]} is not valid")
     return key
 
 
+def read_answers(paths) -> list[str]:
+    """The texts of the answer CSV files at `paths`, after checking they are at most
+    MAX_ANSWERS_BYTES together (nothing is read before that)."""
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    total = sum(p.stat().st_size for p in paths)
+    if total > MAX_ANSWERS_BYTES:
+        raise InputError(f"the answer files are {total / 2**20:.0f} MiB together; at most "
+                         f"{MAX_ANSWERS_BYTES // 2**20} MiB are accepted")
+    try:
+        return [p.read_text(encoding="utf-8") for p in paths]
+    except UnicodeDecodeError:
+        raise InputError("an answer file is not UTF-8 text (save the CSV the form downloaded as it is)") from None
+
+
 def parse_answers(texts) -> list[dict]:
-    """Rows of one or more answers CSVs (the form's download; several may be concatenated)."""
-    rows = []
+    """Rows of one or more answers CSVs (the form's download; several may be concatenated), at
+    most MAX_ANSWER_ROWS rows from MAX_PARTICIPANTS participants, each cell at most
+    MAX_TEXT_CHARS characters."""
+    rows, participants = [], set()
     for text in ([texts] if isinstance(texts, str) else texts):
         reader = csv.DictReader(io.StringIO(text.lstrip("\ufeff")))
-        missing = {"participant", "item", "answer"} - set(reader.fieldnames or [])
-        if missing:
-            raise InputError(f"an answers file lacks the column(s) {', '.join(sorted(missing))}; "
-                             f"expected {', '.join(ANSWER_COLUMNS)}")
-        for row in reader:
-            if row.get("participant") == "participant":  # a repeated header from concatenated files
-                continue
-            rows.append({k: (v or "").strip() for k, v in row.items() if k})
+        try:
+            missing = {"participant", "item", "answer"} - set(reader.fieldnames or [])
+            if missing:
+                raise InputError(f"an answers file lacks the column(s) {', '.join(sorted(missing))}; "
+                                 f"expected {', '.join(ANSWER_COLUMNS)}")
+            for row in reader:
+                if row.get("participant") == "participant":  # a repeated header from concatenated files
+                    continue
+                cells = {k: (v or "").strip() if isinstance(v, str) else "" for k, v in row.items() if k}
+                if any(len(v) > MAX_TEXT_CHARS for v in cells.values()):
+                    raise InputError(f"answers line {reader.line_num} has a cell over {MAX_TEXT_CHARS} characters")
+                rows.append(cells)
+                participants.add(cells.get("participant", ""))
+                if len(rows) > MAX_ANSWER_ROWS or len(participants) > MAX_PARTICIPANTS:
+                    raise InputError(f"the answers hold more than {MAX_ANSWER_ROWS} rows or {MAX_PARTICIPANTS} "
+                                     "participants; analyse them in parts")
+        except csv.Error as exc:
+            raise InputError(f"an answers file is not a readable CSV ({exc})") from None
     return rows
 
 
@@ -448,6 +544,7 @@ def analyse(key: dict, answers, exclude_inattentive: bool = True) -> dict:
     """Agreement between raters and Spearman correlation of human and automatic set scores."""
     from scipy.stats import spearmanr
 
+    key = check_key(key)
     items = {i["item"]: {**i, "form": f["form"]} for f in key["forms"] for i in f["items"]}
     rows = parse_answers(answers) if not (isinstance(answers, list) and answers and isinstance(answers[0], dict)) else answers
     unknown = sorted({r["item"] for r in rows if r["item"] not in items})

@@ -161,13 +161,16 @@ def visitor_of(request: gr.Request | None) -> access.Visitor:
     """Who sent `request`: the host (header `x-gaplens-host-token` equal to $GAPLENS_HOST_TOKEN,
     or a Hugging Face login listed in $GAPLENS_HOSTS, default the Space's owner), else a
     visitor keyed by their Hugging Face login where the Space has OAuth, else by their Gradio
-    session."""
+    session; with the client address it came from (`access.client_address`)."""
     if request is None:
         return access.ANONYMOUS
+    headers = getattr(request, "headers", None) or {}
     token = os.environ.get("GAPLENS_HOST_TOKEN", "")
-    sent = (getattr(request, "headers", None) or {}).get(HOST_TOKEN_HEADER, "")
+    sent = headers.get(HOST_TOKEN_HEADER, "")
     if token and sent and hmac.compare_digest(token.encode(), str(sent).encode()):
         return access.HOST
+    address = access.client_address(getattr(getattr(request, "client", None), "host", None),
+                                    headers.get("x-forwarded-for"), behind_proxy=bool(os.environ.get("SPACE_ID")))
     username = None
     try:
         info = request.session.get("oauth_info") or {}
@@ -176,12 +179,12 @@ def visitor_of(request: gr.Request | None) -> access.Visitor:
         username = None
     if username:
         hosts = {h.strip() for h in os.environ.get("GAPLENS_HOSTS", os.environ.get("SPACE_AUTHOR_NAME", "")).split(",")}
-        return access.HOST if username in hosts else access.Visitor(f"hf:{username}")
+        return access.HOST if username in hosts else access.Visitor(f"hf:{username}", address=address)
     if getattr(request, "username", None):
-        return access.Visitor(f"user:{request.username}")
+        return access.Visitor(f"user:{request.username}", address=address)
     if getattr(request, "session_hash", None):
-        return access.Visitor(f"session:{request.session_hash}")
-    return access.ANONYMOUS
+        return access.Visitor(f"session:{request.session_hash}", address=address)
+    return access.Visitor(access.ANONYMOUS.id, address=address)
 
 
 def as_visitor(fn):
@@ -307,7 +310,9 @@ def status_markdown(status: dict) -> str:
             f"**Loaded:** {loaded}  \n**Device:** {status['device']}; {status['memory']}  \n"
             + (f"**Memory:** {status['resident']}  \n" if status.get("resident") else "")
             + f"**Store:** `{status['data_dir']}`: {status['stored_images']} images, {status['runs']} runs; "
-            f"at most {status['max_images']} images per set" + _source_note(status))
+            f"at most {status['max_images']} images per set" + _source_note(status)
+            + (f"  \n**This hour you may still** generate {status['left']['images']} images and make "
+               f"{status['left']['llm_calls']} LLM calls" if status.get("left") else ""))
 
 
 def _source_note(status: dict) -> str:

@@ -194,6 +194,7 @@ def build(engine) -> list:
             if not ids:
                 raise InputError("pick the runs to export first")
             stem = safe_stem(ids[0]) if len(ids) == 1 else f"gaplens-{len(ids)}-runs-{time.strftime('%Y%m%d-%H%M%S')}"
+            engine.charge(what=f"export {fmt}", export_bytes=store.runs_usage(ids))   # public: bytes an hour
             out = _export_dir()
             if fmt == "scores":
                 paths = (export.export_files(store, ids, "json", out / f"{stem}.scores.json")
@@ -235,8 +236,7 @@ def build(engine) -> list:
             raise InputError("upload the study pack zip (or its answer_key.json) first")
         if not answer_paths:
             raise InputError("upload the answers CSV file(s)")
-        paths = answer_paths if isinstance(answer_paths, list) else [answer_paths]
-        texts = [Path(p).read_text(encoding="utf-8") for p in paths]
+        texts = study.read_answers(answer_paths if isinstance(answer_paths, list) else [answer_paths])
         return study_page.analysis_html(study.analyse(study.load_key(key_path), texts, bool(exclude_inattentive)))
 
     list_inputs = [search, method, status, sort, selected, page]

@@ -27,7 +27,7 @@ def running_app(engine):
     demo = app.build_app(engine)
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                css=app.CSS, allowed_paths=app.allowed_paths(engine))
+                **app.launch_options(engine, demo))
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

@@ -52,6 +52,10 @@ def test_two_visitors_the_host_budgets_and_the_database_over_http(tmp_path, monk
         missing = b.predict(selected=["20000101-000000-abcdef"], confirmed=True, keep=False, api_name="/runs_delete")[2]
         assert others.replace(a_run, "ID") == missing.replace("20000101-000000-abcdef", "ID")
         assert "Not found" in others and a_run in _run_ids(a)
+        # an export is charged the bytes its runs hold (issue 27: downloads are bounded per hour too)
+        a.predict(selected=[a_run], api_name="/runs_export_zip")
+        with engine.store.ledger() as ledger:
+            assert sum(r[3] for r in ledger.charges(0)) == engine.store.runs_usage([a_run]) > 0
 
         # Host-only: switching the preset and unloading, refused to visitors, allowed to the host.
         for client in (a, b):
@@ -85,6 +89,7 @@ def test_two_visitors_the_host_budgets_and_the_database_over_http(tmp_path, monk
         # No host path in what a visitor sees of the status.
         status_text = a.predict(api_name="/status")
         assert str(data_dir) not in status_text and str(tmp_path) not in status_text
+        assert "This hour you may still** generate 60 images and make 199 LLM calls" in status_text  # A ran 4
         assert "/assets/synthetic_world.json" not in status_text
 
 

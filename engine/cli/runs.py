@@ -166,7 +166,7 @@ def run_command(args, engine):
         else:
             if not args.key or not args.answers:
                 raise InputError("study analyse needs --key PACK.zip|answer_key.json and --answers FILE.csv ...")
-            analysis = study.analyse(study.load_key(args.key), [open(f, encoding="utf-8").read() for f in args.answers],
+            analysis = study.analyse(study.load_key(args.key), study.read_answers(args.answers),
                                      exclude_inattentive=not args.keep_inattentive)
             _print_json(analysis) if args.json else print(study.analysis_text(analysis))
     sys.stdout.flush()

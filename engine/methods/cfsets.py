@@ -232,6 +232,21 @@ def propose_for(engine: Engine, prompt: str, fill: list[str], seed: int = 0,
     return axes, problems
 
 
+def fit_proposed(engine: Engine, method: str, request, axes: dict[str, list[str]], share: int = 1):
+    """The LLM's `axes` cut to what a public visitor's request was charged (Engine.fit_proposed_axes;
+    use `yield from`): a Warning names the axes left out; InputError when none fits."""
+    kept, left_out = engine.fit_proposed_axes(method, request, axes, share)
+    if left_out:
+        limit = f"the {engine.budget.images // share} images" + (" each model's sets may have" if share > 1 else
+                                                                 " one request may generate here")
+        if not kept:
+            raise InputError(f"every axis the LLM proposed needs more than {limit} at N = {request.n} per set: "
+                             "lower N, or type the axes into the table")
+        yield Warning(f"left out the proposed axes {', '.join(left_out)}: with them the sets would need more than "
+                      f"{limit}")
+    return kept
+
+
 def check(request: SetsRequest, engine: Engine) -> None:
     """Raises InputError for a request that cannot run (before any run record exists)."""
     template = engine.check_prompt(request.prompt)
@@ -240,9 +255,10 @@ def check(request: SetsRequest, engine: Engine) -> None:
         engine.check_prompt(p)
 
 
-def prepare(request: SetsRequest, engine: Engine):
-    """Check the request and settle the axes (use `yield from`): yields Warning events and,
-    when the LLM proposed the axes, a Table('axes') event; returns (prompts, axes, specs)."""
+def prepare(request: SetsRequest, engine: Engine, method: str):
+    """Check the request of `method` and settle the axes (use `yield from`): yields Warning
+    events and, when the LLM proposed the axes, a Table('axes') event; returns (prompts, axes,
+    specs). A public visitor's proposed axes are cut to what the request was charged."""
     template = engine.check_prompt(request.prompt)
     engine.check_n(request.n)
     prompts = expand(template, request.fill)
@@ -252,6 +268,7 @@ def prepare(request: SetsRequest, engine: Engine):
         axes, problems = clean_axes(template, request.axes, request.max_length_change)
     else:
         axes, problems = propose_for(engine, template, request.fill, request.llm_seed, request.max_length_change)
+        axes = yield from fit_proposed(engine, method, request, axes)
         yield Table("axes", ["axis", "counterfactual"], rows_from_axes(axes))
     for problem in problems:
         yield Warning(f"counterfactual {problem}")

@@ -76,7 +76,7 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
         axes, problems = cfsets.propose_for(engine, base.prompt, base.fill, base.llm_seed, base.max_length_change)
         for problem in problems:
             yield Warning(f"counterfactual {problem}")
-        base.axes = axes
+        base.axes = yield from cfsets.fit_proposed(engine, request.method, base, axes, share=len(specs))
         yield Table("axes", ["axis", "counterfactual"], cfsets.rows_from_axes(axes))
     models = [s.label if backend_choices.free(engine) else short_label(s.label) for s in specs]  # visitors: no host path
     results: dict = {"method": request.method, "generators": labels, "models": models,

@@ -357,7 +357,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     Results: CounterfactualsResults.
     """
     # 1. Settle the prompts, axes and image sets; each axis' VQA question (spec §2.4).
-    prompts, axes, specs = yield from prepare(request, engine)
+    prompts, axes, specs = yield from prepare(request, engine, "counterfactuals")
     settings = yield from settle_settings(request, engine)
     seeds = request.seeds()
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process

@@ -218,7 +218,7 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     """
     # 1. Check the request; settle the prompts, axes and image sets (cfsets.prepare).
     check_request(request)
-    prompts, axes, specs = yield from prepare(request, engine)
+    prompts, axes, specs = yield from prepare(request, engine, "intersectional")
     settings, seeds = (yield from settle_settings(request, engine)), request.seeds()
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
     # 2. Each axis' choices, VQA question and ideal distribution D* (spec §3.2).

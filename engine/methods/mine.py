@@ -595,7 +595,16 @@ def _check(request: MineRequest, engine: Engine) -> None:
     resolve(request, engine)
 
 
-@recorded("mine", _check, continues=lambda request: request.resume)
+def _priced(request: MineRequest, engine: Engine) -> MineRequest:
+    """The request a budget checks and charges: a resume with its run's stored settings, for the
+    iterations it has left (an interrupted iteration counts whole)."""
+    effective, stored = resolve(request, engine)
+    if stored is None:
+        return effective
+    return replace(effective, resume=None, iterations=effective.iterations - len(stored.get("iterations", [])))
+
+
+@recorded("mine", _check, continues=lambda request: request.resume, priced=_priced)
 def run(request: MineRequest, engine: Engine, run_record: Run):
     """MineTheGap's genetic search (or the random baseline) for the prompts the model is most
     biased on (lowest gap score), resumable (`request.resume`).
@@ -660,6 +669,7 @@ def estimate_budget(request: MineRequest, engine: Engine, probe: bool = False) -
                 _measure(llm_id, time.perf_counter() - start, engine.stats.llm_calls - calls)
             prompt = miner.by_id[ids[0]]["prompt"] if ids else "a photo of a person"
         made, start = engine.stats.images_generated, time.perf_counter()
+        engine.charge(images=1, what="mine budget probe")
         engine.image_set(prompt, request.seeds()[:1], settings_for(request, engine))
         if engine.stats.images_generated > made:
             _measure(gen_id, time.perf_counter() - start, engine.stats.images_generated - made)

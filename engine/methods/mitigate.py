@@ -617,7 +617,7 @@ def _settle(request: MitigateRequest, engine: Engine):
         raise InputError(f"ε must be in (0, 1] (w̄ and τ are), got {epsilon}")
     if request.preview_only and request.strategy != "intermit":
         raise InputError("the preview predicts InterMit's steps: use the strategy 'intermit' with it")
-    prompts, axes, specs = yield from prepare(request, engine)
+    prompts, axes, specs = yield from prepare(request, engine, "mitigate")
     if len(prompts) > 1:
         raise InputError(f"mitigation works on one prompt; the prompt's placeholder has {len(prompts)} fill values: "
                          "give one")

@@ -313,11 +313,11 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
             yield Warning(f"{flagged} image(s) flagged by the safety checker are excluded from every metric")
         run_record.save(results)
         answers_by_axis, draws = yield from _measure_axes(engine, request, axes, valid, results)
-        more = _more_images(request, results["axes"], n, engine.max_images)
+        more = _more_images(request, results["axes"], n, engine.max_set_images())  # what admission charged
         if more is None:
             break
         if more <= n:
-            yield Warning(f"stopped at N = {n}, this server's maximum: the widest share interval is still wider "
+            yield Warning(f"stopped at N = {n}, the most a set may have here: the widest share interval is still wider "
                           f"than ±{request.until_half_width:g}")
             break
         yield Progress(n, more, "images", f"an interval is wider than ±{request.until_half_width:g}: "
