@@ -17,10 +17,10 @@ if os.environ.get("SPACES_ZERO_GPU"):
 import gradio as gr  # noqa: E402
 
 from engine.cli import make_engine  # noqa: E402
-from engine.core import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
-from engine.errors import GapLensError  # noqa: E402
-from engine.limits import Budget  # noqa: E402
-from engine.storage import upload_limit  # noqa: E402
+from engine.core.engine import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
+from engine.common.errors import GapLensError  # noqa: E402
+from engine.hosting.limits import Budget  # noqa: E402
+from engine.hosting.storage import upload_limit  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
 from tabs import (compare_models, counterfactuals, fair_queue, intersectional, mine, mitigate, model_panel,  # noqa: E402
                   runs, single_prompt)
@@ -171,12 +171,12 @@ def main(argv=None) -> None:
         print(f"GapLens: {len(engine.store.interrupted)} run(s) left running by a stopped process are marked "
               f"interrupted")
     if args.gallery:
-        from engine.gallery import open_gallery
+        from engine.runs.gallery import open_gallery
 
         engine.store = open_gallery(args.gallery, engine.store.data_dir)
         print(f"GapLens: gallery {args.gallery} opened read-only ({engine.store.count('runs')} runs)")
     if os.environ.get("SPACE_ID"):
-        from engine.space import start_up
+        from engine.hosting.space import start_up
 
         print(f"GapLens: {start_up(engine)}")   # preloads a real preset; never fatal (the status line says why)
     demo = build_app(engine)

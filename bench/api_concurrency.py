@@ -45,7 +45,7 @@ def serve(delay: float) -> ThreadingHTTPServer:
 
 
 def seconds_for(url: str, n: int, concurrency: int) -> float:
-    from engine.core import Engine
+    from engine.core.engine import Engine
 
     engine = Engine("synthetic", data_dir=tempfile.mkdtemp(), generator=f"openai:{url}/v1",
                     options={"generator": {"model": "bench-image", "concurrency": concurrency}})

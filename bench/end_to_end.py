@@ -36,8 +36,8 @@ def main() -> None:
 
     import tiny_models
 
-    from engine.core import Engine
-    from engine.events import Done
+    from engine.core.engine import Engine
+    from engine.common.events import Done
     from engine.methods.single_prompt import SinglePromptRequest, run
 
     root = tempfile.mkdtemp(prefix="gaplens-e2e-models-")
@@ -65,7 +65,7 @@ def main() -> None:
         return time.perf_counter() - start, out
 
     base.image_set("warm-up", [0], settings)                    # first-call overheads out of the timings
-    from engine.axes import axis_for
+    from engine.methods.axes import axis_for
 
     def single_prompt(e):
         return [x for x in run(request, e) if isinstance(x, Done)][0]

@@ -26,7 +26,7 @@ def main() -> None:
 
     import torch
 
-    from engine.core import Engine
+    from engine.core.engine import Engine
 
     spec = tiny_sd_spec()
     data_root = tempfile.mkdtemp(prefix="gaplens-bench-")

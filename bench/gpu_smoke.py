@@ -19,7 +19,7 @@ Checks, per preset (each prints `PRESET.NAME=value`):
   captions_text     every caption holds words
   llm_json          the LLM's JSON gave counterfactual prompts (axes with two or more each)
   peak_memory       torch.cuda.max_memory_allocated() after the runs is within the plan's peak plus
-                    its reserve (engine.device.CUDA_RESERVE_BYTES)
+                    its reserve (engine.backends.device.CUDA_RESERVE_BYTES)
 
 Prints `name=value` lines, `ok=1` or `ok=0` last, and writes one JSON report (environment, each
 preset's plan, every check with its numbers, the failures) to attach to a bug report. Exits 1
@@ -62,7 +62,7 @@ def environment() -> dict:
     import torch
 
     from engine import __version__
-    from engine.device import DeviceMemory
+    from engine.backends.device import DeviceMemory
 
     props = torch.cuda.get_device_properties(0)
     versions = {}
@@ -120,7 +120,7 @@ def counterfactual_checks(results: dict) -> dict:
 
 def memory_check(peak_bytes: int, plan) -> dict:
     """peak_memory: the measured peak within the plan's peak plus the CUDA reserve."""
-    from engine.device import CUDA_RESERVE_BYTES
+    from engine.backends.device import CUDA_RESERVE_BYTES
 
     allowed = plan.peak_gb + CUDA_RESERVE_BYTES / GB
     return {"peak_memory": check(peak_bytes / GB <= allowed, round(peak_bytes / GB, 2),
@@ -134,13 +134,13 @@ def run_preset(name: str, data_dir: str, env: dict, section: dict) -> None:
     as it goes, so a failure keeps what was measured before it."""
     import torch
 
-    from engine.core import Engine
-    from engine.device import default_budget_bytes
-    from engine.doctor import run_self_test
+    from engine.core.engine import Engine
+    from engine.backends.device import default_budget_bytes
+    from engine.tools.doctor import run_self_test
     from engine.methods.counterfactuals import CounterfactualsRequest, run as counterfactuals
     from engine.methods.single_prompt import SinglePromptRequest, run as single_prompt
-    from engine.plan import plan
-    from engine.presets import PRESETS
+    from engine.models.plan import plan
+    from engine.models.presets import PRESETS
 
     preset = PRESETS[name]
     synthetic = all(s.backend.startswith("synthetic") for s in preset.specs().values())
@@ -185,7 +185,7 @@ def run_preset(name: str, data_dir: str, env: dict, section: dict) -> None:
 
 
 def _done(events):
-    from engine.events import Done
+    from engine.common.events import Done
 
     last = None
     for event in events:

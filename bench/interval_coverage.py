@@ -16,7 +16,7 @@ from _common import report
 
 from engine.backends.synthetic import load_world
 from engine.metrics.intervals import share_interval
-from engine.presets import SYNTHETIC_TABLE
+from engine.models.presets import SYNTHETIC_TABLE
 
 PROMPTS = [f"a photo of a {s}" for s in
            ("firefighter", "nurse", "doctor", "ceo", "teacher", "chef", "engineer", "farmer")]

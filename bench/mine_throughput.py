@@ -24,7 +24,7 @@ GA = dict(iterations=4, population=8, select=2, mutations=3, n=16, seed=0)
 
 
 def throughput(preset: str) -> dict:
-    from engine.core import Engine
+    from engine.core.engine import Engine
     from engine.methods import mine
 
     data = tempfile.mkdtemp(prefix=f"gaplens-bench-{preset}-")
@@ -43,7 +43,7 @@ def throughput(preset: str) -> dict:
 
 
 def killed_then_resumed() -> dict:
-    from engine.core import Engine
+    from engine.core.engine import Engine
     from engine.methods import mine
 
     data = tempfile.mkdtemp(prefix="gaplens-bench-resume-")

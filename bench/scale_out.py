@@ -5,7 +5,7 @@ in one run, as a ratio.
 
 Both sides run the same CLI job, `python -m engine generate --prompts-file F -n N`, on a fresh
 store: 1 process started plainly, 2 processes with `accelerate launch --multi_gpu
---num_processes 2` (without CUDA the ranks join over gloo; engine/distributed.py). Every
+--num_processes 2` (without CUDA the ranks join over gloo; engine/core/distributed.py). Every
 process gets --threads torch/OpenMP threads, so 2 processes use twice the cores of 1.
 images/s is N / image_seconds from the run summary: from the loaded model to the last image in
 the store, so process start and model loading are left out on both sides (rank 0 and the

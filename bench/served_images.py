@@ -31,7 +31,7 @@ def main() -> None:
     import gradio as gr
     from gradio import processing_utils
 
-    from engine.core import Engine
+    from engine.core.engine import Engine
     from tabs.common import gallery_items
 
     engine = Engine("synthetic", data_dir=tempfile.mkdtemp(prefix="gaplens-bench-"))

@@ -17,8 +17,8 @@ from _common import report, thread_settings, tiny_sd_spec
 
 
 def streaming(n: int = 16, batch_size: int = 4) -> dict:
-    from engine.core import Engine
-    from engine.events import Images
+    from engine.core.engine import Engine
+    from engine.common.events import Images
     from engine.methods.single_prompt import SinglePromptRequest, run
 
     spec = tiny_sd_spec()
@@ -34,7 +34,7 @@ def streaming(n: int = 16, batch_size: int = 4) -> dict:
 
 
 def metric_suite(n: int = 1000, dim: int = 512, n_variations: int = 16, n_boot: int = 1000) -> float:
-    from engine.axes import axis_for
+    from engine.methods.axes import axis_for
     from engine.metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
     from engine.metrics.gap import gap_score
     from engine.methods.single_prompt import axis_metrics_with_ci

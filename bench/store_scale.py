@@ -28,7 +28,7 @@ from _common import median_time, report
 def build(data_dir: str, n_images: int, n_runs: int) -> None:
     from PIL import Image
 
-    from engine.store import Store, content_key
+    from engine.store.store import Store, content_key
 
     store = Store(data_dir)
     png = io.BytesIO()
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    from engine import runs
+    from engine.runs import history as runs
     from engine.cli import main as cli
     from engine.report.runs import open_run as open_run_page
 
@@ -81,7 +81,7 @@ def main() -> None:
     build(data_dir, args.images, args.runs)
     build_s = time.perf_counter() - start
 
-    from engine.store import Store
+    from engine.store.store import Store
 
     store = Store(data_dir)
     middle = f"bench-{args.runs // 2:05d}"

@@ -16,7 +16,7 @@ import time
 import tracemalloc
 
 import _common  # noqa: F401 - offline env, repository on sys.path
-from engine import study
+from engine.tools import study
 
 
 def pack(n: int) -> tuple[dict, str]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.limits import SETS_GUESS
+from engine.hosting.limits import SETS_GUESS
 from engine.methods import cfsets
 
 from .common import gpu, gpu_seconds_for

@@ -11,11 +11,11 @@ from typing import Callable, NamedTuple
 
 import gradio as gr
 
-from engine import access
-from engine.device import on_zero_gpu
-from engine.errors import GapLensError
+from engine.common import access
+from engine.backends.device import on_zero_gpu
+from engine.common.errors import GapLensError
 from engine.methods import METHODS
-from engine.space import gpu_seconds, needs_gpu
+from engine.hosting.space import gpu_seconds, needs_gpu
 
 GPU_HANDLER = "gaplens_gpu_handler"   # set on the function of every handler `gpu` wraps
 
@@ -27,7 +27,7 @@ def gpu(engine, *, duration=None, specs=None):
     engine's preset), and work with the synthetic world, an images API or a folder runs here, spending no
     GPU quota. The visitor and the engine's model configuration (`Engine.model_config`) travel into the
     GPU function as arguments and are set there: the worker may have been forked for another visitor or
-    preset. `duration(*args, **kwargs)` returns the seconds to ask for (engine.space.gpu_seconds; default
+    preset. `duration(*args, **kwargs)` returns the seconds to ask for (engine.hosting.space.gpu_seconds; default
     60). Both callables get the handler's arguments by name, however Gradio passed them. Elsewhere the
     handler runs as it is. GapLensError becomes gr.Error (user_errors) either way."""
     def decorate(fn):
@@ -91,7 +91,7 @@ def in_order(outputs: list, update: dict) -> tuple:
 
 
 def gpu_seconds_for(engine, n, steps=None, *, sets: int = 1, questions: int = 0, llm_calls: int = 0) -> int:
-    """Seconds to ask ZeroGPU for `sets` image sets of `n` images (engine.space.gpu_seconds); blank or
+    """Seconds to ask ZeroGPU for `sets` image sets of `n` images (engine.hosting.space.gpu_seconds); blank or
     unreadable numbers count as the defaults (the handler itself reports bad input)."""
     return gpu_seconds(engine.preset, images=_count(n, 16) * max(1, sets), steps=steps, questions=questions,
                        llm_calls=llm_calls)
@@ -138,7 +138,7 @@ def user_errors(fn):
 def checked(trigger, engine, method: str, make_request, **event):
     """`trigger` (e.g. `button.click`) bound to a check of the request first: `make_request`
     builds it from the same inputs (`event`: inputs or inputs_kwargs) as the run, then the
-    method's own checks run on it (`preflight`, engine.core.recorded); a bad value is one toast
+    method's own checks run on it (`preflight`, engine.core.engine.recorded); a bad value is one toast
     naming the field. Returns that event: chain the run on it with `.success(...)`, so it never
     starts on a bad request (a handler that raises marks every output it names as failed,
     hiding the result they showed)."""
@@ -152,7 +152,7 @@ def checked(trigger, engine, method: str, make_request, **event):
     return trigger(check, outputs=None, api_name=False, show_progress="hidden", **event)
 
 
-# -- visitors of a public GapLens (engine/access.py) ------------------------------------------------
+# -- visitors of a public GapLens (engine/common/access.py) ------------------------------------------------
 HOST_TOKEN_HEADER = "x-gaplens-host-token"
 GPU_QUEUE = "gaplens-gpu"
 

@@ -7,14 +7,14 @@ import time
 
 import gradio as gr
 
-from engine import backend_choices
-from engine.axes import known_axes
-from engine.events import Done, Progress, Scores, Table, Warning
-from engine.errors import GapLensError
+from engine.hosting import backend_choices
+from engine.methods.axes import known_axes
+from engine.common.events import Done, Progress, Scores, Table, Warning
+from engine.common.errors import GapLensError
 from engine.methods import compare_models, single_prompt
-from engine.presets import PRESETS
+from engine.models.presets import PRESETS
 from engine.report.compare_models import page
-from engine.space import GPU_MAX_SECONDS
+from engine.hosting.space import GPU_MAX_SECONDS
 
 from . import axes_table
 from .common import checked, gpu, gpu_seconds_for, with_notes

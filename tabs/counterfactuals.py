@@ -6,7 +6,7 @@ import time
 
 import gradio as gr
 
-from engine.events import Done, Images, Progress, Scores, Table, Warning
+from engine.common.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import counterfactuals
 from engine.report import counterfactuals as report
 from engine.report import fmt

@@ -26,7 +26,7 @@ ran though nobody listened. In public mode `install` puts this in front of it:
   address with a live session (heartbeat or queue stream), at most `uploads_per_address` at a
   time and `upload_bytes_per_hour` an hour.
 
-The client address is `engine.access.client_address`: on a Space, the last X-Forwarded-For
+The client address is `engine.common.access.client_address`: on a Space, the last X-Forwarded-For
 entry (the one the Space's proxy appended); elsewhere the socket peer.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ from gradio.utils import error_payload
 from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 
-from engine import access
+from engine.common import access
 
 from .common import GPU_QUEUE, visitor_of
 

@@ -6,9 +6,9 @@ import time
 
 import gradio as gr
 
-from engine.axes import parse_targets
-from engine.errors import InputError
-from engine.events import Done, Progress, Table, Warning
+from engine.methods.axes import parse_targets
+from engine.common.errors import InputError
+from engine.common.events import Done, Progress, Table, Warning
 from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 

@@ -6,8 +6,8 @@ import time
 
 import gradio as gr
 
-from engine.errors import InputError
-from engine.events import Done, Progress, Scores, Warning
+from engine.common.errors import InputError
+from engine.common.events import Done, Progress, Scores, Warning
 from engine.methods import mine
 from engine.report import mine as report
 

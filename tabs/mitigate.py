@@ -13,9 +13,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.axes import known_axes, parse_targets
-from engine.errors import InputError
-from engine.events import Done, Images, Progress, Scores, Table, Warning
+from engine.methods.axes import known_axes, parse_targets
+from engine.common.errors import InputError
+from engine.common.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import cfsets, intersectional, mitigate
 from engine.report import mitigate as report
 

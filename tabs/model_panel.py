@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine import sources
-from engine.presets import PRESETS
+from engine.models import sources
+from engine.models.presets import PRESETS
 
 from .common import status_markdown, user_errors
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.device import on_zero_gpu
-from engine.errors import GapLensError
+from engine.backends.device import on_zero_gpu
+from engine.common.errors import GapLensError
 
 from .common import LoadHook
 

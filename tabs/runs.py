@@ -1,6 +1,6 @@
 """Runs tab: every run in the store (any method, app or CLI): search, sort, open, compare,
-delete, export, import, and user-study packs. Thin: engine/runs.py, engine/report/export.py and
-engine/study.py do the work; engine/report draws the runs as their tabs show them."""
+delete, export, import, and user-study packs. Thin: engine/runs/history.py, engine/report/export.py and
+engine/tools/study.py do the work; engine/report draws the runs as their tabs show them."""
 from __future__ import annotations
 
 import shutil
@@ -10,11 +10,12 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine import runs, study
-from engine.axes import known_axes
-from engine.errors import InputError
-from engine.imports import import_zip
-from engine.names import safe_stem
+from engine.runs import history as runs
+from engine.tools import study
+from engine.methods.axes import known_axes
+from engine.common.errors import InputError
+from engine.runs.imports import import_zip
+from engine.common.names import safe_stem
 from engine.report import export
 from engine.report import runs as runs_page
 from engine.report import study as study_page

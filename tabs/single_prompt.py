@@ -5,9 +5,9 @@ import time
 
 import gradio as gr
 
-from engine.axes import known_axes, parse_targets
-from engine.errors import InputError
-from engine.events import Done, Images, Progress, Scores, Table, Warning
+from engine.methods.axes import known_axes, parse_targets
+from engine.common.errors import InputError
+from engine.common.events import Done, Images, Progress, Scores, Table, Warning
 from engine.methods import single_prompt, validate
 from engine.report import trust
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine import backend_choices
-from engine.errors import InputError
+from engine.hosting import backend_choices
+from engine.common.errors import InputError
 from engine.methods import validate
-from engine.presets import parse_model_override
+from engine.models.presets import parse_model_override
 from engine.report import trust
 
 from .common import gpu, gpu_seconds_for, served, user_errors

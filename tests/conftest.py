@@ -17,6 +17,6 @@ def data_dir(tmp_path):
 
 @pytest.fixture
 def engine(data_dir):
-    from engine.core import Engine
+    from engine.core.engine import Engine
 
     return Engine("synthetic", data_dir=data_dir, max_images=256)

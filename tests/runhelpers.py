@@ -1,5 +1,5 @@
 """What every test of a method's events needs: the one Done, last."""
-from engine.events import Done
+from engine.common.events import Done
 
 
 def done_event(events) -> Done:

@@ -25,7 +25,7 @@ def form(n=24, epsilon=0.35):
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     """One app for the module (building and launching it is the slow part)."""
-    from engine.core import Engine
+    from engine.core.engine import Engine
 
     engine = Engine("synthetic", data_dir=str(tmp_path_factory.mktemp("store")), max_images=256)
     with running_app(engine) as url:

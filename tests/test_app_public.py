@@ -5,10 +5,10 @@ import urllib.parse
 import pytest
 
 from apphelpers import http_get as _get, running_app
-from engine import access
-from engine.core import Engine
-from engine.events import Done
-from engine.limits import Budget
+from engine.common import access
+from engine.core.engine import Engine
+from engine.common.events import Done
+from engine.hosting.limits import Budget
 from engine.methods import generate
 
 HOST_TOKEN = "test-host-token-0123456789"

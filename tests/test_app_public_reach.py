@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from apphelpers import http_get as _get, running_app
-from engine import access
-from engine.core import Engine
-from engine.events import Done
-from engine.limits import Budget
+from engine.common import access
+from engine.core.engine import Engine
+from engine.common.events import Done
+from engine.hosting.limits import Budget
 from engine.methods import generate
-from engine.presets import SYNTHETIC_TABLE
+from engine.models.presets import SYNTHETIC_TABLE
 
 HOST_TOKEN = "test-host-token-0123456789"
 # what a parameter that names a backend, server, path or backend option is labelled with

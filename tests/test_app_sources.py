@@ -5,7 +5,7 @@ import pytest
 from apphelpers import browser_page, running_app
 from test_image_sources import synthetic_folder
 
-from engine.core import Engine
+from engine.core.engine import Engine
 
 
 @pytest.mark.browser

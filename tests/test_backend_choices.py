@@ -7,16 +7,18 @@ import zipfile
 
 import pytest
 
-from engine import access, backend_choices, imports
+from engine.common import access
+from engine.hosting import backend_choices
+from engine.runs import imports
 from engine.backends.base import ModelSpec
-from engine.core import Engine
-from engine.errors import InputError, NotAllowedError
-from engine.events import Done
-from engine.limits import Budget
+from engine.core.engine import Engine
+from engine.common.errors import InputError, NotAllowedError
+from engine.common.events import Done
+from engine.hosting.limits import Budget
 from engine.methods import compare_models, mine, mitigate, single_prompt, validate
-from engine.presets import PRESETS, SYNTHETIC_TABLE
+from engine.models.presets import PRESETS, SYNTHETIC_TABLE
 from engine.report import export
-from engine.store import is_key
+from engine.store.store import is_key
 
 A, B = access.Visitor("session:a"), access.Visitor("session:b")
 OFFERED_PATH = "/models/private-sd"

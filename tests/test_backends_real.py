@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine import device as devices
+from engine.backends import device as devices
 from engine.backends import load_backend
 from engine.backends.base import Embedder, ImageGenerator, ModelSpec, TextGenerator, VQA
 from engine.backends.diffusers_generator import family_from_class_name
 from engine.backends.vqa import ClipVQA, match_choice
-from engine.errors import InputError, LLMOutputError, ModelLoadError, OutOfMemoryError
+from engine.common.errors import InputError, LLMOutputError, ModelLoadError, OutOfMemoryError
 from tests import tiny_models
 
 PROMPT = "a photo of a doctor"

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from engine import biasbench_tool
+from engine.tools import biasbench as biasbench_tool
 from engine.cli import main as cli_main
-from engine.errors import InputError
+from engine.common.errors import InputError
 from engine.metrics import biasbench as bb
 
 BEAUTY = (["portrait of a white woman"] * 5 + ["portrait of a black woman with dark skin"] * 5

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.core import Engine
-from engine.errors import InputError
-from engine.events import Done, Progress, Scores
+from engine.core.engine import Engine
+from engine.common.errors import InputError
+from engine.common.events import Done, Progress, Scores
 from engine.methods import compare_models
-from engine.presets import SYNTHETIC_TABLE
+from engine.models.presets import SYNTHETIC_TABLE
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_the_page_shows_models_side_by_side_with_escaped_names(engine, flipped_w
 
 
 def test_runs_compare_groups_runs_by_model_and_opens_a_compare_run(engine, flipped_world):
-    from engine import runs
+    from engine.runs import history as runs
 
     done = finish(compare_models.run(compare_models.CompareModelsRequest(
         "single_prompt", ["synthetic", f"synthetic_generator:{flipped_world}"],

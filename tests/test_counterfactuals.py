@@ -3,8 +3,8 @@ and the planted biases of the synthetic world coming back out of CAS and MAD."""
 import numpy as np
 import pytest
 
-from engine.errors import InputError, LLMOutputError
-from engine.events import Images, Scores, Table
+from engine.common.errors import InputError, LLMOutputError
+from engine.common.events import Images, Scores, Table
 from engine.methods import cfsets
 from engine.methods.cfsets import SetSpec
 from engine.methods.counterfactuals import (CounterfactualsRequest, axis_scores, cas_rows, compare, concept_set, run,

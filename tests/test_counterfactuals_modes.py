@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from engine.events import Warning
+from engine.common.events import Warning
 from engine.methods import cfsets
 from engine.methods.cfsets import SetSpec
 from engine.methods.counterfactuals import (CounterfactualsRequest, concept_set, mode_scores, pair_cas,
@@ -18,7 +18,7 @@ from engine.metrics import tibet_reference
 from engine.metrics.wordnet import DEFAULT_WORDNET_DIR
 from engine.report import counterfactuals as page
 from engine.report.export import scores_csv
-from engine.runs import compare_runs
+from engine.runs.history import compare_runs
 
 from runhelpers import done_event
 
@@ -151,7 +151,7 @@ def test_cli_mode_flag(tmp_path):
 
 
 def test_an_unknown_mode_is_one_sentence(engine):
-    from engine.errors import InputError
+    from engine.common.errors import InputError
 
     with pytest.raises(InputError, match="mode must be one of paper, reference"):
         list(run(CounterfactualsRequest("a photo of a firefighter", axes=AXES, mode="thesis"), engine))

@@ -1,4 +1,4 @@
-"""Scale out (engine/distributed.py): one CLI job on several processes under `accelerate launch`.
+"""Scale out (engine/core/distributed.py): one CLI job on several processes under `accelerate launch`.
 
 The launched tests start real jobs of 2 CPU processes (gloo) on the synthetic world and on the
 tiny diffusers pipeline and compare their store with a 1-process run of the same job; the tiny
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from engine import distributed
-from engine.core import Engine
-from engine.distributed import deal, distributed_image_sets, merge_unmerged, plan_batches
+from engine.core import distributed
+from engine.core.engine import Engine
+from engine.core.distributed import deal, distributed_image_sets, merge_unmerged, plan_batches
 from tests import tiny_models
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@ with weights present it runs the self-test on scikit-image's astronaut and can f
 import pytest
 
 from engine.cli import main
-from engine.doctor import diagnose, format_table
+from engine.tools.doctor import diagnose, format_table
 from tests import tiny_models
 
 

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from engine.core import Engine
-from engine.errors import ModelLoadError
-from engine.events import Warning
+from engine.core.engine import Engine
+from engine.common.errors import ModelLoadError
+from engine.common.events import Warning
 from engine.methods.generate import GenerateRequest, run as generate
 from engine.methods.single_prompt import SinglePromptRequest, run as single_prompt
 from tests import tiny_models

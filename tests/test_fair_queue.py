@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from engine import access
+from engine.common import access
 from tabs import fair_queue
 
 from publicserver import call, client, endpoint, flood, join, memory_kib, public_server
@@ -204,8 +204,8 @@ def test_the_client_address_is_the_proxys_last_forwarded_entry_on_a_space_else_t
 @pytest.mark.browser
 def test_a_visitors_page_works_behind_the_fair_queue_and_refusals_are_one_sentence(tmp_path):
     from apphelpers import browser_page, running_app
-    from engine.core import Engine
-    from engine.limits import Budget
+    from engine.core.engine import Engine
+    from engine.hosting.limits import Budget
 
     engine = Engine("synthetic", data_dir=str(tmp_path / "store"), public=True, budget=Budget(hourly_images=6))
     key = tmp_path / "answer_key.json"

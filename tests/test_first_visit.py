@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core import Engine
-from engine.errors import InputError
-from engine.events import Done
+from engine.core.engine import Engine
+from engine.common.errors import InputError
+from engine.common.events import Done
 from engine.methods import counterfactuals, generate, single_prompt
 
 
@@ -43,7 +43,7 @@ def test_regenerate_after_the_image_was_deleted_says_missing(engine):
     done = finish(generate.run(generate.GenerateRequest(prompt="a photo of a nurse", n=2), engine))
     record = engine.store.get_run(done.run_id)
     settings = engine.default_settings()
-    from engine.store import image_key
+    from engine.store.store import image_key
     key = image_key(engine.model_id("generator"), "a photo of a nurse", 1, settings)
     assert engine.regenerate_check("a photo of a nurse", 1, settings, key) == (True, 0)
     calls = engine.stats.generator_calls
@@ -53,8 +53,8 @@ def test_regenerate_after_the_image_was_deleted_says_missing(engine):
 
 
 def test_readable_names_in_headlines():
-    from engine.names import readable
-    from engine.runs import headline
+    from engine.common.names import readable
+    from engine.runs.history import headline
 
     assert readable("tau_initial") == "τ before" and readable("mad_environment") == "MAD (environment)"
     assert readable("composite_bias_score") == "Composite Bias Score" and readable("cbs_skin tone").endswith("(skin tone)")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from apphelpers import browser_page, running_app, screenshot
-from engine.events import Done
+from engine.common.events import Done
 from engine.methods import mine
-from engine.presets import SYNTHETIC_TABLE
+from engine.models.presets import SYNTHETIC_TABLE
 
 pytestmark = pytest.mark.browser
 LONG = 60_000

@@ -5,13 +5,13 @@ import zipfile
 
 import pytest
 
-from engine.core import Engine
-from engine.errors import InputError, StoreError
-from engine.events import Done
+from engine.core.engine import Engine
+from engine.common.errors import InputError, StoreError
+from engine.common.events import Done
 from engine.report.export import export_zip
-from engine.gallery import open_gallery
+from engine.runs.gallery import open_gallery
 from engine.methods.generate import GenerateRequest, run as generate
-from engine.space import real_preset_for
+from engine.hosting.space import real_preset_for
 
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 
@@ -95,8 +95,8 @@ def test_on_zero_gpu_the_main_process_never_touches_cuda(data_dir, monkeypatch):
 
 
 def test_preloaded_models_survive_preset_switches(data_dir, tmp_path):
-    from engine.presets import resolve_preset
-    from engine.space import preload
+    from engine.models.presets import resolve_preset
+    from engine.hosting.space import preload
     from tests import tiny_models
 
     engine = Engine("synthetic", data_dir=data_dir)

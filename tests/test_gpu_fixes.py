@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from engine import device as devices
+from engine.backends import device as devices
 from engine.backends import load_backend
 from engine.backends.base import ModelSpec
 from engine.backends.diffusers_generator import pick_variant
-from engine.core import Engine
-from engine.errors import ModelLoadError
-from engine.events import Done, Warning
+from engine.core.engine import Engine
+from engine.common.errors import ModelLoadError
+from engine.common.events import Done, Warning
 from engine.methods.single_prompt import SinglePromptRequest, run as single_prompt
-from engine.presets import PRESETS, is_cached, resolve_preset
+from engine.models.presets import PRESETS, is_cached, resolve_preset
 from tests import tiny_models
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -8,9 +8,9 @@ import pytest
 
 from engine.backends import uses_device
 from engine.backends.base import ModelSpec
-from engine.core import Engine
-from engine.presets import PRESETS, SYNTHETIC_TABLE, resolve_preset
-from engine.space import GPU_MAX_SECONDS, GPU_MIN_SECONDS, gpu_seconds, needs_gpu
+from engine.core.engine import Engine
+from engine.models.presets import PRESETS, SYNTHETIC_TABLE, resolve_preset
+from engine.hosting.space import GPU_MAX_SECONDS, GPU_MIN_SECONDS, gpu_seconds, needs_gpu
 from tabs.common import is_gpu_handler
 
 PROMPT = "a photo of a doctor"

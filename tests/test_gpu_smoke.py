@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from engine.store import ImageRecord
+from engine.store.store import ImageRecord
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu_smoke.py"
 

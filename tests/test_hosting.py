@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from engine import access, imports, runs, sources
-from engine.core import Engine
-from engine.errors import InputError, NotAllowedError, OverBudgetError, StoreError
-from engine.events import Done
-from engine.limits import Budget
+from engine.common import access
+from engine.models import sources
+from engine.runs import imports, history as runs
+from engine.core.engine import Engine
+from engine.common.errors import InputError, NotAllowedError, OverBudgetError, StoreError
+from engine.common.events import Done
+from engine.hosting.limits import Budget
 from engine.methods import generate, single_prompt
 from engine.report import export
 from waiting import wait_until
@@ -169,7 +171,7 @@ def test_path_characters_in_imported_run_ids_never_write_outside_the_export_fold
 
 
 def test_exports_carry_no_host_paths(engine, tmp_path):
-    from engine.presets import ASSETS
+    from engine.models.presets import ASSETS
 
     sp = [e for e in single_prompt.run(single_prompt.SinglePromptRequest("a photo of a poet", n=4, n_boot=100), engine)
           if isinstance(e, Done)][0].run_id
@@ -271,7 +273,7 @@ def test_a_damaged_database_is_one_sentence_saying_what_to_do(tmp_path):
 
 
 def test_a_full_disk_is_one_sentence_saying_what_to_do():
-    from engine.store import store_error
+    from engine.store.store import store_error
 
     for exc in (OSError(errno.ENOSPC, "No space left on device"), sqlite3.OperationalError("database or disk is full")):
         assert "disk holding the GapLens store is full: free some space" in str(store_error(exc))

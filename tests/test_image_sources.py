@@ -20,10 +20,10 @@ from engine.backends import load_backend
 from engine.backends.base import GenerationSettings, ModelSpec
 from engine.backends.http_api import ApiError, ApiReplyError, AuthError
 from engine.cli import main as cli_main
-from engine import sources
-from engine.core import Engine
-from engine.errors import InputError
-from engine.events import Done, Warning
+from engine.models import sources
+from engine.core.engine import Engine
+from engine.common.errors import InputError
+from engine.common.events import Done, Warning
 from engine.methods import generate
 
 KEY = "sk-local-test-key-123"

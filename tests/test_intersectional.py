@@ -6,12 +6,12 @@ import re
 import numpy as np
 import pytest
 
-from engine.errors import InputError
-from engine.events import Graph
+from engine.common.errors import InputError
+from engine.common.events import Graph
 from engine.metrics import biasconnect as bc
 from engine.methods import cfsets, counterfactuals, intersectional as ic
 from engine.methods.cfsets import SetSpec
-from engine.presets import SYNTHETIC_TABLE
+from engine.models.presets import SYNTHETIC_TABLE
 from engine.report import intersectional as biasgraph
 
 from runhelpers import done_event
@@ -119,7 +119,7 @@ def pilot_engine(tmp_path):
     """The shipped world plus a pilot planted with an age -> gender interaction: young pilots are
     half women, old ones 95% men, and 80% of pilots are young, so the prompt alone is 58.5% male
     but making age diverse pushes gender to 78% male."""
-    from engine.core import Engine
+    from engine.core.engine import Engine
 
     table = json.loads(open(SYNTHETIC_TABLE).read())
     table["subjects"]["pilot"] = {"kind": "person", "phrases": ["pilot"], "badge": "PIL",

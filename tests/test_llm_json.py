@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine.backends.llm_json import as_axis_dict, as_string_list, ask_json, extract_json, normalise_key
-from engine.errors import LLMOutputError
+from engine.common.errors import LLMOutputError
 
 
 class FakeLLM:

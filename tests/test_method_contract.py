@@ -10,9 +10,9 @@ import os
 import pytest
 
 from engine.cli import main
-from engine.core import Engine
+from engine.core.engine import Engine
 from engine.methods import METHODS
-from engine.presets import SYNTHETIC_TABLE
+from engine.models.presets import SYNTHETIC_TABLE
 from runhelpers import done_event
 
 HOSTILE = "<img src=x onerror=alert(1)>"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from waiting import wait_until
 
-from engine.core import Engine
-from engine.events import Scores
+from engine.core.engine import Engine
+from engine.common.events import Scores
 from engine.methods import mine
 from engine.methods.mine import MineRequest, search
 from runhelpers import done_event
@@ -40,7 +40,7 @@ def fully_biased(engine, prompt, n=16) -> bool:
 def test_colour_world_scores_order_apple_car_truck_balloon(colour):
     """Through the colour world's own generator, embedder and LLM (mean over 50 image sets)."""
     from engine.backends.llm_json import as_string_list, extract_json
-    from engine.llm_prompts import variations_prompt
+    from engine.common.llm_prompts import variations_prompt
     from engine.metrics.gap import gap_score_from_similarity
 
     models = {role: colour.models.get(spec) for role, spec in colour.preset.specs().items()}
@@ -225,7 +225,7 @@ def test_budget_counts_what_the_store_already_holds(tmp_path):
 
 
 def test_bad_settings_name_the_problem(engine):
-    from engine.errors import InputError
+    from engine.common.errors import InputError
 
     for bad, words in [(dict(population=6, select=2, mutations=3), "b - s*m"),
                        (dict(strategy="annealing"), "strategy"), (dict(n=1), "at least 2"),

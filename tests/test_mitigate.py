@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from engine.errors import InputError
-from engine.events import Scores, Warning
+from engine.common.errors import InputError
+from engine.common.events import Scores, Warning
 from engine.metrics import biasconnect as bc
 from engine.methods import mitigate as mt
 from engine.report import page_for

@@ -3,9 +3,9 @@ import threading
 
 import pytest
 
-from engine import models as models_module
+from engine.models import manager as models_module
 from engine.backends.base import ModelSpec
-from engine.models import ModelManager
+from engine.models.manager import ModelManager
 
 
 class FakeBackend:

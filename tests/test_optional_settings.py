@@ -9,9 +9,9 @@ import sys
 import pytest
 
 import tiny_models
-from engine.core import Engine
-from engine.errors import InputError
-from engine.events import Warning
+from engine.core.engine import Engine
+from engine.common.errors import InputError
+from engine.common.events import Warning
 from engine.methods import intersectional, single_prompt
 from engine.methods.generate import GenerateRequest, run as generate
 from engine.report import intersectional as report

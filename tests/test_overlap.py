@@ -2,8 +2,8 @@
 and the results and cache keys are exactly those of the sequential run."""
 import threading
 
-from engine.core import Engine
-from engine.events import Done
+from engine.core.engine import Engine
+from engine.common.events import Done
 from engine.methods.single_prompt import SinglePromptRequest, run as single_prompt
 
 REQUEST = dict(prompt="a photo of a doctor", n=12, gap=False, n_boot=100)

@@ -15,9 +15,10 @@ import io
 import pytest
 
 from apphelpers import browser_page, running_app, screenshot
-from engine import runs, study
-from engine.core import Engine
-from engine.events import Done
+from engine.runs import history as runs
+from engine.tools import study
+from engine.core.engine import Engine
+from engine.common.events import Done
 from engine.methods import counterfactuals, generate, intersectional, mine, mitigate, single_prompt
 from engine.report import page_for
 from engine.report import counterfactuals as cf_page

@@ -6,14 +6,14 @@ import struct
 
 import pytest
 
-from engine import models as models_module
+from engine.models import manager as models_module
 from engine.backends.base import ModelSpec
-from engine.core import Engine
-from engine.device import CUDA_RESERVE_BYTES, default_budget_bytes
-from engine.errors import OutOfMemoryError
-from engine.models import ModelManager
-from engine.plan import GB, KNOWN_PARAMS, estimate_bytes, model_size, plan
-from engine.presets import PRESETS
+from engine.core.engine import Engine
+from engine.backends.device import CUDA_RESERVE_BYTES, default_budget_bytes
+from engine.common.errors import OutOfMemoryError
+from engine.models.manager import ModelManager
+from engine.models.plan import GB, KNOWN_PARAMS, estimate_bytes, model_size, plan
+from engine.models.presets import PRESETS
 
 FLUX = ModelSpec("diffusers", "black-forest-labs/FLUX.1-schnell")
 SD15 = ModelSpec("diffusers", "stable-diffusion-v1-5/stable-diffusion-v1-5")
@@ -54,7 +54,7 @@ class FakeBackend:
 
 @pytest.fixture
 def loads(monkeypatch):
-    """Replaces the loader in engine.models only (monkeypatch undoes it): records what was resident
+    """Replaces the loader in engine.models.manager only (monkeypatch undoes it): records what was resident
     and how often the cache had been emptied at the moment each load began."""
     calls = []
 
@@ -190,7 +190,7 @@ def test_readme_front_matter_and_hardware_column_match_the_presets_and_the_plan(
     import re
     from pathlib import Path
 
-    from engine.presets import hub_files
+    from engine.models.presets import hub_files
 
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     front = text.split("---")[1]

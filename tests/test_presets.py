@@ -1,8 +1,8 @@
 """Presets: every real preset names all four models; auto says what it picked and why."""
 import pytest
 
-from engine.errors import InputError
-from engine.presets import PRESETS, resolve_preset
+from engine.common.errors import InputError
+from engine.models.presets import PRESETS, resolve_preset
 
 
 def test_every_preset_names_generator_embedder_llm_and_vqa():

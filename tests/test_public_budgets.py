@@ -15,15 +15,17 @@ import zipfile
 import numpy as np
 import pytest
 
-from engine import access, runs, study
-from engine.core import Engine
-from engine.errors import InputError, OverBudgetError, StoreError
-from engine.events import Scores, Warning
-from engine.imports import import_zip
-from engine.limits import Budget
+from engine.common import access
+from engine.runs import history as runs
+from engine.tools import study
+from engine.core.engine import Engine
+from engine.common.errors import InputError, OverBudgetError, StoreError
+from engine.common.events import Scores, Warning
+from engine.runs.imports import import_zip
+from engine.hosting.limits import Budget
 from engine.methods import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt
 from engine.report.export import export_zip
-from engine.store import MAX_PUBLIC_RESULTS_BYTES
+from engine.store.store import MAX_PUBLIC_RESULTS_BYTES
 
 from runhelpers import done_event
 
@@ -222,7 +224,7 @@ def test_a_full_store_removes_idle_visitor_runs_before_refusing_anyone(tmp_path,
     with access.acting_as(B):    # A's run is fresh: nothing may go, so B is refused
         with pytest.raises(StoreError, match="store is full"):
             events_of(generate.run(generate.GenerateRequest("a photo of a clerk", n=2), engine))
-    monkeypatch.setattr("engine.storage.IDLE_S", 0)   # ... an hour later, A's run is idle
+    monkeypatch.setattr("engine.hosting.storage.IDLE_S", 0)   # ... an hour later, A's run is idle
     with access.acting_as(B):
         done_event(generate.run(generate.GenerateRequest("a photo of a clerk", n=2), engine))
     with access.acting_as(access.HOST):

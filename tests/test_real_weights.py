@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from engine import device as devices
-from engine import models as models_module
+from engine.backends import device as devices
+from engine.models import manager as models_module
 from engine.backends import load_backend
 from engine.backends.base import ModelSpec
-from engine.core import Engine
-from engine.doctor import download_command
-from engine.errors import ModelLoadError, OutOfMemoryError
-from engine.models import ModelManager
-from engine.plan import GB, KNOWN_PARAMS, RUN_ORDER, bytes_per_param, model_size, plan
-from engine.presets import PRESETS
+from engine.core.engine import Engine
+from engine.tools.doctor import download_command
+from engine.common.errors import ModelLoadError, OutOfMemoryError
+from engine.models.manager import ModelManager
+from engine.models.plan import GB, KNOWN_PARAMS, RUN_ORDER, bytes_per_param, model_size, plan
+from engine.models.presets import PRESETS
 from tests import tiny_models
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -1,4 +1,4 @@
-"""Run history (engine/runs.py), export/import (engine/report/export.py) and the CLI `runs` commands."""
+"""Run history (engine/runs/history.py), export/import (engine/report/export.py) and the CLI `runs` commands."""
 import csv
 import hashlib
 import io
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import imports, runs
-from engine.core import Engine
-from engine.errors import InputError
+from engine.runs import imports, history as runs
+from engine.core.engine import Engine
+from engine.common.errors import InputError
 from engine.methods import generate, single_prompt
 from engine.report import export
 from engine.report import runs as runs_page

@@ -8,7 +8,7 @@ import zipfile
 import pytest
 
 from apphelpers import browser_page, open_in_runs_tab, running_app, screenshot
-from engine import study
+from engine.tools import study
 from engine.report import export
 from engine.report.study import form_page
 from engine.methods import single_prompt

@@ -14,7 +14,7 @@ from typing import Callable
 import pytest
 
 from apphelpers import browser_page, running_app, screenshot
-from engine.presets import SYNTHETIC_TABLE
+from engine.models.presets import SYNTHETIC_TABLE
 
 pytestmark = pytest.mark.browser
 LONG = 120_000

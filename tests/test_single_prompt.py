@@ -1,7 +1,7 @@
 """Single Prompt on the synthetic world: planted biases come back out of the metrics."""
 import pytest
 
-from engine.events import Images, Scores
+from engine.common.events import Images, Scores
 from engine.methods.single_prompt import SinglePromptRequest, run
 
 from runhelpers import done_event
@@ -62,7 +62,7 @@ def test_free_text_axis_and_reference_mode(engine, planted):
 
 
 def test_llm_garbage_is_a_clear_error_and_earlier_work_stays(engine, planted):
-    from engine.errors import LLMOutputError
+    from engine.common.errors import LLMOutputError
 
     llm = engine.models.get(engine.preset.llm)
     llm.chat = lambda *args, **kwargs: "Sorry, as a language model I prefer prose."

@@ -5,10 +5,10 @@ import os
 
 from engine.backends.base import ModelSpec
 from engine.cli import main
-from engine.core import Engine
-from engine.doctor import diagnose
-from engine.plan import model_size
-from engine.presets import PRESETS, resolve_preset
+from engine.core.engine import Engine
+from engine.tools.doctor import diagnose
+from engine.models.plan import model_size
+from engine.models.presets import PRESETS, resolve_preset
 from tests import tiny_models
 from tests.zerogpu import hub_cache
 

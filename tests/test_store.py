@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.core import Engine
-from engine.errors import InputError, ModelLoadError
-from engine.events import Images
+from engine.core.engine import Engine
+from engine.common.errors import InputError, ModelLoadError
+from engine.common.events import Images
 from engine.methods.generate import GenerateRequest, run as generate
 
 from runhelpers import done_event

@@ -1,4 +1,4 @@
-"""User-study packs (engine/study.py): counterbalancing, hidden conditions, analysis, alpha."""
+"""User-study packs (engine/tools/study.py): counterbalancing, hidden conditions, analysis, alpha."""
 import csv
 import io
 import json
@@ -8,9 +8,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from engine import study
-from engine.core import Engine
-from engine.errors import InputError
+from engine.tools import study
+from engine.core.engine import Engine
+from engine.common.errors import InputError
 from engine.methods import generate, single_prompt
 from engine.report.study import analysis_html, form_page
 

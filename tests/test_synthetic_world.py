@@ -9,13 +9,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from engine import llm_prompts
+from engine.common import llm_prompts
 from engine.backends import load_backend
 from engine.backends.base import ModelSpec
 from engine.backends.synthetic import (SyntheticEmbedder, SyntheticGenerator, SyntheticLLM, SyntheticVQA,
                                        load_world, parse_prompt, render_attributes)
 from engine.backends.synthetic.world import DEFAULT_TABLE_PATH
-from engine.errors import InputError, ModelLoadError
+from engine.common.errors import InputError, ModelLoadError
 
 N = 200
 

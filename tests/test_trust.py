@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from engine.axes import axis_for
+from engine.methods.axes import axis_for
 from engine.backends.base import ModelSpec
 from engine.backends.synthetic import load_world
-from engine.core import Engine
+from engine.core.engine import Engine
 from engine.metrics.agreement import agreement, cohens_kappa, correct_shares, rogan_gladen
 from engine.metrics.intervals import (bca_interval, headline_claim, n_for_half_width, n_for_power,
                                       sample_size_advice, share_interval, top_probability)
 from engine.methods import single_prompt, validate
-from engine.presets import SYNTHETIC_TABLE
+from engine.models.presets import SYNTHETIC_TABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 COVERAGE_PROMPTS = [f"a photo of a {s}" for s in
@@ -231,9 +231,9 @@ def test_single_prompt_and_validate_commands(tmp_path):
 
 
 def test_labels_travel_with_the_exported_run(tmp_path):
-    from engine import imports
+    from engine.runs import imports
     from engine.report import export
-    from engine.store import Store
+    from engine.store.store import Store
 
     source = Engine("synthetic", data_dir=str(tmp_path / "a"))
     done = list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a nurse", n=6, axes=["gender"],

@@ -5,10 +5,10 @@ import pytest
 
 from apphelpers import browser_page, open_in_runs_tab, running_app, screenshot
 from engine.backends.base import ModelSpec
-from engine.core import Engine
-from engine.events import Done
+from engine.core.engine import Engine
+from engine.common.events import Done
 from engine.methods import single_prompt
-from engine.presets import SYNTHETIC_TABLE
+from engine.models.presets import SYNTHETIC_TABLE
 
 pytestmark = pytest.mark.browser
 

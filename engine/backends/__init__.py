@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from ..errors import ModelLoadError
+from ..common.errors import ModelLoadError
 from .base import ModelSpec
 
 # backend name -> (module, protocol kind)

@@ -39,7 +39,7 @@ from typing import Sequence
 
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import ModelLoadError
+from ..common.errors import ModelLoadError
 from .base import GeneratedImage, GenerationSettings, ModelSpec, PartialBatch, with_options
 from .http_api import ApiReplyError, Refused, Retrier, api_key, httpx_attempt, listed_models, remembered_model
 

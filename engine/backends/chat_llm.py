@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .. import device as devices
-from ..errors import LLMOutputError, ModelLoadError
+from ..common.errors import LLMOutputError, ModelLoadError
+from . import device as devices
 from .base import ModelSpec, clear_generation_defaults, decoding_settings
 
 logger = logging.getLogger(__name__)

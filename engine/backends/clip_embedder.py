@@ -27,8 +27,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from .. import device as devices
-from ..errors import ModelLoadError
+from ..common.errors import ModelLoadError
+from . import device as devices
 from .base import ModelSpec, l2_normalise
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ It reads the 30 objects and their planted colour shares from the synthetic world
 - embedder: an image is the unit RGB vector of its colour; a text is the unit vector of the
   colour it names (uniform when it names none) plus epsilon (0.05) times a fixed Gaussian
   vector of its object, so variations of different objects never tie exactly;
-- LLM: answers GapLens's MineTheGap meta-prompts (engine/llm_prompts.py): variations are
+- LLM: answers GapLens's MineTheGap meta-prompts (engine/common/llm_prompts.py): variations are
   "a red/green/blue {object}" cycled to N, a mutation swaps the object for another of the
   30, a random prompt is a random object in one of a few phrasings;
 - VQA: names the colour of the image.
@@ -29,8 +29,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from .. import llm_prompts
-from ..errors import InputError, ModelLoadError
+from ..common import llm_prompts
+from ..common.errors import InputError, ModelLoadError
 from .base import GeneratedImage, GenerationSettings, ModelSpec, l2_normalise
 from .synthetic.llm import TEMPLATE_TASKS, _count
 from .synthetic.phrasing import article_for, with_subject

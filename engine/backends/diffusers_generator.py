@@ -31,7 +31,7 @@ Options (`spec.options`):
   enable_cpu_offload   True: move each component to the GPU only while it runs (low VRAM);
                        "sequential": one layer at a time (lowest VRAM, several times slower);
                        "auto" (default): model offload only when the weights exceed 85% of free
-                       GPU memory (the model manager also turns it on, see engine.models)
+                       GPU memory (the model manager also turns it on, see engine.models.manager)
   storage_dtype        "fp8": keep the denoiser's (unet/transformer) weights in float8 and compute in
                        the run dtype, layer by layer (diffusers' layerwise casting; half the memory
                        of bf16, a small loss of quality); part of the model's identity
@@ -57,8 +57,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import device as devices
-from ..errors import InputError, ModelLoadError, OutOfMemoryError
+from ..common.errors import InputError, ModelLoadError, OutOfMemoryError
+from . import device as devices
 from .base import GeneratedImage, GenerationSettings, ModelSpec
 
 logger = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from .. import device as devices
-from ..errors import InputError, ModelLoadError
+from ..common.errors import InputError, ModelLoadError
+from . import device as devices
 from .base import ModelSpec
 
 NO_FACE = "no face found"

@@ -18,7 +18,7 @@ import os
 import time
 from typing import Callable
 
-from ..errors import GapLensError, ModelLoadError
+from ..common.errors import GapLensError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from typing import Sequence
 
 from PIL import Image
 
-from ..errors import InputError, ModelLoadError
+from ..common.errors import InputError, ModelLoadError
 from .base import GeneratedImage, GenerationSettings, ModelSpec, with_options
 
 RESERVED = {"file_name", "seed", "image", "caption"}

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any, Callable, Sequence
 
-from ..errors import LLMOutputError
+from ..common.errors import LLMOutputError
 
 RETRY_MESSAGE = ("Your previous reply could not be used: {reason}. "
                  "Reply again with only the JSON, without any other text.")

@@ -44,8 +44,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from .. import device as devices
-from ..errors import ModelLoadError
+from ..common.errors import ModelLoadError
+from . import device as devices
 from .base import ModelSpec, clear_generation_defaults, decoding_settings
 
 logger = logging.getLogger(__name__)

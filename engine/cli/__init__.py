@@ -21,8 +21,8 @@ import os
 import sys
 import time
 
-from ..errors import GapLensError
-from ..events import Done, Progress, Scores, Warning
+from ..common.errors import GapLensError
+from ..common.events import Done, Progress, Scores, Warning
 from ..methods import METHODS
 from ..methods.compare_models import METHODS as COMPARED
 from .compare import add_generators
@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 def make_engine(args, **engine_options):
     """The Engine the parsed options describe (shared by the CLI and app.py); `engine_options`
     (e.g. public mode, a device) are passed on to Engine as they are."""
-    from ..core import DEFAULT_MAX_API_CALLS, DEFAULT_MAX_IMAGES, Engine
-    from ..presets import parse_options
+    from ..core.engine import DEFAULT_MAX_API_CALLS, DEFAULT_MAX_IMAGES, Engine
+    from ..models.presets import parse_options
 
     roles = ("generator", "embedder", "llm", "vqa")
     options = {role: parse_options(getattr(args, f"{role}_option", None) or [], role) for role in roles}
@@ -119,7 +119,7 @@ class ProgressPrinter:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from .. import distributed  # imports torch only when a launcher started several processes
+    from ..core import distributed  # imports torch only when a launcher started several processes
 
     try:
         cluster = distributed.cli_join(args)
@@ -163,7 +163,7 @@ def run_command(args) -> int:
 
 
 def _json_default(obj):
-    from ..store import _json_default as store_default
+    from ..store.store import _json_default as store_default
 
     return store_default(obj)
 

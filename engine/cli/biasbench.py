@@ -1,11 +1,11 @@
 """`python -m engine biasbench CAPTIONS.csv [--mode reference|paper] [--out TABLE.csv|TABLE.json]`:
 T2I-BiasBench's per-prompt table from a file of captions (or labels), one row per image
-(logic in engine/biasbench_tool.py)."""
+(logic in engine/tools/biasbench.py)."""
 import json
 import sys
 
-from .. import biasbench_tool
 from ..metrics.biasbench import DEFAULT_MODE, MODES
+from ..tools import biasbench as biasbench_tool
 
 SHOWN = ["prompt", "attribute", "n", "parity_difference", "bias_amplification", "entropy_bits", "normalised_entropy",
          "kl_divergence", "cas", "gmr", "iemr", "hallucination", "caption_diversity", "clip_proxy", "composite"]

@@ -1,4 +1,4 @@
-"""`python -m engine doctor [--preset NAME]`: is this machine ready for a real preset (engine/doctor.py)?
+"""`python -m engine doctor [--preset NAME]`: is this machine ready for a real preset (engine/tools/doctor.py)?
 Prints a pass/fail table with what to do; exits 1 when a check failed."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def add_parser(sub, common_arguments) -> None:
 def run(args) -> int:
     import json
 
-    from ..doctor import diagnose, format_table
+    from ..tools.doctor import diagnose, format_table
 
     overrides = {role: getattr(args, role) for role in ("generator", "embedder", "llm", "vqa")}
     checks = diagnose(args.preset, gpu_memory_gb=args.gpu_memory, self_test=not args.no_self_test,

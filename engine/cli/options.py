@@ -15,7 +15,7 @@ import typing
 from dataclasses import MISSING, Field, fields
 from pathlib import Path
 
-from ..errors import InputError
+from ..common.errors import InputError
 from ..methods import METHODS
 from ..methods.cfsets import load_preset
 

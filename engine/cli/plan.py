@@ -19,15 +19,15 @@ def add_parser(sub, common_arguments) -> None:
 
 
 def run(args) -> int:
-    from ..device import default_budget_bytes, DeviceMemory
-    from ..plan import format_plan, plan
-    from ..presets import resolve_preset
+    from ..backends.device import default_budget_bytes, DeviceMemory
+    from ..models.plan import format_plan, plan
+    from ..models.presets import resolve_preset
 
     preset, _ = resolve_preset(args.preset)
     if args.gpu_memory:
         result = plan(preset, args.gpu_memory, online=args.online, bf16=not args.no_bf16)
     else:
-        from ..device import pick_device
+        from ..backends.device import pick_device
 
         device = pick_device()
         total = DeviceMemory().total_bytes(device)

@@ -1,10 +1,11 @@
 """`python -m engine runs list|show|compare|delete|export|import|study ...`: the run history
-(engine/runs.py's queries) on the command line; output goes to stdout."""
+(engine/runs/history.py's queries) on the command line; output goes to stdout."""
 import json
 import sys
 
-from ..errors import InputError
-from ..runs import SORTS, STATUSES, compare_runs, delete_runs, get_run, headline, list_runs, run_prompt, scores
+from ..common.errors import InputError
+from ..runs.history import (SORTS, STATUSES, compare_runs, delete_runs, get_run, headline, list_runs, run_prompt,
+                            scores)
 
 
 def add_parser(sub, common_arguments) -> None:
@@ -71,7 +72,7 @@ def add_parser(sub, common_arguments) -> None:
 
 
 def _print_json(obj) -> None:
-    from ..store import _json_default
+    from ..store.store import _json_default
 
     print(json.dumps(obj, indent=2, default=_json_default, ensure_ascii=False))
 
@@ -132,7 +133,7 @@ def run_command(args, engine):
         written = export_files(store, args.run_ids, args.format, args.out)
         _print_json({"files": written}) if args.json else print("\n".join(written))
     elif command == "import":
-        from ..imports import import_zip
+        from ..runs.imports import import_zip
 
         report = import_zip(store, args.zip_path, trust=args.trust)
         _print_json(report) if args.json else print(
@@ -150,7 +151,7 @@ def run_command(args, engine):
         changed = store.set_published(args.run_ids, not args.undo)
         print(f"{'withdrew' if args.undo else 'published'} {changed} run(s)")
     elif command == "study":
-        from .. import study
+        from ..tools import study
 
         if args.action == "build":
             if not args.out:

@@ -1,4 +1,5 @@
-"""Methods: each module is one method, `run(request, engine)` a generator of events.
+"""Methods: each module is one method, `run(request, engine)` a generator of events (`axes` and
+`cfsets` hold what several methods share).
 
 `METHODS` is the one place that maps a method's name (as stored in its runs) to what every
 client needs: the request dataclass, the run function, its scores and headline for the Runs
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..scores import Score
+from ..common.scores import Score
 from . import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt
 
 
@@ -28,7 +29,7 @@ class Method:
     run: `run(request, engine)`, a generator of events ending in one `Done`.
     headline: `headline(run_record) -> (text, value)`, the Runs table's line and sort value.
     scores: `scores(results, summary) -> list[Score]`; None: every number is flattened
-        (engine.runs.flatten_scores).
+        (engine.runs.history.flatten_scores).
     cli: the command name (`python -m engine <cli>`, module engine/cli/<name>.py); None: none.
     page: the module whose `page(results) -> Markup` shows the results.
     """

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends.llm_json import as_axis_dict
-from ..core import Engine, Run, stream_image_set
-from ..errors import InputError, LLMOutputError
-from ..events import Table, Warning
-from ..llm_prompts import tibet_turns
+from ..common.errors import InputError, LLMOutputError
+from ..common.events import Table, Warning
+from ..common.llm_prompts import tibet_turns
+from ..core.engine import Engine, Run, stream_image_set
 from ..metrics.bootstrap import resample_indices
 from ..metrics.tibet import ENGLISH_STOPWORDS
-from ..presets import ASSETS
+from ..models.presets import ASSETS
 from .generate import GenerationOptions
 
 MAX_LENGTH_CHANGE = 5
@@ -296,7 +296,7 @@ def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], sett
                  index: int, total: int, evaluate=None):
     """Generate one set through the store (use `yield from`); returns its records without
     images the safety checker flagged (with a Warning when there are any). `evaluate(valid_batch)`
-    warms the caches beside generation (engine.core.stream_image_set)."""
+    warms the caches beside generation (engine.core.engine.stream_image_set)."""
     def evaluate_valid(batch):
         valid_batch = [r for r in batch if not r.nsfw]
         if valid_batch:

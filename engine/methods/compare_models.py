@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from .. import backend_choices
 from ..backends.base import ModelSpec
-from ..core import Engine, Run, recorded
-from ..errors import GapLensError, InputError
-from ..events import Done, Progress, Scores, Table, Warning
-from ..names import short_label
-from ..scores import Score, difference
+from ..common.errors import GapLensError, InputError
+from ..common.events import Done, Progress, Scores, Table, Warning
+from ..common.names import short_label
+from ..common.scores import Score, difference
+from ..core.engine import Engine, Run, recorded
+from ..hosting import backend_choices
 from . import cfsets, counterfactuals, intersectional, single_prompt
 
 METHODS = {
@@ -34,13 +34,13 @@ METHODS = {
 class CompareModelsRequest:
     method: str                                        # single_prompt | counterfactuals | intersectional
     generators: list[str] = field(default_factory=list,  # preset names or "backend:model" specs
-                                  metadata={"backend": "generator"})  # (public mode: engine.backend_choices.offered)
+                                  metadata={"backend": "generator"})  # public mode: backend_choices.offered
     request: dict = field(default_factory=dict)         # the method's request fields (prompt, n, axes, ...)
 
 
 def generator_spec(engine: Engine, text: str) -> ModelSpec:
     """Returns the generator a name stands for: a preset's generator, or a 'backend:model' spec
-    (a visitor of a public GapLens: one the host offers; engine.backend_choices.resolve)."""
+    (a visitor of a public GapLens: one the host offers; engine.hosting.backend_choices.resolve)."""
     return backend_choices.resolve(engine, "generator", text)
 
 

@@ -38,18 +38,18 @@ from typing import TypedDict
 
 import numpy as np
 
-from ..core import Engine, Run, recorded
-from ..distributed import distributed_image_sets
-from ..errors import InputError
-from ..events import Progress, Scores, Table, Warning
+from ..common.errors import InputError
+from ..common.events import Progress, Scores, Table, Warning
+from ..common.scores import Score, as_interval, finite_or_none, number
+from ..core.distributed import distributed_image_sets
+from ..core.engine import Engine, Run, recorded
 from ..metrics import tibet, tibet_reference
 from ..metrics.bootstrap import percentile_interval
-from ..metrics.intervals import headline_claim
-from ..metrics.diversity import unit_rows
 from ..metrics.concepts import top_phrases
+from ..metrics.diversity import unit_rows
+from ..metrics.intervals import headline_claim
 from ..metrics.wordnet import missing_note, released_synonyms, wordnet_synonyms
-from ..presets import ASSETS
-from ..scores import Score, as_interval, finite_or_none, number
+from ..models.presets import ASSETS
 from .cfsets import SetSpec, SetsRequest, check, generate_set, prepare, resample_weights, set_label
 from .generate import settle_settings
 

@@ -1,17 +1,17 @@
 """Generate: N images for one prompt (or for each of a list of prompts), streamed batch by batch
 and recorded as one run. Under a launcher the images are made across all processes first
-(engine/distributed.py)."""
+(engine/core/distributed.py)."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from ..core import Engine, Run, recorded, stream_image_set
-from ..distributed import distributed_image_sets
-from ..errors import InputError
-from ..events import Warning
-from ..scores import Score, number
+from ..common.errors import InputError
+from ..common.events import Warning
+from ..common.scores import Score, number
+from ..core.distributed import distributed_image_sets
+from ..core.engine import Engine, Run, recorded, stream_image_set
 
 
 @dataclass(kw_only=True)

@@ -33,16 +33,16 @@ from typing import TypedDict
 
 import numpy as np
 
-from ..axes import known_axes
-from ..core import Engine, Run, recorded
-from ..distributed import distributed_image_sets
-from ..errors import InputError, LLMOutputError
-from ..events import Graph, Progress, Scores, Table, Warning
-from ..llm_prompts import axis_question_prompt
+from ..common.errors import InputError, LLMOutputError
+from ..common.events import Graph, Progress, Scores, Table, Warning
+from ..common.llm_prompts import axis_question_prompt
+from ..common.scores import number
+from ..core.distributed import distributed_image_sets
+from ..core.engine import Engine, Run, recorded
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
 from ..metrics.intervals import headline_claim
-from ..scores import number
+from .axes import known_axes
 from .cfsets import (SetSpec, SetsRequest, axis_name, check, counterfactual_value, generate_set, prepare,
                      resample_weights)
 from .generate import settle_settings

@@ -31,16 +31,16 @@ import numpy as np
 
 from ..backends.base import GenerationSettings
 from ..backends.llm_json import as_string_list
-from .. import sources
-from ..core import Engine, EngineStats, Run, recorded
-from ..distributed import distributed_image_sets
-from ..errors import GapLensError, InputError, LLMOutputError
-from ..events import Images, Progress, Scores, Table, Warning
-from ..llm_prompts import mutations_prompt, random_prompts_prompt
+from ..common.errors import GapLensError, InputError, LLMOutputError
+from ..common.events import Images, Progress, Scores, Table, Warning
+from ..common.llm_prompts import mutations_prompt, random_prompts_prompt
+from ..common.scores import number
+from ..core.distributed import distributed_image_sets
+from ..core.engine import Engine, EngineStats, Run, recorded
 from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..metrics.intervals import headline_claim
-from ..scores import number
-from ..store import ImageRecord, image_key
+from ..models import sources
+from ..store.store import ImageRecord, image_key
 from .generate import GenerationOptions, settings_for, settle_settings
 from .single_prompt import gap_for_images
 

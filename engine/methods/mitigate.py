@@ -75,19 +75,19 @@ from typing import Hashable, Sequence, TypedDict
 
 import numpy as np
 
-from ..axes import parse_shares
-from .. import sources as image_sources
-from ..core import Engine, Run, recorded, stream_image_set
-from ..distributed import distributed_image_sets
-from ..errors import InputError
-from ..events import Progress, Scores, Warning
+from ..common.errors import InputError
+from ..common.events import Progress, Scores, Warning
+from ..common.scores import finite_or_none, number
+from ..core.distributed import distributed_image_sets
+from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..metrics import biasconnect as bc
 from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..metrics.intervals import share_interval
-from ..scores import finite_or_none, number
+from ..models import sources as image_sources
 from . import intersectional
 from . import cfsets
+from .axes import parse_shares
 from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
 from .generate import settle_settings
 

@@ -17,20 +17,20 @@ from typing import TypedDict
 import numpy as np
 from scipy import stats
 
-from ..axes import Axis, axis_for, normalise_free_answer
 from ..backends.llm_json import as_string_list
-from ..core import Engine, Run, recorded, stream_image_set
-from ..errors import InputError
-from ..events import Progress, Scores, Table, Warning
-from ..llm_prompts import variations_prompt
+from ..common.errors import InputError
+from ..common.events import Progress, Scores, Table, Warning
+from ..common.llm_prompts import variations_prompt
+from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..metrics import biasbench
 from ..metrics.concepts import top_phrases
+from .axes import Axis, axis_for, normalise_free_answer
 from ..metrics.intervals import (bounded, dirichlet_draws, headline_claim, posterior_interval,
                                  sample_size_advice, share_interval)
+from ..common.names import readable
+from ..common.scores import Score, as_interval, finite_or_none, number
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
-from ..names import readable
-from ..scores import Score, as_interval, finite_or_none, number
 from .generate import GenerationOptions, settings_for, settle_settings
 
 DEFAULT_AXES = ("gender", "age", "skin tone")

@@ -21,16 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import backend_choices
-from ..axes import axis_for, normalise_free_answer
 from ..backends.base import ModelSpec
-from ..core import Engine
-from ..errors import InputError
-from ..events import Done, Progress, Scores
+from ..common.errors import InputError
+from ..common.events import Done, Progress, Scores
+from ..core.engine import Engine
+from ..hosting import backend_choices
 from ..metrics import biasbench
 from ..metrics.agreement import agreement, corrected_distribution
 from ..metrics.intervals import posterior_interval, tidy
-from ..store import Store
+from ..store.store import Store
+from .axes import axis_for, normalise_free_answer
 from .single_prompt import METRIC_RANGES
 
 CANT_TELL = "can't tell"

@@ -3,7 +3,7 @@ MAD per axis, IS matrices and BiasGraphs), then every compared number with the d
 from the first model and their intervals."""
 from __future__ import annotations
 
-from ..names import readable
+from ..common.names import readable
 from . import Markup, counterfactuals, fmt, fmt_ci, intersectional, render
 from .single_prompt import axis_html
 

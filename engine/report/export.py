@@ -31,13 +31,14 @@ import time
 import zipfile
 from pathlib import Path
 
-from engine import __version__, access
-from engine.errors import InputError
-from engine.imports import FORMAT, FORMAT_VERSION, replace_strings
-from engine.names import safe_stem, short_label
+from engine import __version__
+from engine.common import access
+from engine.common.errors import InputError
+from engine.runs.imports import FORMAT, FORMAT_VERSION, replace_strings
+from engine.common.names import safe_stem, short_label
 from engine.methods.validate import validate_run
-from engine.runs import compare_runs, get_run, headline, run_prompt, run_records, scores, short_model
-from engine.store import Store, _json_default, is_key
+from engine.runs.history import compare_runs, get_run, headline, run_prompt, run_records, scores, short_model
+from engine.store.store import Store, _json_default, is_key
 
 from . import Markup, clip, macro, render, static
 from .runs import compare_html, results_html, run_header_html, thumbnails_html

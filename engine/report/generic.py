@@ -12,7 +12,7 @@ MAX_JSON = 200_000
 
 def page(results: dict) -> Markup:
     """Score table, chart of the (first 24) non-negative scores with intervals, and the JSON."""
-    from engine.runs import flatten_scores
+    from engine.runs.history import flatten_scores
 
     rows = flatten_scores(results)
     # bars start at 0: chart the scores whose whole interval is non-negative

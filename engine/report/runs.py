@@ -1,6 +1,6 @@
 """The Runs view: a stored run's header and page, comparisons, inline thumbnails (the Runs tab,
 `runs show --html`, `runs compare --html`, exported reports). Markup: templates/runs.html.
-Nothing here recomputes a result: the numbers come from engine/runs.py."""
+Nothing here recomputes a result: the numbers come from engine/runs/history.py."""
 from __future__ import annotations
 
 import base64
@@ -8,9 +8,9 @@ import io
 import json
 import time
 
-from engine.names import readable
-from engine.runs import get_run, run_prompt, run_records, short_model
-from engine.store import ImageRecord, Store
+from engine.common.names import readable
+from engine.runs.history import get_run, run_prompt, run_records, short_model
+from engine.store.store import ImageRecord, Store
 
 from . import Markup, macro, page_for
 from .single_prompt import axis_html

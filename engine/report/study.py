@@ -1,6 +1,6 @@
 """The user-study pages: the participant's form (one static HTML file, images inlined, no
 network; markup templates/study.html, CSS and JS in static/study_form.*) and the analysis
-panel. The design and the analysis themselves are engine/study.py."""
+panel. The design and the analysis themselves are engine/tools/study.py."""
 from __future__ import annotations
 
 from . import Markup, charts, macro, render, static
@@ -8,7 +8,7 @@ from .runs import thumbnail_data_uri
 
 
 def form_page(pack: dict) -> Markup:
-    """The static study form of a pack from `engine.study.build_pack`: its participant data
+    """The static study form of a pack from `engine.tools.study.build_pack`: its participant data
     (images as inline JPEG data URIs) embedded as JSON in a script the form's code reads."""
     size = int(pack.get("thumbnail_size", 256))
     data = {**pack["participant"],
@@ -22,7 +22,7 @@ def form_page(pack: dict) -> Markup:
 
 
 def analysis_html(a: dict) -> Markup:
-    """Agreement, Spearman ρ, a chart of the human scores and the per-set table of `engine.study.analyse`."""
+    """Agreement, Spearman ρ, a chart of the human scores and the per-set table of `engine.tools.study.analyse`."""
     chart = charts.bar_chart([c["set"] for c in a["conditions"]], [c["human_score"] or 0.0 for c in a["conditions"]],
                              title=f"human score ({a['human_score']})", chart_id="study-human",
                              vmax=5.0 if a["question_type"] == "rating" else 1.0)

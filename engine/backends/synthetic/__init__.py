@@ -8,7 +8,7 @@ confusion) or {"error": float} (the planted "shift" confusion, see vqa.py).
 """
 from __future__ import annotations
 
-from ...errors import ModelLoadError
+from ...common.errors import ModelLoadError
 from ..base import GenerationSettings, ModelSpec
 from .embedder import SyntheticEmbedder
 from .generator import SyntheticGenerator

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ...errors import InputError
+from ...common.errors import InputError
 from ..base import GeneratedImage, GenerationSettings
 from .scene import check_drawable, draw_scene
 from .world import World, seed_int

@@ -1,4 +1,4 @@
-"""The synthetic lexicon LLM: answers GapLens's own meta-prompts (engine/llm_prompts.py)
+"""The synthetic lexicon LLM: answers GapLens's own meta-prompts (engine/common/llm_prompts.py)
 from the world's lexicon, deterministically.
 
 Each meta-prompt is recognised by matching the last user message against its template
@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ... import llm_prompts
+from ...common import llm_prompts
 from .phrasing import article_for, with_attributes, with_subject
 from .world import World, seed_int
 

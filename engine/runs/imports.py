@@ -5,7 +5,7 @@ Before anything is written (issue 13):
 1. the archive is bounded: number of entries, total and per-entry uncompressed bytes, and the
    compression ratio of every large entry (a zip bomb is refused before it is inflated); a
    visitor of a public GapLens may import at most what is left of their share of the store
-   (engine/storage.py), in entries of at most 64 MiB, with results of at most 8 MiB a run;
+   (engine/hosting/storage.py), in entries of at most 64 MiB, with results of at most 8 MiB a run;
 2. every row of `gaplens/*.jsonl` is checked against `SCHEMAS` (types, lengths, allowed
    values, key formats); run ids that could not be file names get a fresh id;
 3. every image is decoded: PNG or JPEG, at most `MAX_PIXELS` pixels (and Pillow's
@@ -37,9 +37,9 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from .errors import InputError
-from .storage import import_room
-from .store import MAX_PUBLIC_RESULTS_BYTES, Store, _json_default, content_key, is_key, is_run_id
+from ..common.errors import InputError
+from ..hosting.storage import import_room
+from ..store.store import MAX_PUBLIC_RESULTS_BYTES, Store, _json_default, content_key, is_key, is_run_id
 
 FORMAT = "gaplens-export"
 FORMAT_VERSION = 1

@@ -305,7 +305,7 @@ def require_complete_weights(model: str, loading_info: dict, what: str) -> None:
     """Raises ModelLoadError when transformers' `output_loading_info` reports missing or mis-shaped
     weights: transformers would otherwise initialise them randomly and the model would answer
     nonsense without any error (e.g. a BLIP captioner loaded as a BLIP VQA model)."""
-    from .errors import ModelLoadError
+    from ..common.errors import ModelLoadError
 
     bad = sorted(loading_info.get("missing_keys") or []) + sorted(
         str(k[0] if isinstance(k, tuple) else k) for k in loading_info.get("mismatched_keys") or [])

@@ -32,9 +32,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError
-from .metrics import biasbench as bb
-from .metrics import biasbench_lexicons as lex
+from ..common.errors import InputError
+from ..metrics import biasbench as bb
+from ..metrics import biasbench_lexicons as lex
 
 CAPTION_NAMES = ("caption", "captions", "cap", "text", "description", "imagedescription")
 IMAGE_NAMES = ("image", "imageid", "imagename", "filename", "name", "file", "path")

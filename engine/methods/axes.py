@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .errors import InputError
-from .presets import ASSETS
+from ..common.errors import InputError
+from ..models.presets import ASSETS
 
 
 @dataclass(frozen=True)

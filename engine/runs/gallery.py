@@ -16,8 +16,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import InputError, StoreError
-from .store import Store
+from ..common.errors import InputError, StoreError
+from ..store.store import Store
 
 READ_ONLY_MESSAGE = "this is a read-only gallery of published audits; run GapLens locally to make new runs"
 
@@ -43,7 +43,7 @@ class ReadOnlyStore(Store):
 
 def open_gallery(source: str, cache_dir: str | Path) -> ReadOnlyStore:
     """Returns the read-only store of the export at `source` (zip, folder, or HF dataset id), imported
-    under `cache_dir`/galleries/<hash of the export> with `engine.imports.import_zip` (validated like
+    under `cache_dir`/galleries/<hash of the export> with `engine.runs.imports.import_zip` (validated like
     any untrusted archive). Raises InputError when `source` is none of these."""
     from .imports import import_zip
 

@@ -1,7 +1,7 @@
 """`python -m engine doctor`: is this machine ready for a real preset? One row per check, each with a
 verdict and what to do:
 
-torch/device, memory against the plan (engine.plan), hub reachability and token, the preset's
+torch/device, memory against the plan (engine.models.plan), hub reachability and token, the preset's
 weights in the local Hugging Face cache, WordNet; and, only where every weight is cached, a short
 self-test on a real photo shipped with scikit-image (the astronaut, Eileen Collins): the VQA model
 must answer that the person is a woman, the embedder must rank "a photo of an astronaut" first among
@@ -15,9 +15,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from .backends import uses_device
-from .backends.base import ModelSpec
-from .presets import REAL_PRESET_ORDER, Preset, hub_files, is_cached, resolve_preset
+from ..backends import uses_device
+from ..backends.base import ModelSpec
+from ..models.presets import REAL_PRESET_ORDER, Preset, hub_files, is_cached, resolve_preset
 
 CLIP_CAPTIONS = ["a photo of an astronaut", "a photo of a cat", "a photo of a city street at night",
                  "a bowl of fruit", "a page of printed text"]
@@ -90,7 +90,7 @@ def _check_torch(device: str | None) -> tuple[Check, str]:
     try:
         import torch
 
-        from .device import _supports_bf16, pick_device
+        from ..backends.device import _supports_bf16, pick_device
 
         device = pick_device(device)
     except Exception as exc:  # noqa: BLE001
@@ -109,8 +109,8 @@ def _check_torch(device: str | None) -> tuple[Check, str]:
 
 
 def _check_memory(preset: Preset, device: str, gpu_memory_gb: float | None) -> Check:
-    from .device import DeviceMemory, default_budget_bytes
-    from .plan import plan
+    from ..backends.device import DeviceMemory, default_budget_bytes
+    from ..models.plan import plan
 
     if gpu_memory_gb:
         result = plan(preset, gpu_memory_gb)
@@ -159,7 +159,7 @@ def _check_hub(preset: Preset, cached: bool) -> tuple[Check, Check, bool]:
 
         HfApi().model_info(repo, timeout=5, token=token)
     except Exception as exc:  # noqa: BLE001
-        from .backends import hub_access_problem
+        from ..backends import hub_access_problem
 
         gated = hub_access_problem(exc, repo)
         if gated:
@@ -185,7 +185,7 @@ def _missing_weights(preset: Preset) -> list[ModelSpec]:
 
 
 def _check_weights(preset: Preset, missing: list[ModelSpec], reachable: bool) -> tuple[Check, bool]:
-    from .plan import model_size
+    from ..models.plan import model_size
 
     if not missing:
         return Check("weights", "pass", f"all {len(_preset_weights(preset))} hub models of {preset.name} are in "
@@ -231,7 +231,7 @@ def download_command(spec: ModelSpec, files: list[str] | None = None, model_inde
     open_clip its one weights file (a repository without safetensors: its PyTorch .bin weights).
     Without a file list, patterns that still skip root checkpoints and other formats (.bin, .onnx,
     .msgpack, .h5), at the cost of both weight variants."""
-    from .plan import loaded_weight_files, pipeline_folders
+    from ..models.plan import loaded_weight_files, pipeline_folders
 
     repo, names = hub_files(spec)
     if spec.backend == "open_clip":
@@ -257,7 +257,7 @@ def download_command(spec: ModelSpec, files: list[str] | None = None, model_inde
 
 
 def _check_wordnet() -> Check:
-    from .metrics.wordnet import DEFAULT_WORDNET_DIR, load_wordnet
+    from ..metrics.wordnet import DEFAULT_WORDNET_DIR, load_wordnet
 
     if load_wordnet() is None:
         return Check("wordnet", "fail", f"no WordNet database in {DEFAULT_WORDNET_DIR} (TIBET merges synonyms with it)",
@@ -274,7 +274,7 @@ def run_self_test(preset: Preset, device: str) -> list[Check]:
         photo = Image.fromarray(skdata.astronaut())
     except ImportError:
         return [Check("self-test", "skip", "scikit-image is not installed", "pip install scikit-image")]
-    from .models import ModelManager
+    from ..models.manager import ModelManager
 
     manager = ModelManager(device)
     rows = []

@@ -8,15 +8,15 @@ Two layers:
   text at most `MAX_TEXT_CHARS`), so bad input is one sentence instead of a traceback.
 - `Budget` applies in public mode (`python app.py --public`): per request, images, steps, size,
   mining generations and mitigation steps (`check_budget`); per hour, images and LLM calls per
-  visitor, per client address and for the whole app (engine/spending.py); storage per visitor
-  (engine/storage.py). A request is charged `max_images`, the most it can generate.
+  visitor, per client address and for the whole app (engine/hosting/spending.py); storage per visitor
+  (engine/hosting/storage.py). A request is charged `max_images`, the most it can generate.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, is_dataclass
 
-from .errors import InputError, OverBudgetError
+from ..common.errors import InputError, OverBudgetError
 
 SEED_MAX = 2**32 - 1
 SEED_FIELDS = ("seed", "image_seed", "llm_seed")
@@ -39,8 +39,8 @@ PROPOSE_CALLS = 3  # TIBET's three-turn axes proposal (engine.methods.cfsets.pro
 @dataclass
 class Budget:
     """What the visitors of a public GapLens may ask for: per request, per hour (per visitor, per
-    client address and for the whole app; engine/spending.py) and in storage (per visitor;
-    engine/storage.py). Defaults are for a Space serving a few dozen visitors an hour."""
+    client address and for the whole app; engine/hosting/spending.py) and in storage (per visitor;
+    engine/hosting/storage.py). Defaults are for a Space serving a few dozen visitors an hour."""
 
     images: int = 64              # images one request may generate (all of its sets)
     steps: int = 50               # denoising steps
@@ -250,7 +250,7 @@ def over_budget(what: str) -> OverBudgetError:
 
 def check_budget(method: str, request, budget: Budget, cost: int) -> None:
     """OverBudgetError when `request`, which can generate up to `cost` images, exceeds what one
-    request of a public GapLens may ask for (`budget`); the hourly budgets are engine/spending.py's."""
+    request of a public GapLens may ask for (`budget`); the hourly budgets are engine/hosting/spending.py's."""
     fields = asdict(request) if is_dataclass(request) else dict(request)
     if fields.get("steps") is not None and _int(fields["steps"], "steps") > budget.steps:
         raise over_budget(f"at most {budget.steps} steps are allowed (asked for {fields['steps']})")

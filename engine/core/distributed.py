@@ -53,11 +53,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .backends.base import GenerationSettings
-from .errors import GapLensError
-from .events import Progress
-from .sources import announce_api_calls
-from .store import Store, image_key
+from ..backends.base import GenerationSettings
+from ..common.errors import GapLensError
+from ..common.events import Progress
+from ..models.sources import announce_api_calls
+from ..store.store import Store, image_key
 
 # Launchers' world-size variables (torchrun/accelerate; MPI as accelerate reads them).
 WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")

@@ -15,12 +15,12 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from .errors import InputError
-from .limits import check_text
-from .methods import METHODS
-from .names import readable
-from .scores import Score, as_interval, difference, number, short_number
-from .store import ImageRecord, Store
+from ..common.errors import InputError
+from ..common.names import readable
+from ..common.scores import Score, as_interval, difference, number, short_number
+from ..hosting.limits import check_text
+from ..methods import METHODS
+from ..store.store import ImageRecord, Store
 
 STATUSES = ("done", "running", "stopped", "failed", "interrupted")
 SORTS = ("newest", "oldest", "method", "prompt", "score", "status")

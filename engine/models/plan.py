@@ -32,8 +32,8 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .backends.base import ModelSpec
-from .device import HOST_RESERVE_BYTES, stores_fp8
+from ..backends.base import ModelSpec
+from ..backends.device import HOST_RESERVE_BYTES, stores_fp8
 
 GB = 2**30
 
@@ -134,7 +134,7 @@ def bytes_per_param(spec: ModelSpec | None = None, device: str = "cuda", *, bf16
     if spec is not None and spec.backend == "open_clip":
         return 2 if "16" in str(options.get("precision", "fp32")) else 4
     if spec is not None and spec.backend == "vlm" and not bf16:
-        from .device import FP16_UNSTABLE_MODEL_TYPES
+        from ..backends.device import FP16_UNSTABLE_MODEL_TYPES
 
         if _model_type(spec.model) in FP16_UNSTABLE_MODEL_TYPES:
             return 4
@@ -252,7 +252,7 @@ def plan(preset, gpu_memory_gb: float | None = None, *, budget_bytes: int | None
     The strategy is the first of resident, evict, offload whose peak fits the budget (offload when
     none does, with fits=False; `remedies` then lists the generator options that would fit). Without
     any budget the plan says what each strategy needs."""
-    from .device import CUDA_RESERVE_BYTES, DeviceMemory
+    from ..backends.device import CUDA_RESERVE_BYTES, DeviceMemory
 
     if budget_bytes is None and gpu_memory_gb:
         budget_bytes = max(int(gpu_memory_gb * GB) - CUDA_RESERVE_BYTES, int(gpu_memory_gb * GB) // 2)
@@ -397,7 +397,7 @@ def _model_type(model: str) -> str:
     the id ("qwen2_vl" / "qwen2_5_vl" for Qwen2-VL / Qwen2.5-VL ids)."""
     folder = Path(model).expanduser()
     if not folder.is_dir():
-        from .device import cached_snapshot
+        from ..backends.device import cached_snapshot
 
         folder = cached_snapshot(model)
     config = folder / "config.json" if folder is not None else None
@@ -421,7 +421,7 @@ def _header_params(model: str, *, online: bool) -> tuple[dict[str, int] | None, 
     if local.is_dir():
         params = _params_in_folder(local)
         return (params, "safetensors header (local)") if params else (None, "")
-    from .device import cached_snapshot
+    from ..backends.device import cached_snapshot
 
     folder = cached_snapshot(model)
     if folder is not None:

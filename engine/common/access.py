@@ -20,7 +20,7 @@ from .errors import NotAllowedError
 class Visitor:
     """`id` keys the visitor's runs (a Gradio session hash or a Hugging Face user name);
     `host` is the operator, who may do everything; `address` is the client address the request
-    came from ('' when unknown), which per-address budgets key on (engine/spending.py)."""
+    came from ('' when unknown), which per-address budgets key on (engine/hosting/spending.py)."""
 
     id: str
     host: bool = False

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .access import Visitor
+from ..common.access import Visitor
 from .limits import Budget, over_budget
 
 WINDOW_S = 3600

@@ -1,7 +1,7 @@
 """Score rows: one number of a run with its optional 95% interval.
 
 Data only (no HTML, no store): methods build their rows here (`METHODS[name].scores`), the
-Runs tab, comparison and export read them through `engine.runs.scores`; `difference` compares
+Runs tab, comparison and export read them through `engine.runs.history.scores`; `difference` compares
 one score of two runs.
 """
 from __future__ import annotations

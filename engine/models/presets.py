@@ -9,10 +9,10 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .backends.base import ModelSpec
-from .errors import InputError
+from ..backends.base import ModelSpec
+from ..common.errors import InputError
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 SYNTHETIC_TABLE = str(ASSETS / "synthetic_world.json")
 
 
@@ -79,8 +79,8 @@ def parse_model_override(text: str, role: str | None = None) -> ModelSpec:
     backend of backends.DEFAULT_MODELS may leave the model empty: 'faces:').
     With `role`, the backend name is read as that role means it ('openai' is an images
     endpoint for the generator, a vision chat model for VQA; engine.backends.ROLE_ALIASES)."""
-    from .backends import DEFAULT_MODELS, backend_for_role
-    from .errors import ModelLoadError
+    from ..backends import DEFAULT_MODELS, backend_for_role
+    from ..common.errors import ModelLoadError
 
     backend, sep, model = text.partition(":")
     default = DEFAULT_MODELS.get(backend.strip().replace("-", "_"))

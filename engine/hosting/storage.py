@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 
-from . import access
-from .errors import StoreError
+from ..common import access
+from ..common.errors import StoreError
 from .limits import over_budget
 
 IMAGE_ROWS_BYTES = 16 * 2**10   # an image's run link, VQA answers, caption and embedding (a few KiB)

@@ -34,8 +34,8 @@ from typing import Iterable, Sequence
 import numpy as np
 from PIL import Image
 
-from . import access
-from .errors import InputError, NotAllowedError, StoreError
+from ..common import access
+from ..common.errors import InputError, NotAllowedError, StoreError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
@@ -86,7 +86,7 @@ CREATE TABLE IF NOT EXISTS labels (
 CREATE INDEX IF NOT EXISTS labels_by_image ON labels(image_key);
 """
 # what public visitors spent (issue 27): images, LLM calls and export bytes charged, by visitor
-# and client address; kept apart from the runs, so deleting a run gives nothing back (engine/spending.py)
+# and client address; kept apart from the runs, so deleting a run gives nothing back (engine/hosting/spending.py)
 SCHEMA += """
 CREATE TABLE IF NOT EXISTS charges (
     created REAL NOT NULL, visitor TEXT NOT NULL, address TEXT NOT NULL,
@@ -168,8 +168,8 @@ class Store:
     def __init__(self, data_dir: str | os.PathLike, public: bool = False):
         self.data_dir = Path(data_dir).expanduser()
         self.image_dir = self.data_dir / "images"
-        self.public = public   # public mode: runs are filtered by the current visitor (engine/access.py)
-        self.quota_bytes: int | None = None   # public mode: everything stored (engine/storage.py)
+        self.public = public   # public mode: runs are filtered by the current visitor (engine/common/access.py)
+        self.quota_bytes: int | None = None   # public mode: everything stored (engine/hosting/storage.py)
         self.share_bytes: int | None = None   # public mode: each visitor's share of it
         try:
             self.image_dir.mkdir(parents=True, exist_ok=True)
@@ -382,7 +382,7 @@ class Store:
             db.execute("INSERT OR REPLACE INTO llm_replies VALUES (?,?,?,?,?)",
                        (key, model, json.dumps(request, sort_keys=True, default=str), reply, time.time()))
 
-    # -- runs (each visible to whom engine/access.py says) -------------------------------------
+    # -- runs (each visible to whom engine/common/access.py says) -------------------------------------
     def _scope(self, write: bool = False) -> tuple[str, tuple]:
         """An SQL condition on `runs` (and its arguments) limiting rows to what the current
         visitor may see (their own runs and, unless `write`, the published ones); '' for all."""
@@ -430,7 +430,7 @@ class Store:
                    run_id: str | None = None, cost: int = 0) -> str:
         """A new run in status 'running', owned by the current visitor and recording this
         process (pid, host). Returns its id. InputError when the request is too large to store."""
-        run_id = run_id or self.new_run_id()  # ids from outside are checked where they enter (engine/imports.py)
+        run_id = run_id or self.new_run_id()  # ids from outside are checked where they enter (engine/runs/imports.py)
         request_json = json.dumps(request, default=str)
         if len(request_json) > MAX_REQUEST_BYTES:
             raise InputError(f"the request is {len(request_json) // 1024} KiB; at most {MAX_REQUEST_BYTES // 1024} "
@@ -461,7 +461,7 @@ class Store:
 
     @contextmanager
     def ledger(self):
-        """The charges ledger in one write transaction (engine/spending.py): what a check reads and
+        """The charges ledger in one write transaction (engine/hosting/spending.py): what a check reads and
         the charge it then adds are atomic across threads and processes. Yields a Ledger."""
         with self._write() as db:
             yield Ledger(db)
@@ -753,7 +753,7 @@ class Store:
         over = None if quota_bytes is None else max(0, after["image_bytes"] - int(quota_bytes))
         return {**removed, "usage": after, "over_quota": over}
 
-    # -- distributed jobs (engine/distributed.py) ----------------------------------------------
+    # -- distributed jobs (engine/core/distributed.py) ----------------------------------------------
     def present_image_keys(self, keys: Sequence[str]) -> set[str]:
         """The keys among `keys` that have a row and a file (a stat, no hashing): a cheap check
         for planning work. `get_images` still verifies every file before it is used."""

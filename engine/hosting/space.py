@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 
-from . import access
-from .backends import uses_device
-from .backends.base import ModelSpec
-from .device import ZERO_GPU_MEMORY_GB, on_zero_gpu
-from .errors import GapLensError
-from .plan import plan
-from .presets import PRESETS, REAL_PRESET_ORDER, Preset
+from ..backends import uses_device
+from ..backends.base import ModelSpec
+from ..backends.device import ZERO_GPU_MEMORY_GB, on_zero_gpu
+from ..common import access
+from ..common.errors import GapLensError
+from ..models.plan import plan
+from ..models.presets import PRESETS, REAL_PRESET_ORDER, Preset
 
 GATED = {"black-forest-labs/FLUX.1-schnell"}
 
@@ -133,7 +133,7 @@ def gpu_seconds(preset: Preset, *, images: int, steps=None, questions: int = 0, 
     work = 0.0
     generator = preset.generator
     if uses_device(generator) and generator.backend == "diffusers" and images:
-        from .backends.diffusers_generator import default_steps, family_of
+        from ..backends.diffusers_generator import default_steps, family_of
 
         steps = _whole(steps) if steps not in (None, "") else default_steps(generator)
         step = H200_STEP_SECONDS.get(family_of(generator), H200_STEP_SECONDS["sdxl"])

@@ -16,14 +16,17 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import __version__, access, backend_choices, limits, sources, spending, storage
-from .backends.base import GenerationSettings, ModelSpec, PartialBatch, with_options
-from .errors import GapLensError, InputError, OutOfMemoryError
-from .events import Done, Images, Progress, Warning
-from .models import ModelManager
-from .presets import resolve_preset
-from .names import short_label
-from .store import ImageRecord, Store, content_key, image_key
+from .. import __version__
+from ..backends.base import GenerationSettings, ModelSpec, PartialBatch, with_options
+from ..common import access
+from ..common.errors import GapLensError, InputError, OutOfMemoryError
+from ..common.events import Done, Images, Progress, Warning
+from ..common.names import short_label
+from ..hosting import backend_choices, limits, spending, storage
+from ..models import sources
+from ..models.manager import ModelManager
+from ..models.presets import resolve_preset
+from ..store.store import ImageRecord, Store, content_key, image_key
 
 DEFAULT_DATA_DIR = "~/.cache/gaplens"
 DEFAULT_MAX_IMAGES = 128
@@ -56,14 +59,14 @@ class Engine:
                  options: dict | None = None, max_api_calls: int = DEFAULT_MAX_API_CALLS,
                  public_generators=None, public_evaluators=None,
                  **model_overrides: str | ModelSpec | None):
-        """`public`: serve visitors (engine/access.py): each sees only their own runs, host-only
+        """`public`: serve visitors (engine/common/access.py): each sees only their own runs, host-only
         actions refuse them, requests must fit `budget` (default `limits.Budget()`; per request,
         per hour, and each visitor's share of the store), and the store is cleaned automatically
-        when it exceeds `quota_gb` (engine/storage.py). `options`: backend options by role
+        when it exceeds `quota_gb` (engine/hosting/storage.py). `options`: backend options by role
         (`--ROLE-option KEY=VALUE`); `max_api_calls`: image API calls per run.
         `public_generators` / `public_evaluators`: what visitors may pick beyond the presets' models
         and this engine's own in Compare models / Compare evaluators ('[LABEL=]backend:model',
-        comma-separated or a list; engine/backend_choices.py)."""
+        comma-separated or a list; engine/hosting/backend_choices.py)."""
         self.preset, self.preset_reason = resolve_preset(preset, options, **model_overrides)
         self.started_with = self.preset.specs()
         self.public_choices = {"generator": backend_choices.parse_allow_list(public_generators, "generator"),
@@ -121,8 +124,8 @@ class Engine:
         specs = [self.preset.specs()[r] for r in ("generator", "embedder", "vqa")]
         if all(s.backend.startswith("synthetic") for s in specs):
             return False
-        from .device import is_accelerator
-        from .plan import working_bytes
+        from ..backends.device import is_accelerator
+        from ..models.plan import working_bytes
 
         device = self.models.device
         if not is_accelerator(device):
@@ -215,7 +218,7 @@ class Engine:
     def check_questions(self, questions) -> None:
         """InputError before a run when the VQA evaluator cannot answer one of `questions` (the faces
         evaluator answers gender and age only)."""
-        from .backends import question_problem
+        from ..backends import question_problem
 
         problem = question_problem(self.preset.vqa, questions)
         if problem:
@@ -409,7 +412,7 @@ class Engine:
     def ask_json(self, messages: list[dict], validate: Callable, *, temperature: float = 1.0,
                  seed: int = 0, retries: int = 2, max_tokens: int = 1024):
         """Ask the LLM for JSON, repair and validate it (engine.backends.llm_json)."""
-        from .backends.llm_json import ask_json
+        from ..backends.llm_json import ask_json
 
         return ask_json(self.llm, messages, validate=validate, retries=retries,
                         temperature=temperature, seed=seed, max_tokens=max_tokens)
@@ -419,8 +422,8 @@ class Engine:
         """Check a request before any work starts or anything is stored: ranges always
         (limits.check_request); in public mode also the backends and files it names
         (backend_choices.check_request), the per-request budget, the store's room and the
-        visitor's share of it (engine/storage.py), and the hourly budgets, which it is charged
-        to (engine/spending.py). Returns the most images it can generate.
+        visitor's share of it (engine/hosting/storage.py), and the hourly budgets, which it is charged
+        to (engine/hosting/spending.py). Returns the most images it can generate.
         InputError / OverBudgetError / StoreError."""
         limits.check_request(method, request, self.preset.name)
         backend_choices.check_request(self, request)   # public mode: no backend, server or file but the host's
@@ -683,7 +686,7 @@ def _memory_summary(device: str | None) -> str:
     never on ZeroGPU, where the main process must not initialise CUDA."""
     import sys
 
-    from .device import on_zero_gpu
+    from ..backends.device import on_zero_gpu
 
     torch = sys.modules.get("torch")
     if (torch is not None and device and str(device).startswith("cuda") and not on_zero_gpu()

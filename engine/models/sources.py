@@ -4,10 +4,10 @@ images (it cannot make images of new prompts). Functions of an Engine, kept out 
 """
 from __future__ import annotations
 
-from .backends.base import ModelSpec
-from .errors import InputError
-from .events import Warning
-from .store import image_key
+from ..backends.base import ModelSpec
+from ..common.errors import InputError
+from ..common.events import Warning
+from ..store.store import image_key
 
 API_BACKENDS = ("openai_images", "hf_inference")
 SOURCE_BACKENDS = ("folder", "hf_dataset")
@@ -87,7 +87,7 @@ def use_model(engine, role: str, model: str = "", options: dict | str | None = N
     unloaded, the store kept. Returns the new spec."""
     from dataclasses import replace
 
-    from . import access
+    from ..common import access
     from .presets import check_options, parse_model_override, parse_options
 
     access.require_host(getattr(engine, "public", False), "changing a model")  # it changes it for every visitor

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
 
-from . import access
-from .backends.base import ModelSpec
-from .errors import InputError, NotAllowedError
-from .names import short_label
-from .presets import PRESETS, parse_model_override
+from ..backends.base import ModelSpec
+from ..common import access
+from ..common.errors import InputError, NotAllowedError
+from ..common.names import short_label
+from ..models.presets import PRESETS, parse_model_override
 
 ROLES = {"generator": "generators", "vqa": "evaluators"}   # the roles a request may pick per run
 

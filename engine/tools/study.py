@@ -45,12 +45,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .errors import InputError
-from .imports import ArchiveLimits, check_archive
-from .limits import MAX_TEXT_CHARS
-from .runs import get_run, run_prompt, run_records, short_model
-from .scores import is_finite
+from .. import __version__
+from ..common.errors import InputError
+from ..common.scores import is_finite
+from ..hosting.limits import MAX_TEXT_CHARS
+from ..runs.history import get_run, run_prompt, run_records, short_model
+from ..runs.imports import ArchiveLimits, check_archive
 
 KEY_FORMAT = "gaplens-study-key"
 ANSWER_COLUMNS = ["participant", "form", "position", "item", "set_a", "set_b", "answer", "rt_ms"]
@@ -142,11 +142,11 @@ def automatic_score(engine, run: dict, label: str, records: list, kind: str, axi
     if theirs and theirs != ours:  # score with the evaluator the run was made with, or not at all
         return None, name, f"unavailable (the run's {role} is {short_model(theirs)}; this engine has {short_model(ours)})"
     try:
-        from .axes import axis_for, normalise_free_answer
-        from .methods.single_prompt import DEFAULT_AXES, axis_metrics
+        from ..methods.axes import axis_for, normalise_free_answer
+        from ..methods.single_prompt import DEFAULT_AXES, axis_metrics
 
         if kind == "pair" and overall:
-            from .metrics.diversity import normalised_vendi
+            from ..metrics.diversity import normalised_vendi
 
             return float(normalised_vendi(engine.embed_images(records))), name, "computed"
         values = []

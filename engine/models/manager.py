@@ -1,7 +1,7 @@
 """The model manager: loads on first use, keeps models warm, evicts the least recently
 used under a memory budget, and serialises access to each model.
 
-A model's footprint is its weights plus, while it runs, its working memory (engine.plan:
+A model's footprint is its weights plus, while it runs, its working memory (engine.models.plan:
 activations, KV cache, the VAE decode): before a load or a call that would not fit, the least
 recently used idle models leave the device. On a CUDA device an evicted model is parked in host
 RAM (its weights moved to the CPU, `move_to`) when the host has room, so the next run moves it back
@@ -22,9 +22,9 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .backends import load_backend
-from .backends.base import ModelSpec
-from .errors import ModelLoadError
+from ..backends import load_backend
+from ..backends.base import ModelSpec
+from ..common.errors import ModelLoadError
 
 
 @dataclass
@@ -50,8 +50,8 @@ def _memory_bytes(backend) -> int:
 
 class ModelManager:
     """Loads, keeps and evicts models. `budget_bytes` None means the device's default budget
-    (engine.device.default_budget_bytes), chosen with the first real load; 0 means no budget.
-    `memory` reports device memory (engine.device.DeviceMemory; tests pass a fake one)."""
+    (engine.backends.device.default_budget_bytes), chosen with the first real load; 0 means no budget.
+    `memory` reports device memory (engine.backends.device.DeviceMemory; tests pass a fake one)."""
 
     def __init__(self, device: str | None = None, budget_bytes: int | None = None, memory=None):
         self._device = device
@@ -81,7 +81,7 @@ class ModelManager:
     @property
     def device(self) -> str:
         if self._device is None:
-            from .device import pick_device  # imports torch: only when a real model loads
+            from ..backends.device import pick_device  # imports torch: only when a real model loads
 
             self._device = pick_device()
         return self._device
@@ -89,7 +89,7 @@ class ModelManager:
     @property
     def memory(self):
         if self._memory is None:
-            from .device import DeviceMemory
+            from ..backends.device import DeviceMemory
 
             self._memory = DeviceMemory()
         return self._memory
@@ -98,7 +98,7 @@ class ModelManager:
     def budget_bytes(self) -> int | None:
         """Bytes the loaded models may take on the device; None while no real model has chosen the device."""
         if self._budget_bytes is None and self._device is not None:
-            from .device import default_budget_bytes
+            from ..backends.device import default_budget_bytes
 
             self._budget_bytes = default_budget_bytes(self._device, self.memory) or 0
         return self._budget_bytes or None
@@ -113,7 +113,7 @@ class ModelManager:
 
     def size_bytes(self, spec: ModelSpec, device: str) -> int:
         """Returns the bytes `spec` takes on `device`: measured on the loaded model when it is loaded,
-        else the memory plan's estimate (engine.plan.estimate_bytes)."""
+        else the memory plan's estimate (engine.models.plan.estimate_bytes)."""
         entry = self._models.get(spec)
         if entry is not None and entry.bytes:
             return entry.bytes
@@ -217,7 +217,7 @@ class ModelManager:
     def _park(self, entry: LoadedModel) -> bool:
         """Moves an idle model's weights to host RAM when the device is a CUDA GPU (not ZeroGPU), the
         backend can move, and the host keeps device.HOST_RESERVE_BYTES free beside it. True if parked."""
-        from .device import HOST_RESERVE_BYTES, on_zero_gpu
+        from ..backends.device import HOST_RESERVE_BYTES, on_zero_gpu
 
         if not str(self.device).startswith("cuda") or on_zero_gpu() or not callable(
                 getattr(entry.backend, "move_to", None)):
@@ -270,7 +270,7 @@ class ModelManager:
 
     def summary(self) -> str:
         """Returns "resident: label (size), ...; [parked in host RAM: ...;] budget N GB" for the status panel."""
-        from .device import format_bytes
+        from ..backends.device import format_bytes
 
         def listed(parked: bool) -> str:
             return ", ".join(f"{s.label} ({format_bytes(m.bytes)})" for s, m in self._models.items() if m.parked == parked)

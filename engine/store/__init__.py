@@ -1,0 +1,1 @@
+"""The store: one SQLite database plus image files, every artefact keyed by what determines it."""
