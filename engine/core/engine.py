@@ -420,13 +420,13 @@ class Engine:
     # -- runs ----------------------------------------------------------------------------------
     def admit(self, method: str, request) -> int:
         """Check a request before any work starts or anything is stored: ranges always
-        (limits.check_request); in public mode also the backends and files it names
-        (backend_choices.check_request), the per-request budget, the store's room and the
+        (limits.check); in public mode also the backends and files it names
+        (backend_choices.check), the per-request budget, the store's room and the
         visitor's share of it (engine/hosting/storage.py), and the hourly budgets, which it is charged
         to (engine/hosting/spending.py). Returns the most images it can generate.
         InputError / OverBudgetError / StoreError."""
-        limits.check_request(method, request, self.preset.name)
-        backend_choices.check_request(self, request)   # public mode: no backend, server or file but the host's
+        limits.check(method, request, self.preset.name)
+        backend_choices.check(self, request)   # public mode: no backend, server or file but the host's
         fields = _as_dict(request)
         for name, what in (("n", "number of images"), ("n_variations", "number of text variations")):
             if fields.get(name) is not None:
@@ -554,13 +554,13 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
     it will run, which admission checks and charges (a resume: the stored run's settings).
 
     The decorated function has `preflight(request, engine)`: those checks and the ranges of
-    `limits.check_request`, starting nothing (a tab checks a request before its run streams)."""
+    `limits.check`, starting nothing (a tab checks a request before its run streams)."""
 
     def preflight(request, engine: Engine) -> None:
         if check is not None:
             check(request, engine)
-        limits.check_request(method, request, engine.preset.name)
-        backend_choices.check_request(engine, request)
+        limits.check(method, request, engine.preset.name)
+        backend_choices.check(engine, request)
 
     def wrap(fn):
         @functools.wraps(fn)

@@ -2,7 +2,7 @@
 
 Two layers:
 
-- `check_request` applies everywhere (CLI, local app, public app): every number of a method's
+- `check` applies everywhere (CLI, local app, public app): every number of a method's
   request dataclass is range-checked by its field name (seeds 0…2³²−1, `n_boot` 0 where the
   method allows "no intervals" and otherwise 100…100 000, steps and size bounded per preset, every
   text at most `MAX_TEXT_CHARS`), so bad input is one sentence instead of a traceback.
@@ -98,7 +98,7 @@ def check_text(text: str | None, what: str) -> None:
         raise InputError(f"the {what} is {len(text)} characters long; the maximum is {MAX_TEXT_CHARS}")
 
 
-def check_request(method: str, request, preset_name: str) -> None:
+def check(method: str, request, preset_name: str) -> None:
     """Raise InputError (one sentence) when a field of `request` (a method's request
     dataclass or dict) is out of range. Returns None; changes nothing."""
     fields = asdict(request) if is_dataclass(request) else dict(request)

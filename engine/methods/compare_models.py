@@ -25,8 +25,8 @@ from . import cfsets, counterfactuals, intersectional, single_prompt
 
 METHODS = {
     "single_prompt": (single_prompt.SinglePromptRequest, single_prompt.run, single_prompt.check),
-    "counterfactuals": (counterfactuals.CounterfactualsRequest, counterfactuals.run, cfsets.check),
-    "intersectional": (intersectional.IntersectionalRequest, intersectional.run, intersectional.check_before_run),
+    "counterfactuals": (counterfactuals.CounterfactualsRequest, counterfactuals.run, counterfactuals.check),
+    "intersectional": (intersectional.IntersectionalRequest, intersectional.run, intersectional.check),
 }
 
 

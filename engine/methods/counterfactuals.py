@@ -50,7 +50,8 @@ from ..metrics.diversity import unit_rows
 from ..metrics.intervals import headline_claim
 from ..metrics.wordnet import missing_note, released_synonyms, wordnet_synonyms
 from ..models.presets import ASSETS
-from .cfsets import SetSpec, SetsRequest, check, generate_set, prepare, resample_weights, set_label
+from . import cfsets
+from .cfsets import SetSpec, SetsRequest, generate_set, prepare, resample_weights, set_label
 from .generate import settle_settings
 
 MODES = ("paper", "reference")   # the same words as the T2I-BiasBench metrics' modes
@@ -81,11 +82,11 @@ class CounterfactualsRequest(SetsRequest):
 REFERENCE_OPTIONS = {"min_frequency": tibet_reference.MIN_FREQUENCY, "renormalise": True, "sum_normalise": True}
 
 
-def check_request(request: CounterfactualsRequest, engine: Engine) -> None:
+def check(request: CounterfactualsRequest, engine: Engine) -> None:
     """Raises InputError for a request that cannot run (cfsets.check, and the mode)."""
     if request.mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, not '{request.mode}'")
-    check(request, engine)
+    cfsets.check(request, engine)
 
 
 @functools.lru_cache(maxsize=1)
@@ -341,7 +342,7 @@ class CounterfactualsResults(TypedDict, total=False):
     modes: dict[str, dict]                   # both modes' point values: mode -> {"cas", "mad", "mad_order"}
 
 
-@recorded("counterfactuals", check_request)
+@recorded("counterfactuals", check)
 def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     """TIBET on one prompt (or on a {placeholder} prompt filled with each of `request.fill`,
     CAS averaged over the prompts: aggregate mode).
