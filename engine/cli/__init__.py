@@ -24,7 +24,7 @@ import time
 from ..common.errors import GapLensError
 from ..common.events import Done, Progress, Scores, Warning
 from ..methods import METHODS
-from ..methods.compare_models import METHODS as COMPARED
+from ..methods.compare_models import AUDITS
 from .compare import add_generators
 from .options import method_parser
 
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
             method_parser(sub, common_arguments, name, " ".join((METHODS[name].run.__doc__ or name).split("\n\n")[0].split()))
             continue
         module.add_parser(sub, common_arguments)
-    for name in COMPARED:   # --generators A B ...: the same audit on each generator (engine/cli/compare.py)
+    for name in AUDITS:   # --generators A B ...: the same audit on each generator (engine/cli/compare.py)
         add_generators(sub.choices[METHODS[name].cli], name)
     return parser
 

@@ -2,10 +2,13 @@
 `cfsets` hold what several methods share).
 
 `METHODS` is the one place that maps a method's name (as stored in its runs) to what every
-client needs: the request dataclass, the run function, its scores and headline for the Runs
-tab, comparison and export, the page that shows its results (a module name, so methods never
-import the reporting layer; `engine.report.page_for` reads it) and its command line
-(`python -m engine <cli>`, options built from the request's fields by `engine/cli/`).
+client needs: the request dataclass, the run function with its request check and its
+estimate (what a request can spend: public budgets bound and charge it, Engine.admit), its
+scores and headline for the Runs tab, comparison and export, the page that shows its results
+(a module name, so methods never import the reporting layer; `engine.report.page_for` reads
+it), its command line (`python -m engine <cli>`, options built from the request's fields by
+`engine/cli/`) and its tab (an id: tabs/ maps it to the tab's builder, so the engine never
+imports gradio; app.py builds the tabs in this table's order).
 
 Adding a method: one module here, one page `engine/report/<name>.py`, one row below and one
 tab (docs/writing-a-method.md).
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..common.scores import Score
+from ..hosting.limits import Estimate
 from . import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt
 
 
@@ -26,12 +30,16 @@ class Method:
     name: the method's name in its runs (`@recorded(name)`) and its page module's name.
     title: how the app and the reports title it.
     request: the request dataclass; its fields with `metadata["help"]` are CLI options.
-    run: `run(request, engine)`, a generator of events ending in one `Done`.
+    run: `run(request, engine)`, a generator of events ending in one `Done`; `@recorded(name,
+        check, estimate)` gives it `run.check(request, engine)` (InputError for a request that
+        cannot run) and `run.estimate(request, until_cap=None, proposed=None)` (a
+        `limits.Estimate`: the most images and LLM calls it can spend), which the row carries.
     headline: `headline(run_record) -> (text, value)`, the Runs table's line and sort value.
     scores: `scores(results, summary) -> list[Score]`; None: every number is flattened
         (engine.runs.history.flatten_scores).
     cli: the command name (`python -m engine <cli>`, module engine/cli/<name>.py); None: none.
     page: the module whose `page(results) -> Markup` shows the results.
+    tab: the id of its tab in the app (`tabs.TABS` maps it to the builder); None: none.
     """
 
     name: str
@@ -42,24 +50,34 @@ class Method:
     scores: Callable[[dict, dict], list[Score]] | None = None
     cli: str | None = None
     page: str = ""
+    tab: str | None = None
 
     def __post_init__(self):
         if not self.page:
             object.__setattr__(self, "page", f"engine.report.{self.name}")
 
+    @property
+    def check(self) -> Callable:
+        return self.run.check
+
+    @property
+    def estimate(self) -> Callable[..., Estimate]:
+        return self.run.estimate
+
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("single_prompt", "Single Prompt", single_prompt.SinglePromptRequest, single_prompt.run,
-           single_prompt.headline, single_prompt.scores, cli="single-prompt"),
+           single_prompt.headline, single_prompt.scores, cli="single-prompt", tab="single"),
     Method("generate", "Generate", generate.GenerateRequest, generate.run, generate.headline, generate.scores,
            cli="generate"),
     Method("counterfactuals", "Counterfactuals", counterfactuals.CounterfactualsRequest, counterfactuals.run,
-           counterfactuals.headline, counterfactuals.scores, cli="counterfactuals"),
+           counterfactuals.headline, counterfactuals.scores, cli="counterfactuals", tab="counterfactuals"),
     Method("intersectional", "Intersectional Matrix", intersectional.IntersectionalRequest, intersectional.run,
-           intersectional.headline, cli="intersectional"),
-    Method("mine", "Mine Prompts", mine.MineRequest, mine.run, mine.headline, cli="mine"),
-    Method("mitigate", "Mitigate", mitigate.MitigateRequest, mitigate.run, mitigate.headline, cli="mitigate"),
+           intersectional.headline, cli="intersectional", tab="intersectional"),
+    Method("mine", "Mine Prompts", mine.MineRequest, mine.run, mine.headline, cli="mine", tab="mine"),
+    Method("mitigate", "Mitigate", mitigate.MitigateRequest, mitigate.run, mitigate.headline, cli="mitigate",
+           tab="mitigate"),
     # no command of its own: `--generators A B` on the audits' commands (engine/cli/compare.py)
     Method("compare_models", "Compare models", compare_models.CompareModelsRequest, compare_models.run,
-           compare_models.headline),
+           compare_models.headline, tab="compare-models"),
 )}

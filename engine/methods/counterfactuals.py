@@ -43,6 +43,7 @@ from ..common.events import Progress, Scores, Table, Warning
 from ..common.scores import Score, as_interval, finite_or_none, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded
+from ..hosting.limits import Estimate
 from ..metrics import tibet, tibet_reference
 from ..metrics.bootstrap import percentile_interval
 from ..metrics.concepts import top_phrases
@@ -71,7 +72,8 @@ class CounterfactualsRequest(SetsRequest):
         "help": "HistIoU without rescaling both histograms to sum 1", "flag": "--raw-histograms"})
     sum_normalise: bool = field(default=True, metadata={  # spec §8 item 6
         "help": "MAD of the raw CAS values (not CAS / sum CAS)", "flag": "--no-sum-normalise"})
-    n_boot: int = field(default=500, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
+    n_boot: int = field(default=500, metadata={"help": "bootstrap resamples of the images; 0: no intervals",
+                                                 "zero_off": True})
     top_k: int = field(default=5, metadata={"help": "concepts listed per image set"})
     mode: str = field(default=DEFAULT_MODE, metadata={  # issue 23
         "help": "paper: TIBET as the thesis writes it; reference: CAS and MAD as the authors' released code "
@@ -342,7 +344,12 @@ class CounterfactualsResults(TypedDict, total=False):
     modes: dict[str, dict]                   # both modes' point values: mode -> {"cas", "mad", "mad_order"}
 
 
-@recorded("counterfactuals", check)
+def estimate(request: CounterfactualsRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """N images per set: the prompt's and one per counterfactual, per fill value (cfsets.estimate_sets)."""
+    return cfsets.estimate_sets(request, cfsets.one_set_each, proposed)
+
+
+@recorded("counterfactuals", check, estimate)
 def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     """TIBET on one prompt (or on a {placeholder} prompt filled with each of `request.fill`,
     CAS averaged over the prompts: aggregate mode).

@@ -39,6 +39,7 @@ from ..common.llm_prompts import axis_question_prompt
 from ..common.scores import number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded
+from ..hosting.limits import Estimate
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
 from ..metrics.intervals import headline_claim
@@ -69,7 +70,8 @@ class IntersectionalRequest(SetsRequest):
     importance: str = field(default="count", metadata={
         "help": "MaxImp/MaxInf by edge count or sum of |IS|", "choices": IMPORTANCE})
     questions: dict = field(default_factory=dict)     # axis -> VQA question (overrides the default)
-    n_boot: int = field(default=300, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
+    n_boot: int = field(default=300, metadata={"help": "bootstrap resamples of the images; 0: no intervals",
+                                                 "zero_off": True})
 
 
 def choices(template: str, cfs: list[str]) -> list[str]:
@@ -211,7 +213,13 @@ def check(request: IntersectionalRequest, engine: Engine) -> None:
     cfsets.check(request, engine)
 
 
-@recorded("intersectional", check)
+def estimate(request: IntersectionalRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """N images per set: the prompt's and one per counterfactual, per fill value; a question
+    per axis from the LLM (cfsets.estimate_sets)."""
+    return cfsets.estimate_sets(request, cfsets.one_set_each, proposed, asks_per_axis=True)
+
+
+@recorded("intersectional", check, estimate)
 def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     """BiasConnect's sensitivity matrix and bias graph of one prompt (or of a {placeholder}
     prompt filled with each of `request.fill`, pooled: aggregate mode).

@@ -37,6 +37,7 @@ from ..common.llm_prompts import mutations_prompt, random_prompts_prompt
 from ..common.scores import number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, EngineStats, Run, recorded
+from ..hosting.limits import Estimate
 from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..metrics.intervals import headline_claim
 from ..models import sources
@@ -606,7 +607,18 @@ def _priced(request: MineRequest, engine: Engine) -> MineRequest:
     return replace(effective, resume=None, iterations=effective.iterations - len(stored.get("iterations", [])))
 
 
-@recorded("mine", check, continues=lambda request: request.resume, priced=_priced)
+def estimate(request: MineRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """T·b·N images and T generations (spec A.9); LLM calls per iteration: a variation call per
+    prompt, the population's call and, for the genetic search, a mutation call per selected
+    prompt (none when ranking a source's prompts)."""
+    iterations = int(request.iterations or DEFAULT_ITERATIONS)
+    population = max(1, int(request.population))
+    select = int(request.select) if request.strategy == "ga" else 0
+    calls = 0 if request.strategy == "source" else iterations * (population + 1 + select)
+    return Estimate(int(request.n) * population * iterations, calls, generations=iterations)
+
+
+@recorded("mine", check, estimate, continues=lambda request: request.resume, priced=_priced)
 def run(request: MineRequest, engine: Engine, run_record: Run):
     """MineTheGap's genetic search (or the random baseline) for the prompts the model is most
     biased on (lowest gap score), resumable (`request.resume`).
