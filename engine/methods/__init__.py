@@ -39,7 +39,7 @@ class Method:
         (engine.runs.history.flatten_scores).
     cli: the command name (`python -m engine <cli>`, module engine/cli/<name>.py); None: none.
     page: the module whose `page(results) -> Markup` shows the results.
-    tab: the id of its tab in the app (`tabs.TABS` maps it to the builder); None: none.
+    tab: the id of its tab in the app (`tabs.BUILDERS` maps it to the builder); None: none.
     """
 
     name: str
