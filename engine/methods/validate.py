@@ -16,7 +16,7 @@ import csv
 import io
 import math
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -309,11 +309,15 @@ def _run(store: Store, run_id: str) -> dict:
 # -- as a command ----------------------------------------------------------------------------------
 @dataclass
 class ValidateRequest:
-    run: str
-    labels: str | None = None          # CSV path with image_key,axis,label
-    who: str | None = None             # stored with the labels (default: the file's name)
-    compare_vqa: str | None = None     # a second evaluator, 'backend:model'
-    seed: int = 0
+    run: str                           # the run id (the command's RUN)
+    labels: str | None = field(default=None, metadata={
+        "metavar": "FILE.csv", "help": "CSV with columns image_key,axis,label"})
+    who: str | None = field(default=None, metadata={
+        "help": "who labelled (stored with the labels; default file:NAME)"})
+    compare_vqa: str | None = field(default=None, metadata={
+        "metavar": "BACKEND:MODEL", "help": "score the same images with a second evaluator and show their agreement "
+                                            "matrix"})
+    seed: int = field(default=0, metadata={"help": "seed of the intervals' bootstrap"})
 
 
 def run(request: ValidateRequest, engine: Engine):
