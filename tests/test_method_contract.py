@@ -16,7 +16,7 @@ import pytest
 import tabs
 from engine.cli import build_parser, main
 from engine.common import access
-from engine.common.errors import OverBudgetError
+from engine.common.errors import InputError, OverBudgetError
 from engine.core.engine import Engine, recorded
 from engine.hosting.limits import Budget, Estimate
 from engine.methods import METHODS, Method, compare_models, counterfactuals, mine
@@ -45,6 +45,7 @@ CASES = {
                         "generators": ["synthetic", f"synthetic_generator:{os.path.relpath(SYNTHETIC_TABLE)}"],
                         "request": {"prompt": PROMPT, "n": 4, "n_boot": 100}}, []),
 }
+RUNS = [name for name, method in METHODS.items() if method.records]   # validate stores no run of its own
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +77,10 @@ def same_json(a, b) -> bool:
 
 
 def test_every_method_has_a_contract_case():
-    assert set(CASES) == set(METHODS)
+    assert set(CASES) == set(RUNS)
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", RUNS)
 def test_done_comes_last_once_and_its_results_are_the_stored_json(name, engine):
     done = done_event(events_of(name, engine))
     text = json.dumps(done.results)                      # plain JSON: no numpy scalars, no sets
@@ -90,7 +91,7 @@ def test_done_comes_last_once_and_its_results_are_the_stored_json(name, engine):
     assert HOSTILE in text                                # the hostile string reached the results
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", RUNS)
 def test_cli_json_is_the_stored_run_record(name, engine, capsys):
     argv = CASES[name][1]
     if METHODS[name].cli is None:
@@ -104,7 +105,7 @@ def test_cli_json_is_the_stored_run_record(name, engine, capsys):
     assert same_json(printed, {"run_id": record["id"], **record["results"]})
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", RUNS)
 def test_hostile_strings_render_escaped_in_the_methods_page(name, engine):
     html = str(importlib.import_module(METHODS[name].page).page(done_event(events_of(name, engine)).results))
     assert html.strip()
@@ -138,7 +139,16 @@ def test_every_row_has_a_check_an_estimate_and_a_tab_or_a_command():
         assert method.tab or method.cli, f"{name}: neither a tab nor a command"
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+def test_validate_has_a_row_that_checks_its_run_and_spends_nothing(engine):
+    row = METHODS["validate"]
+    with pytest.raises(InputError, match="no run 'no-such-run'"):
+        row.check(row.request("no-such-run"), engine)
+    assert row.estimate(row.request("no-such-run")) == Estimate(0)
+    args = build_parser().parse_args(["validate", "some-run", "--seed", "3"])
+    assert args.make_request(args) == row.request("some-run", seed=3) and args.method is row.run
+
+
+@pytest.mark.parametrize("name", RUNS)
 def test_a_public_request_is_bounded_by_its_rows_estimate(name, tmp_path):
     request = METHODS[name].request(**visitor_case(name))
     cost = METHODS[name].estimate(request)

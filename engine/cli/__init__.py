@@ -29,7 +29,7 @@ from .compare import add_generators
 from .options import method_parser
 
 # engine/cli/<name>.py for each command besides the methods', in --help order
-OTHER_COMMANDS = ["validate", "runs", "biasbench", "status", "plan", "doctor"]
+OTHER_COMMANDS = ["runs", "biasbench", "status", "plan", "doctor"]
 ROLE_EXAMPLES = {"generator": "diffusers:/path/to/model", "embedder": "open_clip:ViT-B-32",
                  "llm": "hf_chat:Qwen/Qwen2.5-1.5B-Instruct",
                  "vqa": "blip_vqa:Salesforce/blip-vqa-base, or faces: for the gender and age axes (face "

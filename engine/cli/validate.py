@@ -4,14 +4,11 @@ accuracy and Cohen's κ, its confusion matrix and recall, and the raw and correc
 from __future__ import annotations
 
 from ..methods import validate
-from .options import request_from_args, request_options
+from .options import method_parser, request_from_args
 
 
 def add_parser(sub, common_arguments) -> None:
-    p = sub.add_parser("validate", help="check the evaluator against a person's labels: κ, confusion, "
-                       "corrected distribution; or compare two evaluators")
-    common_arguments(p)
+    p = method_parser(sub, common_arguments, "validate", "check the evaluator against a person's labels: κ, "
+                      "confusion, corrected distribution; or compare two evaluators")
     p.add_argument("run", metavar="RUN", help="the run id (see `runs list`)")
-    request_options(p, validate.ValidateRequest)   # --labels, --who, --compare-vqa, --seed
-    p.set_defaults(method=validate.run, make_request=lambda a: request_from_args(validate.ValidateRequest, a,
-                                                                                  run=a.run))
+    p.set_defaults(make_request=lambda a: request_from_args(validate.ValidateRequest, a, run=a.run))

@@ -10,6 +10,10 @@ it), its command line (`python -m engine <cli>`, options built from the request'
 `engine/cli/`) and its tab (an id: tabs/ maps it to the tab's builder, so the engine never
 imports gradio; app.py builds the tabs in this table's order).
 
+Workflows beside the methods that store no run of their own (`records=False`: validate) have
+rows too: their request, run, check, estimate and command. The BiasBench tool cannot: it lives in
+engine.tools, which imports the methods (the no-cycles contract).
+
 Adding a method: one module here, one page `engine/report/<name>.py`, one row below and one
 tab (docs/writing-a-method.md).
 """
@@ -20,7 +24,7 @@ from typing import Callable, Iterator
 
 from ..common.scores import Score
 from ..hosting.limits import Estimate
-from . import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt
+from . import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt, validate
 
 
 @dataclass(frozen=True)
@@ -30,39 +34,39 @@ class Method:
     name: the method's name in its runs (`@recorded(name)`) and its page module's name.
     title: how the app and the reports title it.
     request: the request dataclass; its fields with `metadata["help"]` are CLI options.
-    run: `run(request, engine)`, a generator of events ending in one `Done`; `@recorded(name,
-        check, estimate)` gives it `run.check(request, engine)` (InputError for a request that
-        cannot run) and `run.estimate(request, until_cap=None, proposed=None)` (a
-        `limits.Estimate`: the most images and LLM calls it can spend), which the row carries.
+    run: `run(request, engine)`, a generator of events ending in one `Done`.
     headline: `headline(run_record) -> (text, value)`, the Runs table's line and sort value.
     scores: `scores(results, summary) -> list[Score]`; None: every number is flattened
         (engine.runs.history.flatten_scores).
     cli: the command name (`python -m engine <cli>`, module engine/cli/<name>.py); None: none.
     page: the module whose `page(results) -> Markup` shows the results.
     tab: the id of its tab in the app (`tabs.BUILDERS` maps it to the builder); None: none.
+    check: `check(request, engine)`, InputError for a request that cannot run; estimate:
+        `estimate(request, until_cap=None, proposed=None) -> limits.Estimate`, the most images
+        and LLM calls it can spend. None: the run's (`@recorded(name, check, estimate)`).
+    records: whether a run stores a run record under `name` (False: a workflow beside the
+        methods, with no headline, page or tab).
     """
 
     name: str
     title: str
     request: type
     run: Callable[..., Iterator]
-    headline: Callable[[dict], tuple[str, float | None]]
+    headline: Callable[[dict], tuple[str, float | None]] | None = None
     scores: Callable[[dict, dict], list[Score]] | None = None
     cli: str | None = None
     page: str = ""
     tab: str | None = None
+    check: Callable | None = None
+    estimate: Callable[..., Estimate] | None = None
+    records: bool = True
 
     def __post_init__(self):
-        if not self.page:
+        if not self.page and self.records:
             object.__setattr__(self, "page", f"engine.report.{self.name}")
-
-    @property
-    def check(self) -> Callable:
-        return self.run.check
-
-    @property
-    def estimate(self) -> Callable[..., Estimate]:
-        return self.run.estimate
+        for name in ("check", "estimate"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(self.run, name))
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -80,4 +84,6 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # no command of its own: `--generators A B` on the audits' commands (engine/cli/compare.py)
     Method("compare_models", "Compare models", compare_models.CompareModelsRequest, compare_models.run,
            compare_models.headline, tab="compare-models"),
+    Method("validate", "Validate", validate.ValidateRequest, validate.run, cli="validate", check=validate.check,
+           estimate=validate.estimate, records=False),
 )}

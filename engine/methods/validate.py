@@ -26,6 +26,7 @@ from ..common.errors import InputError
 from ..common.events import Done, Progress, Scores
 from ..core.engine import Engine
 from ..hosting import backend_choices
+from ..hosting.limits import Estimate
 from ..metrics import biasbench
 from ..metrics.agreement import agreement, corrected_distribution
 from ..metrics.intervals import posterior_interval, tidy
@@ -320,9 +321,20 @@ class ValidateRequest:
     seed: int = field(default=0, metadata={"help": "seed of the intervals' bootstrap"})
 
 
+def check(request: ValidateRequest, engine: Engine) -> None:
+    """InputError when the store holds no run `request.run` the current user may see."""
+    _run(engine.store, request.run)
+
+
+def estimate(request: ValidateRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """Nothing: validating generates no image and asks no LLM (it reads a stored run's images)."""
+    return Estimate(0)
+
+
 def run(request: ValidateRequest, engine: Engine):
     """`python -m engine validate RUN --labels FILE.csv [--compare-vqa B:M]`: store the file's
     labels with the run, then yield the validation (and the comparison) as one Done event."""
+    check(request, engine)
     if request.labels:
         path = Path(request.labels)
         try:
