@@ -550,9 +550,9 @@ def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estima
     `check(request, engine)` runs first and raises InputError for a request that cannot run
     (an empty prompt), so bad input never leaves a failed run behind. `estimate(request,
     until_cap=None, proposed=None) -> limits.Estimate` is what the request can spend, which
-    admission bounds and charges (Engine.admit). `continues(request)`
-    returns the id of a stored run the request continues (a resume), which is reopened under
-    its own id instead of creating a new one. `priced(request, engine)` returns the request as
+    admission bounds and charges (Engine.admit). `continues(request)` returns the id of a
+    stored run the request continues (a resume), which is reopened under its own id instead of
+    creating a new one. `priced(request, engine)` returns the request as
     it will run, which admission checks and charges (a resume: the stored run's settings).
 
     The decorated function has `check` and `estimate` (engine.methods.METHODS reads them) and
@@ -568,7 +568,8 @@ def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estima
         @functools.wraps(fn)
         def run_method(request, engine: Engine):
             check(request, engine)
-            cost = engine.admit(method, priced(request, engine) if priced else request, estimate)  # nothing stored if refused
+            # nothing stored if refused
+            cost = engine.admit(method, priced(request, engine) if priced else request, estimate)
             previous = continues(request) if continues is not None else None
             run = (engine.reopen_run(previous, method, _as_dict(request)) if previous
                    else engine.start_run(method, _as_dict(request), cost))

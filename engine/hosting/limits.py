@@ -156,7 +156,8 @@ def _zero_off(request) -> bool:
     return bool(n_boot and n_boot.metadata.get("zero_off"))
 
 
-def fit_axes(estimate: Callable, request, axes: dict[str, list[str]], cap: int) -> tuple[dict[str, list[str]], list[str]]:
+def fit_axes(estimate: Callable, request, axes: dict[str, list[str]],
+             cap: int) -> tuple[dict[str, list[str]], list[str]]:
     """The LLM's `axes`, in its order, as long as the request's sets stay within `cap` images
     (what a public request with proposed axes was charged; `estimate`: its method's, METHODS),
     and the axes left out."""
