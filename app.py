@@ -22,8 +22,7 @@ from engine.common.errors import GapLensError  # noqa: E402
 from engine.hosting.limits import Budget  # noqa: E402
 from engine.hosting.storage import upload_limit  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
-from tabs import (compare_models, counterfactuals, fair_queue, intersectional, mine, mitigate, model_panel,  # noqa: E402
-                  runs, single_prompt)
+from tabs import BUILDERS, fair_queue, model_panel  # noqa: E402
 from tabs.common import LoadHook, bind_visitors  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
@@ -59,20 +58,9 @@ def build_app(engine: Engine) -> gr.Blocks:
         model_status = model_panel.build(engine)
         load_hooks = []
         with gr.Tabs():
-            with gr.Tab(METHODS["single_prompt"].title, id="single"):
-                load_hooks += single_prompt.build(engine)
-            with gr.Tab(METHODS["counterfactuals"].title, id="counterfactuals"):
-                load_hooks += counterfactuals.build(engine)
-            with gr.Tab(METHODS["intersectional"].title, id="intersectional"):
-                load_hooks += intersectional.build(engine)
-            with gr.Tab(METHODS["mine"].title, id="mine"):
-                load_hooks += mine.build(engine)
-            with gr.Tab(METHODS["mitigate"].title, id="mitigate"):
-                load_hooks += mitigate.build(engine)
-            with gr.Tab(METHODS["compare_models"].title, id="compare-models"):
-                load_hooks += compare_models.build(engine)
-            with gr.Tab("Runs", id="runs"):
-                load_hooks += runs.build(engine)
+            for title, tab in [(m.title, m.tab) for m in METHODS.values() if m.tab] + [("Runs", "runs")]:
+                with gr.Tab(title, id=tab):
+                    load_hooks += BUILDERS[tab](engine)
         for hook in load_hooks:
             hook = LoadHook(*hook)
             demo.load(hook.fn, None, hook.outputs, api_name=False)

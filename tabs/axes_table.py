@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine.hosting.limits import SETS_GUESS
 from engine.methods import cfsets
 
 from .common import gpu, gpu_seconds_for
@@ -69,7 +68,7 @@ def gpu_seconds_for_sets(engine, n, steps, rows, fill, runs: int = 1) -> int:
     each counterfactual, for every fill value, each image asked one question per axis; an empty table
     counts as the LLM's proposal (SETS_GUESS sets, three axes, its three turns)."""
     axes = cfsets.axes_from_rows(rows if isinstance(rows, list) else None)
-    sets = 1 + sum(len(cfs) for cfs in axes.values()) if axes else SETS_GUESS
+    sets = 1 + sum(len(cfs) for cfs in axes.values()) if axes else cfsets.SETS_GUESS
     sets *= max(1, len(parse_fill(fill if isinstance(fill, str) else "")))
     return gpu_seconds_for(engine, n, steps, sets=sets * runs, questions=len(axes) or 3, llm_calls=0 if axes else 3)
 

@@ -223,7 +223,7 @@ def build(engine) -> list:
     outputs = [progress, preview_box, view, gallery, export, editor.table]
 
     def mitigate_seconds(preview_only, prompt=None, table=None, n=16, fill=None, steps=None, **rest):
-        # a mitigation generates the prompt sets again (limits.estimate_images); a preview once
+        # a mitigation generates the prompt sets again (engine.methods.mitigate.estimate); a preview once
         return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill, runs=1 if preview_only else 2)
 
     @gpu(engine, duration=mitigate_seconds)

@@ -79,7 +79,8 @@ def test_a_visitor_picks_only_what_the_host_offers_under_labels_without_host_pat
         with pytest.raises(NotAllowedError, match="offers these generators"):
             _compare(engine, "synthetic", "folder:/etc")
         with pytest.raises(NotAllowedError, match="reads and writes no file"):
-            engine.admit("mitigate", mitigate.MitigateRequest("a photo of a cat", export=str(tmp_path / "x.json")))
+            engine.admit("mitigate", mitigate.MitigateRequest("a photo of a cat", export=str(tmp_path / "x.json")),
+                         mitigate.estimate)
         assert engine.store.count("runs") == runs_before and engine.models.loaded() == []
         run_id = _done(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a doctor", n=4, gap=False,
                                                                            n_boot=100), engine)).run_id

@@ -1,17 +1,25 @@
 """The contract every method in METHODS keeps, on the synthetic world with small N: its events end
 in exactly one Done; its results survive a JSON round trip and equal the stored run record's;
 the CLI's --json prints the stored record's results (plus run_id); its page escapes hostile
-strings. A new method gets these checks by adding its row to METHODS and a case below."""
+strings; its row carries a check, an estimate and a tab or command, and a public GapLens bounds
+its requests by exactly that estimate. A new method gets these checks by adding its row to
+METHODS and a case below; a row added to METHODS alone gets its budget, command and tab."""
 import importlib
 import json
 import math
 import os
+from dataclasses import dataclass, field
 
+import gradio as gr
 import pytest
 
-from engine.cli import main
-from engine.core.engine import Engine
-from engine.methods import METHODS
+import tabs
+from engine.cli import build_parser, main
+from engine.common import access
+from engine.common.errors import InputError, OverBudgetError
+from engine.core.engine import Engine, recorded
+from engine.hosting.limits import Budget, Estimate
+from engine.methods import METHODS, Method, compare_models, counterfactuals, mine
 from engine.models.presets import SYNTHETIC_TABLE
 from runhelpers import done_event
 
@@ -37,6 +45,7 @@ CASES = {
                         "generators": ["synthetic", f"synthetic_generator:{os.path.relpath(SYNTHETIC_TABLE)}"],
                         "request": {"prompt": PROMPT, "n": 4, "n_boot": 100}}, []),
 }
+RUNS = [name for name, method in METHODS.items() if method.records]   # validate stores no run of its own
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +77,10 @@ def same_json(a, b) -> bool:
 
 
 def test_every_method_has_a_contract_case():
-    assert set(CASES) == set(METHODS)
+    assert set(CASES) == set(RUNS)
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", RUNS)
 def test_done_comes_last_once_and_its_results_are_the_stored_json(name, engine):
     done = done_event(events_of(name, engine))
     text = json.dumps(done.results)                      # plain JSON: no numpy scalars, no sets
@@ -82,7 +91,7 @@ def test_done_comes_last_once_and_its_results_are_the_stored_json(name, engine):
     assert HOSTILE in text                                # the hostile string reached the results
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", RUNS)
 def test_cli_json_is_the_stored_run_record(name, engine, capsys):
     argv = CASES[name][1]
     if METHODS[name].cli is None:
@@ -96,9 +105,117 @@ def test_cli_json_is_the_stored_run_record(name, engine, capsys):
     assert same_json(printed, {"run_id": record["id"], **record["results"]})
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", RUNS)
 def test_hostile_strings_render_escaped_in_the_methods_page(name, engine):
     html = str(importlib.import_module(METHODS[name].page).page(done_event(events_of(name, engine)).results))
     assert html.strip()
     assert HOSTILE not in html and "onerror=alert(1)>" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html     # shown, as text
+
+
+# -- rows: check, estimate, tab or command; budgets read the row's estimate --------------------------
+VISITOR = access.Visitor("session:contract", address="10.0.0.9")
+HOURLY = {"hourly_images": 10**6, "hourly_images_total": 10**7, "hourly_llm_calls": 10**6,
+          "hourly_llm_calls_total": 10**7}
+
+
+def visitor_engine(tmp_path, images: int) -> Engine:
+    """A public GapLens whose one request may generate `images`; it offers the synthetic world
+    under a second name, so a visitor can compare two generators."""
+    return Engine("synthetic", data_dir=str(tmp_path / "public"), public=True, max_images=64,
+                  budget=Budget(images=images, **HOURLY),
+                  public_generators=f"world-copy=synthetic_generator:{os.path.relpath(SYNTHETIC_TABLE)}")
+
+
+def visitor_case(name: str) -> dict:
+    """The contract case as a visitor may send it (generators they are offered)."""
+    return {**CASES[name][0], "generators": ["synthetic", "world-copy"]} if name == "compare_models" else CASES[name][0]
+
+
+def test_every_row_has_a_check_an_estimate_and_a_tab_or_a_command():
+    for name, method in METHODS.items():
+        assert callable(method.check) and callable(method.estimate), name
+        assert method.tab is None or method.tab in tabs.BUILDERS, f"{name}: tabs.BUILDERS has no tab '{method.tab}'"
+        assert method.tab or method.cli, f"{name}: neither a tab nor a command"
+
+
+def test_validate_has_a_row_that_checks_its_run_and_spends_nothing(engine):
+    row = METHODS["validate"]
+    with pytest.raises(InputError, match="no run 'no-such-run'"):
+        row.check(row.request("no-such-run"), engine)
+    assert row.estimate(row.request("no-such-run")) == Estimate(0)
+    args = build_parser().parse_args(["validate", "some-run", "--seed", "3"])
+    assert args.make_request(args) == row.request("some-run", seed=3) and args.method is row.run
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_public_request_is_bounded_by_its_rows_estimate(name, tmp_path):
+    request = METHODS[name].request(**visitor_case(name))
+    cost = METHODS[name].estimate(request)
+    assert cost.images >= 1
+    engine = visitor_engine(tmp_path, cost.images - 1)
+    with access.acting_as(VISITOR), pytest.raises(OverBudgetError, match=rf"can generate up to {cost.images}\)"):
+        next(METHODS[name].run(request, engine))
+    assert engine.store.count("runs") == 0
+
+
+def test_an_estimate_fills_in_its_requests_own_defaults():
+    # Mine: T defaults to mine.DEFAULT_ITERATIONS = 5, b = 12, N = 16, s = 3: T·b·N images and
+    # T·(b + 1 + s) LLM calls
+    assert mine.DEFAULT_ITERATIONS == 5
+    assert METHODS["mine"].estimate(mine.MineRequest()) == Estimate(960, 80, generations=5)
+    # Compare models: the audit's own default N (16 per set), 1 + 4 sets per model, two models
+    axes = {"gender": ["a male doctor", "a female doctor"], "age": ["a young doctor", "an old doctor"]}
+    request = compare_models.CompareModelsRequest("counterfactuals", ["a", "b"], {"prompt": "a doctor", "axes": axes})
+    assert counterfactuals.CounterfactualsRequest("a doctor").n == 16
+    assert METHODS["compare_models"].estimate(request) == Estimate(2 * 16 * 5)
+
+
+@dataclass
+class ToyRequest:
+    prompt: str = field(default="a photo of a cat", metadata={"help": "the prompt"})
+    n: int = field(default=3, metadata={"flag": "-n", "help": "images it pretends to make"})
+
+
+def toy_check(request: ToyRequest, engine: Engine) -> None:
+    engine.check_prompt(request.prompt)
+
+
+def toy_estimate(request: ToyRequest, until_cap=None, proposed=None) -> Estimate:
+    return Estimate(7 * request.n, 2)
+
+
+@recorded("toy", toy_check, toy_estimate)
+def toy_run(request: ToyRequest, engine: Engine, run_record):
+    """A method only this test knows."""
+    yield run_record.finish({"n": request.n})
+
+
+def toy_tab(engine) -> list:
+    gr.Markdown("the toy tab", elem_id="toy-tab")
+    return []
+
+
+def test_a_new_row_is_budgeted_by_its_estimate_and_gets_a_command_and_a_tab(monkeypatch, tmp_path):
+    import app
+
+    toy = Method("toy", "Toy method", ToyRequest, toy_run, lambda record: ("", None), cli="toy", tab="toy")
+    monkeypatch.setitem(METHODS, "toy", toy)
+    monkeypatch.setitem(tabs.BUILDERS, "toy", toy_tab)
+    assert toy.check is toy_check and toy.estimate is toy_estimate
+    # its command: options from the request's fields
+    args = build_parser().parse_args(["toy", "-n", "5", "--prompt", "a photo of a dog"])
+    assert args.make_request(args) == ToyRequest("a photo of a dog", 5) and args.method is toy_run
+    # its budget: 7·N images, 2 LLM calls, whatever its name
+    engine = visitor_engine(tmp_path, images=20)
+    with access.acting_as(VISITOR):
+        with pytest.raises(OverBudgetError, match=r"can generate up to 21\)"):
+            next(toy_run(ToyRequest(n=3), engine))
+        done_event(toy_run(ToyRequest(n=2), engine))
+    with engine.store.ledger() as ledger:
+        assert sum(row[1] for row in ledger.charges(0, visitor=VISITOR.id)) == 14
+    # its tab, titled by the row, after the methods before it
+    demo = app.build_app(Engine("synthetic", data_dir=str(tmp_path / "local")))
+    titles = [b.label for b in demo.blocks.values() if isinstance(b, gr.Tab)]
+    assert titles[titles.index("Compare models") + 1:] == ["Toy method", "Runs"]
+    assert any(getattr(b, "elem_id", None) == "toy-tab" for b in demo.blocks.values())

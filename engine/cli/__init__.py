@@ -6,8 +6,8 @@ One module per command in this package (like diffusers' `commands/`); each expos
 `before_run(request, engine)` (e.g. a budget on stderr) as defaults. A method's command
 (engine/cli/<method>.py) builds its options from the request's fields (engine/cli/options.py)
 and adds its extras (without extras the module is not needed: `method_parser` builds the
-command from METHODS). `COMMANDS` lists them in the order `--help` shows them: every method of
-METHODS that has a command, then the others.
+command from METHODS). `--help` lists every row of METHODS that has a command (read when the
+parser is built), then `OTHER_COMMANDS`.
 
 Progress goes to stderr; with --json the results go to stdout as one JSON document.
 Errors a user can fix print 'error: ...' and exit with status 2.
@@ -24,12 +24,12 @@ import time
 from ..common.errors import GapLensError
 from ..common.events import Done, Progress, Scores, Warning
 from ..methods import METHODS
-from ..methods.compare_models import METHODS as COMPARED
+from ..methods.compare_models import AUDITS
 from .compare import add_generators
 from .options import method_parser
 
-# engine/cli/<name>.py for each command, in --help order
-COMMANDS = [m.name for m in METHODS.values() if m.cli] + ["validate", "runs", "biasbench", "status", "plan", "doctor"]
+# engine/cli/<name>.py for each command besides the methods', in --help order
+OTHER_COMMANDS = ["runs", "biasbench", "status", "plan", "doctor"]
 ROLE_EXAMPLES = {"generator": "diffusers:/path/to/model", "embedder": "open_clip:ViT-B-32",
                  "llm": "hf_chat:Qwen/Qwen2.5-1.5B-Instruct",
                  "vqa": "blip_vqa:Salesforce/blip-vqa-base, or faces: for the gender and age axes (face "
@@ -55,10 +55,10 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One sub-command per module in COMMANDS."""
+    """One sub-command per row of METHODS with a command, then per module in OTHER_COMMANDS."""
     parser = argparse.ArgumentParser(prog="python -m engine", description="GapLens engine")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
+    for name in [m.name for m in METHODS.values() if m.cli] + OTHER_COMMANDS:
         try:
             module = importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
             method_parser(sub, common_arguments, name, " ".join((METHODS[name].run.__doc__ or name).split("\n\n")[0].split()))
             continue
         module.add_parser(sub, common_arguments)
-    for name in COMPARED:   # --generators A B ...: the same audit on each generator (engine/cli/compare.py)
+    for name in AUDITS:   # --generators A B ...: the same audit on each generator (engine/cli/compare.py)
         add_generators(sub.choices[METHODS[name].cli], name)
     return parser
 

@@ -418,35 +418,35 @@ class Engine:
                         temperature=temperature, seed=seed, max_tokens=max_tokens)
 
     # -- runs ----------------------------------------------------------------------------------
-    def admit(self, method: str, request) -> int:
-        """Check a request before any work starts or anything is stored: ranges always
-        (limits.check_request); in public mode also the backends and files it names
-        (backend_choices.check_request), the per-request budget, the store's room and the
+    def admit(self, method: str, request, estimate: Callable[..., limits.Estimate]) -> int:
+        """Check a request of `method` before any work starts or anything is stored: ranges always
+        (limits.check); in public mode also the backends and files it names
+        (backend_choices.check), the per-request budget, the store's room and the
         visitor's share of it (engine/hosting/storage.py), and the hourly budgets, which it is charged
-        to (engine/hosting/spending.py). Returns the most images it can generate.
+        to (engine/hosting/spending.py). `estimate(request, until_cap, proposed)`: what it can spend
+        (its method's, engine.methods.METHODS). Returns the most images it can generate.
         InputError / OverBudgetError / StoreError."""
-        limits.check_request(method, request, self.preset.name)
-        backend_choices.check_request(self, request)   # public mode: no backend, server or file but the host's
+        limits.check(request, self.preset.name)
+        backend_choices.check(self, request)   # public mode: no backend, server or file but the host's
         fields = _as_dict(request)
         for name, what in (("n", "number of images"), ("n_variations", "number of text variations")):
             if fields.get(name) is not None:
                 self.check_n(fields[name], what)
         visitor = access.visitor_for(self.public)
         charged = self.public and not visitor.host and not self.prepaid
-        cost = limits.estimate_images(method, request, until_cap=self.max_set_images(),
-                                      proposed=self.budget.images if charged else None)
+        cost = estimate(request, until_cap=self.max_set_images(), proposed=self.budget.images if charged else None)
         if not self.public:
-            return cost
+            return cost.images
         if charged:
-            limits.check_budget(method, request, self.budget, cost)
+            limits.check_budget(request, self.budget, cost)
         storage.require_room(self.store)
         if charged:
             settings = self.default_settings()
-            storage.check_share(self.store, visitor, cost * storage.image_bytes(
+            storage.check_share(self.store, visitor, cost.images * storage.image_bytes(
                 fields.get("width") or settings.width, fields.get("height") or settings.height))
-            spending.charge(self.store, self.budget, visitor, {"images": cost},
-                            {"llm_calls": limits.estimate_llm_calls(method, request)}, what=method)
-        return cost
+            spending.charge(self.store, self.budget, visitor, {"images": cost.images},
+                            {"llm_calls": cost.llm_calls}, what=method)
+        return cost.images
 
     def charge(self, what: str = "", **spend: int) -> None:
         """Charge work done outside a run's admission (an LLM call, a regenerated image, an export's
@@ -464,13 +464,13 @@ class Engine:
             return min(self.max_images, self.budget.images)
         return self.max_images
 
-    def fit_proposed_axes(self, method: str, request, axes: dict, share: int = 1) -> tuple[dict, list[str]]:
+    def fit_proposed_axes(self, estimate: Callable, request, axes: dict, share: int = 1) -> tuple[dict, list[str]]:
         """The LLM-proposed `axes` a visitor's request keeps: those whose sets fit what it was
-        charged (one request's images, divided among `share` runs), in the LLM's order, and the
-        axes left out. Everything in local mode and for the host."""
+        charged (one request's images, divided among `share` runs; `estimate`: its method's), in
+        the LLM's order, and the axes left out. Everything in local mode and for the host."""
         if not self.public or access.visitor_for(True).host:
             return axes, []
-        return limits.fit_axes(method, request, axes, self.budget.images // max(1, share))
+        return limits.fit_axes(estimate, request, axes, self.budget.images // max(1, share))
 
     def start_run(self, method: str, request: dict, cost: int = 0) -> "Run":
         self.api_calls = self.api_calls_announced = 0
@@ -541,33 +541,35 @@ class Run:
         return Done(self.id, results, summary)
 
 
-def recorded(method: str, check: Callable | None = None, continues: Callable | None = None,
-             priced: Callable | None = None):
+def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estimate], *,
+             continues: Callable | None = None, priced: Callable | None = None):
     """Decorator for a method generator `fn(request, engine, run_record)`: creates its run record and
     marks it failed (with the message) or stopped when the consumer closes the stream early.
     Whatever the method stored before the failure stays in the store.
 
     `check(request, engine)` runs first and raises InputError for a request that cannot run
-    (an empty prompt), so bad input never leaves a failed run behind. `continues(request)`
-    returns the id of a stored run the request continues (a resume), which is reopened under
-    its own id instead of creating a new one. `priced(request, engine)` returns the request as
+    (an empty prompt), so bad input never leaves a failed run behind. `estimate(request,
+    until_cap=None, proposed=None) -> limits.Estimate` is what the request can spend, which
+    admission bounds and charges (Engine.admit). `continues(request)` returns the id of a
+    stored run the request continues (a resume), which is reopened under its own id instead of
+    creating a new one. `priced(request, engine)` returns the request as
     it will run, which admission checks and charges (a resume: the stored run's settings).
 
-    The decorated function has `preflight(request, engine)`: those checks and the ranges of
-    `limits.check_request`, starting nothing (a tab checks a request before its run streams)."""
+    The decorated function has `check` and `estimate` (engine.methods.METHODS reads them) and
+    `preflight(request, engine)`: the checks and the ranges of `limits.check`, starting nothing
+    (a tab checks a request before its run streams)."""
 
     def preflight(request, engine: Engine) -> None:
-        if check is not None:
-            check(request, engine)
-        limits.check_request(method, request, engine.preset.name)
-        backend_choices.check_request(engine, request)
+        check(request, engine)
+        limits.check(request, engine.preset.name)
+        backend_choices.check(engine, request)
 
     def wrap(fn):
         @functools.wraps(fn)
         def run_method(request, engine: Engine):
-            if check is not None:
-                check(request, engine)
-            cost = engine.admit(method, priced(request, engine) if priced else request)  # nothing stored if refused
+            check(request, engine)
+            # nothing stored if refused
+            cost = engine.admit(method, priced(request, engine) if priced else request, estimate)
             previous = continues(request) if continues is not None else None
             run = (engine.reopen_run(previous, method, _as_dict(request)) if previous
                    else engine.start_run(method, _as_dict(request), cost))
@@ -589,7 +591,7 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
                                         error="".join(traceback.format_exception_only(type(exc), exc)).strip())
                 raise
         run_method.method = method
-        run_method.preflight = preflight
+        run_method.check, run_method.estimate, run_method.preflight = check, estimate, preflight
         return run_method
 
     return wrap

@@ -86,7 +86,7 @@ def resolve(engine, role: str, name: str | ModelSpec) -> ModelSpec:
                           f"them (GapLens on your own machine takes any model)")
 
 
-def check_request(engine, request) -> None:
+def check(engine, request) -> None:
     """Refuse, before any work, a visitor's request whose fields name a backend that is not
     offered (fields with metadata {"backend": role}) or any file (metadata {"metavar": "PATH"})."""
     if free(engine) or not is_dataclass(request):

@@ -2,27 +2,28 @@
 
 Two layers:
 
-- `check_request` applies everywhere (CLI, local app, public app): every number of a method's
-  request dataclass is range-checked by its field name (seeds 0…2³²−1, `n_boot` 0 where the
-  method allows "no intervals" and otherwise 100…100 000, steps and size bounded per preset, every
-  text at most `MAX_TEXT_CHARS`), so bad input is one sentence instead of a traceback.
+- `check` applies everywhere (CLI, local app, public app): every number of a method's
+  request dataclass is range-checked by its field name (seeds 0…2³²−1, `n_boot` 0 where its
+  field's metadata "zero_off" says 0 means "no intervals" and otherwise 100…100 000, steps
+  and size bounded per preset, every text at most `MAX_TEXT_CHARS`), so bad input is one
+  sentence instead of a traceback.
 - `Budget` applies in public mode (`python app.py --public`): per request, images, steps, size,
   mining generations and mitigation steps (`check_budget`); per hour, images and LLM calls per
   visitor, per client address and for the whole app (engine/hosting/spending.py); storage per visitor
-  (engine/hosting/storage.py). A request is charged `max_images`, the most it can generate.
+  (engine/hosting/storage.py). A request is charged its method's `Estimate` (the row's
+  `estimate` in engine.methods.METHODS): the most images it can generate and its LLM calls.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
+from typing import Callable
 
 from ..common.errors import InputError, OverBudgetError
 
 SEED_MAX = 2**32 - 1
 SEED_FIELDS = ("seed", "image_seed", "llm_seed")
 N_BOOT_MIN, N_BOOT_MAX = 100, 100_000
-SET_METHODS = {"counterfactuals", "intersectional", "mitigate"}  # requests of counterfactual image sets
-NO_INTERVALS_ALLOWED = SET_METHODS  # their n_boot = 0 means "no intervals"
 MAX_TEXT_CHARS = 1000
 MAX_LIST_ITEMS = 500
 MIN_SIDE = 64
@@ -31,9 +32,17 @@ MIN_SIDE = 64
 PRESET_LIMITS = {"sd-turbo": (10, 1024), "sdxl-turbo": (10, 1024), "flux-schnell": (16, 1536),
                  "sd15": (150, 1024)}
 DEFAULT_LIMITS = (150, 2048)
-MINE_DEFAULT_ITERATIONS = 5  # engine.methods.mine.DEFAULT_ITERATIONS (methods sit above this module)
-SETS_GUESS = 13  # sets of a counterfactual request whose axes the LLM will propose (1 + 3 axes × 4)
-PROPOSE_CALLS = 3  # TIBET's three-turn axes proposal (engine.methods.cfsets.propose_axes)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What one request can spend, from its method's `estimate(request, until_cap, proposed)`
+    (engine.methods.METHODS): what a public GapLens checks against `Budget` and charges."""
+
+    images: int                 # the most images it can generate (all of its sets)
+    llm_calls: int = 0          # LLM calls when every reply is usable (re-asks add to them when made)
+    generations: int = 0        # mining iterations (Budget.ga_generations)
+    mitigated_axes: int = 0     # axes a mitigation mitigates (Budget.mitigation_steps)
 
 
 @dataclass
@@ -98,7 +107,7 @@ def check_text(text: str | None, what: str) -> None:
         raise InputError(f"the {what} is {len(text)} characters long; the maximum is {MAX_TEXT_CHARS}")
 
 
-def check_request(method: str, request, preset_name: str) -> None:
+def check(request, preset_name: str) -> None:
     """Raise InputError (one sentence) when a field of `request` (a method's request
     dataclass or dict) is out of range. Returns None; changes nothing."""
     fields = asdict(request) if is_dataclass(request) else dict(request)
@@ -117,7 +126,7 @@ def check_request(method: str, request, preset_name: str) -> None:
                              + (" including all of its n images' seeds" if last != seed else "") + f"; got {seed}")
     if fields.get("n_boot") is not None:
         n_boot = _int(fields["n_boot"], "n_boot")
-        zero_ok = method in NO_INTERVALS_ALLOWED
+        zero_ok = _zero_off(request)
         if not (N_BOOT_MIN <= n_boot <= N_BOOT_MAX or (zero_ok and n_boot == 0)):
             raise InputError(f"n_boot (bootstrap resamples) must be between {N_BOOT_MIN} and {N_BOOT_MAX}"
                              + (" (or 0 for no intervals)" if zero_ok else "") + f"; got {n_boot}")
@@ -141,105 +150,25 @@ def check_request(method: str, request, preset_name: str) -> None:
             raise InputError(f"guidance must be between 0 and 50; got {guidance}")
 
 
-def estimate_images(method: str, request, *, until_cap: int | None = None, proposed: int | None = None) -> int:
-    """The most images `request` can generate (what a budget charges). `until_cap`: the largest
-    N a Single Prompt's `until_half_width` may grow its set to (None: it is not counted);
-    `proposed`: the images a request whose axes the LLM proposes is held to (its sets are cut to
-    fit, `fit_axes`; None: SETS_GUESS sets, a guess)."""
-    fields = asdict(request) if is_dataclass(request) else dict(request)
-    n = max(1, _int(fields.get("n") or 1, "n"))
-    if method == "generate":
-        return n * max(1, len(fields.get("prompts") or []))
-    if method == "single_prompt":
-        return max(n, until_cap or 0) if fields.get("until_half_width") else n
-    if method == "mine":
-        iterations = fields.get("iterations") or MINE_DEFAULT_ITERATIONS
-        return n * max(1, _int(fields.get("population") or 1, "population")) * _int(iterations, "iterations")
-    if method == "compare_models":
-        child = dict(fields.get("request") or {})
-        if fields.get("method") != "single_prompt" and not child.get("axes") and proposed is not None:
-            return proposed  # every model's sets are cut to proposed // models
-        models = len({str(g).strip() for g in fields.get("generators") or [] if str(g).strip()})
-        return max(1, models) * estimate_images(str(fields.get("method")), child, until_cap=until_cap)
-    if method in SET_METHODS:  # one set per counterfactual prompt + the prompt, per fill value
-        axes = fields.get("axes")
-        if not (isinstance(axes, dict) and axes):
-            return proposed if proposed is not None else n * SETS_GUESS * max(1, len(fields.get("fill") or []))
-        per_prompt = _mitigate_sets(fields, axes) if method == "mitigate" else 1 + sum(len(v) for v in axes.values())
-        return n * per_prompt * max(1, len(fields.get("fill") or []))
-    return n
+def _zero_off(request) -> bool:
+    """Whether the n_boot field of `request` (a dataclass) says 0 means "no intervals"."""
+    n_boot = getattr(request, "__dataclass_fields__", {}).get("n_boot")
+    return bool(n_boot and n_boot.metadata.get("zero_off"))
 
 
-def _axis(name) -> str:  # engine.methods.cfsets.axis_name (methods sit above this module)
-    return " ".join(str(name).replace("_", " ").split()).lower()
-
-
-def _mitigate_sets(fields: dict, axes: dict) -> int:
-    """Sets of N images a mitigation can make (engine/methods/mitigate.py): the prompt set of the
-    initial state and of every step (N images each in all), and per InterMit step the
-    counterfactual sets of every remaining candidate axis (N images per counterfactual). A step
-    mitigates a target (B*) when there is one, any axis otherwise; the baseline ('all') makes no
-    matrix; a preview one matrix."""
-    select = {_axis(a) for a in fields.get("select") or []}
-    sizes = {_axis(a): len(v) for a, v in axes.items() if not select or _axis(a) in select}
-    if not sizes:
-        return 1
-    named = {_axis(a) for a in fields.get("mitigate") or []} or \
-        {_axis(a) for a, w in (fields.get("priorities") or {}).items() if _positive(w)} or set(sizes)
-    if fields.get("strategy") == "all":
-        return 1 + len(named)
-    candidates = sum(sizes.values()) if len(named) > 1 else max(sizes.values())
-    if fields.get("preview_only"):
-        return 1 + candidates
-    steps = len(sizes) if len(named) > 1 else 1
-    return (1 + steps) + steps * candidates
-
-
-def _positive(value) -> bool:
-    try:
-        return float(value) > 0
-    except (TypeError, ValueError):
-        return False
-
-
-def fit_axes(method: str, request, axes: dict[str, list[str]], cap: int) -> tuple[dict[str, list[str]], list[str]]:
+def fit_axes(estimate: Callable, request, axes: dict[str, list[str]],
+             cap: int) -> tuple[dict[str, list[str]], list[str]]:
     """The LLM's `axes`, in its order, as long as the request's sets stay within `cap` images
-    (what a public request with proposed axes was charged), and the axes left out."""
-    fields = asdict(request) if is_dataclass(request) else dict(request)
+    (what a public request with proposed axes was charged; `estimate`: its method's, METHODS),
+    and the axes left out."""
     kept: dict[str, list[str]] = {}
     left_out = []
     for axis, cfs in axes.items():
-        if estimate_images(method, {**fields, "axes": {**kept, axis: cfs}}) <= cap:
+        if estimate(replace(request, axes={**kept, axis: cfs})).images <= cap:
             kept[axis] = cfs
         else:
             left_out.append(axis)
     return kept, left_out
-
-
-def estimate_llm_calls(method: str, request) -> int:
-    """The LLM calls `request` implies when every reply is usable (re-asks add to them): checked
-    up front against the hourly LLM budgets; each call is charged when it is made."""
-    fields = asdict(request) if is_dataclass(request) else dict(request)
-    if method == "single_prompt":
-        return 1 if fields.get("gap", True) else 0
-    if method == "mine":
-        if fields.get("strategy") == "source":
-            return 0
-        iterations = _int(fields.get("iterations") or MINE_DEFAULT_ITERATIONS, "iterations")
-        population = max(1, _int(fields.get("population") or 1, "population"))
-        select = _int(fields.get("select") or 0, "select") if fields.get("strategy", "ga") == "ga" else 0
-        return iterations * (population + 1 + select)   # a variation call per prompt, the population calls
-    if method == "compare_models":
-        child_method, child = str(fields.get("method")), dict(fields.get("request") or {})
-        models = len({str(g).strip() for g in fields.get("generators") or [] if str(g).strip()})
-        each = estimate_llm_calls(child_method, child)
-        once = PROPOSE_CALLS if child_method in SET_METHODS and not child.get("axes") else 0  # proposed once
-        return once + max(1, models) * (each - once)
-    if method in SET_METHODS:
-        axes = fields.get("axes")
-        questions = len(axes) if method != "counterfactuals" and isinstance(axes, dict) else 0
-        return (0 if isinstance(axes, dict) and axes else PROPOSE_CALLS) + questions
-    return 0
 
 
 def over_budget(what: str) -> OverBudgetError:
@@ -248,9 +177,10 @@ def over_budget(what: str) -> OverBudgetError:
                            f"own machine for larger audits")
 
 
-def check_budget(method: str, request, budget: Budget, cost: int) -> None:
-    """OverBudgetError when `request`, which can generate up to `cost` images, exceeds what one
-    request of a public GapLens may ask for (`budget`); the hourly budgets are engine/hosting/spending.py's."""
+def check_budget(request, budget: Budget, cost: Estimate) -> None:
+    """OverBudgetError when `request`, which can spend up to `cost` (its method's estimate),
+    exceeds what one request of a public GapLens may ask for (`budget`); the hourly budgets are
+    engine/hosting/spending.py's."""
     fields = asdict(request) if is_dataclass(request) else dict(request)
     if fields.get("steps") is not None and _int(fields["steps"], "steps") > budget.steps:
         raise over_budget(f"at most {budget.steps} steps are allowed (asked for {fields['steps']})")
@@ -258,16 +188,11 @@ def check_budget(method: str, request, budget: Budget, cost: int) -> None:
         if fields.get(name) is not None and _int(fields[name], name) > budget.size:
             raise over_budget(f"images are at most {budget.size} pixels wide and high (asked for {name} "
                               f"{fields[name]})")
-    if method == "mine" and _int(fields.get("iterations") or 0, "iterations") > budget.ga_generations:
-        raise over_budget(f"mining runs at most {budget.ga_generations} generations (asked for "
-                          f"{fields['iterations']})")
-    if method == "mitigate":
-        wanted = len(fields.get("mitigate") or []) or len(fields.get("axes") or {}) or 0
-        if wanted > budget.mitigation_steps:
-            raise over_budget(f"a mitigation may mitigate at most {budget.mitigation_steps} axes (asked for {wanted})")
-        if fields.get("export"):
-            raise InputError("writing the mitigated prompt set to a file on the server is not available on a "
-                             "public GapLens; download it from the Mitigate tab instead")
-    if cost > budget.images:
+    if cost.generations > budget.ga_generations:
+        raise over_budget(f"mining runs at most {budget.ga_generations} generations (asked for {cost.generations})")
+    if cost.mitigated_axes > budget.mitigation_steps:
+        raise over_budget(f"a mitigation may mitigate at most {budget.mitigation_steps} axes (asked for "
+                          f"{cost.mitigated_axes})")
+    if cost.images > budget.images:
         raise over_budget(f"one request may generate at most {budget.images} images (this one can generate up to "
-                          f"{cost})")
+                          f"{cost.images})")

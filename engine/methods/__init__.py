@@ -2,10 +2,17 @@
 `cfsets` hold what several methods share).
 
 `METHODS` is the one place that maps a method's name (as stored in its runs) to what every
-client needs: the request dataclass, the run function, its scores and headline for the Runs
-tab, comparison and export, the page that shows its results (a module name, so methods never
-import the reporting layer; `engine.report.page_for` reads it) and its command line
-(`python -m engine <cli>`, options built from the request's fields by `engine/cli/`).
+client needs: the request dataclass, the run function with its request check and its
+estimate (what a request can spend: public budgets bound and charge it, Engine.admit), its
+scores and headline for the Runs tab, comparison and export, the page that shows its results
+(a module name, so methods never import the reporting layer; `engine.report.page_for` reads
+it), its command line (`python -m engine <cli>`, options built from the request's fields by
+`engine/cli/`) and its tab (an id: tabs/ maps it to the tab's builder, so the engine never
+imports gradio; app.py builds the tabs in this table's order).
+
+Workflows beside the methods that store no run of their own (`records=False`: validate) have
+rows too: their request, run, check, estimate and command. The BiasBench tool cannot: it lives in
+engine.tools, which imports the methods (the no-cycles contract).
 
 Adding a method: one module here, one page `engine/report/<name>.py`, one row below and one
 tab (docs/writing-a-method.md).
@@ -16,7 +23,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..common.scores import Score
-from . import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt
+from ..hosting.limits import Estimate
+from . import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt, validate
 
 
 @dataclass(frozen=True)
@@ -32,34 +40,50 @@ class Method:
         (engine.runs.history.flatten_scores).
     cli: the command name (`python -m engine <cli>`, module engine/cli/<name>.py); None: none.
     page: the module whose `page(results) -> Markup` shows the results.
+    tab: the id of its tab in the app (`tabs.BUILDERS` maps it to the builder); None: none.
+    check: `check(request, engine)`, InputError for a request that cannot run; estimate:
+        `estimate(request, until_cap=None, proposed=None) -> limits.Estimate`, the most images
+        and LLM calls it can spend. None: the run's (`@recorded(name, check, estimate)`).
+    records: whether a run stores a run record under `name` (False: a workflow beside the
+        methods, with no headline, page or tab).
     """
 
     name: str
     title: str
     request: type
     run: Callable[..., Iterator]
-    headline: Callable[[dict], tuple[str, float | None]]
+    headline: Callable[[dict], tuple[str, float | None]] | None = None
     scores: Callable[[dict, dict], list[Score]] | None = None
     cli: str | None = None
     page: str = ""
+    tab: str | None = None
+    check: Callable | None = None
+    estimate: Callable[..., Estimate] | None = None
+    records: bool = True
 
     def __post_init__(self):
-        if not self.page:
+        if not self.page and self.records:
             object.__setattr__(self, "page", f"engine.report.{self.name}")
+        for name in ("check", "estimate"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(self.run, name))
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("single_prompt", "Single Prompt", single_prompt.SinglePromptRequest, single_prompt.run,
-           single_prompt.headline, single_prompt.scores, cli="single-prompt"),
+           single_prompt.headline, single_prompt.scores, cli="single-prompt", tab="single"),
     Method("generate", "Generate", generate.GenerateRequest, generate.run, generate.headline, generate.scores,
            cli="generate"),
     Method("counterfactuals", "Counterfactuals", counterfactuals.CounterfactualsRequest, counterfactuals.run,
-           counterfactuals.headline, counterfactuals.scores, cli="counterfactuals"),
+           counterfactuals.headline, counterfactuals.scores, cli="counterfactuals", tab="counterfactuals"),
     Method("intersectional", "Intersectional Matrix", intersectional.IntersectionalRequest, intersectional.run,
-           intersectional.headline, cli="intersectional"),
-    Method("mine", "Mine Prompts", mine.MineRequest, mine.run, mine.headline, cli="mine"),
-    Method("mitigate", "Mitigate", mitigate.MitigateRequest, mitigate.run, mitigate.headline, cli="mitigate"),
+           intersectional.headline, cli="intersectional", tab="intersectional"),
+    Method("mine", "Mine Prompts", mine.MineRequest, mine.run, mine.headline, cli="mine", tab="mine"),
+    Method("mitigate", "Mitigate", mitigate.MitigateRequest, mitigate.run, mitigate.headline, cli="mitigate",
+           tab="mitigate"),
     # no command of its own: `--generators A B` on the audits' commands (engine/cli/compare.py)
     Method("compare_models", "Compare models", compare_models.CompareModelsRequest, compare_models.run,
-           compare_models.headline),
+           compare_models.headline, tab="compare-models"),
+    Method("validate", "Validate", validate.ValidateRequest, validate.run, cli="validate", check=validate.check,
+           estimate=validate.estimate, records=False),
 )}

@@ -19,6 +19,7 @@ import difflib
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from ..common.errors import InputError, LLMOutputError
 from ..common.events import Table, Warning
 from ..common.llm_prompts import tibet_turns
 from ..core.engine import Engine, Run, stream_image_set
+from ..hosting.limits import Estimate
 from ..metrics.bootstrap import resample_indices
 from ..metrics.tibet import ENGLISH_STOPWORDS
 from ..models.presets import ASSETS
@@ -235,7 +237,9 @@ def propose_for(engine: Engine, prompt: str, fill: list[str], seed: int = 0,
 def fit_proposed(engine: Engine, method: str, request, axes: dict[str, list[str]], share: int = 1):
     """The LLM's `axes` cut to what a public visitor's request was charged (Engine.fit_proposed_axes;
     use `yield from`): a Warning names the axes left out; InputError when none fits."""
-    kept, left_out = engine.fit_proposed_axes(method, request, axes, share)
+    from . import METHODS     # the table imports this module: read at call time
+
+    kept, left_out = engine.fit_proposed_axes(METHODS[method].estimate, request, axes, share)
     if left_out:
         limit = f"the {engine.budget.images // share} images" + (" each model's sets may have" if share > 1 else
                                                                  " one request may generate here")
@@ -245,6 +249,28 @@ def fit_proposed(engine: Engine, method: str, request, axes: dict[str, list[str]
         yield Warning(f"left out the proposed axes {', '.join(left_out)}: with them the sets would need more than "
                       f"{limit}")
     return kept
+
+
+SETS_GUESS = 13  # sets of a request whose axes the LLM will propose (1 + 3 axes × 4)
+PROPOSE_CALLS = 3  # TIBET's three-turn axes proposal (propose_axes)
+
+
+def one_set_each(axes: dict[str, list[str]]) -> int:
+    """Sets per prompt of a request measuring `axes` once: the prompt's and one per counterfactual."""
+    return 1 + sum(len(cfs) for cfs in axes.values())
+
+
+def estimate_sets(request: SetsRequest, sets_per_prompt: Callable[[dict], int], proposed: int | None = None,
+                  asks_per_axis: bool = False) -> Estimate:
+    """What a request of counterfactual image sets can spend: N images per set and
+    `sets_per_prompt(axes)` sets per prompt and fill value; when the LLM proposes the axes,
+    SETS_GUESS sets (a guess) or `proposed`, the images the request is held to (its sets are cut
+    to fit, `fit_proposed`). LLM calls: the proposal's, and with `asks_per_axis` one per axis."""
+    fills = max(1, len(request.fill or []))
+    if not (isinstance(request.axes, dict) and request.axes):
+        return Estimate(proposed if proposed is not None else int(request.n) * SETS_GUESS * fills, PROPOSE_CALLS)
+    questions = len(request.axes) if asks_per_axis else 0
+    return Estimate(int(request.n) * sets_per_prompt(request.axes) * fills, questions)
 
 
 def check(request: SetsRequest, engine: Engine) -> None:

@@ -21,13 +21,10 @@ from ..common.names import short_label
 from ..common.scores import Score, difference
 from ..core.engine import Engine, Run, recorded
 from ..hosting import backend_choices
-from . import cfsets, counterfactuals, intersectional, single_prompt
+from ..hosting.limits import Estimate
+from . import cfsets
 
-METHODS = {
-    "single_prompt": (single_prompt.SinglePromptRequest, single_prompt.run, single_prompt.check),
-    "counterfactuals": (counterfactuals.CounterfactualsRequest, counterfactuals.run, cfsets.check),
-    "intersectional": (intersectional.IntersectionalRequest, intersectional.run, intersectional.check_before_run),
-}
+AUDITS = ("single_prompt", "counterfactuals", "intersectional")   # the methods it compares (rows of METHODS)
 
 
 @dataclass
@@ -44,11 +41,18 @@ def generator_spec(engine: Engine, text: str) -> ModelSpec:
     return backend_choices.resolve(engine, "generator", text)
 
 
+def audit(request: CompareModelsRequest):
+    """The row of METHODS of the method `request` compares; InputError for one it does not."""
+    from . import METHODS     # the table lists this module: read at call time
+
+    if request.method not in AUDITS:
+        raise InputError(f"compare models runs {', '.join(AUDITS)}, not '{request.method}'")
+    return METHODS[request.method]
+
+
 def method_request(request: CompareModelsRequest):
     """Returns the method's own request object; InputError names an unknown method or field."""
-    if request.method not in METHODS:
-        raise InputError(f"compare models runs {', '.join(METHODS)}, not '{request.method}'")
-    kind = METHODS[request.method][0]
+    kind = audit(request).request
     known = {f.name for f in fields(kind)}
     unknown = sorted(set(request.request) - known)
     if unknown:
@@ -61,14 +65,26 @@ def check(request: CompareModelsRequest, engine: Engine) -> None:
     specs = [generator_spec(engine, g) for g in request.generators if g and g.strip()]
     if len(set(specs)) < 2:
         raise InputError("pick two or more different generators to compare")
-    audit = method_request(request)     # checks the method's name first
-    METHODS[request.method][2](audit, engine)
+    audit(request).check(method_request(request), engine)
 
 
-@recorded("compare_models", check)
+def estimate(request: CompareModelsRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """The audit's estimate (its row's, on its own request's defaults) once per model. Axes the
+    LLM proposes are proposed once for every model, and with `proposed` (the images the request
+    is held to) every model's sets are cut to `proposed` // models (cfsets.fit_proposed)."""
+    child = method_request(request)
+    models = max(1, len({str(g).strip() for g in request.generators if str(g).strip()}))
+    each = audit(request).estimate(child, until_cap=until_cap)
+    proposes = isinstance(child, cfsets.SetsRequest) and not child.axes
+    once = cfsets.PROPOSE_CALLS if proposes else 0
+    images = proposed if proposes and proposed is not None else models * each.images
+    return Estimate(images, once + models * (each.llm_calls - once))
+
+
+@recorded("compare_models", check, estimate)
 def run(request: CompareModelsRequest, engine: Engine, run: Run):
     base = method_request(request)
-    kind, method, _ = METHODS[request.method]
+    row = audit(request)
     labels = list(dict.fromkeys(g.strip() for g in request.generators if g and g.strip()))
     specs = [generator_spec(engine, g) for g in labels]
     if request.method != "single_prompt" and not base.axes:
@@ -88,7 +104,7 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
             engine.models.unload_unpinned(other)
         child = engine.with_generator(spec, label)
         try:
-            for event in method(kind(**_plain(base)), child):
+            for event in row.run(row.request(**_plain(base)), child):
                 if isinstance(event, Done):
                     results["runs"].append(event.run_id)
                     results["results"].append(event.results)

@@ -43,6 +43,7 @@ from ..common.events import Progress, Scores, Table, Warning
 from ..common.scores import Score, as_interval, finite_or_none, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded
+from ..hosting.limits import Estimate
 from ..metrics import tibet, tibet_reference
 from ..metrics.bootstrap import percentile_interval
 from ..metrics.concepts import top_phrases
@@ -50,7 +51,8 @@ from ..metrics.diversity import unit_rows
 from ..metrics.intervals import headline_claim
 from ..metrics.wordnet import missing_note, released_synonyms, wordnet_synonyms
 from ..models.presets import ASSETS
-from .cfsets import SetSpec, SetsRequest, check, generate_set, prepare, resample_weights, set_label
+from . import cfsets
+from .cfsets import SetSpec, SetsRequest, generate_set, prepare, resample_weights, set_label
 from .generate import settle_settings
 
 MODES = ("paper", "reference")   # the same words as the T2I-BiasBench metrics' modes
@@ -70,7 +72,8 @@ class CounterfactualsRequest(SetsRequest):
         "help": "HistIoU without rescaling both histograms to sum 1", "flag": "--raw-histograms"})
     sum_normalise: bool = field(default=True, metadata={  # spec §8 item 6
         "help": "MAD of the raw CAS values (not CAS / sum CAS)", "flag": "--no-sum-normalise"})
-    n_boot: int = field(default=500, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
+    n_boot: int = field(default=500, metadata={"help": "bootstrap resamples of the images; 0: no intervals",
+                                                 "zero_off": True})
     top_k: int = field(default=5, metadata={"help": "concepts listed per image set"})
     mode: str = field(default=DEFAULT_MODE, metadata={  # issue 23
         "help": "paper: TIBET as the thesis writes it; reference: CAS and MAD as the authors' released code "
@@ -81,11 +84,11 @@ class CounterfactualsRequest(SetsRequest):
 REFERENCE_OPTIONS = {"min_frequency": tibet_reference.MIN_FREQUENCY, "renormalise": True, "sum_normalise": True}
 
 
-def check_request(request: CounterfactualsRequest, engine: Engine) -> None:
+def check(request: CounterfactualsRequest, engine: Engine) -> None:
     """Raises InputError for a request that cannot run (cfsets.check, and the mode)."""
     if request.mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, not '{request.mode}'")
-    check(request, engine)
+    cfsets.check(request, engine)
 
 
 @functools.lru_cache(maxsize=1)
@@ -341,7 +344,12 @@ class CounterfactualsResults(TypedDict, total=False):
     modes: dict[str, dict]                   # both modes' point values: mode -> {"cas", "mad", "mad_order"}
 
 
-@recorded("counterfactuals", check_request)
+def estimate(request: CounterfactualsRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """N images per set: the prompt's and one per counterfactual, per fill value (cfsets.estimate_sets)."""
+    return cfsets.estimate_sets(request, cfsets.one_set_each, proposed)
+
+
+@recorded("counterfactuals", check, estimate)
 def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     """TIBET on one prompt (or on a {placeholder} prompt filled with each of `request.fill`,
     CAS averaged over the prompts: aggregate mode).

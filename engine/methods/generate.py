@@ -12,6 +12,7 @@ from ..common.events import Warning
 from ..common.scores import Score, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded, stream_image_set
+from ..hosting.limits import Estimate
 
 
 @dataclass(kw_only=True)
@@ -89,7 +90,12 @@ def check(request, engine: Engine) -> None:
     engine.check_n(request.n)
 
 
-@recorded("generate", check)
+def estimate(request: GenerateRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """N images per prompt; no LLM call."""
+    return Estimate(int(request.n) * max(1, len(request.prompts)))
+
+
+@recorded("generate", check, estimate)
 def run(request: GenerateRequest, engine: Engine, run_record: Run):
     """N images of one prompt (or of each of `request.prompts`), recorded as one run.
 

@@ -39,11 +39,13 @@ from ..common.llm_prompts import axis_question_prompt
 from ..common.scores import number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded
+from ..hosting.limits import Estimate
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
 from ..metrics.intervals import headline_claim
+from . import cfsets
 from .axes import known_axes
-from .cfsets import (SetSpec, SetsRequest, axis_name, check, counterfactual_value, generate_set, prepare,
+from .cfsets import (SetSpec, SetsRequest, axis_name, counterfactual_value, generate_set, prepare,
                      resample_weights)
 from .generate import settle_settings
 
@@ -68,7 +70,8 @@ class IntersectionalRequest(SetsRequest):
     importance: str = field(default="count", metadata={
         "help": "MaxImp/MaxInf by edge count or sum of |IS|", "choices": IMPORTANCE})
     questions: dict = field(default_factory=dict)     # axis -> VQA question (overrides the default)
-    n_boot: int = field(default=300, metadata={"help": "bootstrap resamples of the images; 0: no intervals"})
+    n_boot: int = field(default=300, metadata={"help": "bootstrap resamples of the images; 0: no intervals",
+                                                 "zero_off": True})
 
 
 def choices(template: str, cfs: list[str]) -> list[str]:
@@ -196,13 +199,27 @@ class Answers:
     outside: dict[str, int] = field(default_factory=dict)
 
 
-def check_before_run(request: IntersectionalRequest, engine: Engine) -> None:
-    """Raises InputError for a request that cannot run, before any run record exists."""
-    check_request(request)
-    check(request, engine)
+def check(request: IntersectionalRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run, before any run record exists: a choice
+    the method does not know, an edge threshold outside its range (p in [0, 1]; |IS| in [0, 1],
+    as w̄ is), or what cfsets.check refuses."""
+    if request.other_policy not in bc.OTHER_POLICIES:
+        raise InputError(f"the other-answer policy must be one of {', '.join(bc.OTHER_POLICIES)}")
+    if request.level not in LEVELS or request.importance not in IMPORTANCE:
+        raise InputError(f"level must be one of {', '.join(LEVELS)} and importance one of {', '.join(IMPORTANCE)}")
+    for value, what in ((request.p_threshold, "the p threshold"), (request.min_abs_is, "the minimum |IS| for an edge")):
+        if value is not None and not (isinstance(value, (int, float)) and 0 <= value <= 1):
+            raise InputError(f"{what} must be between 0 and 1; got {value}")
+    cfsets.check(request, engine)
 
 
-@recorded("intersectional", check_before_run)
+def estimate(request: IntersectionalRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """N images per set: the prompt's and one per counterfactual, per fill value; a question
+    per axis from the LLM (cfsets.estimate_sets)."""
+    return cfsets.estimate_sets(request, cfsets.one_set_each, proposed, asks_per_axis=True)
+
+
+@recorded("intersectional", check, estimate)
 def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     """BiasConnect's sensitivity matrix and bias graph of one prompt (or of a {placeholder}
     prompt filled with each of `request.fill`, pooled: aggregate mode).
@@ -217,7 +234,6 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     Results: IntersectionalResults.
     """
     # 1. Check the request; settle the prompts, axes and image sets (cfsets.prepare).
-    check_request(request)
     prompts, axes, specs = yield from prepare(request, engine, "intersectional")
     settings, seeds = (yield from settle_settings(request, engine)), request.seeds()
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
@@ -237,18 +253,6 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     yield Scores("sensitivity", results)
     yield Graph("biasgraph", [{"id": a} for a in axes], results["kept_edges"])
     yield run_record.finish(results, summarise(results))
-
-
-def check_request(request: IntersectionalRequest) -> None:
-    """InputError when a choice of the request is not one the method knows, or an edge
-    threshold is outside its range (p in [0, 1]; |IS| in [0, 1], as w̄ is)."""
-    if request.other_policy not in bc.OTHER_POLICIES:
-        raise InputError(f"the other-answer policy must be one of {', '.join(bc.OTHER_POLICIES)}")
-    if request.level not in LEVELS or request.importance not in IMPORTANCE:
-        raise InputError(f"level must be one of {', '.join(LEVELS)} and importance one of {', '.join(IMPORTANCE)}")
-    for value, what in ((request.p_threshold, "the p threshold"), (request.min_abs_is, "the minimum |IS| for an edge")):
-        if value is not None and not (isinstance(value, (int, float)) and 0 <= value <= 1):
-            raise InputError(f"{what} must be between 0 and 1; got {value}")
 
 
 def default_thresholds(level: str) -> dict[str, tuple[float, float]]:

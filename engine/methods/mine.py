@@ -37,6 +37,7 @@ from ..common.llm_prompts import mutations_prompt, random_prompts_prompt
 from ..common.scores import number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, EngineStats, Run, recorded
+from ..hosting.limits import Estimate
 from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..metrics.intervals import headline_claim
 from ..models import sources
@@ -129,8 +130,8 @@ def _measure(model_id: str, seconds: float, units: int) -> None:
         SPEEDS[model_id] = new if old is None else 0.7 * old + 0.3 * new
 
 
-def check_request(request: MineRequest, engine: Engine) -> MineRequest:
-    """The request with defaults filled in; InputError naming the first bad setting."""
+def effective_request(request: MineRequest, engine: Engine) -> MineRequest:
+    """The request as it runs, with defaults filled in; InputError naming the first bad setting."""
     if request.strategy == "source":
         if sources.source_kind(engine) != "source":
             raise InputError("strategy 'source' ranks the prompts of a folder or dataset generator "
@@ -186,7 +187,7 @@ def load_resumable(engine: Engine, run_id: str) -> dict:
 def resolve(request: MineRequest, engine: Engine) -> tuple[MineRequest, dict | None]:
     """The effective request and, when resuming, the stored results to continue from."""
     if not request.resume:
-        return check_request(request, engine), None
+        return effective_request(request, engine), None
     record = load_resumable(engine, request.resume)
     stored = {k: v for k, v in record["results"]["request"].items() if k in MineRequest.__dataclass_fields__}
     effective = MineRequest(**{**stored, "resume": request.resume,
@@ -195,7 +196,7 @@ def resolve(request: MineRequest, engine: Engine) -> tuple[MineRequest, dict | N
     if done >= effective.iterations:
         raise InputError(f"run '{request.resume}' has finished its {done} iterations; raise T above {done} "
                          "to continue it")
-    return check_request(effective, engine), record["results"]
+    return effective_request(effective, engine), record["results"]
 
 
 class CacheMiss(GapLensError):
@@ -591,7 +592,9 @@ class MineResults(TypedDict, total=False):
     counts: dict                        # images and LLM calls made / from the cache in this run
 
 
-def _check(request: MineRequest, engine: Engine) -> None:
+def check(request: MineRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (`resolve`: a new search's settings, or the
+    run a resume continues)."""
     resolve(request, engine)
 
 
@@ -604,7 +607,18 @@ def _priced(request: MineRequest, engine: Engine) -> MineRequest:
     return replace(effective, resume=None, iterations=effective.iterations - len(stored.get("iterations", [])))
 
 
-@recorded("mine", _check, continues=lambda request: request.resume, priced=_priced)
+def estimate(request: MineRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """T·b·N images and T generations (spec A.9); LLM calls per iteration: a variation call per
+    prompt, the population's call and, for the genetic search, a mutation call per selected
+    prompt (none when ranking a source's prompts)."""
+    iterations = int(request.iterations or DEFAULT_ITERATIONS)
+    population = max(1, int(request.population))
+    select = int(request.select) if request.strategy == "ga" else 0
+    calls = 0 if request.strategy == "source" else iterations * (population + 1 + select)
+    return Estimate(int(request.n) * population * iterations, calls, generations=iterations)
+
+
+@recorded("mine", check, estimate, continues=lambda request: request.resume, priced=_priced)
 def run(request: MineRequest, engine: Engine, run_record: Run):
     """MineTheGap's genetic search (or the random baseline) for the prompts the model is most
     biased on (lowest gap score), resumable (`request.resume`).
@@ -640,7 +654,7 @@ def run(request: MineRequest, engine: Engine, run_record: Run):
 def search(request: MineRequest, engine: Engine) -> dict:
     """Run the search without a run record (nothing saved but the store's cache): for scripts,
     benchmarks and statistical tests that run many seeds. Returns the results `run` would store."""
-    miner = Miner(check_request(replace(request, resume=None), engine), engine, None)
+    miner = Miner(effective_request(replace(request, resume=None), engine), engine, None)
     for _ in miner.steps():
         pass
     return miner.results()

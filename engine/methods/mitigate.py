@@ -69,7 +69,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Hashable, Sequence, TypedDict
 
@@ -80,6 +80,7 @@ from ..common.events import Progress, Scores, Warning
 from ..common.scores import finite_or_none, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded, stream_image_set
+from ..hosting.limits import Estimate
 from ..metrics import biasconnect as bc
 from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
@@ -146,7 +147,8 @@ class MitigateRequest(SetsRequest):
         "help": "answers outside an axis' choices: drop them, or count them in an 'other' bin D* gives 0",
         "choices": bc.OTHER_POLICIES})
     questions: dict = field(default_factory=dict)       # axis -> VQA question (overrides the default)
-    n_boot: int = field(default=200, metadata={"help": "bootstrap resamples for every interval; 0: none"})
+    n_boot: int = field(default=200, metadata={"help": "bootstrap resamples for every interval; 0: none",
+                                               "zero_off": True})
     quality: bool = field(default=True, metadata={
         "help": "skip the IsP? and CLIP-IQA-style checks", "flag": "--no-quality"})
     tradeoff_tolerance: float = field(default=0.02, metadata={
@@ -723,7 +725,41 @@ class MitigateResults(TypedDict, total=False):
     outside_choices: dict[str, int]
 
 
-@recorded("mitigate", cfsets.check)
+def estimate(request: MitigateRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """N images per set (`mitigation_sets`), a question per axis from the LLM, and the axes it
+    mitigates (cfsets.estimate_sets)."""
+    cost = cfsets.estimate_sets(request, lambda axes: mitigation_sets(request, axes), proposed, asks_per_axis=True)
+    return replace(cost, mitigated_axes=len(request.mitigate or []) or len(request.axes or {}))
+
+
+def mitigation_sets(request: MitigateRequest, axes: dict[str, list[str]]) -> int:
+    """Sets of N images a mitigation of `axes` can make: the prompt set of the initial state and
+    of every step, and per InterMit step the counterfactual sets of every remaining candidate
+    axis. A step mitigates a target (B*) when there is one, any axis otherwise; the baseline
+    ('all') makes no matrix; a preview one matrix."""
+    select = {axis_name(a) for a in request.select or []}
+    sizes = {axis_name(a): len(v) for a, v in axes.items() if not select or axis_name(a) in select}
+    if not sizes:
+        return 1
+    named = {axis_name(a) for a in request.mitigate or []} or \
+        {axis_name(a) for a, w in (request.priorities or {}).items() if _positive(w)} or set(sizes)
+    if request.strategy == "all":
+        return 1 + len(named)
+    candidates = sum(sizes.values()) if len(named) > 1 else max(sizes.values())
+    if request.preview_only:
+        return 1 + candidates
+    steps = len(sizes) if len(named) > 1 else 1
+    return (1 + steps) + steps * candidates
+
+
+def _positive(value) -> bool:
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+@recorded("mitigate", cfsets.check, estimate)
 def run(request: MitigateRequest, engine: Engine, run_record: Run):
     """InterMit (Alg. 4 with the spec §4.3 clarifications) on one prompt, or the baseline that
     mitigates every axis of B* (`strategy="all"`), or only the preview (`preview_only`).

@@ -22,6 +22,7 @@ from ..common.errors import InputError
 from ..common.events import Progress, Scores, Table, Warning
 from ..common.llm_prompts import variations_prompt
 from ..core.engine import Engine, Run, recorded, stream_image_set
+from ..hosting.limits import Estimate
 from ..metrics import biasbench
 from ..metrics.concepts import top_phrases
 from .axes import Axis, axis_for, normalise_free_answer
@@ -254,7 +255,14 @@ def check(request: SinglePromptRequest, engine: Engine) -> None:
     engine.check_questions([axis_for(a).question for a in request.axes if a and a.strip()])
 
 
-@recorded("single_prompt", check)
+def estimate(request: SinglePromptRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """N images, or up to `until_cap` (the largest N the user may grow a set to; None: not
+    counted) when `until_half_width` grows the set; one LLM call for the gap score's variations."""
+    n = int(request.n)
+    return Estimate(max(n, until_cap or 0) if request.until_half_width else n, 1 if request.gap else 0)
+
+
+@recorded("single_prompt", check, estimate)
 def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     """N images of one prompt measured for bias: the attribute distribution of every axis with
     T2I-BiasBench metrics and small-N intervals, CLIP diversity, the MineTheGap gap score and

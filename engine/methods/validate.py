@@ -16,7 +16,7 @@ import csv
 import io
 import math
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from ..common.errors import InputError
 from ..common.events import Done, Progress, Scores
 from ..core.engine import Engine
 from ..hosting import backend_choices
+from ..hosting.limits import Estimate
 from ..metrics import biasbench
 from ..metrics.agreement import agreement, corrected_distribution
 from ..metrics.intervals import posterior_interval, tidy
@@ -309,16 +310,31 @@ def _run(store: Store, run_id: str) -> dict:
 # -- as a command ----------------------------------------------------------------------------------
 @dataclass
 class ValidateRequest:
-    run: str
-    labels: str | None = None          # CSV path with image_key,axis,label
-    who: str | None = None             # stored with the labels (default: the file's name)
-    compare_vqa: str | None = None     # a second evaluator, 'backend:model'
-    seed: int = 0
+    run: str                           # the run id (the command's RUN)
+    labels: str | None = field(default=None, metadata={
+        "metavar": "FILE.csv", "help": "CSV with columns image_key,axis,label"})
+    who: str | None = field(default=None, metadata={
+        "help": "who labelled (stored with the labels; default file:NAME)"})
+    compare_vqa: str | None = field(default=None, metadata={
+        "metavar": "BACKEND:MODEL", "help": "score the same images with a second evaluator and show their agreement "
+                                            "matrix"})
+    seed: int = field(default=0, metadata={"help": "seed of the intervals' bootstrap"})
+
+
+def check(request: ValidateRequest, engine: Engine) -> None:
+    """InputError when the store holds no run `request.run` the current user may see."""
+    _run(engine.store, request.run)
+
+
+def estimate(request: ValidateRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """Nothing: validating generates no image and asks no LLM (it reads a stored run's images)."""
+    return Estimate(0)
 
 
 def run(request: ValidateRequest, engine: Engine):
     """`python -m engine validate RUN --labels FILE.csv [--compare-vqa B:M]`: store the file's
     labels with the run, then yield the validation (and the comparison) as one Done event."""
+    check(request, engine)
     if request.labels:
         path = Path(request.labels)
         try:
