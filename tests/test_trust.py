@@ -21,7 +21,7 @@ from engine.core.engine import Engine
 from engine.metrics.agreement import agreement, cohens_kappa, correct_shares, rogan_gladen
 from engine.metrics.intervals import (bca_interval, headline_claim, n_for_half_width, n_for_power,
                                       sample_size_advice, share_interval, top_probability)
-from engine.methods import single_prompt, validate
+from engine.methods import measure, single_prompt, validate
 from engine.models.presets import SYNTHETIC_TABLE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_single_prompt_shows_these_intervals_in_range_with_their_n():
     assert m["share_ci"]["male"] == list(share_interval(8, 8))
     for name, (lo, hi) in m["ci"].items():
         assert lo is not None and hi is not None and lo <= m[name] <= hi, name
-        assert not str(lo).startswith("-0") and lo >= 0.0 and hi <= single_prompt.METRIC_RANGES[name][1]
+        assert not str(lo).startswith("-0") and lo >= 0.0 and hi <= measure.METRIC_RANGES[name][1]
     # entropy 0 sits at the edge: its interval includes it and stays inside [0, 1]
     assert m["ci"]["normalised_entropy"][0] == 0.0
     assert "-0.0" not in json.dumps(m["ci"])

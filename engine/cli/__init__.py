@@ -24,7 +24,7 @@ import time
 from ..common.errors import GapLensError
 from ..common.events import Done, Progress, Scores, Warning
 from ..methods import METHODS
-from ..methods.compare_models import METHODS as COMPARED
+from ..methods.compare_models import COMPARED
 from .compare import add_generators
 from .options import method_parser
 

@@ -553,7 +553,7 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
     its own id instead of creating a new one. `priced(request, engine)` returns the request as
     it will run, which admission checks and charges (a resume: the stored run's settings).
 
-    The decorated function has `preflight(request, engine)`: those checks and the ranges of
+    The decorated function has `method`, `check` and `preflight(request, engine)`: those checks and the ranges of
     `limits.check_request`, starting nothing (a tab checks a request before its run streams)."""
 
     def preflight(request, engine: Engine) -> None:
@@ -589,6 +589,7 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
                                         error="".join(traceback.format_exception_only(type(exc), exc)).strip())
                 raise
         run_method.method = method
+        run_method.check = check
         run_method.preflight = preflight
         return run_method
 

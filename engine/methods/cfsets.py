@@ -10,6 +10,8 @@ Intersectional (BiasConnect) share, so an Intersectional run of a prompt reuses 
   are kept with a warning: the table is theirs.
 - A prompt may hold one placeholder such as "{occupation}" filled from a list of values
   (aggregate mode); counterfactuals then use the same placeholder.
+- Each axis' answer choices are what its counterfactuals name; its VQA question and ideal
+  distribution are settled once (`settle_questions_and_ideals`, Intersectional and Mitigate).
 - Every set uses the same seeds, so sets differ only in the prompt. Image labels in a run:
   "initial" and "axis=<axis>|cf=<prompt>", prefixed "prompt=<prompt>|" in aggregate mode.
 """
@@ -20,17 +22,16 @@ import json
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..backends.llm_json import as_axis_dict
 from ..common.errors import InputError, LLMOutputError
 from ..common.events import Table, Warning
-from ..common.llm_prompts import tibet_turns
+from ..common.llm_prompts import axis_question_prompt, tibet_turns
 from ..core.engine import Engine, Run, stream_image_set
-from ..metrics.bootstrap import resample_indices
+from ..metrics import biasconnect as bc
 from ..metrics.tibet import ENGLISH_STOPWORDS
 from ..models.presets import ASSETS
-from .generate import GenerationOptions
+from .axes import known_axes
+from .options import GenerationOptions
 
 MAX_LENGTH_CHANGE = 5
 ARTICLES = frozenset({"a", "an", "the"})
@@ -285,6 +286,60 @@ def prepare(request: SetsRequest, engine: Engine, method: str):
     return prompts, axes, specs
 
 
+def choices(template: str, cfs: list[str]) -> list[str]:
+    """An axis' answer choices: what its counterfactuals name, in order, without repeats."""
+    return list(dict.fromkeys(counterfactual_value(template, cf) for cf in cfs))
+
+
+
+def _question_reply(obj) -> str:
+    text = obj.get("question") if isinstance(obj, dict) else obj
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError('expected {"question": "..."}')
+    return text.strip()
+
+
+
+def axis_question(engine: Engine, axis: str, values: list[str], seed: int = 0) -> tuple[str, str]:
+    """(question, where it came from) for a multiple-choice VQA over `values` (spec §3.2)."""
+    known = known_axes().get(axis)
+    if known and set(known.values) == set(values):
+        return known.question, "assets/axes.json"
+    try:
+        return engine.ask_json([{"role": "user", "content": axis_question_prompt(axis, values)}], _question_reply,
+                               temperature=0.0, seed=seed), "LLM"
+    except LLMOutputError:
+        return f"What is the {axis} ({', '.join(values)}) of the person in the image?", "template (the LLM failed)"
+
+
+
+def settle_questions_and_ideals(request, engine: Engine, axes: dict[str, list[str]], values: dict[str, list[str]]):
+    """Each axis' VQA question (`request.questions`, else `axis_question`) and ideal
+    distribution D* (`request.ideals`, axis names and values normalised; a missing axis is
+    uniform, biasconnect.ideal_distribution), shared by Intersectional and Mitigate (use
+    `yield from`: yields a Warning for ideals of axes not in the table, then
+    Table("questions")); returns (questions, ideals)."""
+    questions, sources = {}, {}
+    for axis in axes:
+        if axis in request.questions:
+            questions[axis], sources[axis] = request.questions[axis], "request"
+        else:
+            questions[axis], sources[axis] = axis_question(engine, axis, values[axis], request.llm_seed)
+    given = {axis_name(a): {str(k).strip().lower(): v for k, v in (d or {}).items()}
+             for a, d in (request.ideals or {}).items()}
+    unknown = set(given) - set(axes)
+    if unknown:
+        yield Warning(f"ideal distributions for axes not in the table are ignored: {', '.join(sorted(unknown))}")
+    try:
+        ideals = {y: bc.ideal_distribution(values[y], given.get(y) or None, request.other_policy) for y in axes}
+    except ValueError as exc:
+        raise InputError(f"ideal distribution: {exc}") from None
+    yield Table("questions", ["axis", "question", "choices", "source"],
+                [[a, questions[a], ", ".join(values[a]), sources[a]] for a in axes])
+    return questions, ideals
+
+
+
 def set_label(prompt: str, aggregate: bool, axis: str | None = None, cf: str | None = None) -> str:
     """The label of a set in a run: "initial" or "axis=<axis>|cf=<cf>", prefixed
     "prompt=<prompt>|" in aggregate mode."""
@@ -316,10 +371,3 @@ def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], sett
     return valid
 
 
-def resample_weights(n: int, n_boot: int, run_seed: int, index: int) -> np.ndarray:
-    """(n_boot, n): how often each image of set `index` is drawn in each bootstrap resample
-    (independent per set, reproducible per run seed)."""
-    weights = np.zeros((n_boot, n))
-    if n_boot:
-        np.add.at(weights, (np.arange(n_boot)[:, None], resample_indices(n, n_boot, run_seed * 7919 + index)), 1.0)
-    return weights

@@ -21,13 +21,18 @@ from ..common.names import short_label
 from ..common.scores import Score, difference
 from ..core.engine import Engine, Run, recorded
 from ..hosting import backend_choices
-from . import cfsets, counterfactuals, intersectional, single_prompt
+from . import cfsets
 
-METHODS = {
-    "single_prompt": (single_prompt.SinglePromptRequest, single_prompt.run, single_prompt.check),
-    "counterfactuals": (counterfactuals.CounterfactualsRequest, counterfactuals.run, cfsets.check),
-    "intersectional": (intersectional.IntersectionalRequest, intersectional.run, intersectional.check_before_run),
-}
+COMPARED = ("single_prompt", "counterfactuals", "intersectional")    # the audits run on each generator
+
+
+def audit_method(name: str):
+    """The METHODS row of the audit compare models runs; InputError for any other name."""
+    from . import METHODS     # the table lists this module: read at call time, not imported
+
+    if name not in COMPARED:
+        raise InputError(f"compare models runs {', '.join(COMPARED)}, not '{name}'")
+    return METHODS[name]
 
 
 @dataclass
@@ -46,9 +51,7 @@ def generator_spec(engine: Engine, text: str) -> ModelSpec:
 
 def method_request(request: CompareModelsRequest):
     """Returns the method's own request object; InputError names an unknown method or field."""
-    if request.method not in METHODS:
-        raise InputError(f"compare models runs {', '.join(METHODS)}, not '{request.method}'")
-    kind = METHODS[request.method][0]
+    kind = audit_method(request.method).request
     known = {f.name for f in fields(kind)}
     unknown = sorted(set(request.request) - known)
     if unknown:
@@ -62,13 +65,14 @@ def check(request: CompareModelsRequest, engine: Engine) -> None:
     if len(set(specs)) < 2:
         raise InputError("pick two or more different generators to compare")
     audit = method_request(request)     # checks the method's name first
-    METHODS[request.method][2](audit, engine)
+    audit_method(request.method).run.check(audit, engine)
 
 
 @recorded("compare_models", check)
 def run(request: CompareModelsRequest, engine: Engine, run: Run):
     base = method_request(request)
-    kind, method, _ = METHODS[request.method]
+    row = audit_method(request.method)
+    kind, method = row.request, row.run
     labels = list(dict.fromkeys(g.strip() for g in request.generators if g and g.strip()))
     specs = [generator_spec(engine, g) for g in labels]
     if request.method != "single_prompt" and not base.axes:

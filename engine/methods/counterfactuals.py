@@ -50,8 +50,9 @@ from ..metrics.diversity import unit_rows
 from ..metrics.intervals import headline_claim
 from ..metrics.wordnet import missing_note, released_synonyms, wordnet_synonyms
 from ..models.presets import ASSETS
-from .cfsets import SetSpec, SetsRequest, check, generate_set, prepare, resample_weights, set_label
-from .generate import settle_settings
+from .cfsets import SetSpec, SetsRequest, check, generate_set, prepare, set_label
+from .measure import resample_weights
+from .options import settle_settings
 
 MODES = ("paper", "reference")   # the same words as the T2I-BiasBench metrics' modes
 DEFAULT_MODE = "paper"
@@ -151,7 +152,7 @@ def concept_set(spec: SetSpec, records, answers: list[list[str]], captions: list
     them when given (tibet.concept_words); in reference mode the questions are one per axis,
     in axis order, captions are left out and the words are the released code's
     (tibet_reference.image_concepts). `weights`: the set's bootstrap resamples
-    (cfsets.resample_weights)."""
+    (measure.resample_weights)."""
     n = len(records)
     per_image = [[a[i] for a in answers] for i in range(n)]
     if mode == "reference":

@@ -41,8 +41,8 @@ from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..metrics.intervals import headline_claim
 from ..models import sources
 from ..store.store import ImageRecord, image_key
-from .generate import GenerationOptions, settings_for, settle_settings
-from .single_prompt import gap_for_images
+from .measure import gap_for_images
+from .options import GenerationOptions, settings_for, settle_settings
 
 DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
 MAX_ITERATIONS = 200

@@ -85,11 +85,12 @@ from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..metrics.intervals import share_interval
 from ..models import sources as image_sources
-from . import intersectional
 from . import cfsets
 from .axes import parse_shares
-from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
-from .generate import settle_settings
+from .cfsets import (ARTICLES, SetSpec, SetsRequest, axis_name, choices, counterfactual_value, prepare,
+                     settle_questions_and_ideals)
+from .measure import one_hot, resample_weights, tally
+from .options import settle_settings
 
 DEFAULT_EPSILON = 0.35
 STRATEGIES = ("intermit", "all")
@@ -340,18 +341,6 @@ def normalise_priorities(targets: list[str], priorities: dict) -> dict[str, floa
 
 # -- measuring ------------------------------------------------------------------------------------
 
-def _one_hot(labels: list[str], values: list[str], policy: str) -> np.ndarray:
-    width = len(values) + (policy == "other_bin")
-    return intersectional.one_hot(labels, values, policy) if labels else np.zeros((0, width))
-
-
-def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
-    w = np.zeros((n_boot, n))
-    if n:
-        np.add.at(w, (np.arange(n_boot)[:, None], resample_indices(n, n_boot, seed)), 1.0)
-    return w
-
-
 def _est(value: float, draws: np.ndarray | None) -> dict:
     low, high = percentile_interval(draws) if draws is not None and len(draws) else (math.nan, math.nan)
     return {"value": finite_or_none(value), "low": finite_or_none(low), "high": finite_or_none(high)}
@@ -388,11 +377,11 @@ class Measurer:
             self.answers[spec.label] = {}
             for y in self.setup.axes:
                 labels = self.engine.ask(valid, self.setup.questions[y], self.setup.values[y]) if valid else []
-                self.answers[spec.label][y] = _one_hot(labels, self.setup.values[y], self.setup.policy)
+                self.answers[spec.label][y] = one_hot(labels, self.setup.values[y], self.setup.policy)
                 self.outside[y] += len(labels) - int(bc.value_counts(labels, self.setup.values[y], "drop").sum())
             if self.request.n_boot:
-                self.weights[spec.label] = _boot_weights(len(valid), self.request.n_boot,
-                                                         self.request.seed * 7919 + len(self.weights))
+                self.weights[spec.label] = resample_weights(len(valid), self.request.n_boot, self.request.seed,
+                                                            len(self.weights))
 
     def state(self, step: int, comps: list[Component], mitigated: list[str]):
         """Generate the current prompt set and measure it (use `yield from`); returns the state
@@ -408,8 +397,8 @@ class Measurer:
 
     def _describe(self, step, comps, counts, mitigated, specs) -> dict:
         setup = self.setup
-        init, _ = intersectional.tally(specs, setup.axes, self.answers, None, {})
-        boot = (intersectional.tally(specs, setup.axes, self.answers, self.weights, {})[0]
+        init, _ = tally(specs, setup.axes, self.answers, None, {})
+        boot = (tally(specs, setup.axes, self.answers, self.weights, {})[0]
                 if self.request.n_boot else None)
         w_bar, w_ci, dists = {}, {}, {}
         draws_w = {}
@@ -465,7 +454,7 @@ class Measurer:
                                             "would move every axis")
         yield from self.sets(specs, f"step {step + 1}: counterfactual sets")
         all_specs = current_specs + [s for s, _ in specs]
-        init, tables = intersectional.tally(all_specs, setup.axes, self.answers, None,
+        init, tables = tally(all_specs, setup.axes, self.answers, None,
                                             {x: setup.axes[x] for x in candidates})
         mixed = {x: {y: _weighted_mix(tables[x][y][0], [setup.mix[x][cf] for cf in setup.axes[x]]) for y in setup.axes}
                  for x in candidates}
@@ -629,13 +618,13 @@ def _settle(request: MitigateRequest, engine: Engine):
         axes = {a: axes[a] for a in keep}
     template = request.prompt.strip()
     filled = {(s.axis, s.cf): s.prompt for s in specs if s.axis and s.prompt_index == 0}
-    values = {x: intersectional.choices(template, cfs) for x, cfs in axes.items()}
+    values = {x: choices(template, cfs) for x, cfs in axes.items()}
     cf_value = {(x, cf): counterfactual_value(template, cf) for x, cfs in axes.items() for cf in cfs}
     single = [a for a, v in values.items() if len(v) < 2]
     if single:
         yield Warning("axes whose counterfactuals name one value can only be pinned, not balanced: "
                       + ", ".join(single))
-    questions, ideals = yield from intersectional.settle_questions_and_ideals(request, engine, axes, values)
+    questions, ideals = yield from settle_questions_and_ideals(request, engine, axes, values)
     priorities_in = {axis_name(a): v for a, v in (request.priorities or {}).items()}
     targets = list(dict.fromkeys(axis_name(a) for a in request.mitigate)) \
         or [a for a in axes if float(priorities_in.get(a, 0)) > 0] or list(axes)

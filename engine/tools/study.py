@@ -143,7 +143,8 @@ def automatic_score(engine, run: dict, label: str, records: list, kind: str, axi
         return None, name, f"unavailable (the run's {role} is {short_model(theirs)}; this engine has {short_model(ours)})"
     try:
         from ..methods.axes import axis_for, normalise_free_answer
-        from ..methods.single_prompt import DEFAULT_AXES, axis_metrics
+        from ..methods.measure import axis_metrics
+        from ..methods.single_prompt import DEFAULT_AXES
 
         if kind == "pair" and overall:
             from ..metrics.diversity import normalised_vendi
