@@ -539,6 +539,21 @@ def test_images_made_before_a_failure_are_kept(api, data_dir):
     assert len(api.posts("/images/generations")) == 5   # only the failed one is asked again
 
 
+def test_a_503_mid_run_is_titled_an_api_error_not_a_model_load_error(api, data_dir):
+    import gradio as gr
+
+    from engine.common.errors import ModelLoadError
+    from tabs.common import user_errors
+
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"openai:{api.url}/v1",
+                    options={"generator": {"model": "tiny-image-1", "max_retries": 0}})
+    api.failures["a welder"] = [(503, {}, {"error": {"message": "overloaded"}})]
+    with pytest.raises(gr.Error) as shown:     # what a tab shows: the handler's error, titled
+        user_errors(lambda: list(generate.run(generate.GenerateRequest("a welder", n=1), engine)))()
+    assert shown.value.title == "API error" and "HTTP 503" in shown.value.message and "overloaded" in shown.value.message
+    assert isinstance(shown.value.__cause__, ApiError) and not isinstance(shown.value.__cause__, ModelLoadError)
+
+
 def test_single_prompt_on_an_api_that_refuses_everything_says_so(api, data_dir):
     from engine.methods import single_prompt
 

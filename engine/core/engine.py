@@ -235,10 +235,15 @@ class Engine:
         return prompt
 
     def check_n(self, n: int, what: str = "number of images") -> int:
+        """`n` as an int; InputError when it is not a whole number from 1 to `max_images`. The one
+        check of an image count (and of the text variations): each method's `check` calls it, so a
+        request's N is checked once, before its run exists."""
+        if isinstance(n, bool) or (isinstance(n, float) and not n.is_integer()):
+            raise InputError(f"the {what} must be a whole number, not {n!r}")
         try:
             n = int(n)
-        except (TypeError, ValueError):
-            raise InputError(f"the {what} must be a whole number, not {n!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise InputError(f"the {what} must be a whole number, not {str(n)[:40]!r}") from None
         if n < 1:
             raise InputError(f"the {what} must be at least 1 (got {n})")
         if n > self.max_images:
@@ -427,10 +432,6 @@ class Engine:
         InputError / OverBudgetError / StoreError."""
         limits.check_request(method, request, self.preset.name)
         backend_choices.check_request(self, request)   # public mode: no backend, server or file but the host's
-        fields = _as_dict(request)
-        for name, what in (("n", "number of images"), ("n_variations", "number of text variations")):
-            if fields.get(name) is not None:
-                self.check_n(fields[name], what)
         visitor = access.visitor_for(self.public)
         charged = self.public and not visitor.host and not self.prepaid
         cost = limits.estimate_images(method, request, until_cap=self.max_set_images(),
@@ -441,7 +442,7 @@ class Engine:
             limits.check_budget(method, request, self.budget, cost)
         storage.require_room(self.store)
         if charged:
-            settings = self.default_settings()
+            settings, fields = self.default_settings(), _as_dict(request)
             storage.check_share(self.store, visitor, cost * storage.image_bytes(
                 fields.get("width") or settings.width, fields.get("height") or settings.height))
             spending.charge(self.store, self.budget, visitor, {"images": cost},

@@ -261,7 +261,6 @@ def prepare(request: SetsRequest, engine: Engine, method: str):
     events and, when the LLM proposed the axes, a Table('axes') event; returns (prompts, axes,
     specs). A public visitor's proposed axes are cut to what the request was charged."""
     template = engine.check_prompt(request.prompt)
-    engine.check_n(request.n)
     prompts = expand(template, request.fill)
     for p in prompts:
         engine.check_prompt(p)

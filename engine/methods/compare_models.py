@@ -18,7 +18,7 @@ from ..backends.base import ModelSpec
 from ..common.errors import GapLensError, InputError
 from ..common.events import Done, Progress, Scores, Table, Warning
 from ..common.names import short_label
-from ..common.scores import Score, difference
+from ..common.scores import Score, difference, is_missing
 from ..core.engine import Engine, Run, recorded
 from ..hosting import backend_choices
 from . import cfsets
@@ -127,7 +127,7 @@ def _tagged(event, label: str):
 # -- side by side ----------------------------------------------------------------------------------
 
 def _score(group: str, metric: str, value, interval=None) -> Score | None:
-    if value is None or value != value:
+    if is_missing(value):
         return None
     low, high = (interval or (None, None))[:2] if interval else (None, None)
     return Score(group, metric, float(value), None if low is None else float(low),

@@ -54,7 +54,6 @@ def run(request: GenerateRequest, engine: Engine, run_record: Run):
     # 1. Check the prompts and N; settle the generator settings.
     prompts = [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
     unique = list(dict.fromkeys(prompts))
-    engine.check_n(request.n)
     settings = yield from settle_settings(request, engine)
     if len(unique) < len(prompts):
         yield Warning(f"{len(prompts) - len(unique)} repeated prompt(s) left out")

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..common.errors import InputError
 from ..common.events import Graph, Progress, Scores, Warning
-from ..common.scores import number
+from ..common.scores import is_missing, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded
 from ..metrics import biasconnect as bc
@@ -94,7 +94,7 @@ def sensitivity(init: dict, tables: dict, ideals: dict, row: int = 0) -> bc.Sens
 
 def _floats(values) -> list:
     """JSON-safe numbers: nan (no answer among the choices) becomes None."""
-    return [None if v != v else float(v) for v in values]
+    return [None if is_missing(v) else float(v) for v in values]
 
 
 def _matrix(values) -> list:

@@ -247,7 +247,7 @@ def allocate(weights: Sequence[float], n: int, groups: Sequence[Sequence[Hashabl
     of n·W_label, so every mitigated axis meets its D* as closely as n allows."""
     w = np.asarray(weights, dtype=float)
     if len(w) == 0 or w.sum() <= 0:
-        raise ValueError("allocate needs at least one positive weight")
+        raise InputError("the prompt set needs at least one prompt of positive weight")
     w = w / w.sum()
     groups = list(groups) or [()] * len(w)
     label_weight: dict = defaultdict(float)

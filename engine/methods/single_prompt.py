@@ -150,8 +150,8 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     """
     # 1. Check the request.
     prompt = engine.check_prompt(request.prompt)
-    n = engine.check_n(request.n)
-    n_var = engine.check_n(request.n_variations or n, "number of text variations")
+    n = int(request.n)                          # check() has checked N and the variations
+    n_var = int(request.n_variations or n)
     axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
     for what, value in (("interval half-width", request.half_width), ("target half-width", request.until_half_width)):
         if value is not None and not 0 < float(value) < 0.5:

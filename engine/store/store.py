@@ -620,28 +620,6 @@ class Store:
                     candidate.unlink(missing_ok=True)
         return {"runs": 1, "images": len(files), "answers": answers, "embeddings": embeddings}
 
-    def import_image(self, row: dict, data: bytes, provenance: str = "imported") -> bool:
-        """Add an image (its `images` row and PNG bytes) from an export, with its provenance
-        ('imported': never a cache hit for new generations; 'local' only for a trusted archive).
-        The file goes to this store's canonical place; an image already stored intact is kept.
-        True when it was added."""
-        key = str(row["key"])
-        if not is_key(key):  # keys name files: no paths
-            raise StoreError(f"'{key[:80]}' is not an image key")
-        if hashlib.sha256(data).hexdigest() != row["sha256"]:
-            raise StoreError(f"image {key[:12]}… does not match its recorded sha256")
-        if key in self.get_images([key]):
-            return False
-        path = self._image_path(key)
-        self._write_file(path, data)
-        values = {**row, "path": str(path), "provenance": provenance, "used": time.time(), "bytes": len(data)}
-        columns = ("key", "generator", "prompt", "negative_prompt", "seed", "steps", "guidance", "width",
-                   "height", "scheduler", "path", "sha256", "nsfw", "created", "provenance", "used", "bytes")
-        with self._write() as db:
-            db.execute(f"INSERT OR REPLACE INTO images ({','.join(columns)}) VALUES ({','.join('?' * len(columns))})",
-                       [values[c] for c in columns])
-        return True
-
     def touch(self, keys: Sequence[str]) -> None:
         """Record that these images were just used (least-recently-used clean-up keeps them longest)."""
         if keys:

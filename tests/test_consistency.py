@@ -1,0 +1,40 @@
+"""Issue 24, item 7: one check of N, with one message, for every method; a bad N leaves no run."""
+import pytest
+
+from engine.common.errors import InputError
+from engine.methods import METHODS
+
+# a valid request of every method with an image count, but for N
+REQUESTS = {
+    "single_prompt": dict(prompt="a photo of a doctor", gap=False),
+    "generate": dict(prompt="a photo of a doctor"),
+    "counterfactuals": dict(prompt="a photo of a doctor", axes={"gender": ["a photo of a male doctor",
+                                                                           "a photo of a female doctor"]}),
+    "intersectional": dict(prompt="a photo of a doctor", axes={"gender": ["a photo of a male doctor",
+                                                                          "a photo of a female doctor"]}),
+    "mine": dict(),
+    "mitigate": dict(prompt="a photo of a doctor", axes={"gender": ["a photo of a male doctor",
+                                                                    "a photo of a female doctor"]}),
+}
+
+
+@pytest.mark.parametrize("method", sorted(REQUESTS))
+@pytest.mark.parametrize("n, words", [(2.5, "the number of images must be a whole number, not 2.5"),
+                                      (True, "the number of images must be a whole number, not True"),
+                                      ("many", "the number of images must be a whole number, not 'many'"),
+                                      (0, "the number of images must be at least 1 (got 0)"),
+                                      (10**6, "the number of images is 1000000, above this server's maximum of 256")])
+def test_a_bad_n_gets_one_sentence_from_every_method_and_leaves_no_run(engine, method, n, words):
+    row = METHODS[method]
+    request = row.request(**REQUESTS[method], n=n)
+    with pytest.raises(InputError) as raised:
+        list(row.run(request, engine))
+    assert str(raised.value).startswith(words)
+    with pytest.raises(InputError) as checked:         # what a tab checks before the run streams
+        row.run.preflight(request, engine)
+    assert str(checked.value) == str(raised.value)
+    assert engine.store.list_runs() == []
+
+
+def test_a_whole_float_n_is_that_number(engine):
+    assert engine.check_n(4.0) == 4 and engine.check_n("4") == 4
