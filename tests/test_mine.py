@@ -160,6 +160,8 @@ def test_same_seed_and_cache_replay_the_same_run(tmp_path):
     request = MineRequest(iterations=3, population=6, select=2, mutations=2, n=8, seed=3)
     first = done_event(mine.run(request, engine)).results
     calls = (engine.stats.generator_calls, engine.stats.llm_calls)
+    assert first["counts"]["images_generated"] == engine.stats.images_generated > 0    # the run's own count
+    assert first["counts"]["llm_calls"] == engine.stats.llm_calls > 0
     mine._SCORE_MEMO.clear()    # through the store, not this process's memory
     again = done_event(mine.run(request, Engine("colour", data_dir=str(tmp_path / "a")))).results
     assert ranked(again) == ranked(first) and again["nodes"] == first["nodes"]

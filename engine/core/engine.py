@@ -50,6 +50,10 @@ class EngineStats:
     llm_calls: int = 0
     llm_cache_hits: int = 0
 
+    def add(self, **counts: int) -> None:
+        for name, k in counts.items():
+            setattr(self, name, getattr(self, name) + k)
+
 
 class Engine:
     def __init__(self, preset: str = "synthetic", data_dir: str | None = None,
@@ -81,13 +85,12 @@ class Engine:
         self.model_overrides = {k: v for k, v in model_overrides.items() if v}
         self.model_options = dict(options or {})
         self.max_api_calls = int(max_api_calls)
-        self.api_calls = 0   # image API calls made by the current run (reset by start_run)
-        self.api_calls_announced = 0   # ... and announced ahead (announce_api_calls)
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
         self.models = ModelManager(device, budget)
         self._overlap: bool | None = None
         self.stats = EngineStats()
+        self.run: Run | None = None   # the run a view of this engine works for (`for_run`)
 
     # -- models --------------------------------------------------------------------------------
     @property
@@ -188,6 +191,20 @@ class Engine:
         view.preset_reason = f"{self.preset_reason}; generator replaced by {spec.label} to compare models"
         return view
 
+    def for_run(self, run: "Run") -> "Engine":
+        """Returns a view of this engine working for `run` (what `recorded` hands a method): the
+        store, models, preset and engine-wide stats are shared; what one run uses (its image API
+        calls, its own stats) is counted on the run, so visitors' runs at once never mix them."""
+        view = copy.copy(self)
+        view.run = run
+        return view
+
+    def count(self, **counts: int) -> None:
+        """Adds to the engine-wide stats and, in a run's view, to the run's own."""
+        self.stats.add(**counts)
+        if self.run is not None:
+            self.run.stats.add(**counts)
+
     def set_preset(self, name: str, options: dict | None = None, **model_overrides) -> None:
         """Switch to another preset: models of the old one are unloaded, the store is kept. The engine's
         model overrides and options (from the command line, or given here, which add to them) replace
@@ -274,16 +291,18 @@ class Engine:
         found.update({k: r for k, r in self.store.get_refusals([k for k in keys if k not in found]).items()})
         cached = [found[k] for k in keys if k in found]
         if cached:
-            self.stats.image_cache_hits += len(cached)
+            self.count(image_cache_hits=len(cached))
             self.store.touch([r.key for r in cached])
             yield cached
         missing = [(s, k) for s, k in zip(seeds, keys) if k not in found]
         if missing and getattr(generator, "source_kind", "model") == "api":
-            if self.api_calls + len(missing) > self.max_api_calls:
+            used = self.run.api_calls if self.run else 0   # outside a run: each call on its own budget
+            if used + len(missing) > self.max_api_calls:
                 raise InputError(f"this needs {len(missing)} more image API call(s) but the budget allows "
-                                 f"{max(0, self.max_api_calls - self.api_calls)} more in this run (at most "
+                                 f"{max(0, self.max_api_calls - used)} more in this run (at most "
                                  f"{self.max_api_calls}); lower N or raise the budget (--max-api-calls)")
-            self.api_calls += len(missing)
+            if self.run:
+                self.run.api_calls += len(missing)
         batch_size = max(1, int(getattr(generator, "batch_size", 4)))
         start, retried = 0, False
         while start < len(missing):
@@ -304,8 +323,7 @@ class Engine:
                 generator.batch_size = batch_size
                 self.models.memory.empty_cache(self.models.device)
                 continue
-            self.stats.generator_calls += 1
-            self.stats.images_generated += sum(out.refused is None for out in outputs)
+            self.count(generator_calls=1, images_generated=sum(out.refused is None for out in outputs))
             start += len(batch)
             key_of = dict(batch)
             records = [self.store.put_refusal(key_of[out.seed], gen_id, prompt, out.seed, out.refused)
@@ -340,7 +358,7 @@ class Engine:
         self.charge(images=1, what="regenerate")
         with self._backend("generator") as gen:
             fresh = gen.generate(prompt, [int(seed)], settings)[0].image.convert("RGB")
-        self.stats.generator_calls += 1
+        self.count(generator_calls=1)
         if stored.image.size != fresh.size:
             return False, 255
         diff = int(np.abs(np.asarray(stored.image, np.int16) - np.asarray(fresh, np.int16)).max())
@@ -367,7 +385,7 @@ class Engine:
         if todo:
             with self._backend("embedder") as embedder:
                 vectors = compute(embedder, [items[i] for i in todo])
-            self.stats.embeddings_computed += len(todo)
+            self.count(embeddings_computed=len(todo))
             rows = [(keys[i], subject(items[i]), emb_id, np.asarray(v, np.float32)) for i, v in zip(todo, vectors)]
             self.store.put_embeddings(rows)
             found.update({r[0]: r[3] for r in rows})
@@ -387,7 +405,7 @@ class Engine:
             with self._backend("vqa") as vqa:
                 answers = vqa.answer([records[i].image for i in todo], question,
                                      list(choices) if choices else None)
-            self.stats.answers_computed += len(todo)
+            self.count(answers_computed=len(todo))
             rows = [(keys[i], records[i].key, vqa_id, question, choices_json, a) for i, a in zip(todo, answers)]
             self.store.put_answers(rows)
             found.update({r[0]: r[5] for r in rows})
@@ -402,7 +420,7 @@ class Engine:
         if todo:
             with self._backend("vqa") as vqa:
                 captions = vqa.caption([records[i].image for i in todo])
-            self.stats.answers_computed += len(todo)
+            self.count(answers_computed=len(todo))
             rows = [(keys[i], records[i].key, vqa_id, "<caption>", "[]", c) for i, c in zip(todo, captions)]
             self.store.put_answers(rows)
             found.update({r[0]: r[5] for r in rows})
@@ -474,7 +492,6 @@ class Engine:
         return limits.fit_axes(method, request, axes, self.budget.images // max(1, share))
 
     def start_run(self, method: str, request: dict, cost: int = 0) -> "Run":
-        self.api_calls = self.api_calls_announced = 0
         models = {role: spec.full_label for role, spec in self.preset.specs().items()}
         return Run(self, self.store.create_run(method, request, models, __version__, cost=cost), method, request)
 
@@ -484,7 +501,6 @@ class Engine:
         record = self.store.get_run(run_id)
         if record is None or record["method"] != method or not self.store.run_writable(run_id):
             raise InputError(f"no {method} run '{run_id}' of yours in the store")
-        self.api_calls = self.api_calls_announced = 0
         self.store.update_run(run_id, status="running")
         return Run(self, run_id, method, request)
 
@@ -508,25 +524,30 @@ class CachedLLM:
         key = content_key("llm", self.id, request)
         reply = self.engine.store.get_llm_reply(key)
         if reply is not None:
-            self.engine.stats.llm_cache_hits += 1
+            self.engine.count(llm_cache_hits=1)
             return reply
         with self.engine._backend("llm") as llm:
             self.engine.charge(llm_calls=1, what="llm")   # every call a visitor's work makes, any backend
             reply = llm.chat(messages, temperature=temperature, max_tokens=max_tokens, seed=seed)
-        self.engine.stats.llm_calls += 1
+        self.engine.count(llm_calls=1)
         self.engine.store.put_llm_reply(key, self.id, request, reply)
         return reply
 
 
 @dataclass
 class Run:
-    """A run record being written: images linked as they arrive, results at the end."""
+    """A run record being written: images linked as they arrive, results at the end; and what
+    this run used: its own stats and image API calls (made, and announced ahead by
+    `announce_api_calls`), never another run's."""
 
     engine: Engine
     id: str
     method: str
     request: dict
     started: float = field(default_factory=time.perf_counter)
+    stats: EngineStats = field(default_factory=EngineStats)
+    api_calls: int = 0
+    api_calls_announced: int = 0
 
     def add_images(self, records: Sequence[ImageRecord], label: str = "") -> None:
         self.engine.store.add_run_images(self.id, [r.key for r in records], label)
@@ -572,7 +593,7 @@ def recorded(method: str, check: Callable | None = None, continues: Callable | N
             previous = continues(request) if continues is not None else None
             run = (engine.reopen_run(previous, method, _as_dict(request)) if previous
                    else engine.start_run(method, _as_dict(request), cost))
-            finished, events = False, fn(request, engine, run)
+            finished, events = False, fn(request, engine.for_run(run), run)
             try:
                 for event in events:
                     finished = finished or isinstance(event, Done)
@@ -644,9 +665,9 @@ def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int]
     total = progress_total or len(seeds)
     by_seed: dict[int, ImageRecord] = {}
     calls = sources.api_calls_needed(engine, [(prompt, seeds, settings)])
-    if calls and engine.api_calls + calls > engine.api_calls_announced:
+    if calls and run.api_calls + calls > run.api_calls_announced:
         yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for '{prompt}' (budget "
-                      f"{engine.max_api_calls - engine.api_calls} left in this run); API images are not seedable, "
+                      f"{engine.max_api_calls - run.api_calls} left in this run); API images are not seedable, "
                       "so regenerating them would not reproduce them: they are kept in the store")
     overlap = _Overlap(evaluate) if evaluate is not None and engine.overlap_evaluation else None
     finished = False
