@@ -350,7 +350,7 @@ def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], sett
                  index: int, total: int, evaluate=None):
     """Generate one set through the store (use `yield from`); returns its records without
     images the safety checker flagged (with a Warning when there are any). `evaluate(valid_batch)`
-    warms the caches beside generation (engine.core.engine.stream_image_set)."""
+    warms the caches beside generation (engine.core.run.stream_image_set)."""
     def evaluate_valid(batch):
         valid_batch = [r for r in batch if not r.nsfw]
         if valid_batch:
