@@ -1,8 +1,12 @@
-"""Issue 24, item 7: one check of N, with one message, for every method; a bad N leaves no run."""
+"""Issue 24: one check of N, with one message, for every method (a bad N leaves no run); the store's
+one chunked `IN (...)` helper."""
+import numpy as np
 import pytest
 
 from engine.common.errors import InputError
 from engine.methods import METHODS
+from engine.store.schema import MAX_IN_VALUES, in_chunks
+from engine.store.store import Store, content_key
 
 # a valid request of every method with an image count, but for N
 REQUESTS = {
@@ -38,3 +42,13 @@ def test_a_bad_n_gets_one_sentence_from_every_method_and_leaves_no_run(engine, m
 
 def test_a_whole_float_n_is_that_number(engine):
     assert engine.check_n(4.0) == 4 and engine.check_n("4") == 4
+
+
+def test_the_store_reads_more_keys_than_sqlite_binds_in_one_statement(tmp_path):
+    keys = [content_key("text-embedding", "e", i) for i in range(3 * MAX_IN_VALUES + 1)]
+    assert [len(chunk) for _, chunk in in_chunks(keys)] == [MAX_IN_VALUES] * 3 + [1]
+    store = Store(tmp_path)
+    store.put_embeddings([(k, f"text {i}", "e", np.full(2, i, np.float32)) for i, k in enumerate(keys)])
+    found = store.get_embeddings(keys)
+    assert len(found) == len(keys) and found[keys[-1]].tolist() == [len(keys) - 1] * 2
+    assert len(store.embedding_rows([f"text {i}" for i in range(len(keys))])) == len(keys)
