@@ -454,8 +454,7 @@ class Measurer:
                                             "would move every axis")
         yield from self.sets(specs, f"step {step + 1}: counterfactual sets")
         all_specs = current_specs + [s for s, _ in specs]
-        init, tables = tally(all_specs, setup.axes, self.answers, None,
-                                            {x: setup.axes[x] for x in candidates})
+        init, tables = tally(all_specs, setup.axes, self.answers, None, {x: setup.axes[x] for x in candidates})
         mixed = {x: {y: _weighted_mix(tables[x][y][0], [setup.mix[x][cf] for cf in setup.axes[x]]) for y in setup.axes}
                  for x in candidates}
         return bc.intersectional_sensitivity({y: init[y][0] for y in setup.axes}, mixed, setup.ideals)
