@@ -123,7 +123,7 @@ def user_errors(fn):
             try:
                 yield from fn(*args, **kwargs)
             except GapLensError as exc:
-                raise gr.Error(str(exc), title=type(exc).__name__.replace("Error", " error")) from exc
+                raise gr.Error(str(exc), title=exc.title) from exc
         return stream
 
     @functools.wraps(fn)
@@ -131,7 +131,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except GapLensError as exc:
-            raise gr.Error(str(exc), title=type(exc).__name__.replace("Error", " error")) from exc
+            raise gr.Error(str(exc), title=exc.title) from exc
     return call
 
 

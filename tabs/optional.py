@@ -17,7 +17,7 @@ from engine.common.errors import GapLensError
 
 from .common import LoadHook
 
-# The generator settings a form may set (engine.methods.generate.GenerationOptions), with
+# The generator settings a form may set (engine.methods.options.GenerationOptions), with
 # their labels; guidance is the one that is not a whole number.
 GENERATION_LABELS = {"steps": "Steps", "guidance": "Guidance", "width": "Width (pixels)", "height": "Height (pixels)"}
 MODEL_DEFAULT = "the model's default"

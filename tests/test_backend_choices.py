@@ -12,7 +12,7 @@ from engine.hosting import backend_choices
 from engine.runs import imports
 from engine.backends.base import ModelSpec
 from engine.core.engine import Engine
-from engine.common.errors import InputError, NotAllowedError
+from engine.common.errors import InputError, ModelLoadError, NotAllowedError
 from engine.common.events import Done
 from engine.hosting.limits import Budget
 from engine.methods import compare_models, mine, mitigate, single_prompt, validate
@@ -45,7 +45,7 @@ def test_a_researchers_own_gaplens_still_takes_any_backend(engine, tmp_path):
     assert backend_choices.resolve(engine, "generator", "folder:/no/such/dir") == ModelSpec("folder", "/no/such/dir")
     assert backend_choices.resolve(engine, "generator", "sd15") == PRESETS["sd15"].generator
     assert backend_choices.resolve(engine, "vqa", "clip_vqa:synthetic") == ModelSpec("clip_vqa", "synthetic")
-    with pytest.raises(Exception, match="no such folder"):   # the backend's own words, path included
+    with pytest.raises(ModelLoadError, match="no such folder"):   # the backend's own words, path included
         _compare(engine, "synthetic", "folder:/no/such/dir")
 
 

@@ -7,6 +7,7 @@ from engine.common.errors import InputError, LLMOutputError
 from engine.common.events import Images, Scores, Table
 from engine.methods import cfsets
 from engine.methods.cfsets import SetSpec
+from engine.methods.measure import resample_weights
 from engine.methods.counterfactuals import (CounterfactualsRequest, axis_scores, cas_rows, compare, concept_set, run,
                                             tibet_question)
 from engine.metrics import tibet
@@ -76,7 +77,7 @@ def test_question_bank_table_5_2_and_template():
 def _set(answers, n_boot=0, seed=0):
     n = len(answers)
     return concept_set(SetSpec("x", "p", 0), [None] * n, [[a[q] for a in answers] for q in range(len(answers[0]))],
-                       [], np.eye(n, 4), cfsets.resample_weights(n, n_boot, seed, 0))
+                       [], np.eye(n, 4), resample_weights(n, n_boot, seed, 0))
 
 
 def test_cas_of_hand_made_sets():

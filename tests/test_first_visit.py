@@ -82,7 +82,7 @@ def test_gap_score_labels_agree_with_the_numbers():
 
 
 def test_missed_interpretations_are_listed_once():
-    from engine.methods.single_prompt import missed_readings
+    from engine.methods.measure import missed_readings
 
     missed = missed_readings(["green rose outdoors", "red rose", "green rose outdoors", "white rose", "a rose"],
                              [0.2, 0.9, 0.2, 0.5, 0.8], k=3)

@@ -539,6 +539,37 @@ def test_images_made_before_a_failure_are_kept(api, data_dir):
     assert len(api.posts("/images/generations")) == 5   # only the failed one is asked again
 
 
+def test_a_503_mid_run_is_titled_an_api_error_not_a_model_load_error(api, data_dir):
+    import gradio as gr
+
+    from engine.common.errors import ModelLoadError
+    from tabs.common import user_errors
+
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"openai:{api.url}/v1",
+                    options={"generator": {"model": "tiny-image-1", "max_retries": 0}})
+    api.failures["a welder"] = [(503, {}, {"error": {"message": "overloaded"}})]
+    with pytest.raises(gr.Error) as shown:     # what a tab shows: the handler's error, titled
+        user_errors(lambda: list(generate.run(generate.GenerateRequest("a welder", n=1), engine)))()
+    assert shown.value.title == "API error" and "HTTP 503" in shown.value.message and "overloaded" in shown.value.message
+    assert isinstance(shown.value.__cause__, ApiError) and not isinstance(shown.value.__cause__, ModelLoadError)
+
+
+def test_two_runs_at_once_keep_their_own_api_call_budgets_and_counts(api, data_dir):
+    """Two visitors' runs on one engine: each run counts its own image API calls against its own
+    budget (4 per run here) and its own images, however their steps interleave."""
+    engine = Engine("synthetic", data_dir=data_dir, generator=f"openai:{api.url}/v1", max_api_calls=4,
+                    options={"generator": {"model": "tiny-image-1", "max_retries": 0}})
+    first = generate.run(generate.GenerateRequest("a welder", n=3), engine)
+    announced = next(e for e in first if isinstance(e, Warning) and "image API call" in e.message)
+    assert "3 image API call(s)" in announced.message          # the first run has announced its 3 calls ...
+    second = list(generate.run(generate.GenerateRequest("a nurse", n=3), engine))     # ... when another runs
+    first = [announced, *first]
+    for events in (first, second):
+        done = events[-1]
+        assert isinstance(done, Done) and done.summary["n"] == 3
+    assert engine.stats.images_generated == 6 and len(api.posts("/images/generations")) == 6
+
+
 def test_single_prompt_on_an_api_that_refuses_everything_says_so(api, data_dir):
     from engine.methods import single_prompt
 

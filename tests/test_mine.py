@@ -12,6 +12,7 @@ import pytest
 from waiting import wait_until
 
 from engine.core.engine import Engine
+from engine.common.errors import InputError
 from engine.common.events import Scores
 from engine.methods import mine
 from engine.methods.mine import MineRequest, search
@@ -159,6 +160,8 @@ def test_same_seed_and_cache_replay_the_same_run(tmp_path):
     request = MineRequest(iterations=3, population=6, select=2, mutations=2, n=8, seed=3)
     first = done_event(mine.run(request, engine)).results
     calls = (engine.stats.generator_calls, engine.stats.llm_calls)
+    assert first["counts"]["images_generated"] == engine.stats.images_generated > 0    # the run's own count
+    assert first["counts"]["llm_calls"] == engine.stats.llm_calls > 0
     mine._SCORE_MEMO.clear()    # through the store, not this process's memory
     again = done_event(mine.run(request, Engine("colour", data_dir=str(tmp_path / "a")))).results
     assert ranked(again) == ranked(first) and again["nodes"] == first["nodes"]
@@ -198,14 +201,14 @@ def test_stop_then_resume_regenerates_nothing_and_matches_an_uninterrupted_run(t
     # issue 17: a resume continues the same run (no new id), and a finished run is not "resumed" to nothing
     assert resumed.run_id == run_id and resumed.results["resumed_from"] == run_id
     assert [r["id"] for r in mine.list_runs(fresh)] == [run_id] and fresh.store.get_run(run_id)["status"] == "done"
-    with pytest.raises(Exception, match="has finished its 4 iterations; raise T"):
+    with pytest.raises(InputError, match="has finished its 4 iterations; raise T"):
         list(mine.run(MineRequest(resume=run_id), fresh))
     assert fresh.store.get_run(run_id)["status"] == "done" and len(mine.list_runs(fresh)) == 1
     assert ranked(resumed.results) == ranked(full)
     assert made_before + fresh.stats.images_generated == full_engine.stats.images_generated
     assert calls_before + fresh.stats.generator_calls == full_engine.stats.generator_calls
     assert resumed.results["complete"] and len(resumed.results["iterations"]) == 4
-    with pytest.raises(Exception, match="no Mine Prompts run"):
+    with pytest.raises(InputError, match="no Mine Prompts run"):
         list(mine.run(MineRequest(resume="no-such-run"), fresh))
 
 
@@ -225,8 +228,6 @@ def test_budget_counts_what_the_store_already_holds(tmp_path):
 
 
 def test_bad_settings_name_the_problem(engine):
-    from engine.common.errors import InputError
-
     for bad, words in [(dict(population=6, select=2, mutations=3), "b - s*m"),
                        (dict(strategy="annealing"), "strategy"), (dict(n=1), "at least 2"),
                        (dict(iterations=1000), "iterations")]:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from engine.common.errors import InputError
 from engine.methods.axes import axis_for
 from engine.backends.base import ModelSpec
 from engine.backends.synthetic import load_world
@@ -21,7 +22,7 @@ from engine.core.engine import Engine
 from engine.metrics.agreement import agreement, cohens_kappa, correct_shares, rogan_gladen
 from engine.metrics.intervals import (bca_interval, headline_claim, n_for_half_width, n_for_power,
                                       sample_size_advice, share_interval, top_probability)
-from engine.methods import single_prompt, validate
+from engine.methods import measure, single_prompt, validate
 from engine.models.presets import SYNTHETIC_TABLE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,7 @@ def test_single_prompt_shows_these_intervals_in_range_with_their_n():
     assert m["share_ci"]["male"] == list(share_interval(8, 8))
     for name, (lo, hi) in m["ci"].items():
         assert lo is not None and hi is not None and lo <= m[name] <= hi, name
-        assert not str(lo).startswith("-0") and lo >= 0.0 and hi <= single_prompt.METRIC_RANGES[name][1]
+        assert not str(lo).startswith("-0") and lo >= 0.0 and hi <= measure.METRIC_RANGES[name][1]
     # entropy 0 sits at the edge: its interval includes it and stays inside [0, 1]
     assert m["ci"]["normalised_entropy"][0] == 0.0
     assert "-0.0" not in json.dumps(m["ci"])
@@ -242,7 +243,7 @@ def test_labels_travel_with_the_exported_run(tmp_path):
     validate.add_labels(source.store, done.run_id, [{"image_key": keys[0], "axis": "gender", "label": "female"},
                                                     {"image_key": keys[1], "axis": "gender", "label": "can't tell"}],
                         "Ada")
-    with pytest.raises(Exception, match="not one of"):
+    with pytest.raises(InputError, match="not one of"):
         validate.add_labels(source.store, done.run_id, [{"image_key": keys[0], "axis": "gender", "label": "cat"}], "x")
     manifest = export.export_zip(source.store, [done.run_id], tmp_path / "run.zip")
     assert manifest["counts"]["labels"] == 2
@@ -300,7 +301,7 @@ def test_add_images_until_every_interval_is_narrow_enough(tmp_path):
     assert engine.stats.images_generated == n            # the first images were not drawn twice
     assert engine.stats.image_cache_hits >= 8
     assert any("adding images" in getattr(e, "message", "") for e in events)
-    with pytest.raises(Exception, match="between 0 and 0.5"):
+    with pytest.raises(InputError, match="between 0 and 0.5"):
         list(single_prompt.run(single_prompt.SinglePromptRequest("a photo", n=4, until_half_width=2.0), engine))
 
 

@@ -18,7 +18,7 @@ import os
 import time
 from typing import Callable
 
-from ..common.errors import GapLensError, ModelLoadError
+from ..common.errors import ApiError, GapLensError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +26,6 @@ RETRY_STATUSES = frozenset({408, 409, 429})
 REFUSAL_CODES = frozenset({"content_policy_violation", "moderation_blocked", "content_filter",
                            "safety_violation", "responsible_ai_policy_violation"})
 REFUSAL_WORDS = ("content policy", "safety system", "moderation", "content filter", "safety filter", "nsfw")
-
-
-class ApiError(ModelLoadError):
-    """An API call failed in a way the user must act on (server down, bad URL, quota)."""
 
 
 class AuthError(ApiError):

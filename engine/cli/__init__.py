@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+from ..common.encoding import json_default
 from ..common.errors import GapLensError
 from ..common.events import Done, Progress, Scores, Warning
 from ..methods import METHODS
@@ -156,14 +157,9 @@ def run_command(args) -> int:
         return 130
     if done is not None:
         if args.json:
-            print(json.dumps({"run_id": done.run_id, **done.results}, indent=2, default=_json_default))
+            print(json.dumps({"run_id": done.run_id, **done.results}, indent=2, default=json_default))
         else:
             print(f"run {done.run_id} done: {json.dumps(done.summary, default=str)}", file=sys.stderr)
     return 0
 
-
-def _json_default(obj):
-    from ..store.store import _json_default as store_default
-
-    return store_default(obj)
 

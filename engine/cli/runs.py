@@ -3,6 +3,7 @@
 import json
 import sys
 
+from ..common.encoding import json_default
 from ..common.errors import InputError
 from ..runs.history import (SORTS, STATUSES, compare_runs, delete_runs, get_run, headline, list_runs, run_prompt,
                             scores)
@@ -72,9 +73,7 @@ def add_parser(sub, common_arguments) -> None:
 
 
 def _print_json(obj) -> None:
-    from ..store.store import _json_default
-
-    print(json.dumps(obj, indent=2, default=_json_default, ensure_ascii=False))
+    print(json.dumps(obj, indent=2, default=json_default, ensure_ascii=False))
 
 
 def run_command(args, engine):

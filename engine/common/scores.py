@@ -7,6 +7,7 @@ one score of two runs.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 
@@ -37,6 +38,16 @@ def is_finite(x) -> bool:
     (True, False, False, False)
     """
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def is_missing(x) -> bool:
+    """True for None and NaN (a value that was not measured); False for any other value, inf
+    and strings included. The one NaN test: not `x != x`, not `isinstance(x, float) and ...`.
+
+    >>> is_missing(None), is_missing(float("nan")), is_missing(0.0), is_missing("n/a")
+    (True, True, False, False)
+    """
+    return x is None or (isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isnan(x))
 
 
 def finite_or_none(x) -> float | None:

@@ -6,27 +6,26 @@ serves each from the store when it can and computes (and stores) it otherwise.
 from __future__ import annotations
 
 import copy
-import functools
-import json
 import os
-import time
-import traceback
-from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, Sequence
-
-import numpy as np
+from dataclasses import replace
 
 from .. import __version__
-from ..backends.base import GenerationSettings, ModelSpec, PartialBatch, with_options
+from ..backends.base import GenerationSettings, ModelSpec, with_options
 from ..common import access
-from ..common.errors import GapLensError, InputError, OutOfMemoryError
-from ..common.events import Done, Images, Progress, Warning
+from ..common.errors import InputError
 from ..common.names import short_label
-from ..hosting import backend_choices, limits, spending, storage
+from ..hosting import backend_choices, limits, spending
 from ..models import sources
 from ..models.manager import ModelManager
 from ..models.presets import resolve_preset
-from ..store.store import ImageRecord, Store, content_key, image_key
+from ..store.store import Store
+from .evaluators import CachedLLM, Evaluation
+from .images import ImageMaking
+from .run import EngineStats, Run, RunLifecycle, recorded, stream_image_set
+
+# what methods and scripts import from here besides the Engine (the run lifecycle: engine/core/run.py)
+__all__ = ["Engine", "EngineStats", "Run", "recorded", "stream_image_set", "CachedLLM", "DEFAULT_MAX_IMAGES",
+           "DEFAULT_MAX_API_CALLS", "default_data_dir"]
 
 DEFAULT_DATA_DIR = "~/.cache/gaplens"
 DEFAULT_MAX_IMAGES = 128
@@ -38,20 +37,10 @@ def default_data_dir() -> str:
     return os.environ.get("GAPLENS_DATA_DIR") or DEFAULT_DATA_DIR
 
 
-@dataclass
-class EngineStats:
-    """Counters for tests and benchmarks: what was computed vs. served from the store."""
+class Engine(ImageMaking, Evaluation, RunLifecycle):
+    """The engine (a view of it: `with_generator`, `for_run`). Its parts: models and request checks
+    here, images (engine/core/images.py), evaluator caches (evaluators.py), runs (run.py)."""
 
-    images_generated: int = 0
-    image_cache_hits: int = 0
-    generator_calls: int = 0
-    embeddings_computed: int = 0
-    answers_computed: int = 0
-    llm_calls: int = 0
-    llm_cache_hits: int = 0
-
-
-class Engine:
     def __init__(self, preset: str = "synthetic", data_dir: str | None = None,
                  max_images: int = DEFAULT_MAX_IMAGES, device: str | None = None,
                  memory_budget_gb: float | None = None, public: bool = False,
@@ -81,13 +70,12 @@ class Engine:
         self.model_overrides = {k: v for k, v in model_overrides.items() if v}
         self.model_options = dict(options or {})
         self.max_api_calls = int(max_api_calls)
-        self.api_calls = 0   # image API calls made by the current run (reset by start_run)
-        self.api_calls_announced = 0   # ... and announced ahead (announce_api_calls)
         self.max_images = int(max_images)
         budget = int(memory_budget_gb * 2**30) if memory_budget_gb else None
         self.models = ModelManager(device, budget)
         self._overlap: bool | None = None
         self.stats = EngineStats()
+        self.run: Run | None = None   # the run a view of this engine works for (`for_run`)
 
     # -- models --------------------------------------------------------------------------------
     @property
@@ -235,452 +223,21 @@ class Engine:
         return prompt
 
     def check_n(self, n: int, what: str = "number of images") -> int:
+        """`n` as an int; InputError when it is not a whole number from 1 to `max_images`. The one
+        check of an image count (and of the text variations): each method's `check` calls it, so a
+        request's N is checked once, before its run exists."""
+        if isinstance(n, bool) or (isinstance(n, float) and not n.is_integer()):
+            raise InputError(f"the {what} must be a whole number, not {n!r}")
         try:
             n = int(n)
-        except (TypeError, ValueError):
-            raise InputError(f"the {what} must be a whole number, not {n!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise InputError(f"the {what} must be a whole number, not {str(n)[:40]!r}") from None
         if n < 1:
             raise InputError(f"the {what} must be at least 1 (got {n})")
         if n > self.max_images:
             raise InputError(f"the {what} is {n}, above this server's maximum of {self.max_images} "
                              f"(start the app with --max-images to change it)")
         return n
-
-    # -- images --------------------------------------------------------------------------------
-    def images(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings | None = None
-               ) -> Iterator[list[ImageRecord]]:
-        """Yield the images for (prompt, seed) pairs batch by batch: stored ones at once, then each
-        generated batch as soon as it is finished (and stored). Order within the stream is
-        cached-first; every record carries its seed.
-
-        For an images API (not seedable) a seed is the image's index: the key is prompt +
-        index + settings + model, a refusal is recorded like an image and never asked again,
-        and the calls a run makes are bounded by `max_api_calls`. A folder or dataset source
-        serves image i of the prompt for seed i and says how many it has when asked for more."""
-        settings = settings or self.default_settings()
-        gen_id = self.model_id("generator")
-        generator = self.models.peek(self.generator_spec)   # loaded by model_id above
-        if seeds and hasattr(generator, "check_available"):
-            generator.check_available(prompt, max(seeds) + 1)   # before any image: one clear sentence
-        keys = [image_key(gen_id, prompt, s, settings) for s in seeds]
-        # Imported images are not cache hits: an archive's bytes are not proof of what this
-        # generator makes for this key (an archive can swap images and rewrite its checksums).
-        found = self.store.get_images(keys, local_only=True)
-        found.update({k: r for k, r in self.store.get_refusals([k for k in keys if k not in found]).items()})
-        cached = [found[k] for k in keys if k in found]
-        if cached:
-            self.stats.image_cache_hits += len(cached)
-            self.store.touch([r.key for r in cached])
-            yield cached
-        missing = [(s, k) for s, k in zip(seeds, keys) if k not in found]
-        if missing and getattr(generator, "source_kind", "model") == "api":
-            if self.api_calls + len(missing) > self.max_api_calls:
-                raise InputError(f"this needs {len(missing)} more image API call(s) but the budget allows "
-                                 f"{max(0, self.max_api_calls - self.api_calls)} more in this run (at most "
-                                 f"{self.max_api_calls}); lower N or raise the budget (--max-api-calls)")
-            self.api_calls += len(missing)
-        batch_size = max(1, int(getattr(generator, "batch_size", 4)))
-        start, retried = 0, False
-        while start < len(missing):
-            batch = missing[start:start + batch_size]
-            failure = None
-            try:
-                with self._backend("generator") as gen:
-                    try:
-                        outputs = gen.generate(prompt, [s for s, _ in batch], settings)
-                    except PartialBatch as partial:   # keep what was made (and paid for) before the failure
-                        outputs, failure = partial.outputs, partial.error
-            except OutOfMemoryError:
-                if retried or batch_size == 1:
-                    raise  # its message says what to change
-                # One retry with half the batch; the generator keeps the smaller size from now on.
-                # Each image depends only on its own seed, so the images do not change.
-                retried, batch_size = True, max(1, batch_size // 2)
-                generator.batch_size = batch_size
-                self.models.memory.empty_cache(self.models.device)
-                continue
-            self.stats.generator_calls += 1
-            self.stats.images_generated += sum(out.refused is None for out in outputs)
-            start += len(batch)
-            key_of = dict(batch)
-            records = [self.store.put_refusal(key_of[out.seed], gen_id, prompt, out.seed, out.refused)
-                       if out.refused is not None else
-                       self.store.put_image(key_of[out.seed], gen_id, prompt, out.seed, settings, out.image, out.nsfw)
-                       for out in outputs]
-            if records:
-                yield records
-            if failure is not None:
-                raise failure
-
-    def image_set(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings | None = None
-                  ) -> list[ImageRecord]:
-        """All images of a set, in seed order (no streaming)."""
-        by_seed = {r.seed: r for batch in self.images(prompt, seeds, settings) for r in batch}
-        return [by_seed[s] for s in seeds]
-
-    def regenerate_check(self, prompt: str, seed: int, settings: GenerationSettings, key: str
-                         ) -> tuple[bool, int | None]:
-        """Generate one image alone (bypassing the store) and compare it with the stored one:
-        (pixel-identical?, largest per-channel difference in grey levels). (False, None), without
-        generating, when the stored image is gone (deleted with a run, or its file is missing):
-        there is nothing to compare, which says nothing about reproducibility."""
-        kind = sources.source_kind(self)
-        if kind != "model":
-            raise InputError("images from an API are not seedable: regenerating one gives a different image, "
-                             "so there is nothing to check" if kind == "api" else
-                             "these images come from a folder or dataset, not from a model: there is nothing to regenerate")
-        stored = self.store.get_images([key]).get(key)
-        if stored is None:
-            return False, None
-        self.charge(images=1, what="regenerate")
-        with self._backend("generator") as gen:
-            fresh = gen.generate(prompt, [int(seed)], settings)[0].image.convert("RGB")
-        self.stats.generator_calls += 1
-        if stored.image.size != fresh.size:
-            return False, 255
-        diff = int(np.abs(np.asarray(stored.image, np.int16) - np.asarray(fresh, np.int16)).max())
-        return diff == 0, diff
-
-    # -- evaluators ----------------------------------------------------------------------------
-    def embed_images(self, records: Sequence[ImageRecord]) -> np.ndarray:
-        """(n, d) normalised image embeddings, cached per (embedder, image key)."""
-        emb_id = self.model_id("embedder")
-        keys = [content_key("embedding", emb_id, r.key) for r in records]
-        return self._cached_embeddings(keys, records, emb_id, lambda e, items: e.embed_images(
-            [r.image for r in items]), subject=lambda r: r.key)
-
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        """(n, d) normalised text embeddings, cached per (embedder, text)."""
-        emb_id = self.model_id("embedder")
-        keys = [content_key("text-embedding", emb_id, t) for t in texts]
-        return self._cached_embeddings(keys, list(texts), emb_id, lambda e, items: e.embed_texts(items),
-                                       subject=lambda t: t)
-
-    def _cached_embeddings(self, keys, items, emb_id, compute: Callable, subject: Callable) -> np.ndarray:
-        found = self.store.get_embeddings(keys)
-        todo = [i for i, k in enumerate(keys) if k not in found]
-        if todo:
-            with self._backend("embedder") as embedder:
-                vectors = compute(embedder, [items[i] for i in todo])
-            self.stats.embeddings_computed += len(todo)
-            rows = [(keys[i], subject(items[i]), emb_id, np.asarray(v, np.float32)) for i, v in zip(todo, vectors)]
-            self.store.put_embeddings(rows)
-            found.update({r[0]: r[3] for r in rows})
-        if not keys:
-            return np.zeros((0, 0), np.float32)
-        return np.stack([found[k] for k in keys]).astype(np.float32)
-
-    def ask(self, records: Sequence[ImageRecord], question: str,
-            choices: Sequence[str] | None = None) -> list[str]:
-        """One VQA answer per image, cached per (VQA model, image, question, choices)."""
-        vqa_id = self.model_id("vqa")
-        choices_json = json.dumps(list(choices) if choices else [])
-        keys = [content_key("answer", vqa_id, r.key, question, choices_json) for r in records]
-        found = self.store.get_answers(keys)
-        todo = [i for i, k in enumerate(keys) if k not in found]
-        if todo:
-            with self._backend("vqa") as vqa:
-                answers = vqa.answer([records[i].image for i in todo], question,
-                                     list(choices) if choices else None)
-            self.stats.answers_computed += len(todo)
-            rows = [(keys[i], records[i].key, vqa_id, question, choices_json, a) for i, a in zip(todo, answers)]
-            self.store.put_answers(rows)
-            found.update({r[0]: r[5] for r in rows})
-        return [found[k] for k in keys]
-
-    def caption(self, records: Sequence[ImageRecord]) -> list[str]:
-        """One caption per image, cached like answers under the pseudo-question '<caption>'."""
-        vqa_id = self.model_id("vqa")
-        keys = [content_key("answer", vqa_id, r.key, "<caption>", "[]") for r in records]
-        found = self.store.get_answers(keys)
-        todo = [i for i, k in enumerate(keys) if k not in found]
-        if todo:
-            with self._backend("vqa") as vqa:
-                captions = vqa.caption([records[i].image for i in todo])
-            self.stats.answers_computed += len(todo)
-            rows = [(keys[i], records[i].key, vqa_id, "<caption>", "[]", c) for i, c in zip(todo, captions)]
-            self.store.put_answers(rows)
-            found.update({r[0]: r[5] for r in rows})
-        return [found[k] for k in keys]
-
-    # -- language model ------------------------------------------------------------------------
-    @property
-    def llm(self) -> "CachedLLM":
-        """The preset's LLM behind the store's reply cache (same request -> same reply)."""
-        return CachedLLM(self)
-
-    def ask_json(self, messages: list[dict], validate: Callable, *, temperature: float = 1.0,
-                 seed: int = 0, retries: int = 2, max_tokens: int = 1024):
-        """Ask the LLM for JSON, repair and validate it (engine.backends.llm_json)."""
-        from ..backends.llm_json import ask_json
-
-        return ask_json(self.llm, messages, validate=validate, retries=retries,
-                        temperature=temperature, seed=seed, max_tokens=max_tokens)
-
-    # -- runs ----------------------------------------------------------------------------------
-    def admit(self, method: str, request, estimate: Callable[..., limits.Estimate]) -> int:
-        """Check a request of `method` before any work starts or anything is stored: ranges always
-        (limits.check); in public mode also the backends and files it names
-        (backend_choices.check), the per-request budget, the store's room and the
-        visitor's share of it (engine/hosting/storage.py), and the hourly budgets, which it is charged
-        to (engine/hosting/spending.py). `estimate(request, until_cap, proposed)`: what it can spend
-        (its method's, engine.methods.METHODS). Returns the most images it can generate.
-        InputError / OverBudgetError / StoreError."""
-        limits.check(request, self.preset.name)
-        backend_choices.check(self, request)   # public mode: no backend, server or file but the host's
-        fields = _as_dict(request)
-        for name, what in (("n", "number of images"), ("n_variations", "number of text variations")):
-            if fields.get(name) is not None:
-                self.check_n(fields[name], what)
-        visitor = access.visitor_for(self.public)
-        charged = self.public and not visitor.host and not self.prepaid
-        cost = estimate(request, until_cap=self.max_set_images(), proposed=self.budget.images if charged else None)
-        if not self.public:
-            return cost.images
-        if charged:
-            limits.check_budget(request, self.budget, cost)
-        storage.require_room(self.store)
-        if charged:
-            settings = self.default_settings()
-            storage.check_share(self.store, visitor, cost.images * storage.image_bytes(
-                fields.get("width") or settings.width, fields.get("height") or settings.height))
-            spending.charge(self.store, self.budget, visitor, {"images": cost.images},
-                            {"llm_calls": cost.llm_calls}, what=method)
-        return cost.images
-
-    def charge(self, what: str = "", **spend: int) -> None:
-        """Charge work done outside a run's admission (an LLM call, a regenerated image, an export's
-        bytes: `spending.KINDS`) to the current visitor of a public GapLens; OverBudgetError when
-        it does not fit. Nothing in local mode or for the host."""
-        visitor = access.visitor_for(self.public)
-        if self.public and not visitor.host:
-            spending.charge(self.store, self.budget, visitor, spend, what=what)
-
-    def max_set_images(self) -> int:
-        """The largest N of an image set the current user may grow one to (Single Prompt's
-        `until_half_width`): the server's maximum, and for a visitor of a public GapLens no more
-        than one request may generate."""
-        if self.public and not access.visitor_for(True).host:
-            return min(self.max_images, self.budget.images)
-        return self.max_images
-
-    def fit_proposed_axes(self, estimate: Callable, request, axes: dict, share: int = 1) -> tuple[dict, list[str]]:
-        """The LLM-proposed `axes` a visitor's request keeps: those whose sets fit what it was
-        charged (one request's images, divided among `share` runs; `estimate`: its method's), in
-        the LLM's order, and the axes left out. Everything in local mode and for the host."""
-        if not self.public or access.visitor_for(True).host:
-            return axes, []
-        return limits.fit_axes(estimate, request, axes, self.budget.images // max(1, share))
-
-    def start_run(self, method: str, request: dict, cost: int = 0) -> "Run":
-        self.api_calls = self.api_calls_announced = 0
-        models = {role: spec.full_label for role, spec in self.preset.specs().items()}
-        return Run(self, self.store.create_run(method, request, models, __version__, cost=cost), method, request)
-
-    def reopen_run(self, run_id: str, method: str, request: dict) -> "Run":
-        """The stored run `run_id` in status 'running' again, to be continued under its own id
-        (a resumed search); InputError when there is no such run of that method."""
-        record = self.store.get_run(run_id)
-        if record is None or record["method"] != method or not self.store.run_writable(run_id):
-            raise InputError(f"no {method} run '{run_id}' of yours in the store")
-        self.api_calls = self.api_calls_announced = 0
-        self.store.update_run(run_id, status="running")
-        return Run(self, run_id, method, request)
-
-
-class CachedLLM:
-    """A TextGenerator that answers from the store when the exact request was seen before."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.id = engine.model_id("llm")
-        self._settings = getattr(engine.models.peek(engine.preset.llm), "generation_settings", None)
-
-    def chat(self, messages, *, temperature: float = 1.0, max_tokens: int = 1024, seed: int = 0) -> str:
-        """Returns the reply to `messages`, from the store when this exact request was answered before.
-        The request recorded with the reply (its provenance, and part of its key) carries the backend's
-        effective decoding settings (`generation_settings`), not only the temperature asked for."""
-        request = {"messages": list(messages), "temperature": temperature, "max_tokens": max_tokens,
-                   "seed": seed}
-        if callable(self._settings):
-            request["decoding"] = self._settings(temperature)
-        key = content_key("llm", self.id, request)
-        reply = self.engine.store.get_llm_reply(key)
-        if reply is not None:
-            self.engine.stats.llm_cache_hits += 1
-            return reply
-        with self.engine._backend("llm") as llm:
-            self.engine.charge(llm_calls=1, what="llm")   # every call a visitor's work makes, any backend
-            reply = llm.chat(messages, temperature=temperature, max_tokens=max_tokens, seed=seed)
-        self.engine.stats.llm_calls += 1
-        self.engine.store.put_llm_reply(key, self.id, request, reply)
-        return reply
-
-
-@dataclass
-class Run:
-    """A run record being written: images linked as they arrive, results at the end."""
-
-    engine: Engine
-    id: str
-    method: str
-    request: dict
-    started: float = field(default_factory=time.perf_counter)
-
-    def add_images(self, records: Sequence[ImageRecord], label: str = "") -> None:
-        self.engine.store.add_run_images(self.id, [r.key for r in records], label)
-
-    def save(self, results: dict, summary: dict | None = None) -> None:
-        """Store partial results (kept even if the run fails later)."""
-        self.engine.store.update_run(self.id, results=results, summary=summary)
-
-    def finish(self, results: dict, summary: dict | None = None) -> Done:
-        summary = dict(summary or {})
-        summary.setdefault("seconds", round(time.perf_counter() - self.started, 2))
-        self.engine.store.update_run(self.id, status="done", results=results, summary=summary)
-        return Done(self.id, results, summary)
-
-
-def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estimate], *,
-             continues: Callable | None = None, priced: Callable | None = None):
-    """Decorator for a method generator `fn(request, engine, run_record)`: creates its run record and
-    marks it failed (with the message) or stopped when the consumer closes the stream early.
-    Whatever the method stored before the failure stays in the store.
-
-    `check(request, engine)` runs first and raises InputError for a request that cannot run
-    (an empty prompt), so bad input never leaves a failed run behind. `estimate(request,
-    until_cap=None, proposed=None) -> limits.Estimate` is what the request can spend, which
-    admission bounds and charges (Engine.admit). `continues(request)` returns the id of a
-    stored run the request continues (a resume), which is reopened under its own id instead of
-    creating a new one. `priced(request, engine)` returns the request as
-    it will run, which admission checks and charges (a resume: the stored run's settings).
-
-    The decorated function has `check` and `estimate` (engine.methods.METHODS reads them) and
-    `preflight(request, engine)`: the checks and the ranges of `limits.check`, starting nothing
-    (a tab checks a request before its run streams)."""
-
-    def preflight(request, engine: Engine) -> None:
-        check(request, engine)
-        limits.check(request, engine.preset.name)
-        backend_choices.check(engine, request)
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def run_method(request, engine: Engine):
-            check(request, engine)
-            # nothing stored if refused
-            cost = engine.admit(method, priced(request, engine) if priced else request, estimate)
-            previous = continues(request) if continues is not None else None
-            run = (engine.reopen_run(previous, method, _as_dict(request)) if previous
-                   else engine.start_run(method, _as_dict(request), cost))
-            finished, events = False, fn(request, engine, run)
-            try:
-                for event in events:
-                    finished = finished or isinstance(event, Done)
-                    yield event
-            except GeneratorExit:
-                events.close()      # the method saves what it has (e.g. a search's state)
-                if not finished:    # a consumer closing the stream after Done did not stop the run
-                    engine.store.update_run(run.id, status="stopped")
-                raise
-            except GapLensError as exc:
-                engine.store.update_run(run.id, status="failed", error=str(exc))
-                raise
-            except Exception as exc:
-                engine.store.update_run(run.id, status="failed",
-                                        error="".join(traceback.format_exception_only(type(exc), exc)).strip())
-                raise
-        run_method.method = method
-        run_method.check, run_method.estimate, run_method.preflight = check, estimate, preflight
-        return run_method
-
-    return wrap
-
-
-def _as_dict(request) -> dict:
-    if hasattr(request, "__dataclass_fields__"):
-        from dataclasses import asdict
-
-        return asdict(request)
-    return dict(request)
-
-
-class _Overlap:
-    """Runs `evaluate(batch)` on one worker thread while the caller goes on generating: the VQA/CLIP of
-    batch k overlaps the generation of batch k+1. `evaluate` only warms the store's caches (same keys
-    as the method's own calls later), so a failure here is ignored: the method's call redoes the work
-    and reports the error where it belongs."""
-
-    def __init__(self, evaluate: Callable):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.evaluate = evaluate
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaplens-eval")
-        self.futures = []
-
-    def submit(self, batch) -> None:
-        self.futures.append(self.pool.submit(self._quietly, list(batch)))
-
-    def _quietly(self, batch) -> None:
-        try:
-            self.evaluate(batch)
-        except Exception:  # noqa: BLE001 - see the class docstring
-            pass
-
-    def close(self, wait: bool) -> None:
-        self.pool.shutdown(wait=wait, cancel_futures=not wait)
-
-
-def stream_image_set(engine: Engine, run: Run, prompt: str, seeds: Sequence[int],
-                     settings: GenerationSettings, label: str = "",
-                     progress_offset: int = 0, progress_total: int | None = None,
-                     evaluate: Callable | None = None):
-    """Generate one image set, yielding Images and Progress events (with an ETA measured from
-    the batches generated so far); returns the records in seed order (use `yield from`).
-
-    `evaluate(batch)`, when given and the engine's models fit side by side
-    (Engine.overlap_evaluation), runs on another thread for each batch as soon as it is stored,
-    while the next batch generates; the set is returned once every evaluation has finished."""
-    total = progress_total or len(seeds)
-    by_seed: dict[int, ImageRecord] = {}
-    calls = sources.api_calls_needed(engine, [(prompt, seeds, settings)])
-    if calls and engine.api_calls + calls > engine.api_calls_announced:
-        yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for '{prompt}' (budget "
-                      f"{engine.max_api_calls - engine.api_calls} left in this run); API images are not seedable, "
-                      "so regenerating them would not reproduce them: they are kept in the store")
-    overlap = _Overlap(evaluate) if evaluate is not None and engine.overlap_evaluation else None
-    finished = False
-    try:
-        yield from _stream_batches(engine, run, prompt, seeds, settings, label, progress_offset, total,
-                                   by_seed, time.perf_counter(), overlap)
-        finished = True
-    finally:
-        if overlap is not None:  # a stopped stream does not wait for evaluations nobody will read
-            overlap.close(wait=finished)
-    refused = [by_seed[s] for s in seeds if by_seed[s].refused]
-    if refused:
-        yield Warning(f"the API refused {len(refused)} of {len(seeds)} image(s) of '{prompt}' "
-                      f"({refused[0].refused}); they are recorded as refused, not retried, and excluded "
-                      "from every metric")
-    return [by_seed[s] for s in seeds]
-
-
-def _stream_batches(engine, run, prompt, seeds, settings, label, progress_offset, total, by_seed, start, overlap):
-    generated = 0
-    for batch in engine.images(prompt, seeds, settings):
-        by_seed.update({r.seed: r for r in batch})
-        run.add_images(batch, label)
-        if overlap is not None:
-            overlap.submit(batch)
-        fresh = sum(not r.cached for r in batch)
-        generated += fresh
-        done = progress_offset + len(by_seed)
-        eta = None
-        if generated:
-            per_image = (time.perf_counter() - start) / generated
-            eta = per_image * max(0, total - done)
-        yield Images(batch, label, done, total)
-        yield Progress(done, total, "images", f"{done}/{total} images" + (f" ({label})" if label else ""), eta)
 
 
 def _memory_summary(device: str | None) -> str:

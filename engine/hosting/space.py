@@ -26,10 +26,6 @@ from ..models.presets import PRESETS, REAL_PRESET_ORDER, Preset
 GATED = {"black-forest-labs/FLUX.1-schnell"}
 
 
-def on_space() -> bool:
-    return bool(os.environ.get("SPACE_ID"))
-
-
 def space_gpu_memory_gb() -> float | None:
     """Returns the GPU memory of this Space's hardware in GiB, None without a GPU. Only a dedicated
     GPU is asked (CUDA may be initialised there); ZeroGPU is known."""

@@ -1,7 +1,7 @@
 """Hourly budgets of a public GapLens that a script cannot reset (issue 27).
 
 Every image a visitor's request can generate is charged before it starts (the most it can
-generate: `limits.estimate_images`), every LLM call a visitor's request makes is charged when it
+generate: its METHODS row's estimate), every LLM call a visitor's request makes is charged when it
 is made, whatever the backend (the synthetic one included), and every export by the bytes the
 exported runs hold. Charges go to the store's
 `charges` ledger, kept apart from the runs: deleting runs, opening a new session or restarting

@@ -21,10 +21,6 @@ class Axis:
     pd_groups: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     reference: dict = field(default_factory=dict, compare=False)  # value -> target share; {} = uniform
 
-    @property
-    def free_text(self) -> bool:
-        return not self.values
-
 
 @lru_cache(maxsize=1)
 def known_axes() -> dict[str, Axis]:

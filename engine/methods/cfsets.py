@@ -10,6 +10,8 @@ Intersectional (BiasConnect) share, so an Intersectional run of a prompt reuses 
   are kept with a warning: the table is theirs.
 - A prompt may hold one placeholder such as "{occupation}" filled from a list of values
   (aggregate mode); counterfactuals then use the same placeholder.
+- Each axis' answer choices are what its counterfactuals name; its VQA question and ideal
+  distribution are settled once (`settle_questions_and_ideals`, Intersectional and Mitigate).
 - Every set uses the same seeds, so sets differ only in the prompt. Image labels in a run:
   "initial" and "axis=<axis>|cf=<prompt>", prefixed "prompt=<prompt>|" in aggregate mode.
 """
@@ -21,18 +23,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 from ..backends.llm_json import as_axis_dict
 from ..common.errors import InputError, LLMOutputError
 from ..common.events import Table, Warning
-from ..common.llm_prompts import tibet_turns
+from ..common.llm_prompts import axis_question_prompt, tibet_turns
 from ..core.engine import Engine, Run, stream_image_set
 from ..hosting.limits import Estimate
-from ..metrics.bootstrap import resample_indices
+from ..metrics import biasconnect as bc
 from ..metrics.tibet import ENGLISH_STOPWORDS
 from ..models.presets import ASSETS
-from .generate import GenerationOptions
+from .axes import known_axes
+from .options import GenerationOptions
 
 MAX_LENGTH_CHANGE = 5
 ARTICLES = frozenset({"a", "an", "the"})
@@ -234,12 +235,11 @@ def propose_for(engine: Engine, prompt: str, fill: list[str], seed: int = 0,
     return axes, problems
 
 
-def fit_proposed(engine: Engine, method: str, request, axes: dict[str, list[str]], share: int = 1):
+def fit_proposed(engine: Engine, estimate: Callable, request, axes: dict[str, list[str]], share: int = 1):
     """The LLM's `axes` cut to what a public visitor's request was charged (Engine.fit_proposed_axes;
-    use `yield from`): a Warning names the axes left out; InputError when none fits."""
-    from . import METHODS     # the table imports this module: read at call time
-
-    kept, left_out = engine.fit_proposed_axes(METHODS[method].estimate, request, axes, share)
+    `estimate`: the method's; use `yield from`): a Warning names the axes left out; InputError
+    when none fits."""
+    kept, left_out = engine.fit_proposed_axes(estimate, request, axes, share)
     if left_out:
         limit = f"the {engine.budget.images // share} images" + (" each model's sets may have" if share > 1 else
                                                                  " one request may generate here")
@@ -281,12 +281,11 @@ def check(request: SetsRequest, engine: Engine) -> None:
         engine.check_prompt(p)
 
 
-def prepare(request: SetsRequest, engine: Engine, method: str):
-    """Check the request of `method` and settle the axes (use `yield from`): yields Warning
+def prepare(request: SetsRequest, engine: Engine, estimate: Callable):
+    """Check the request of a method (`estimate`: its own) and settle the axes (use `yield from`): yields Warning
     events and, when the LLM proposed the axes, a Table('axes') event; returns (prompts, axes,
     specs). A public visitor's proposed axes are cut to what the request was charged."""
     template = engine.check_prompt(request.prompt)
-    engine.check_n(request.n)
     prompts = expand(template, request.fill)
     for p in prompts:
         engine.check_prompt(p)
@@ -294,7 +293,7 @@ def prepare(request: SetsRequest, engine: Engine, method: str):
         axes, problems = clean_axes(template, request.axes, request.max_length_change)
     else:
         axes, problems = propose_for(engine, template, request.fill, request.llm_seed, request.max_length_change)
-        axes = yield from fit_proposed(engine, method, request, axes)
+        axes = yield from fit_proposed(engine, estimate, request, axes)
         yield Table("axes", ["axis", "counterfactual"], rows_from_axes(axes))
     for problem in problems:
         yield Warning(f"counterfactual {problem}")
@@ -311,6 +310,60 @@ def prepare(request: SetsRequest, engine: Engine, method: str):
     return prompts, axes, specs
 
 
+def choices(template: str, cfs: list[str]) -> list[str]:
+    """An axis' answer choices: what its counterfactuals name, in order, without repeats."""
+    return list(dict.fromkeys(counterfactual_value(template, cf) for cf in cfs))
+
+
+
+def _question_reply(obj) -> str:
+    text = obj.get("question") if isinstance(obj, dict) else obj
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError('expected {"question": "..."}')
+    return text.strip()
+
+
+
+def axis_question(engine: Engine, axis: str, values: list[str], seed: int = 0) -> tuple[str, str]:
+    """(question, where it came from) for a multiple-choice VQA over `values` (spec §3.2)."""
+    known = known_axes().get(axis)
+    if known and set(known.values) == set(values):
+        return known.question, "assets/axes.json"
+    try:
+        return engine.ask_json([{"role": "user", "content": axis_question_prompt(axis, values)}], _question_reply,
+                               temperature=0.0, seed=seed), "LLM"
+    except LLMOutputError:
+        return f"What is the {axis} ({', '.join(values)}) of the person in the image?", "template (the LLM failed)"
+
+
+
+def settle_questions_and_ideals(request, engine: Engine, axes: dict[str, list[str]], values: dict[str, list[str]]):
+    """Each axis' VQA question (`request.questions`, else `axis_question`) and ideal
+    distribution D* (`request.ideals`, axis names and values normalised; a missing axis is
+    uniform, biasconnect.ideal_distribution), shared by Intersectional and Mitigate (use
+    `yield from`: yields a Warning for ideals of axes not in the table, then
+    Table("questions")); returns (questions, ideals)."""
+    questions, sources = {}, {}
+    for axis in axes:
+        if axis in request.questions:
+            questions[axis], sources[axis] = request.questions[axis], "request"
+        else:
+            questions[axis], sources[axis] = axis_question(engine, axis, values[axis], request.llm_seed)
+    given = {axis_name(a): {str(k).strip().lower(): v for k, v in (d or {}).items()}
+             for a, d in (request.ideals or {}).items()}
+    unknown = set(given) - set(axes)
+    if unknown:
+        yield Warning(f"ideal distributions for axes not in the table are ignored: {', '.join(sorted(unknown))}")
+    try:
+        ideals = {y: bc.ideal_distribution(values[y], given.get(y) or None, request.other_policy) for y in axes}
+    except ValueError as exc:
+        raise InputError(f"ideal distribution: {exc}") from None
+    yield Table("questions", ["axis", "question", "choices", "source"],
+                [[a, questions[a], ", ".join(values[a]), sources[a]] for a in axes])
+    return questions, ideals
+
+
+
 def set_label(prompt: str, aggregate: bool, axis: str | None = None, cf: str | None = None) -> str:
     """The label of a set in a run: "initial" or "axis=<axis>|cf=<cf>", prefixed
     "prompt=<prompt>|" in aggregate mode."""
@@ -322,7 +375,7 @@ def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], sett
                  index: int, total: int, evaluate=None):
     """Generate one set through the store (use `yield from`); returns its records without
     images the safety checker flagged (with a Warning when there are any). `evaluate(valid_batch)`
-    warms the caches beside generation (engine.core.engine.stream_image_set)."""
+    warms the caches beside generation (engine.core.run.stream_image_set)."""
     def evaluate_valid(batch):
         valid_batch = [r for r in batch if not r.nsfw]
         if valid_batch:
@@ -342,10 +395,3 @@ def generate_set(engine: Engine, run: Run, spec: SetSpec, seeds: list[int], sett
     return valid
 
 
-def resample_weights(n: int, n_boot: int, run_seed: int, index: int) -> np.ndarray:
-    """(n_boot, n): how often each image of set `index` is drawn in each bootstrap resample
-    (independent per set, reproducible per run seed)."""
-    weights = np.zeros((n_boot, n))
-    if n_boot:
-        np.add.at(weights, (np.arange(n_boot)[:, None], resample_indices(n, n_boot, run_seed * 7919 + index)), 1.0)
-    return weights

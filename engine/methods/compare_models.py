@@ -18,7 +18,7 @@ from ..backends.base import ModelSpec
 from ..common.errors import GapLensError, InputError
 from ..common.events import Done, Progress, Scores, Table, Warning
 from ..common.names import short_label
-from ..common.scores import Score, difference
+from ..common.scores import Score, difference, is_missing
 from ..core.engine import Engine, Run, recorded
 from ..hosting import backend_choices
 from ..hosting.limits import Estimate
@@ -92,7 +92,7 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
         axes, problems = cfsets.propose_for(engine, base.prompt, base.fill, base.llm_seed, base.max_length_change)
         for problem in problems:
             yield Warning(f"counterfactual {problem}")
-        base.axes = yield from cfsets.fit_proposed(engine, request.method, base, axes, share=len(specs))
+        base.axes = yield from cfsets.fit_proposed(engine, audit(request).estimate, base, axes, share=len(specs))
         yield Table("axes", ["axis", "counterfactual"], cfsets.rows_from_axes(axes))
     models = [s.label if backend_choices.free(engine) else short_label(s.label) for s in specs]  # visitors: no host path
     results: dict = {"method": request.method, "generators": labels, "models": models,
@@ -139,7 +139,7 @@ def _tagged(event, label: str):
 # -- side by side ----------------------------------------------------------------------------------
 
 def _score(group: str, metric: str, value, interval=None) -> Score | None:
-    if value is None or value != value:
+    if is_missing(value):
         return None
     low, high = (interval or (None, None))[:2] if interval else (None, None)
     return Score(group, metric, float(value), None if low is None else float(low),

@@ -52,8 +52,9 @@ from ..metrics.intervals import headline_claim
 from ..metrics.wordnet import missing_note, released_synonyms, wordnet_synonyms
 from ..models.presets import ASSETS
 from . import cfsets
-from .cfsets import SetSpec, SetsRequest, generate_set, prepare, resample_weights, set_label
-from .generate import settle_settings
+from .cfsets import SetSpec, SetsRequest, generate_set, prepare, set_label
+from .measure import resample_weights
+from .options import settle_settings
 
 MODES = ("paper", "reference")   # the same words as the T2I-BiasBench metrics' modes
 DEFAULT_MODE = "paper"
@@ -154,7 +155,7 @@ def concept_set(spec: SetSpec, records, answers: list[list[str]], captions: list
     them when given (tibet.concept_words); in reference mode the questions are one per axis,
     in axis order, captions are left out and the words are the released code's
     (tibet_reference.image_concepts). `weights`: the set's bootstrap resamples
-    (cfsets.resample_weights)."""
+    (measure.resample_weights)."""
     n = len(records)
     per_image = [[a[i] for a in answers] for i in range(n)]
     if mode == "reference":
@@ -365,7 +366,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     Results: CounterfactualsResults.
     """
     # 1. Settle the prompts, axes and image sets; each axis' VQA question (spec §2.4).
-    prompts, axes, specs = yield from prepare(request, engine, "counterfactuals")
+    prompts, axes, specs = yield from prepare(request, engine, estimate)
     settings = yield from settle_settings(request, engine)
     seeds = request.seeds()
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process

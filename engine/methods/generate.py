@@ -13,19 +13,7 @@ from ..common.scores import Score, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..hosting.limits import Estimate
-
-
-@dataclass(kw_only=True)
-class GenerationOptions:
-    """The generator settings every request may override (None: the model family's default,
-    `settings_for`). A base of every method's request; keyword-only, so a request's own fields
-    keep their positions."""
-
-    negative_prompt: str = field(default="", metadata={"help": "what the images should not show"})
-    steps: int | None = field(default=None, metadata={"help": "denoising steps (default: the model family's)"})
-    guidance: float | None = field(default=None, metadata={"help": "guidance scale (default: the model family's)"})
-    width: int | None = field(default=None, metadata={"help": "image width in pixels (default: the model family's)"})
-    height: int | None = field(default=None, metadata={"help": "image height in pixels (default: the model family's)"})
+from .options import GenerationOptions, settle_settings
 
 
 @dataclass
@@ -37,42 +25,6 @@ class GenerateRequest(GenerationOptions):
 
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + self.n))
-
-
-def settings_for(request, engine: Engine):
-    """The generator's family defaults with the request's explicit fields applied."""
-    return engine.settings(steps=request.steps, guidance=request.guidance, width=request.width,
-                           height=request.height, negative_prompt=request.negative_prompt or "")
-
-
-# A model whose default is more than this many steps is not distilled for few steps.
-FEW_STEP_DEFAULT = 8
-
-
-def settings_notes(settings, defaults) -> list[str]:
-    """Sentences on the generator settings a researcher may not expect, each naming the number:
-    steps at most a quarter of the model's default on a model that is not distilled for few steps
-    (default > FEW_STEP_DEFAULT: the images are unfinished), and guidance ≤ 1 where the model's
-    default is above 1 (classifier-free guidance off). Defaults of 0 (an API's own, existing
-    images) give none. `settings` and `defaults` are GenerationSettings."""
-    notes = []
-    if defaults.steps > FEW_STEP_DEFAULT and settings.steps <= defaults.steps // 4:
-        notes.append(f"steps = {settings.steps}, at most a quarter of this model's default of {defaults.steps}: it "
-                     "is not distilled for so few steps, so its images are likely unfinished (blurred or noisy) "
-                     "and every number here is measured on them")
-    if defaults.guidance > 1 and settings.guidance <= 1:
-        notes.append(f"guidance = {settings.guidance:g} turns classifier-free guidance off for this model (its "
-                     f"default is {defaults.guidance:g}): the images follow the prompt only loosely")
-    return notes
-
-
-def settle_settings(request, engine: Engine):
-    """`settings_for(request, engine)` after a Warning for each of its `settings_notes` (use
-    `yield from`); returns the settings."""
-    settings = settings_for(request, engine)
-    for note in settings_notes(settings, engine.default_settings()):
-        yield Warning(note)
-    return settings
 
 
 class GenerateResults(TypedDict, total=False):
@@ -108,7 +60,6 @@ def run(request: GenerateRequest, engine: Engine, run_record: Run):
     # 1. Check the prompts and N; settle the generator settings.
     prompts = [engine.check_prompt(p) for p in request.prompts] or [engine.check_prompt(request.prompt)]
     unique = list(dict.fromkeys(prompts))
-    engine.check_n(request.n)
     settings = yield from settle_settings(request, engine)
     if len(unique) < len(prompts):
         yield Warning(f"{len(prompts) - len(unique)} repeated prompt(s) left out")

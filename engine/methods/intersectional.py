@@ -33,10 +33,9 @@ from typing import TypedDict
 
 import numpy as np
 
-from ..common.errors import InputError, LLMOutputError
-from ..common.events import Graph, Progress, Scores, Table, Warning
-from ..common.llm_prompts import axis_question_prompt
-from ..common.scores import number
+from ..common.errors import InputError
+from ..common.events import Graph, Progress, Scores, Warning
+from ..common.scores import is_missing, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded
 from ..hosting.limits import Estimate
@@ -44,10 +43,9 @@ from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import percentile_interval
 from ..metrics.intervals import headline_claim
 from . import cfsets
-from .axes import known_axes
-from .cfsets import (SetSpec, SetsRequest, axis_name, counterfactual_value, generate_set, prepare,
-                     resample_weights)
-from .generate import settle_settings
+from .cfsets import SetSpec, SetsRequest, choices, generate_set, prepare, settle_questions_and_ideals
+from .measure import one_hot, resample_weights, tally
+from .options import settle_settings
 
 LEVELS = ("auto", "prompt", "aggregated")
 IMPORTANCE = ("count", "abs_is")
@@ -74,30 +72,6 @@ class IntersectionalRequest(SetsRequest):
                                                  "zero_off": True})
 
 
-def choices(template: str, cfs: list[str]) -> list[str]:
-    """An axis' answer choices: what its counterfactuals name, in order, without repeats."""
-    return list(dict.fromkeys(counterfactual_value(template, cf) for cf in cfs))
-
-
-def _question_reply(obj) -> str:
-    text = obj.get("question") if isinstance(obj, dict) else obj
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError('expected {"question": "..."}')
-    return text.strip()
-
-
-def axis_question(engine: Engine, axis: str, values: list[str], seed: int = 0) -> tuple[str, str]:
-    """(question, where it came from) for a multiple-choice VQA over `values` (spec §3.2)."""
-    known = known_axes().get(axis)
-    if known and set(known.values) == set(values):
-        return known.question, "assets/axes.json"
-    try:
-        return engine.ask_json([{"role": "user", "content": axis_question_prompt(axis, values)}], _question_reply,
-                               temperature=0.0, seed=seed), "LLM"
-    except LLMOutputError:
-        return f"What is the {axis} ({', '.join(values)}) of the person in the image?", "template (the LLM failed)"
-
-
 def load_reference_csv(path: str | Path) -> dict[str, dict[str, float]]:
     """A real-world D* from a CSV with the columns axis, value, share (shares need not sum to 1)."""
     try:
@@ -116,28 +90,6 @@ def load_reference_csv(path: str | Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def one_hot(labels: list[str], values: list[str], other_policy: str) -> np.ndarray:
-    """(n, K) rows of biasconnect.value_counts for each image's answer."""
-    return np.array([bc.value_counts([label], values, other_policy) for label in labels])
-
-
-def tally(specs: list[SetSpec], axes: dict[str, list[str]], answers: dict, weights: dict | None = None,
-          interventions: dict[str, list[str]] | None = None):
-    """Counts behind the matrix: init {y: (m, K)} and tables {x: {y: (m, rows, K)}} summed over
-    the prompts. `answers[label][y]` is a set's one-hot (n, K); with `weights[label]` (m, n)
-    every one of the m resamples is counted, else m = 1 (all images once). `interventions`
-    ({x: [cfs]}, default `axes`) limits the rows x to the axes whose sets were generated
-    (Mitigate measures only the axes not mitigated yet); the columns y stay `axes`."""
-    def counts(spec, y):
-        rows = answers[spec.label][y]
-        return rows.sum(axis=0)[None] if weights is None else weights[spec.label] @ rows
-
-    init = {y: sum(counts(s, y) for s in specs if s.axis is None) for y in axes}
-    tables = {x: {y: np.stack([sum(counts(s, y) for s in specs if s.axis == x and s.cf == cf) for cf in cfs], axis=1)
-                  for y in axes} for x, cfs in (axes if interventions is None else interventions).items()}
-    return init, tables
-
-
 def sensitivity(init: dict, tables: dict, ideals: dict, row: int = 0) -> bc.SensitivityMatrix:
     return bc.intersectional_sensitivity({y: c[row] for y, c in init.items()},
                                          {x: {y: t[row] for y, t in ys.items()} for x, ys in tables.items()}, ideals)
@@ -145,7 +97,7 @@ def sensitivity(init: dict, tables: dict, ideals: dict, row: int = 0) -> bc.Sens
 
 def _floats(values) -> list:
     """JSON-safe numbers: nan (no answer among the choices) becomes None."""
-    return [None if v != v else float(v) for v in values]
+    return [None if is_missing(v) else float(v) for v in values]
 
 
 def _matrix(values) -> list:
@@ -234,7 +186,7 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     Results: IntersectionalResults.
     """
     # 1. Check the request; settle the prompts, axes and image sets (cfsets.prepare).
-    prompts, axes, specs = yield from prepare(request, engine, "intersectional")
+    prompts, axes, specs = yield from prepare(request, engine, estimate)
     settings, seeds = (yield from settle_settings(request, engine)), request.seeds()
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
     # 2. Each axis' choices, VQA question and ideal distribution D* (spec §3.2).
@@ -273,32 +225,6 @@ def threshold_notes(results: dict) -> list[str]:
         return [f"p < {p:g} keeps no edge: no p-value is below it (the {level} level's threshold is {default:g})"]
     return [f"p < {p:g} keeps every pair the test could compute: the χ² test prunes nothing (the {level} level's "
             f"threshold is {default:g})"]
-
-
-def settle_questions_and_ideals(request, engine: Engine, axes: dict[str, list[str]], values: dict[str, list[str]]):
-    """Each axis' VQA question (`request.questions`, else `axis_question`) and ideal
-    distribution D* (`request.ideals`, axis names and values normalised; a missing axis is
-    uniform, biasconnect.ideal_distribution), shared by Intersectional and Mitigate (use
-    `yield from`: yields a Warning for ideals of axes not in the table, then
-    Table("questions")); returns (questions, ideals)."""
-    questions, sources = {}, {}
-    for axis in axes:
-        if axis in request.questions:
-            questions[axis], sources[axis] = request.questions[axis], "request"
-        else:
-            questions[axis], sources[axis] = axis_question(engine, axis, values[axis], request.llm_seed)
-    given = {axis_name(a): {str(k).strip().lower(): v for k, v in (d or {}).items()}
-             for a, d in (request.ideals or {}).items()}
-    unknown = set(given) - set(axes)
-    if unknown:
-        yield Warning(f"ideal distributions for axes not in the table are ignored: {', '.join(sorted(unknown))}")
-    try:
-        ideals = {y: bc.ideal_distribution(values[y], given.get(y) or None, request.other_policy) for y in axes}
-    except ValueError as exc:
-        raise InputError(f"ideal distribution: {exc}") from None
-    yield Table("questions", ["axis", "question", "choices", "source"],
-                [[a, questions[a], ", ".join(values[a]), sources[a]] for a in axes])
-    return questions, ideals
 
 
 def answer_sets(request: IntersectionalRequest, engine: Engine, run_record: Run, specs: list[SetSpec],

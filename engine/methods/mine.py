@@ -42,8 +42,8 @@ from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
 from ..metrics.intervals import headline_claim
 from ..models import sources
 from ..store.store import ImageRecord, image_key
-from .generate import GenerationOptions, settings_for, settle_settings
-from .single_prompt import gap_for_images
+from .measure import gap_for_images
+from .options import GenerationOptions, settings_for, settle_settings
 
 DEFAULT_ITERATIONS = 5          # spec A.4: the paper's budget is 30; 5 for interactive use
 MAX_ITERATIONS = 200
@@ -210,6 +210,7 @@ class _CacheOnlyEngine(Engine):
     def __init__(self, engine: Engine):  # noqa: D107 - deliberately no Engine.__init__
         self.__dict__.update(engine.__dict__)
         self.stats = EngineStats()
+        self.run = None   # a preview is no run's work: it counts in its own stats only
         self.real = engine
 
     def default_settings(self) -> GenerationSettings:
@@ -638,16 +639,14 @@ def run(request: MineRequest, engine: Engine, run_record: Run):
     yield Scores("run", {"run_id": run_record.id, "resumed_from": request.resume, "strategy": request.strategy,
                          "params": miner.results()["params"]})
     yield from settle_settings(request, engine)   # its notes (the Miner has the same settings)
-    stats = engine.stats
-    before = (stats.images_generated, stats.image_cache_hits, stats.llm_calls, stats.llm_cache_hits)
     # 2. The search (Miner.steps: score, select, mutate, inject random prompts; spec A.4).
     yield from miner.steps()
     # 3. Record the results and what this run generated or took from the cache.
     results: MineResults = miner.results()
     results["counts"] = {
         "prompts_scored_this_run": miner.scored_here, "images_from_memory": miner.from_memory,
-        "images_generated": stats.images_generated - before[0], "image_cache_hits": stats.image_cache_hits - before[1],
-        "llm_calls": stats.llm_calls - before[2], "llm_cache_hits": stats.llm_cache_hits - before[3]}
+        "images_generated": run_record.stats.images_generated, "image_cache_hits": run_record.stats.image_cache_hits,
+        "llm_calls": run_record.stats.llm_calls, "llm_cache_hits": run_record.stats.llm_cache_hits}
     yield run_record.finish(results, miner.summary())
 
 

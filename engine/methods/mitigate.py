@@ -86,11 +86,12 @@ from ..metrics._weights import normalised_weights
 from ..metrics.bootstrap import percentile_interval, resample_indices
 from ..metrics.intervals import share_interval
 from ..models import sources as image_sources
-from . import intersectional
 from . import cfsets
 from .axes import parse_shares
-from .cfsets import ARTICLES, SetSpec, SetsRequest, axis_name, counterfactual_value, prepare
-from .generate import settle_settings
+from .cfsets import (ARTICLES, SetSpec, SetsRequest, axis_name, choices, counterfactual_value, prepare,
+                     settle_questions_and_ideals)
+from .measure import one_hot, resample_weights, tally
+from .options import settle_settings
 
 DEFAULT_EPSILON = 0.35
 STRATEGIES = ("intermit", "all")
@@ -248,7 +249,7 @@ def allocate(weights: Sequence[float], n: int, groups: Sequence[Sequence[Hashabl
     of n·W_label, so every mitigated axis meets its D* as closely as n allows."""
     w = np.asarray(weights, dtype=float)
     if len(w) == 0 or w.sum() <= 0:
-        raise ValueError("allocate needs at least one positive weight")
+        raise InputError("the prompt set needs at least one prompt of positive weight")
     w = w / w.sum()
     groups = list(groups) or [()] * len(w)
     label_weight: dict = defaultdict(float)
@@ -342,18 +343,6 @@ def normalise_priorities(targets: list[str], priorities: dict) -> dict[str, floa
 
 # -- measuring ------------------------------------------------------------------------------------
 
-def _one_hot(labels: list[str], values: list[str], policy: str) -> np.ndarray:
-    width = len(values) + (policy == "other_bin")
-    return intersectional.one_hot(labels, values, policy) if labels else np.zeros((0, width))
-
-
-def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
-    w = np.zeros((n_boot, n))
-    if n:
-        np.add.at(w, (np.arange(n_boot)[:, None], resample_indices(n, n_boot, seed)), 1.0)
-    return w
-
-
 def _est(value: float, draws: np.ndarray | None) -> dict:
     low, high = percentile_interval(draws) if draws is not None and len(draws) else (math.nan, math.nan)
     return {"value": finite_or_none(value), "low": finite_or_none(low), "high": finite_or_none(high)}
@@ -390,11 +379,11 @@ class Measurer:
             self.answers[spec.label] = {}
             for y in self.setup.axes:
                 labels = self.engine.ask(valid, self.setup.questions[y], self.setup.values[y]) if valid else []
-                self.answers[spec.label][y] = _one_hot(labels, self.setup.values[y], self.setup.policy)
+                self.answers[spec.label][y] = one_hot(labels, self.setup.values[y], self.setup.policy)
                 self.outside[y] += len(labels) - int(bc.value_counts(labels, self.setup.values[y], "drop").sum())
             if self.request.n_boot:
-                self.weights[spec.label] = _boot_weights(len(valid), self.request.n_boot,
-                                                         self.request.seed * 7919 + len(self.weights))
+                self.weights[spec.label] = resample_weights(len(valid), self.request.n_boot, self.request.seed,
+                                                            len(self.weights))
 
     def state(self, step: int, comps: list[Component], mitigated: list[str]):
         """Generate the current prompt set and measure it (use `yield from`); returns the state
@@ -410,8 +399,8 @@ class Measurer:
 
     def _describe(self, step, comps, counts, mitigated, specs) -> dict:
         setup = self.setup
-        init, _ = intersectional.tally(specs, setup.axes, self.answers, None, {})
-        boot = (intersectional.tally(specs, setup.axes, self.answers, self.weights, {})[0]
+        init, _ = tally(specs, setup.axes, self.answers, None, {})
+        boot = (tally(specs, setup.axes, self.answers, self.weights, {})[0]
                 if self.request.n_boot else None)
         w_bar, w_ci, dists = {}, {}, {}
         draws_w = {}
@@ -467,8 +456,7 @@ class Measurer:
                                             "would move every axis")
         yield from self.sets(specs, f"step {step + 1}: counterfactual sets")
         all_specs = current_specs + [s for s, _ in specs]
-        init, tables = intersectional.tally(all_specs, setup.axes, self.answers, None,
-                                            {x: setup.axes[x] for x in candidates})
+        init, tables = tally(all_specs, setup.axes, self.answers, None, {x: setup.axes[x] for x in candidates})
         mixed = {x: {y: _weighted_mix(tables[x][y][0], [setup.mix[x][cf] for cf in setup.axes[x]]) for y in setup.axes}
                  for x in candidates}
         return bc.intersectional_sensitivity({y: init[y][0] for y in setup.axes}, mixed, setup.ideals)
@@ -619,7 +607,7 @@ def _settle(request: MitigateRequest, engine: Engine):
         raise InputError(f"ε must be in (0, 1] (w̄ and τ are), got {epsilon}")
     if request.preview_only and request.strategy != "intermit":
         raise InputError("the preview predicts InterMit's steps: use the strategy 'intermit' with it")
-    prompts, axes, specs = yield from prepare(request, engine, "mitigate")
+    prompts, axes, specs = yield from prepare(request, engine, estimate)
     if len(prompts) > 1:
         raise InputError(f"mitigation works on one prompt; the prompt's placeholder has {len(prompts)} fill values: "
                          "give one")
@@ -631,13 +619,13 @@ def _settle(request: MitigateRequest, engine: Engine):
         axes = {a: axes[a] for a in keep}
     template = request.prompt.strip()
     filled = {(s.axis, s.cf): s.prompt for s in specs if s.axis and s.prompt_index == 0}
-    values = {x: intersectional.choices(template, cfs) for x, cfs in axes.items()}
+    values = {x: choices(template, cfs) for x, cfs in axes.items()}
     cf_value = {(x, cf): counterfactual_value(template, cf) for x, cfs in axes.items() for cf in cfs}
     single = [a for a, v in values.items() if len(v) < 2]
     if single:
         yield Warning("axes whose counterfactuals name one value can only be pinned, not balanced: "
                       + ", ".join(single))
-    questions, ideals = yield from intersectional.settle_questions_and_ideals(request, engine, axes, values)
+    questions, ideals = yield from settle_questions_and_ideals(request, engine, axes, values)
     priorities_in = {axis_name(a): v for a, v in (request.priorities or {}).items()}
     targets = list(dict.fromkeys(axis_name(a) for a in request.mitigate)) \
         or [a for a in axes if float(priorities_in.get(a, 0)) > 0] or list(axes)

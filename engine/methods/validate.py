@@ -32,7 +32,7 @@ from ..metrics.agreement import agreement, corrected_distribution
 from ..metrics.intervals import posterior_interval, tidy
 from ..store.store import Store
 from .axes import axis_for, normalise_free_answer
-from .single_prompt import METRIC_RANGES
+from .measure import METRIC_RANGES
 
 CANT_TELL = "can't tell"
 OTHER = "other"

@@ -70,12 +70,6 @@ def share_interval(k, n, alpha: float = 0.05):
     return np.clip(low, 0.0, 1.0) + 0.0, np.clip(high, 0.0, 1.0) + 0.0
 
 
-def share_intervals(counts: dict[str, int], alpha: float = 0.05) -> dict[str, tuple[float, float]]:
-    """Return {class: Jeffreys interval of its share} for class counts (N = their sum)."""
-    n = sum(counts.values())
-    return {c: share_interval(k, n, alpha) for c, k in counts.items()}
-
-
 def dirichlet_draws(counts: Sequence[float], n_draws: int = 2000, seed: int = 0) -> np.ndarray:
     """Return (n_draws, k) share vectors from the Dirichlet(counts + ½) posterior (Jeffreys prior)."""
     alpha = np.asarray(counts, dtype=float) + 0.5

@@ -71,11 +71,13 @@ def announce_api_calls(engine, sets):
     calls = api_calls_needed(engine, sets)
     if not calls:
         return
-    if engine.api_calls + calls > engine.max_api_calls:
+    used = engine.run.api_calls if engine.run else 0   # the run's own count (Engine.for_run)
+    if used + calls > engine.max_api_calls:
         raise InputError(f"this run needs {calls} image API calls but the budget allows "
-                         f"{max(0, engine.max_api_calls - engine.api_calls)} more (at most {engine.max_api_calls} "
+                         f"{max(0, engine.max_api_calls - used)} more (at most {engine.max_api_calls} "
                          "per run); lower N or raise the budget (--max-api-calls)")
-    engine.api_calls_announced = engine.api_calls + calls
+    if engine.run:
+        engine.run.api_calls_announced = used + calls
     yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for {len(sets)} prompt(s); API "
                   "images are not seedable, so regenerating them would not reproduce them: they are kept in the store")
 

@@ -14,12 +14,13 @@ Layers (DESIGN.md): tabs, the CLI and export read this package; nothing below it
 from __future__ import annotations
 
 import importlib
-import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 from markupsafe import Markup, escape
+
+from ..common.scores import is_missing
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 STATIC = Path(__file__).resolve().parent / "static"
@@ -33,7 +34,7 @@ __all__ = ["Markup", "escape", "render", "macro", "environment", "fmt", "fmt_ci"
 
 def fmt(value, digits: int = 3) -> str:
     """`value` with `digits` decimals; "n/a" for None, NaN or a non-number; never "-0.000"."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or is_missing(value):
         return "n/a" if value is None or isinstance(value, (int, float)) else str(value)
     text = f"{value:.{int(digits)}f}"
     return text[1:] if text.startswith("-") and float(text) == 0 else text
@@ -64,7 +65,7 @@ def clip(text, length: int = 80, keep: str = "start") -> str:
 
 
 def percent(value, digits: int = 0) -> str:
-    return "n/a" if not isinstance(value, (int, float)) or value != value else f"{value:.{digits}%}"
+    return "n/a" if not isinstance(value, (int, float)) or is_missing(value) else f"{value:.{digits}%}"
 
 
 @lru_cache(maxsize=None)

@@ -33,12 +33,13 @@ from pathlib import Path
 
 from engine import __version__
 from engine.common import access
+from engine.common.encoding import json_default
 from engine.common.errors import InputError
 from engine.runs.imports import FORMAT, FORMAT_VERSION, replace_strings
 from engine.common.names import safe_stem, short_label
 from engine.methods.validate import validate_run
 from engine.runs.history import compare_runs, get_run, headline, run_prompt, run_records, scores, short_model
-from engine.store.store import Store, _json_default, is_key
+from engine.store.store import Store, is_key
 
 from . import Markup, clip, macro, render, static
 from .runs import compare_html, results_html, run_header_html, thumbnails_html
@@ -126,7 +127,7 @@ def report_html(store: Store, run_ids, thumbnail_size: int = 128, max_images: in
 
 # -- (b) dataset / store zip -----------------------------------------------------------------
 def _jsonl(rows) -> str:
-    return "".join(json.dumps(r, default=_json_default, ensure_ascii=False) + "\n" for r in rows)
+    return "".join(json.dumps(r, default=json_default, ensure_ascii=False) + "\n" for r in rows)
 
 
 def _strings(obj, out: set) -> set:
@@ -210,7 +211,7 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
             if key not in missing:  # PNG is already compressed: store it as is
                 zf.write(present[key].path, f"images/{key}.png", compress_type=zipfile.ZIP_STORED)
         zf.writestr("metadata.jsonl", _jsonl(metadata))
-        zf.writestr("gaplens/manifest.json", json.dumps(manifest, indent=1, default=_json_default))
+        zf.writestr("gaplens/manifest.json", json.dumps(manifest, indent=1, default=json_default))
         zf.writestr("gaplens/runs.jsonl", _jsonl(_portable_run(r, local) for r in store.run_rows(ids)))
         zf.writestr("gaplens/run_images.jsonl", _jsonl(run_image_rows))
         zf.writestr("gaplens/images.jsonl", _jsonl(
@@ -221,7 +222,7 @@ def export_zip(store: Store, run_ids, path: str | os.PathLike) -> dict:
         zf.writestr("gaplens/embeddings.jsonl", _jsonl(
             {**{k: v for k, v in e.items() if k != "vector"},
              "vector_b64": base64.b64encode(bytes(e["vector"])).decode("ascii")} for e in embeddings))
-        zf.writestr("scores.json", json.dumps(scores_json(store, ids), indent=1, default=_json_default,
+        zf.writestr("scores.json", json.dumps(scores_json(store, ids), indent=1, default=json_default,
                                               ensure_ascii=False))
         zf.writestr("scores.csv", scores_csv(store, ids))
         zf.writestr("report.html", report_html(store, ids))
@@ -237,7 +238,7 @@ def _portable_run(row: dict, local_paths: dict) -> dict:
     results = json.loads(row["results"])
     portable = replace_strings(results, local_paths)
     if portable != results:
-        row["results"] = json.dumps(portable, default=_json_default)
+        row["results"] = json.dumps(portable, default=json_default)
     row["models"] = json.dumps({k: short_label(v) for k, v in json.loads(row["models"]).items()})
     return row
 
@@ -284,7 +285,7 @@ def export_files(store: Store, run_ids, fmt: str, out: str | os.PathLike) -> lis
                 for p in export_files(store, ids, f, out / f"{stem}.{ext}")]
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "json":
-        out.write_text(json.dumps(scores_json(store, ids), indent=1, default=_json_default, ensure_ascii=False),
+        out.write_text(json.dumps(scores_json(store, ids), indent=1, default=json_default, ensure_ascii=False),
                        encoding="utf-8")
     elif fmt == "csv":
         out.write_text(scores_csv(store, ids), encoding="utf-8")

@@ -15,6 +15,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
+from ..common.scores import is_missing
 from ..methods.intersectional import edge_status, threshold_notes
 from . import Markup, charts, fmt, macro, signed, trust
 
@@ -30,7 +31,7 @@ OPTIONS = {"physics": {"enabled": False},
 def cell_text(x: str, y: str, value: float, w_init: float, w_mixed: float, ci=None) -> str:
     """One matrix cell in words: what making `x` diverse does to `y` (plain text)."""
     subject = f"{y} itself" if x == y else y
-    if value is None or value != value:
+    if is_missing(value):
         return f"Making {x} diverse: no effect measurable on {subject} (no answers among its choices)."
     if abs(value) < 0.005:
         effect = f"leaves {subject} where it was"

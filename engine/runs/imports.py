@@ -37,9 +37,10 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
+from ..common.encoding import json_default
 from ..common.errors import InputError
 from ..hosting.storage import import_room
-from ..store.store import MAX_PUBLIC_RESULTS_BYTES, Store, _json_default, content_key, is_key, is_run_id
+from ..store.store import MAX_PUBLIC_RESULTS_BYTES, Store, content_key, is_key, is_run_id
 
 FORMAT = "gaplens-export"
 FORMAT_VERSION = 1
@@ -375,7 +376,7 @@ def _write(store: Store, plan: dict, trust: bool, zf: zipfile.ZipFile) -> dict:
             results = json.loads(run["results"])
             rewritten = replace_strings(results, {**aliases, **moved, **{k: v for k, v in keymap.items() if k != v}})
             if rewritten != results:
-                run["results"] = json.dumps(rewritten, default=_json_default)
+                run["results"] = json.dumps(rewritten, default=json_default)
         store.import_rows(images=image_rows, runs=plan["runs"], run_images=plan["links"], answers=plan["answers"],
                           embeddings=plan["embeddings"], labels=plan["labels"])  # with the spot-check answers
     except BaseException:

@@ -37,7 +37,6 @@ import csv
 import io
 import itertools
 import json
-import math
 import time
 import zipfile
 from collections import Counter, defaultdict
@@ -47,7 +46,7 @@ import numpy as np
 
 from .. import __version__
 from ..common.errors import InputError
-from ..common.scores import is_finite
+from ..common.scores import is_finite, is_missing
 from ..hosting.limits import MAX_TEXT_CHARS
 from ..runs.history import get_run, run_prompt, run_records, short_model
 from ..runs.imports import ArchiveLimits, check_archive
@@ -143,7 +142,8 @@ def automatic_score(engine, run: dict, label: str, records: list, kind: str, axi
         return None, name, f"unavailable (the run's {role} is {short_model(theirs)}; this engine has {short_model(ours)})"
     try:
         from ..methods.axes import axis_for, normalise_free_answer
-        from ..methods.single_prompt import DEFAULT_AXES, axis_metrics
+        from ..methods.measure import axis_metrics
+        from ..methods.single_prompt import DEFAULT_AXES
 
         if kind == "pair" and overall:
             from ..metrics.diversity import normalised_vendi
@@ -369,7 +369,7 @@ def krippendorff_alpha(units, level: str = "nominal") -> float:
     likewise for D_e; ordinal δ_ck = (Σ_{g=c..k} n_g − (n_c + n_k)/2)² is the interval δ of the
     values' midranks Σ_{g<c} n_g + n_c/2. So alpha takes time linear in the answers (plus sorting
     the distinct values); ratio δ_ck = ((c − k)/(c + k))² sums over pairs of distinct values."""
-    units = [[v for v in u if v is not None and not (isinstance(v, float) and math.isnan(v))] for u in units]
+    units = [[v for v in u if not is_missing(v)] for u in units]
     units = [Counter(u) for u in units if len(u) >= 2]
     if not units:
         return float("nan")
@@ -636,7 +636,7 @@ def analyse(key: dict, answers, exclude_inattentive: bool = True) -> dict:
 
 
 def _clean(x):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+    return None if is_missing(x) else float(x)
 
 
 def _f(x, digits=3) -> str:

@@ -1,0 +1,186 @@
+"""What the methods measure alike, below them so that no method imports another: one axis' T2I-
+BiasBench metrics with intervals (Single Prompt, Validate, the study), the gap score of a prompt's
+images (Single Prompt, Mine Prompts), the answer tallies behind a sensitivity matrix
+(Intersectional, Mitigate) and the bootstrap weights of an image set (Counterfactuals,
+Intersectional, Mitigate)."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from scipy import stats
+
+from ..backends.llm_json import as_string_list
+from ..common.llm_prompts import variations_prompt
+from ..common.scores import finite_or_none
+from ..core.engine import Engine
+from ..metrics import biasbench
+from ..metrics import biasconnect as bc
+from ..metrics.bootstrap import resample_indices
+from ..metrics.gap import gap_score_from_similarity
+from ..metrics.intervals import bounded, dirichlet_draws, posterior_interval, sample_size_advice, share_interval
+from .axes import Axis
+
+
+# -- one axis' metrics ----------------------------------------------------------------------------
+
+def axis_metrics(labels: list[str], axis: Axis, reference: dict | None, mode: str) -> dict:
+    """T2I-BiasBench metrics of one axis on labels (one per image); paper-mode classes are the
+    axis values, answers outside them ('other') are excluded and counted in n_excluded."""
+    classes = list(axis.values) or None
+    if mode == "reference" or classes is None:
+        classes = None
+    summary = biasbench.biasbench_summary(labels, classes, reference or None, mode,
+                                          pd_groups=axis.pd_groups if classes else None)
+    pd = summary.get("parity_difference", summary["max_parity_difference"])
+    summary["parity_difference"] = pd
+    summary["composite_bias_score"] = biasbench.composite_bias_score(pd, summary["normalised_entropy"], None, mode)
+    return summary
+
+
+SCALAR_METRICS = ("parity_difference", "normalised_entropy", "kl_divergence", "bias_amplification",
+                  "composite_bias_score")
+
+
+# each metric's range: bounds are clipped to it (never a bound outside it, never "-0.0")
+METRIC_RANGES = {"parity_difference": (0.0, 1.0), "normalised_entropy": (0.0, 1.0),
+                 "kl_divergence": (0.0, math.inf), "bias_amplification": (0.0, 2.0),
+                 "composite_bias_score": (0.0, 1.0)}
+
+
+def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, mode: str,
+                         n_boot: int, seed: int = 0, half_width: float = 0.1) -> dict:
+    """`axis_metrics` plus 95% intervals that hold at small N (engine.metrics.intervals):
+    Jeffreys for every share (`share_ci`), for the metrics (`ci`) the Dirichlet(counts + ½)
+    posterior in paper mode and BCa over images otherwise; `n` (labels inside the classes)
+    and `sample_size` (the N a ±`half_width` interval and a test against parity need).
+    `_draws` holds the composite score's posterior/bootstrap draws for headline claims (not stored)."""
+    point = axis_metrics(labels, axis, reference, mode)
+    classes = point["classes"]
+    counts = {c: int(point["counts"].get(c, 0)) for c in classes}
+    n = sum(counts.values())
+    point["n"] = n
+    point["share_ci"] = {c: list(share_interval(k, n)) for c, k in counts.items()}
+    point["sample_size"] = sample_size_advice(counts, half_width)
+    draws: dict[str, np.ndarray] = {}
+    if n and n_boot:
+        if mode == "paper" and axis.values:
+            shares = dirichlet_draws([counts[c] for c in classes], n_boot, seed)
+            batch = biasbench.paper_metrics_batch(shares * n, classes, reference, axis.pd_groups)
+            draws = {name: batch[name] for name in SCALAR_METRICS}
+        else:
+            labels_arr = np.asarray(labels, dtype=object)
+
+            def statistic(index):
+                m = axis_metrics(list(labels_arr[index.astype(int)]), axis, reference, mode)
+                return np.array([m[name] for name in SCALAR_METRICS], dtype=float)
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = stats.bootstrap((np.arange(len(labels)),), statistic, n_resamples=max(50, n_boot // 4),
+                                         method="BCa", vectorized=False, rng=np.random.default_rng(seed))
+            lows, highs = result.confidence_interval
+            draws["composite_bias_score"] = result.bootstrap_distribution[-1]
+            point["ci"] = {name: list(bounded(finite_or_none(point[name]), finite_or_none(lows[j]), finite_or_none(highs[j]),
+                                              *METRIC_RANGES[name])) for j, name in enumerate(SCALAR_METRICS)}
+    if "ci" not in point:
+        point["ci"] = {name: list(posterior_interval(draws[name], finite_or_none(point[name]), 0.05, *METRIC_RANGES[name]))
+                       if name in draws else [None, None] for name in SCALAR_METRICS}
+    point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if mode == "paper" and axis.values
+                                else "Jeffreys shares; BCa bootstrap metrics")
+    point["_draws"] = draws.get("composite_bias_score")
+    return point
+
+
+
+# -- the gap score -------------------------------------------------------------------------------
+
+def text_variations(engine: Engine, prompt: str, n: int, seed: int = 0, axis: str | None = None) -> list[str]:
+    """n LLM-written readings of the prompt (spec A.5; only `axis` varies when given). Repeats
+    are kept: they weight the reference distribution (a lexicon LLM cycles a small grid)."""
+    return engine.ask_json([{"role": "user", "content": variations_prompt(prompt, n, axis)}],
+                           as_string_list(max(2, n // 2), n * 2, 60, unique=False),
+                           temperature=1.0, seed=seed)[:n]
+
+
+
+def missed_readings(variations: list[str], coverage, k: int = 4) -> list[dict]:
+    """Returns the k worst-covered variations, each text once (a repeated variation weighs
+    the reference distribution but is one missed interpretation), lowest coverage first,
+    with how often the LLM wrote it."""
+    counts: dict[str, int] = {}
+    for v in variations:
+        counts[v] = counts.get(v, 0) + 1
+    out, seen = [], set()
+    for i in np.argsort(np.asarray(coverage, float), kind="stable"):
+        if variations[i] in seen:
+            continue
+        seen.add(variations[i])
+        out.append({"text": variations[i], "coverage": float(coverage[i]), "times": counts[variations[i]]})
+        if len(out) == k:
+            break
+    return out
+
+
+
+def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.ndarray, n_variations: int,
+                   alpha: float = 25.0, combine: str = "diff", seed: int = 0, axis: str | None = None) -> dict:
+    """The MineTheGap gap score (reconstruction, spec A.3) of one prompt's images (`records`,
+    their embeddings `image_emb`) against n LLM text variations, with what explains it: the
+    similarity matrix, the missed interpretations and the least-aligned images. Shared by
+    Single Prompt and Mine Prompts."""
+    variations = text_variations(engine, prompt, n_variations, seed, axis)
+    text_emb = engine.embed_texts(variations)
+    gap = gap_score_from_similarity(text_emb @ image_emb.T, alpha, combine)
+    return {
+        "score": gap.score, "coverage_term": gap.coverage_term,
+        "alignment_term": gap.alignment_term, "alpha": alpha, "combine": combine,
+        "variations": variations, "similarity": gap.similarity.tolist(),
+        "coverage": gap.coverage.tolist(), "alignment": gap.alignment.tolist(),
+        "missed": missed_readings(variations, gap.coverage),
+        "least_aligned": [{"seed": records[j].seed, "key": records[j].key, "alignment": float(gap.alignment[j])}
+                          for j in gap.least_aligned_images],
+        "image_seeds": [r.seed for r in records],
+        "reconstructed": True,
+    }
+
+
+
+# -- set tallies and bootstrap weights ------------------------------------------------------------
+
+def one_hot(labels: list[str], values: list[str], other_policy: str) -> np.ndarray:
+    """(n, K) rows of biasconnect.value_counts for each image's answer (K counts the 'other' bin
+    under that policy; no labels: (0, K))."""
+    if not labels:
+        return np.zeros((0, len(values) + (other_policy == "other_bin")))
+    return np.array([bc.value_counts([label], values, other_policy) for label in labels])
+
+
+
+def tally(specs: list, axes: dict[str, list[str]], answers: dict, weights: dict | None = None,
+          interventions: dict[str, list[str]] | None = None):
+    """Counts behind the matrix: init {y: (m, K)} and tables {x: {y: (m, rows, K)}} summed over
+    the prompts. `answers[label][y]` is a set's one-hot (n, K); with `weights[label]` (m, n)
+    every one of the m resamples is counted, else m = 1 (all images once). `interventions`
+    ({x: [cfs]}, default `axes`) limits the rows x to the axes whose sets were generated
+    (Mitigate measures only the axes not mitigated yet); the columns y stay `axes`."""
+    def counts(spec, y):
+        rows = answers[spec.label][y]
+        return rows.sum(axis=0)[None] if weights is None else weights[spec.label] @ rows
+
+    init = {y: sum(counts(s, y) for s in specs if s.axis is None) for y in axes}
+    tables = {x: {y: np.stack([sum(counts(s, y) for s in specs if s.axis == x and s.cf == cf) for cf in cfs], axis=1)
+                  for y in axes} for x, cfs in (axes if interventions is None else interventions).items()}
+    return init, tables
+
+
+
+def resample_weights(n: int, n_boot: int, run_seed: int, index: int) -> np.ndarray:
+    """(n_boot, n): how often each image of set `index` is drawn in each bootstrap resample
+    (independent per set, reproducible per run seed; all zero without images or resamples)."""
+    weights = np.zeros((n_boot, n))
+    if n and n_boot:
+        np.add.at(weights, (np.arange(n_boot)[:, None], resample_indices(n, n_boot, run_seed * 7919 + index)), 1.0)
+    return weights
+
