@@ -1,6 +1,7 @@
 """Helpers every tab uses: error translation, ZeroGPU wrapping, gallery items, status text."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hmac
 import inspect
@@ -112,6 +113,24 @@ class LoadHook(NamedTuple):
     fn: Callable
     outputs: list
     after_model_change: Callable | None = None
+
+
+def default(request_class, name: str):
+    """The default of the field `name` of a method's request dataclass: a tab's widget starts
+    where the CLI and the API start."""
+    field = _field(request_class, name)
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+
+
+def options(request_class, name: str, labels: dict | None = None) -> list[tuple[str, str]]:
+    """(label, value) pairs of the values the field `name` of a method's request accepts (its
+    metadata "choices", which the CLI's --help and the method's check read too); `labels` names
+    some values, the rest show as themselves."""
+    return [((labels or {}).get(value, value), value) for value in _field(request_class, name).metadata["choices"]]
+
+
+def _field(request_class, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(request_class) if f.name == name)
 
 
 def user_errors(fn):

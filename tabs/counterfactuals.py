@@ -12,7 +12,7 @@ from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table, spotcheck
-from .common import checked, gpu, served, served_url, with_notes
+from .common import checked, default, gpu, options, served, served_url, with_notes
 from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
@@ -37,30 +37,37 @@ def set_choices(results: dict) -> list[tuple[str, str]]:
 
 
 def build(engine) -> list:
+    Request = counterfactuals.CounterfactualsRequest   # noqa: N806 - the widgets start at its defaults
     with gr.Row():
         with gr.Column(scale=2, min_width=340):
             editor = axes_table.build(engine, "cf", EXAMPLES)
             with gr.Row():
-                n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
+                n = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images per set (N; the thesis uses 48)", elem_id="cf-n")
-                seed = gr.Number(0, label="First seed (the same seeds in every set)", precision=0, elem_id="cf-seed")
+                seed = gr.Number(default(Request, "seed"), label="First seed (the same seeds in every set)",
+                                 precision=0, elem_id="cf-seed")
             with gr.Accordion("Generation settings (empty: the model's defaults)", open=False):
                 negative = gr.Textbox(label="Negative prompt")
                 generation = generation_fields("cf")
             with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
-                mode = gr.Radio(list(counterfactuals.MODES), value=counterfactuals.DEFAULT_MODE, elem_id="cf-mode",
+                mode = gr.Radio(options(Request, "mode"), value=default(Request, "mode"), elem_id="cf-mode",
                                 label="CAS and MAD as in", info="paper: the thesis's TIBET with the options below; "
                                 "reference: the authors' released code, number for number (a run stores both)")
-                caption = gr.Checkbox(True, label="Add each image's caption to its concepts (thesis; the released "
+                caption = gr.Checkbox(default(Request, "caption"),
+                                      label="Add each image's caption to its concepts (thesis; the released "
                                       "code leaves it out)")
                 missing = counterfactuals.synonyms_note()   # said beside the option, not only in the server log
-                synonyms = gr.Checkbox(True, label="Merge WordNet synonyms before comparing", elem_id="cf-synonyms",
-                                       info=missing or None)
-                renormalise = gr.Checkbox(True, label="HistIoU on histograms rescaled to sum 1 (released code)")
-                sum_normalise = gr.Checkbox(True, label="Divide an axis' CAS by their sum before MAD (MAD in [0, 1])")
-                min_frequency = gr.Number(0.01, label="Drop concepts rarer than this per image")
-                n_boot = gr.Slider(0, 2000, value=500, step=100, label="Bootstrap resamples (0 = no intervals)")
-                top_k = gr.Slider(1, 20, value=5, step=1, label="Top-K concepts")
+                synonyms = gr.Checkbox(default(Request, "synonyms"), label="Merge WordNet synonyms before comparing",
+                                       elem_id="cf-synonyms", info=missing or None)
+                renormalise = gr.Checkbox(default(Request, "renormalise"),
+                                          label="HistIoU on histograms rescaled to sum 1 (released code)")
+                sum_normalise = gr.Checkbox(default(Request, "sum_normalise"),
+                                            label="Divide an axis' CAS by their sum before MAD (MAD in [0, 1])")
+                min_frequency = gr.Number(default(Request, "min_frequency"),
+                                          label="Drop concepts rarer than this per image")
+                n_boot = gr.Slider(0, 2000, value=default(Request, "n_boot"), step=100,
+                                   label="Bootstrap resamples (0 = no intervals)")
+                top_k = gr.Slider(1, 20, value=default(Request, "top_k"), step=1, label="Top-K concepts")
             go = gr.Button("Generate and compare", variant="primary", elem_id="cf-run")
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="cf-progress")

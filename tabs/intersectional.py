@@ -13,12 +13,12 @@ from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 
 from . import axes_table
-from .common import checked, gpu, in_order, user_errors, with_notes
+from .common import checked, default, gpu, in_order, options, user_errors, with_notes
 from .optional import generation_fields, number_or_none, optional_number, placeholder
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
-POLICIES = [("drop them (renormalise over the choices)", "drop"),
-            ("count them as 'other', which the target gives 0", "other_bin")]
+POLICY_LABELS = {"drop": "drop them (renormalise over the choices)",
+                 "other_bin": "count them as 'other', which the target gives 0"}
 
 
 def reference_text(ideals: dict) -> str:
@@ -61,33 +61,38 @@ def edge_rows(results: dict) -> list[list]:
 
 
 def build(engine) -> list:
+    Request = intersectional.IntersectionalRequest   # noqa: N806 - the widgets start at its defaults
     with gr.Row():
         with gr.Column(scale=2, min_width=340):
             editor = axes_table.build(engine, "ic", EXAMPLES)
             from_cf = gr.Button("Use the prompt and axes of the latest Counterfactuals run", size="sm",
                                 elem_id="ic-from-cf")
             with gr.Row():
-                n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
+                n = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images per set (N; the thesis uses 48)", elem_id="ic-n")
-                seed = gr.Number(0, label="First seed (the same in every set)", precision=0, elem_id="ic-seed")
+                seed = gr.Number(default(Request, "seed"), label="First seed (the same in every set)", precision=0,
+                                 elem_id="ic-seed")
             targets = gr.Textbox(label="Target distribution D* per axis (uniform when empty)", elem_id="ic-targets",
                                  placeholder="gender: male=50, female=50; age: young=30, middle-aged=40, old=30")
             reference = gr.File(label="…or a real-world reference CSV (columns axis, value, share)",
                                 file_types=[".csv"], elem_id="ic-reference", height=130)
-            policy = gr.Radio(POLICIES, value="drop", label="VQA answers outside an axis' choices",
+            policy = gr.Radio(options(Request, "other_policy", POLICY_LABELS),
+                              value=default(Request, "other_policy"), label="VQA answers outside an axis' choices",
                               elem_id="ic-policy")
             with gr.Accordion("Edges, importance, uncertainty", open=False):
                 levels = intersectional.default_thresholds("auto")
                 (p_one, _), (p_several, is_several) = levels["prompt"], levels["aggregated"]
-                level = gr.Radio(["auto", "prompt", "aggregated"], value="auto", label="χ² thresholds",
+                level = gr.Radio(options(Request, "level"), value=default(Request, "level"), label="χ² thresholds",
                                  info=f"prompt: p < {p_one:g}; aggregated: p < {p_several:g} and |IS| ≥ "
                                       f"{is_several:g}; auto: aggregated when several prompts are filled in")
                 p_default, is_default = threshold_defaults(level.value)
                 p_threshold = optional_number("p threshold", p_default, elem_id="ic-p-threshold")
                 min_abs_is = optional_number("minimum |IS| for an edge", is_default, elem_id="ic-min-is")
-                importance = gr.Radio([("number of kept edges", "count"), ("sum of |IS| over them", "abs_is")],
-                                      value="count", label="MaxImp / MaxInf measured by")
-                n_boot = gr.Slider(0, 1000, value=300, step=100, label="Bootstrap resamples for the IS intervals")
+                importance = gr.Radio(options(Request, "importance", {"count": "number of kept edges",
+                                                                      "abs_is": "sum of |IS| over them"}),
+                                      value=default(Request, "importance"), label="MaxImp / MaxInf measured by")
+                n_boot = gr.Slider(0, 1000, value=default(Request, "n_boot"), step=100,
+                                   label="Bootstrap resamples for the IS intervals")
             with gr.Accordion("Generation settings (empty: the model's defaults)", open=False):
                 negative = gr.Textbox(label="Negative prompt")
                 generation = generation_fields("ic")

@@ -11,11 +11,10 @@ from engine.common.events import Done, Progress, Scores, Warning
 from engine.methods import mine
 from engine.report import mine as report
 
-from .common import checked, gallery_items, gpu, gpu_seconds_for, user_errors, with_notes
+from .common import checked, default, gallery_items, gpu, gpu_seconds_for, options, user_errors, with_notes
 
-BIAS_CHOICES = ["open", "socio-demographic", "style", "objects"]
-STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random"),
-                    ("rank the prompts a folder/dataset source holds (no new images)", "source")]
+STRATEGY_LABELS = {"ga": "genetic algorithm (MineTheGap)", "random": "random prompts, same budget (baseline)",
+                   "source": "rank the prompts a folder/dataset source holds (no new images)"}
 UPDATE_EVERY = 0.5   # seconds between two progress/population updates of the page
 STOP_WAIT = 30       # seconds Stop waits for the cancelled run to save its state and close
 NO_DETAILS = "Click a prompt in the archive or the population (or pick one above) to see its images and gap."
@@ -82,38 +81,42 @@ def _baseline_for(engine, results: dict) -> dict | None:
 
 def build(engine) -> list:
     """Lay out the tab; returns its page-load hooks as (fn, outputs) pairs."""
+    Request = mine.MineRequest   # noqa: N806 - the widgets start at its defaults
     gr.Markdown("Mine the prompts this model is most biased on: a genetic search over LLM-written prompts "
                 "scored by the MineTheGap gap score (images vs. LLM variations of the prompt).  \n" + report.reconstructed(),
                 elem_id="mine-intro")
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
-            bias = gr.Dropdown(BIAS_CHOICES, value="open", allow_custom_value=True, label="Bias to mine",
-                               info="open-set, or a specific bias (type any axis, e.g. 'hair colour')",
-                               elem_id="mine-bias")
-            strategy = gr.Radio(STRATEGY_CHOICES, value="ga", label="Search", elem_id="mine-strategy")
+            bias = gr.Dropdown(list(mine.BIAS_MODES), value=default(Request, "bias"), allow_custom_value=True,
+                               label="Bias to mine", elem_id="mine-bias",
+                               info="open-set, or a specific bias (type any axis, e.g. 'hair colour')")
+            strategy = gr.Radio(options(Request, "strategy", STRATEGY_LABELS), value=default(Request, "strategy"),
+                                label="Search", elem_id="mine-strategy")
             with gr.Row():
-                iterations = gr.Slider(1, 30, value=5, step=1, label="Iterations T", info="the paper: 30",
-                                       elem_id="mine-T")
-                population = gr.Slider(2, mine.MAX_POPULATION, value=8, step=1, label="Population b",
-                                       elem_id="mine-b")
+                iterations = gr.Slider(1, 30, value=mine.DEFAULT_ITERATIONS, step=1, label="Iterations T",
+                                       info="the paper: 30", elem_id="mine-T")
+                population = gr.Slider(2, mine.MAX_POPULATION, value=default(Request, "population"), step=1,
+                                       label="Population b", elem_id="mine-b")
             with gr.Row():
-                select = gr.Slider(1, 16, value=2, step=1, label="Selected s", elem_id="mine-s")
-                mutations = gr.Slider(1, 8, value=3, step=1, label="Mutations m", info="random r = b − s·m",
-                                      elem_id="mine-m")
-            with gr.Row():
-                n = gr.Slider(2, engine.max_images, value=min(8, engine.max_images), step=1,
+                select = gr.Slider(1, 16, value=default(Request, "select"), step=1, label="Selected s",
+                                   elem_id="mine-s")
+                mutations = gr.Slider(1, 8, value=default(Request, "mutations"), step=1, label="Mutations m",
+                                      info="random r = b − s·m", elem_id="mine-m")
+            with gr.Row():   # the text variations default to N, as in the request
+                n = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images per prompt N", elem_id="mine-n")
-                n_var = gr.Slider(2, engine.max_images, value=min(8, engine.max_images), step=1,
+                n_var = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                                   label="Text variations per prompt", elem_id="mine-nvar")
             with gr.Accordion("Score and search options (reconstructed defaults)", open=False):
-                alpha = gr.Slider(5, 50, value=25, step=5, label="Gap score α (percentile)")
-                combine = gr.Radio(["diff", "missed_only", "mean"], value="diff", label="Gap score combination")
-                keep_parents = gr.Checkbox(False, label="Keep parents (elitism)",
+                alpha = gr.Slider(5, 50, value=default(Request, "alpha"), step=5, label="Gap score α (percentile)")
+                combine = gr.Radio(options(Request, "combine"), value=default(Request, "combine"),
+                                   label="Gap score combination")
+                keep_parents = gr.Checkbox(default(Request, "keep_parents"), label="Keep parents (elitism)",
                                            info="off: the selected prompts are archived and replaced by their "
                                                 "mutations, as in the paper's animation")
                 with gr.Row():
-                    seed = gr.Number(0, label="GA seed", precision=0)
-                    image_seed = gr.Number(0, label="First image seed", precision=0)
+                    seed = gr.Number(default(Request, "seed"), label="GA seed", precision=0)
+                    image_seed = gr.Number(default(Request, "image_seed"), label="First image seed", precision=0)
             budget = gr.Markdown("", elem_id="mine-budget")
             with gr.Row():
                 estimate = gr.Button("Estimate budget", elem_id="mine-estimate")
@@ -151,12 +154,13 @@ def build(engine) -> list:
                                 combine=combine, keep_parents=bool(keep_parents), bias=(bias or "open").strip(),
                                 strategy=strategy, seed=int(seed or 0), image_seed=int(image_seed or 0))
 
-    def mine_seconds(iterations=5, population=8, n=8, **rest):
+    def mine_seconds(iterations=mine.DEFAULT_ITERATIONS, population=default(Request, "population"),
+                     n=default(Request, "n"), **rest):
         # T·b prompts of N images; per prompt an LLM mutation (or a random prompt) and its text variations
         try:
             prompts = max(1, int(iterations)) * max(1, int(population))
         except (TypeError, ValueError):
-            prompts = 40
+            prompts = mine.DEFAULT_ITERATIONS * default(Request, "population")
         return gpu_seconds_for(engine, n, sets=prompts, llm_calls=2 * prompts)
 
     @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 1, llm_calls=2))   # the probe: 1 LLM call, 1 image

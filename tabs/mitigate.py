@@ -20,17 +20,16 @@ from engine.methods import cfsets, intersectional, mitigate
 from engine.report import mitigate as report
 
 from . import axes_table
-from .common import checked, distinct_captions, gallery_items, gpu, in_order, user_errors, with_notes
-from .intersectional import reference_text
+from .common import (checked, default, distinct_captions, gallery_items, gpu, in_order, options, user_errors,
+                     with_notes)
+from .intersectional import POLICY_LABELS, reference_text
 from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a ceo"]
 MAX_AXES = 8
 MODES = ["uniform", "typed percentages", "real-world CSV"]
-POLICIES = [("drop them (renormalise over the choices)", "drop"),
-            ("count them as 'other', which the target gives 0", "other_bin")]
-STRATEGIES = [("InterMit: greedy by the sensitivity matrix, stop below ε", "intermit"),
-              ("baseline: mitigate every axis of B* (no matrix, no early stop)", "all")]
+STRATEGY_LABELS = {"intermit": "InterMit: greedy by the sensitivity matrix, stop below ε",
+                   "all": "baseline: mitigate every axis of B* (no matrix, no early stop)"}
 DEFAULT_PRIORITY = 0.5
 UPDATE_EVERY = 0.5   # seconds between two progress updates of the page
 
@@ -101,6 +100,7 @@ def _export_file(results: dict, run_id: str) -> str:
 
 
 def build(engine) -> list:
+    Request = mitigate.MitigateRequest   # noqa: N806 - the widgets start at its defaults
     with gr.Row():
         with gr.Column(scale=2, min_width=360):
             editor = axes_table.build(engine, "mt", EXAMPLES)
@@ -130,17 +130,20 @@ def build(engine) -> list:
                                                 elem_id=f"mt-shares-{i}")
                     slots.append(Slot(group, title, priority, mode, shares))
             with gr.Row():
-                epsilon = gr.Slider(0.01, 1.0, value=mitigate.DEFAULT_EPSILON, step=0.01, label="Threshold ε",
+                epsilon = gr.Slider(0.01, 1.0, value=default(Request, "epsilon"), step=0.01, label="Threshold ε",
                                     elem_id="mt-epsilon", info="stop once τ = ⟨w̄_B*, p⟩ < ε (thesis: 0.35)")
-                n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
+                n = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images per set (N)", elem_id="mt-n")
-                seed = gr.Number(0, label="First seed", precision=0, elem_id="mt-seed")
-            strategy = gr.Radio(STRATEGIES, value="intermit", label="Strategy", elem_id="mt-strategy")
+                seed = gr.Number(default(Request, "seed"), label="First seed", precision=0, elem_id="mt-seed")
+            strategy = gr.Radio(options(Request, "strategy", STRATEGY_LABELS), value=default(Request, "strategy"),
+                                label="Strategy", elem_id="mt-strategy")
             with gr.Accordion("Answers, uncertainty, generation settings", open=False):
-                policy = gr.Radio(POLICIES, value="drop", label="VQA answers outside an axis' choices")
-                n_boot = gr.Slider(0, 1000, value=200, step=100, label="Bootstrap resamples (95% intervals)")
-                tolerance = gr.Slider(0, 0.2, value=0.02, step=0.01, label="Trade-off alert when an axis' w̄ rises by "
-                                      "more than")
+                policy = gr.Radio(options(Request, "other_policy", POLICY_LABELS),
+                                  value=default(Request, "other_policy"), label="VQA answers outside an axis' choices")
+                n_boot = gr.Slider(0, 1000, value=default(Request, "n_boot"), step=100,
+                                   label="Bootstrap resamples (95% intervals)")
+                tolerance = gr.Slider(0, 0.2, value=default(Request, "tradeoff_tolerance"), step=0.01,
+                                      label="Trade-off alert when an axis' w̄ rises by more than")
                 negative = gr.Textbox(label="Negative prompt")
                 generation = generation_fields("mt")
             with gr.Row():

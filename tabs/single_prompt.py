@@ -14,7 +14,8 @@ from engine.report import trust
 from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
 
 from . import spotcheck
-from .common import checked, gallery_items, gpu, gpu_seconds_for, in_order, user_errors, with_notes
+from .common import (checked, default, gallery_items, gpu, gpu_seconds_for, in_order, options, user_errors,
+                     with_notes)
 from .optional import generation_fields, number_or_none
 
 NO_DETAILS = "Click an image to see its seed and VQA answers."
@@ -25,28 +26,30 @@ EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a tea
 def build(engine) -> list:
     """Lay out the tab; returns its page-load hooks as (fn, outputs) pairs."""
     axis_names = list(known_axes())
+    Request = single_prompt.SinglePromptRequest   # noqa: N806 - the widgets start at its defaults
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
             prompt = gr.Textbox(label="Prompt", placeholder="a photo of a doctor", elem_id="sp-prompt")
             gr.Examples(EXAMPLES, [prompt])
             negative = gr.Textbox(label="Negative prompt", elem_id="sp-negative")
             with gr.Row():
-                n = gr.Slider(1, engine.max_images, value=min(16, engine.max_images), step=1,
+                n = gr.Slider(1, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images (N)", elem_id="sp-n")
-                seed = gr.Number(0, label="First seed", precision=0, elem_id="sp-seed")
+                seed = gr.Number(default(Request, "seed"), label="First seed", precision=0, elem_id="sp-seed")
             with gr.Accordion("Generation settings (empty: the model's defaults)", open=False):
                 generation = generation_fields("sp", ("steps", "guidance", "width", "height"))
-            axes = gr.CheckboxGroup(axis_names, value=list(single_prompt.DEFAULT_AXES), label="Axes to measure",
+            axes = gr.CheckboxGroup(axis_names, value=default(Request, "axes"), label="Axes to measure",
                                     elem_id="sp-axes-pick")
             extra_axes = gr.Textbox(label="More axes (free text, comma-separated)", placeholder="hair color, setting",
                                     elem_id="sp-extra-axes")
             with gr.Accordion("Reference distribution and metric options", open=False):
                 references = gr.Textbox(label="Targets (uniform when empty)",
                                         placeholder="gender: male=50, female=50; age: young=30, middle-aged=40, old=30")
-                mode = gr.Radio(["paper", "reference"], value="paper", label="T2I-BiasBench mode",
+                mode = gr.Radio(options(Request, "mode"), value=default(Request, "mode"), label="T2I-BiasBench mode",
                                 info="paper: the paper's equations; reference: bit-exact with the authors' code")
-                alpha = gr.Slider(5, 50, value=25, step=5, label="Gap score α (percentile)")
-                combine = gr.Radio(["diff", "missed_only", "mean"], value="diff", label="Gap score combination")
+                alpha = gr.Slider(5, 50, value=default(Request, "alpha"), step=5, label="Gap score α (percentile)")
+                combine = gr.Radio(options(Request, "combine"), value=default(Request, "combine"),
+                                   label="Gap score combination")
                 until = gr.Number(0, label="Add images until every share's interval is within ± (0 = off)",
                                   info="e.g. 0.1: more seeds are generated (the first ones come from the cache) "
                                   "up to the server's maximum", minimum=0, maximum=0.49, step=0.01,

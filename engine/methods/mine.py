@@ -170,8 +170,8 @@ def check_request(request: MineRequest, engine: Engine) -> MineRequest:
         raise InputError("the gap score needs at least 2 images per prompt")
     if not 0 <= request.alpha <= 100:
         raise InputError(f"alpha is a percentile between 0 and 100, got {request.alpha}")
-    if request.combine not in ("diff", "missed_only", "mean"):
-        raise InputError(f"combine must be diff, missed_only or mean, not '{request.combine}'")
+    if request.combine not in COMBINATIONS:
+        raise InputError(f"combine must be one of {', '.join(COMBINATIONS)}, not '{request.combine}'")
     return request
 
 
