@@ -2,18 +2,18 @@
 diverse — the signed sensitivity matrix, the χ²-tested causal graph, one pair up close."""
 from __future__ import annotations
 
-import time
+import functools
 
 import gradio as gr
 
 from engine.methods.axes import parse_targets
 from engine.common.errors import InputError
-from engine.common.events import Done, Progress, Table, Warning
+from engine.common.events import Done, Progress, Table
 from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 
 from . import axes_table
-from .common import checked, default, gpu, in_order, options, user_errors, with_notes
+from .common import View, checked, default, gpu, options, streamed, user_errors
 from .optional import generation_fields, number_or_none, optional_number, placeholder
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
@@ -127,45 +127,7 @@ def build(engine) -> list:
 
     outputs = [progress, summary, matrix, graph, edges, questions, editor.table, pair, state]
 
-    def connect_seconds(prompt, table, n, fill=None, *args, steps=None, **kwargs):
-        return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill)  # ZeroGPU: every set's work
-
-    @gpu(engine, duration=connect_seconds)
-    def connect(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto", p_threshold=None,
-                min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None, guidance=None):
-        request = connect_request(prompt, table, n, fill, seed, targets, other_policy, level, p_threshold, min_abs_is,
-                                  importance, n_boot, negative_prompt, steps, guidance)
-        started, notes = time.perf_counter(), []
-        asked, proposed = [], {}
-        # each event updates the outputs it names, yielded in output order (`in_order`); the last yield
-        # names every output of the run (the axes table, an input, only when the LLM proposed it)
-        for event in intersectional.run(request, engine):
-            if isinstance(event, Progress):
-                eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
-                yield in_order(outputs, {progress: with_notes(status, notes)})
-            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
-                notes.append(event.message)
-            elif isinstance(event, Table) and event.name == "axes":
-                proposed = {editor.table: event.rows}
-                yield in_order(outputs, proposed)
-            elif isinstance(event, Table) and event.name == "questions":
-                asked = event.rows
-                yield in_order(outputs, {questions: asked})
-            elif isinstance(event, Done):
-                r = event.results
-                axes = r["sensitivity"]["axes"]
-                pairs = [(f"{x} → {y}", f"{x}|{y}") for x in axes for y in axes if x != y]
-                best = intersectional.default_pair(r)     # a kept edge, never a pruned pair
-                text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
-                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-                graph_view = (report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame")
-                              if r["kept_edges"] else NO_EDGE)
-                yield in_order(outputs, {
-                    progress: with_notes(text, notes), summary: report.summary_html(r),
-                    matrix: report.matrix_html(r), graph: graph_view, edges: edge_rows(r), questions: asked,
-                    **proposed, pair: gr.update(choices=pairs, value="|".join(best) if best else None),
-                    state: {"results": r, "run_id": event.run_id}})
+    connect = gpu(engine, duration=functools.partial(connect_seconds, engine))(functools.partial(connect_run, engine))
 
     def show_pair(view, value):
         results = (view or {}).get("results")
@@ -186,6 +148,48 @@ def build(engine) -> list:
     level.change(threshold_placeholders, [level], [p_threshold, min_abs_is], api_name=False, queue=False)
     pair.change(show_pair, [state, pair], [pair_view], api_name=False)
     return [generation.hook(engine)]
+
+
+OUTPUTS = ("progress", "summary", "matrix", "graph", "edges", "questions", "axes", "pair", "state")  # in order
+
+
+def connect_seconds(engine, prompt, table, n, fill=None, *args, steps=None, **kwargs) -> int:
+    """ZeroGPU seconds of a run: every set's work."""
+    return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill)
+
+
+def connect_run(engine, prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto",
+                p_threshold=None, min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None,
+                guidance=None):
+    """Yields the outputs of a run (OUTPUTS order) as its events arrive; the last names every output
+    of the run (the axes table, an input, only when the LLM proposed it)."""
+    request = connect_request(prompt, table, n, fill, seed, targets, other_policy, level, p_threshold, min_abs_is,
+                              importance, n_boot, negative_prompt, steps, guidance)
+    yield from streamed(intersectional.run(request, engine), render, OUTPUTS)
+
+
+def render(event, view: View) -> dict:
+    """{output: value} for one event of a run: the LLM's axes and questions as they come, all at the end."""
+    if isinstance(event, Progress):
+        return {"progress": view.progress_text(event)}
+    if isinstance(event, Table) and event.name == "axes":
+        return {"axes": event.rows}
+    if isinstance(event, Table) and event.name == "questions":
+        return {"questions": event.rows}
+    if isinstance(event, Done):
+        r = event.results
+        axes = r["sensitivity"]["axes"]
+        pairs = [(f"{x} → {y}", f"{x}|{y}") for x in axes for y in axes if x != y]
+        best = intersectional.default_pair(r)     # a kept edge, never a pruned pair
+        text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
+                f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+        graph_view = (report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame")
+                      if r["kept_edges"] else NO_EDGE)
+        return {"progress": text, "summary": report.summary_html(r), "matrix": report.matrix_html(r),
+                "graph": graph_view, "edges": edge_rows(r),
+                "pair": gr.update(choices=pairs, value="|".join(best) if best else None),
+                "state": {"results": r, "run_id": event.run_id}}
+    return {}
 
 
 def connect_request(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto",

@@ -22,7 +22,7 @@ import sys
 import time
 
 from ..common.errors import GapLensError
-from ..common.events import Done, Progress, Scores, Warning
+from ..common.events import Done, Progress, Warning
 from ..methods import METHODS
 from ..methods.compare_models import METHODS as COMPARED
 from .compare import add_generators
@@ -113,8 +113,6 @@ class ProgressPrinter:
             sys.stderr.flush()
         elif isinstance(event, Warning):
             sys.stderr.write(f"\nwarning: {event.message}\n")
-        elif isinstance(event, Scores) and not isinstance(event.values, dict):
-            pass
 
 
 def main(argv=None) -> int:
