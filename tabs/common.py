@@ -1,7 +1,6 @@
 """Helpers every tab uses: error translation, ZeroGPU wrapping, gallery items, status text."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hmac
 import inspect
@@ -10,7 +9,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 
@@ -124,8 +123,8 @@ class LoadHook(NamedTuple):
 def default(request_class, name: str):
     """The default of the field `name` of a method's request dataclass: a tab's widget starts
     where the CLI and the API start."""
-    field = _field(request_class, name)
-    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+    spec = _field(request_class, name)
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
 
 
 def options(request_class, name: str, labels: dict | None = None) -> list[tuple[str, str]]:
@@ -135,8 +134,8 @@ def options(request_class, name: str, labels: dict | None = None) -> list[tuple[
     return [((labels or {}).get(value, value), value) for value in _field(request_class, name).metadata["choices"]]
 
 
-def _field(request_class, name: str) -> dataclasses.Field:
-    return next(f for f in dataclasses.fields(request_class) if f.name == name)
+def _field(request_class, name: str) -> Field:
+    return next(f for f in fields(request_class) if f.name == name)
 
 
 def user_errors(fn):

@@ -36,8 +36,6 @@ def _pick_choices(results: dict) -> list[tuple[str, str]]:
 
 
 LIVE = ("progress", "chart", "population", "archive", "pick", "state", "runs")   # a run's outputs, in order
-SETTINGS = ("bias", "strategy", "iterations", "population", "select", "mutations", "n", "n_var", "alpha", "combine",
-            "keep_parents", "seed", "image_seed")   # the form's inputs, in order
 
 
 def results_update(engine, run_id: str, results: dict, status: str, with_baseline: bool = False) -> dict:
