@@ -6,14 +6,19 @@ import hmac
 import inspect
 import os
 import re
+import shutil
+import tempfile
+import time
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import gradio as gr
 
 from engine.common import access
 from engine.backends.device import on_zero_gpu
 from engine.common.errors import GapLensError
+from engine.common.events import Done, Event, Progress, Warning
 from engine.methods import METHODS
 from engine.hosting.space import gpu_seconds, needs_gpu
 
@@ -85,8 +90,9 @@ def is_gpu_handler(fn) -> bool:
 
 
 def in_order(outputs: list, update: dict) -> tuple:
-    """The values of `update` ({component: value}) in the order of `outputs`, gr.skip() for the rest: what
-    a GPU handler yields (spaces pickles every value, and components do not pickle)."""
+    """The values of `update` ({component or output name: value}) in the order of `outputs` (components
+    or names), gr.skip() for the rest: what a GPU handler yields (spaces pickles every value, and
+    components do not pickle)."""
     return tuple(update.get(component, gr.skip()) for component in outputs)
 
 
@@ -112,6 +118,24 @@ class LoadHook(NamedTuple):
     fn: Callable
     outputs: list
     after_model_change: Callable | None = None
+
+
+def default(request_class, name: str):
+    """The default of the field `name` of a method's request dataclass: a tab's widget starts
+    where the CLI and the API start."""
+    spec = _field(request_class, name)
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
+
+
+def options(request_class, name: str, labels: dict | None = None) -> list[tuple[str, str]]:
+    """(label, value) pairs of the values the field `name` of a method's request accepts (its
+    metadata "choices", which the CLI's --help and the method's check read too); `labels` names
+    some values, the rest show as themselves."""
+    return [((labels or {}).get(value, value), value) for value in _field(request_class, name).metadata["choices"]]
+
+
+def _field(request_class, name: str) -> Field:
+    return next(f for f in fields(request_class) if f.name == name)
 
 
 def user_errors(fn):
@@ -236,6 +260,58 @@ def bind_visitors(demo: gr.Blocks) -> None:
         block_fn.fn = as_visitor(block_fn.fn)
 
 
+UPDATE_EVERY = 0.5   # seconds between two updates of a page by frequent events (progress, live tables)
+
+
+@dataclass
+class View:
+    """One streamed run as its tab shows it, which the tab's `render(event, view)` reads and
+    updates: the run's warnings (listed under the status line: they belong to the result they
+    describe, not to a toast over it), when it started, the latest value of every output shown,
+    and what the tab keeps between events."""
+
+    notes: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+    shown: dict = field(default_factory=dict)
+    kept: dict = field(default_factory=dict)
+
+    def progress_text(self, event: Progress) -> str:
+        """'**stage**, about N s left (T s)': the status line of a Progress event."""
+        eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
+        return f"**{event.message or event.stage}**{eta} ({time.perf_counter() - self.started:.1f} s)"
+
+
+def streamed(events: Iterable[Event], render: Callable[[Event, View], dict], outputs: list, *,
+             status="progress", frequent: tuple = (Progress,), view: View | None = None):
+    """The one streaming loop of the tabs: every event but a Warning goes to `render(event, view)`,
+    which returns {output: new value} (outputs are names or components); yields each update as the
+    values of `outputs` in their order, gr.skip() for the rest, which is what a GPU handler must
+    yield (`in_order`), and at Done every output shown so far (`view.shown`, which may start with
+    blank values): API clients read the last yield. Warnings join `view.notes`, listed under the
+    `status` output. Updates of `frequent` events (default Progress) are dropped when the last went
+    out less than UPDATE_EVERY seconds ago: a few a second at most."""
+    view = view if view is not None else View()
+    status_line, shown_at = view.shown.get(status, ""), 0.0
+    for event in events:
+        if isinstance(event, Warning):
+            view.notes.append(event.message)
+            update = {status: status_line} if status_line else {}
+        else:
+            update = render(event, view) or {}
+            if isinstance(event, frequent):
+                if not update or time.perf_counter() - shown_at < UPDATE_EVERY:
+                    continue
+                shown_at = time.perf_counter()
+        if status in update:
+            status_line = update[status]
+            update[status] = with_notes(status_line, view.notes)
+        view.shown.update(update)
+        if isinstance(event, Done):
+            yield in_order(outputs, view.shown)
+        elif update:
+            yield in_order(outputs, update)
+
+
 def with_notes(status: str, notes: list[str]) -> str:
     """The status line with the run's warnings under it as a "Notes" list (repeats counted):
     warnings belong to the result they describe, not to a toast that covers it."""
@@ -259,6 +335,24 @@ def distinct_captions(records) -> list[str]:
     while all(len(w) > start for w in words) and len({w[start] for w in words}) == 1:
         start += 1
     return [f"seed {r.seed}: " + " ".join(w[start:] or w) for r, w in zip(records, words)]
+
+
+EXPORTS = Path(tempfile.gettempdir()) / "gaplens-exports"
+EXPORT_MAX_AGE_S = 3600
+
+
+def export_dir() -> Path:
+    """A fresh directory for one download under the system temp dir (Gradio copies what a
+    handler returns into its own cache and serves it from there); folders older than an hour
+    are removed first, so exports do not pile up."""
+    EXPORTS.mkdir(parents=True, exist_ok=True)
+    for old in EXPORTS.iterdir():
+        try:
+            if time.time() - old.stat().st_mtime > EXPORT_MAX_AGE_S:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(prefix="export-", dir=EXPORTS))
 
 
 STORE_FILE = re.compile(r"(?:[0-9a-f]{64}|refused)\.png")   # an image of the store, or its refusal placeholder

@@ -3,13 +3,11 @@ Counterfactuals or Intersectional audit on each in one action; results side by s
 engine/methods/compare_models.py runs it, engine/report/compare_models.py draws it."""
 from __future__ import annotations
 
-import time
-
 import gradio as gr
 
 from engine.hosting import backend_choices
 from engine.methods.axes import known_axes
-from engine.common.events import Done, Progress, Scores, Table, Warning
+from engine.common.events import Done, Progress, Table
 from engine.common.errors import GapLensError
 from engine.methods import compare_models, single_prompt
 from engine.models.presets import PRESETS
@@ -17,7 +15,7 @@ from engine.report.compare_models import page
 from engine.hosting.space import GPU_MAX_SECONDS
 
 from . import axes_table
-from .common import checked, gpu, gpu_seconds_for, with_notes
+from .common import View, checked, gpu, gpu_seconds_for, streamed
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher"]
 METHODS = [("Single Prompt (distributions, T2I-BiasBench)", "single_prompt"),
@@ -67,32 +65,34 @@ def build(engine) -> list:
     @gpu(engine, duration=compare_seconds, specs=specs_used)
     def compare(method, presets, more, prompt, fill, rows, n, seed, axes):
         request = compare_request(method, presets, more, prompt, fill, rows, n, seed, axes)
-        notes, started, status = [], time.perf_counter(), ""
         partial = {"method": method, "generators": list(dict.fromkeys(request.generators)), "runs": [], "results": [],
                    "request": request.request}   # the page grows model by model
-        for event in compare_models.run(request, engine):
-            if isinstance(event, Progress):
-                eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
-                yield with_notes(status, notes), gr.skip(), gr.skip()
-            elif isinstance(event, Warning):     # with the result, not a toast over it
-                notes.append(event.message)
-            elif isinstance(event, Table) and event.name == "axes":
-                yield gr.skip(), gr.skip(), event.rows
-            elif isinstance(event, Scores) and event.name == "model":
-                partial["runs"].append(event.values["run_id"])
-                partial["results"].append(event.values["results"])
-                yield gr.skip(), str(page(partial)), gr.skip()
-            elif isinstance(event, Done):
-                text = (f"**Done**: {len(event.results['runs'])} generators compared in "
-                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`; each model's audit is a "
-                        f"run of its own in Runs).")
-                yield with_notes(text, notes), str(page(event.results)), gr.skip()
+        yield from streamed(compare_models.run(request, engine), render, OUTPUTS, view=View(kept=partial))
 
     inputs = [method, presets, more, editor.prompt, editor.fill, editor.table, n, seed, axes]
     checked(go.click, engine, "compare_models", compare_request, inputs=inputs).success(
         compare, inputs, [progress, view, editor.table], api_name="compare_models")
     return []
+
+
+OUTPUTS = ("progress", "view", "axes")   # a run's outputs, in order
+
+
+def render(event, view: View) -> dict:
+    """{output: value} for one event of a run: the page grows model by model (`view.kept`)."""
+    if isinstance(event, Progress):
+        return {"progress": view.progress_text(event)}
+    if isinstance(event, Table) and event.name == "axes":
+        return {"axes": event.rows}
+    if isinstance(event, compare_models.ModelDone):
+        view.kept["runs"].append(event.run_id)
+        view.kept["results"].append(event.results)
+        return {"view": str(page(view.kept))}
+    if isinstance(event, Done):
+        return {"progress": f"**Done**: {len(event.results['runs'])} generators compared in "
+                            f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`; each model's audit is a "
+                            f"run of its own in Runs).", "view": str(page(event.results))}
+    return {}
 
 
 def compare_request(method, presets, more, prompt, fill, rows, n, seed, axes) -> compare_models.CompareModelsRequest:

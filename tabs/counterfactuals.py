@@ -2,17 +2,17 @@
 CAS per counterfactual, and drill into any counterfactual's images, answers and concepts."""
 from __future__ import annotations
 
-import time
+import functools
 
 import gradio as gr
 
-from engine.common.events import Done, Images, Progress, Scores, Table, Warning
+from engine.common.events import AxisScores, Done, Images, Progress, Table
 from engine.methods import counterfactuals
 from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table, spotcheck
-from .common import checked, gpu, served, served_url, with_notes
+from .common import View, checked, default, gpu, options, served, served_url, streamed
 from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
@@ -37,30 +37,37 @@ def set_choices(results: dict) -> list[tuple[str, str]]:
 
 
 def build(engine) -> list:
+    Request = counterfactuals.CounterfactualsRequest   # noqa: N806 - the widgets start at its defaults
     with gr.Row():
         with gr.Column(scale=2, min_width=340):
             editor = axes_table.build(engine, "cf", EXAMPLES)
             with gr.Row():
-                n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
+                n = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images per set (N; the thesis uses 48)", elem_id="cf-n")
-                seed = gr.Number(0, label="First seed (the same seeds in every set)", precision=0, elem_id="cf-seed")
+                seed = gr.Number(default(Request, "seed"), label="First seed (the same seeds in every set)",
+                                 precision=0, elem_id="cf-seed")
             with gr.Accordion("Generation settings (empty: the model's defaults)", open=False):
                 negative = gr.Textbox(label="Negative prompt")
                 generation = generation_fields("cf")
             with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
-                mode = gr.Radio(list(counterfactuals.MODES), value=counterfactuals.DEFAULT_MODE, elem_id="cf-mode",
+                mode = gr.Radio(options(Request, "mode"), value=default(Request, "mode"), elem_id="cf-mode",
                                 label="CAS and MAD as in", info="paper: the thesis's TIBET with the options below; "
                                 "reference: the authors' released code, number for number (a run stores both)")
-                caption = gr.Checkbox(True, label="Add each image's caption to its concepts (thesis; the released "
+                caption = gr.Checkbox(default(Request, "caption"),
+                                      label="Add each image's caption to its concepts (thesis; the released "
                                       "code leaves it out)")
                 missing = counterfactuals.synonyms_note()   # said beside the option, not only in the server log
-                synonyms = gr.Checkbox(True, label="Merge WordNet synonyms before comparing", elem_id="cf-synonyms",
-                                       info=missing or None)
-                renormalise = gr.Checkbox(True, label="HistIoU on histograms rescaled to sum 1 (released code)")
-                sum_normalise = gr.Checkbox(True, label="Divide an axis' CAS by their sum before MAD (MAD in [0, 1])")
-                min_frequency = gr.Number(0.01, label="Drop concepts rarer than this per image")
-                n_boot = gr.Slider(0, 2000, value=500, step=100, label="Bootstrap resamples (0 = no intervals)")
-                top_k = gr.Slider(1, 20, value=5, step=1, label="Top-K concepts")
+                synonyms = gr.Checkbox(default(Request, "synonyms"), label="Merge WordNet synonyms before comparing",
+                                       elem_id="cf-synonyms", info=missing or None)
+                renormalise = gr.Checkbox(default(Request, "renormalise"),
+                                          label="HistIoU on histograms rescaled to sum 1 (released code)")
+                sum_normalise = gr.Checkbox(default(Request, "sum_normalise"),
+                                            label="Divide an axis' CAS by their sum before MAD (MAD in [0, 1])")
+                min_frequency = gr.Number(default(Request, "min_frequency"),
+                                          label="Drop concepts rarer than this per image")
+                n_boot = gr.Slider(0, 2000, value=default(Request, "n_boot"), step=100,
+                                   label="Bootstrap resamples (0 = no intervals)")
+                top_k = gr.Slider(1, 20, value=default(Request, "top_k"), step=1, label="Top-K concepts")
             go = gr.Button("Generate and compare", variant="primary", elem_id="cf-run")
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="cf-progress")
@@ -77,59 +84,67 @@ def build(engine) -> list:
     state = gr.State({})
     spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
-    def compare_seconds(fill=None, rows=None, n=16, steps=None, **rest):
-        return axes_table.gpu_seconds_for_sets(engine, n, steps, rows, fill)  # ZeroGPU: every set's work
-
-    @gpu(engine, duration=compare_seconds)
-    def compare(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
-                sum_normalise, min_frequency, n_boot, top_k, mode):
-        request = compare_request(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms,
-                                  renormalise, sum_normalise, min_frequency, n_boot, top_k, mode)
-        skip = gr.skip()
-        records: dict[str, list] = {}
-        axes_scores: dict[str, dict] = {}
-        started, notes = time.perf_counter(), []
-        # outputs: progress, mad, cas, table, sets, axes table, pick, state
-        for event in counterfactuals.run(request, engine):
-            if isinstance(event, Images):
-                if event.label.endswith("initial"):
-                    records.clear()       # aggregate mode: show the current prompt's sets only
-                records.setdefault(event.label, []).extend(event.records)
-                yield skip, skip, skip, skip, report.sets_html(records, served_url), skip, skip, skip
-            elif isinstance(event, Progress):
-                eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
-                yield (with_notes(status, notes), skip, skip, skip, skip, skip, skip, skip)
-            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
-                notes.append(event.message)
-            elif isinstance(event, Table) and event.name == "axes":
-                yield skip, skip, skip, skip, skip, event.rows, skip, skip
-            elif isinstance(event, Scores) and event.name.startswith("axis:"):
-                axes_scores[event.values["axis"]] = event.values
-                yield skip, skip, report.cas_html(axes_scores), skip, skip, skip, skip, skip
-            elif isinstance(event, Done):
-                r = event.results
-                choices = set_choices(r)
-                first_cf = next((c[1] for c in choices if "axis=" in c[1]), None)
-                claim = (r.get("headline") or {}).get("text") or (  # issue 16: the claim states how sure it is
-                    f"Most biased axis: {r['mad_order'][0]} (MAD {fmt(r['mad'][r['mad_order'][0]], 2)})")
-                text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
-                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). {claim[0].upper()}{claim[1:]}.")
-                yield (with_notes(text, notes), report.mad_html(r), report.cas_html(report.by_axis(r)),
-                       report.counterfactual_rows(r), skip, skip,
-                       gr.update(choices=choices, value=first_cf), {"results": r, "run_id": event.run_id})
-
-    def show(view, label):
-        return drilldown((view or {}).get("results"), label)
-
+    with_engine = functools.partial   # every handler takes the engine first
+    run = gpu(engine, duration=with_engine(compare_seconds, engine))(with_engine(compare, engine))
     inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, generation["steps"], generation["guidance"],
               caption, synonyms, renormalise, sum_normalise, min_frequency, n_boot, top_k, mode]
     checked(go.click, engine, "counterfactuals", compare_request, inputs=inputs).success(
-        compare, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals").then(
+        run, inputs, [progress, mad, cas, table, sets, editor.table, pick, state], api_name="counterfactuals").then(
         lambda view: spotcheck.checked_html(engine.store, view["run_id"]) if (view or {}).get("run_id") else "",
         [state], [spot["result"]], api_name=False)  # labels of these images checked before: raw beside corrected
-    pick.change(show, [state, pick], [drill, gallery], api_name=False)
+    pick.change(show_set, [state, pick], [drill, gallery], api_name=False)
     return [generation.hook(engine)]
+
+
+# -- handlers: (engine, the inputs' values) -> the outputs' values --------------------------------------------
+OUTPUTS = ("progress", "mad", "cas", "table", "sets", "axes", "pick", "state")   # a run's outputs, in order
+
+
+def compare_seconds(engine, fill=None, rows=None, n=16, steps=None, **rest) -> int:
+    """ZeroGPU seconds of a run: every set's work."""
+    return axes_table.gpu_seconds_for_sets(engine, n, steps, rows, fill)
+
+
+def compare(engine, prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,
+            sum_normalise, min_frequency, n_boot, top_k, mode):
+    """Yields the outputs of a run (OUTPUTS order) as its events arrive; the last names them all."""
+    request = compare_request(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms,
+                              renormalise, sum_normalise, min_frequency, n_boot, top_k, mode)
+    yield from streamed(counterfactuals.run(request, engine), render, OUTPUTS, view=View(kept={"sets": {}, "axes": {}}))
+
+
+def render(event, view: View) -> dict:
+    """{output: value} for one event of a run: the sets as their images arrive, CAS per axis, all at the end."""
+    kept = view.kept
+    if isinstance(event, Images):
+        if event.label.endswith("initial"):
+            kept["sets"].clear()       # aggregate mode: show the current prompt's sets only
+        kept["sets"].setdefault(event.label, []).extend(event.records)
+        return {"sets": report.sets_html(kept["sets"], served_url)}
+    if isinstance(event, Progress):
+        return {"progress": view.progress_text(event)}
+    if isinstance(event, Table) and event.name == "axes":
+        return {"axes": event.rows}
+    if isinstance(event, AxisScores):
+        kept["axes"][event.axis] = event.metrics
+        return {"cas": report.cas_html(kept["axes"])}
+    if isinstance(event, Done):
+        r = event.results
+        choices = set_choices(r)
+        first_cf = next((label for label, cf in r["sets"].items() if cf["axis"] is not None), None)
+        claim = (r.get("headline") or {}).get("text") or (  # issue 16: the claim states how sure it is
+            f"Most biased axis: {r['mad_order'][0]} (MAD {fmt(r['mad'][r['mad_order'][0]], 2)})")
+        text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
+                f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). {claim[0].upper()}{claim[1:]}.")
+        return {"progress": text, "mad": report.mad_html(r), "cas": report.cas_html(report.by_axis(r)),
+                "table": report.counterfactual_rows(r), "pick": gr.update(choices=choices, value=first_cf),
+                "state": {"results": r, "run_id": event.run_id}}
+    return {}
+
+
+def show_set(view, label):
+    """(drill-down, gallery) of the set `label` of the shown run."""
+    return drilldown((view or {}).get("results"), label)
 
 
 def compare_request(prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,

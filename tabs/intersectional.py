@@ -2,23 +2,23 @@
 diverse — the signed sensitivity matrix, the χ²-tested causal graph, one pair up close."""
 from __future__ import annotations
 
-import time
+import functools
 
 import gradio as gr
 
 from engine.methods.axes import parse_targets
 from engine.common.errors import InputError
-from engine.common.events import Done, Progress, Table, Warning
+from engine.common.events import Done, Progress, Table
 from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 
 from . import axes_table
-from .common import checked, gpu, in_order, user_errors, with_notes
+from .common import View, checked, default, gpu, options, streamed, user_errors
 from .optional import generation_fields, number_or_none, optional_number, placeholder
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
-POLICIES = [("drop them (renormalise over the choices)", "drop"),
-            ("count them as 'other', which the target gives 0", "other_bin")]
+POLICY_LABELS = {"drop": "drop them (renormalise over the choices)",
+                 "other_bin": "count them as 'other', which the target gives 0"}
 
 
 def reference_text(ideals: dict) -> str:
@@ -61,33 +61,38 @@ def edge_rows(results: dict) -> list[list]:
 
 
 def build(engine) -> list:
+    Request = intersectional.IntersectionalRequest   # noqa: N806 - the widgets start at its defaults
     with gr.Row():
         with gr.Column(scale=2, min_width=340):
             editor = axes_table.build(engine, "ic", EXAMPLES)
             from_cf = gr.Button("Use the prompt and axes of the latest Counterfactuals run", size="sm",
                                 elem_id="ic-from-cf")
             with gr.Row():
-                n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
+                n = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images per set (N; the thesis uses 48)", elem_id="ic-n")
-                seed = gr.Number(0, label="First seed (the same in every set)", precision=0, elem_id="ic-seed")
+                seed = gr.Number(default(Request, "seed"), label="First seed (the same in every set)", precision=0,
+                                 elem_id="ic-seed")
             targets = gr.Textbox(label="Target distribution D* per axis (uniform when empty)", elem_id="ic-targets",
                                  placeholder="gender: male=50, female=50; age: young=30, middle-aged=40, old=30")
             reference = gr.File(label="…or a real-world reference CSV (columns axis, value, share)",
                                 file_types=[".csv"], elem_id="ic-reference", height=130)
-            policy = gr.Radio(POLICIES, value="drop", label="VQA answers outside an axis' choices",
+            policy = gr.Radio(options(Request, "other_policy", POLICY_LABELS),
+                              value=default(Request, "other_policy"), label="VQA answers outside an axis' choices",
                               elem_id="ic-policy")
             with gr.Accordion("Edges, importance, uncertainty", open=False):
                 levels = intersectional.default_thresholds("auto")
                 (p_one, _), (p_several, is_several) = levels["prompt"], levels["aggregated"]
-                level = gr.Radio(["auto", "prompt", "aggregated"], value="auto", label="χ² thresholds",
+                level = gr.Radio(options(Request, "level"), value=default(Request, "level"), label="χ² thresholds",
                                  info=f"prompt: p < {p_one:g}; aggregated: p < {p_several:g} and |IS| ≥ "
                                       f"{is_several:g}; auto: aggregated when several prompts are filled in")
                 p_default, is_default = threshold_defaults(level.value)
                 p_threshold = optional_number("p threshold", p_default, elem_id="ic-p-threshold")
                 min_abs_is = optional_number("minimum |IS| for an edge", is_default, elem_id="ic-min-is")
-                importance = gr.Radio([("number of kept edges", "count"), ("sum of |IS| over them", "abs_is")],
-                                      value="count", label="MaxImp / MaxInf measured by")
-                n_boot = gr.Slider(0, 1000, value=300, step=100, label="Bootstrap resamples for the IS intervals")
+                importance = gr.Radio(options(Request, "importance", {"count": "number of kept edges",
+                                                                      "abs_is": "sum of |IS| over them"}),
+                                      value=default(Request, "importance"), label="MaxImp / MaxInf measured by")
+                n_boot = gr.Slider(0, 1000, value=default(Request, "n_boot"), step=100,
+                                   label="Bootstrap resamples for the IS intervals")
             with gr.Accordion("Generation settings (empty: the model's defaults)", open=False):
                 negative = gr.Textbox(label="Negative prompt")
                 generation = generation_fields("ic")
@@ -122,45 +127,7 @@ def build(engine) -> list:
 
     outputs = [progress, summary, matrix, graph, edges, questions, editor.table, pair, state]
 
-    def connect_seconds(prompt, table, n, fill=None, *args, steps=None, **kwargs):
-        return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill)  # ZeroGPU: every set's work
-
-    @gpu(engine, duration=connect_seconds)
-    def connect(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto", p_threshold=None,
-                min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None, guidance=None):
-        request = connect_request(prompt, table, n, fill, seed, targets, other_policy, level, p_threshold, min_abs_is,
-                                  importance, n_boot, negative_prompt, steps, guidance)
-        started, notes = time.perf_counter(), []
-        asked, proposed = [], {}
-        # each event updates the outputs it names, yielded in output order (`in_order`); the last yield
-        # names every output of the run (the axes table, an input, only when the LLM proposed it)
-        for event in intersectional.run(request, engine):
-            if isinstance(event, Progress):
-                eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                status = f"**{event.message or event.stage}**{eta} ({time.perf_counter() - started:.1f} s)"
-                yield in_order(outputs, {progress: with_notes(status, notes)})
-            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
-                notes.append(event.message)
-            elif isinstance(event, Table) and event.name == "axes":
-                proposed = {editor.table: event.rows}
-                yield in_order(outputs, proposed)
-            elif isinstance(event, Table) and event.name == "questions":
-                asked = event.rows
-                yield in_order(outputs, {questions: asked})
-            elif isinstance(event, Done):
-                r = event.results
-                axes = r["sensitivity"]["axes"]
-                pairs = [(f"{x} → {y}", f"{x}|{y}") for x in axes for y in axes if x != y]
-                best = intersectional.default_pair(r)     # a kept edge, never a pruned pair
-                text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
-                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-                graph_view = (report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame")
-                              if r["kept_edges"] else NO_EDGE)
-                yield in_order(outputs, {
-                    progress: with_notes(text, notes), summary: report.summary_html(r),
-                    matrix: report.matrix_html(r), graph: graph_view, edges: edge_rows(r), questions: asked,
-                    **proposed, pair: gr.update(choices=pairs, value="|".join(best) if best else None),
-                    state: {"results": r, "run_id": event.run_id}})
+    connect = gpu(engine, duration=functools.partial(connect_seconds, engine))(functools.partial(connect_run, engine))
 
     def show_pair(view, value):
         results = (view or {}).get("results")
@@ -181,6 +148,48 @@ def build(engine) -> list:
     level.change(threshold_placeholders, [level], [p_threshold, min_abs_is], api_name=False, queue=False)
     pair.change(show_pair, [state, pair], [pair_view], api_name=False)
     return [generation.hook(engine)]
+
+
+OUTPUTS = ("progress", "summary", "matrix", "graph", "edges", "questions", "axes", "pair", "state")  # in order
+
+
+def connect_seconds(engine, prompt, table, n, fill=None, *args, steps=None, **kwargs) -> int:
+    """ZeroGPU seconds of a run: every set's work."""
+    return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill)
+
+
+def connect_run(engine, prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto",
+                p_threshold=None, min_abs_is=None, importance="count", n_boot=300, negative_prompt=None, steps=None,
+                guidance=None):
+    """Yields the outputs of a run (OUTPUTS order) as its events arrive; the last names every output
+    of the run (the axes table, an input, only when the LLM proposed it)."""
+    request = connect_request(prompt, table, n, fill, seed, targets, other_policy, level, p_threshold, min_abs_is,
+                              importance, n_boot, negative_prompt, steps, guidance)
+    yield from streamed(intersectional.run(request, engine), render, OUTPUTS)
+
+
+def render(event, view: View) -> dict:
+    """{output: value} for one event of a run: the LLM's axes and questions as they come, all at the end."""
+    if isinstance(event, Progress):
+        return {"progress": view.progress_text(event)}
+    if isinstance(event, Table) and event.name == "axes":
+        return {"axes": event.rows}
+    if isinstance(event, Table) and event.name == "questions":
+        return {"questions": event.rows}
+    if isinstance(event, Done):
+        r = event.results
+        axes = r["sensitivity"]["axes"]
+        pairs = [(f"{x} → {y}", f"{x}|{y}") for x in axes for y in axes if x != y]
+        best = intersectional.default_pair(r)     # a kept edge, never a pruned pair
+        text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
+                f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+        graph_view = (report.iframe(report.graph_from_results(r), elem_id="ic-graph-frame")
+                      if r["kept_edges"] else NO_EDGE)
+        return {"progress": text, "summary": report.summary_html(r), "matrix": report.matrix_html(r),
+                "graph": graph_view, "edges": edge_rows(r),
+                "pair": gr.update(choices=pairs, value="|".join(best) if best else None),
+                "state": {"results": r, "run_id": event.run_id}}
+    return {}
 
 
 def connect_request(prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto",

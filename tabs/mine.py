@@ -2,21 +2,21 @@
 ranked archive, lineage), stoppable and resumable; any stored run (app or CLI) can be opened."""
 from __future__ import annotations
 
+import functools
 import time
 
 import gradio as gr
 
 from engine.common.errors import InputError
-from engine.common.events import Done, Progress, Scores, Warning
+from engine.common.events import Done, Progress
 from engine.methods import mine
 from engine.report import mine as report
 
-from .common import checked, gallery_items, gpu, gpu_seconds_for, user_errors, with_notes
+from .common import (UPDATE_EVERY, View, checked, default, gallery_items, gpu, gpu_seconds_for, in_order, options,
+                     streamed, user_errors)
 
-BIAS_CHOICES = ["open", "socio-demographic", "style", "objects"]
-STRATEGY_CHOICES = [("genetic algorithm (MineTheGap)", "ga"), ("random prompts, same budget (baseline)", "random"),
-                    ("rank the prompts a folder/dataset source holds (no new images)", "source")]
-UPDATE_EVERY = 0.5   # seconds between two progress/population updates of the page
+STRATEGY_LABELS = {"ga": "genetic algorithm (MineTheGap)", "random": "random prompts, same budget (baseline)",
+                   "source": "rank the prompts a folder/dataset source holds (no new images)"}
 STOP_WAIT = 30       # seconds Stop waits for the cancelled run to save its state and close
 NO_DETAILS = "Click a prompt in the archive or the population (or pick one above) to see its images and gap."
 
@@ -35,35 +35,18 @@ def _pick_choices(results: dict) -> list[tuple[str, str]]:
     return [(f"{a['rank']}. {a['score']:.3f}  {a['prompt']}", a["id"]) for a in results.get("archive", [])]
 
 
-class _View:
-    """The latest value of every live output; each event changes some, the rest are skipped."""
+LIVE = ("progress", "chart", "population", "archive", "pick", "state", "runs")   # a run's outputs, in order
 
-    NAMES = ("progress", "chart", "population", "archive", "pick", "state", "runs")
 
-    def __init__(self):
-        self.values = {name: gr.skip() for name in self.NAMES}
-        self.state: dict = {}
-        self.notes: list[str] = []     # the run's warnings, listed under its status line
-
-    def update(self, **changes):
-        if "progress" in changes and self.notes:
-            changes["progress"] = with_notes(changes["progress"], self.notes)
-        for name, value in changes.items():
-            self.values[name] = value
-        return tuple(changes.get(name, gr.skip()) for name in self.NAMES)
-
-    def everything(self):
-        return tuple(self.values[name] for name in self.NAMES)
-
-    def show_results(self, run_id: str, results: dict, status: str, baseline: dict | None = None):
-        iteration = len(results.get("iterations", [])) - 1
-        if results.get("pending"):
-            iteration = results["pending"]["iteration"]
-        self.state = {"run_id": run_id, "results": results}
-        return self.update(progress=report.progress_text(results, run_id, status), chart=report.mine_chart(results, baseline),
-                           population=mine.population_rows(results, max(0, iteration)) if results.get("nodes") else [],
-                           archive=mine.archive_rows(results.get("archive", [])),
-                           pick=gr.update(choices=_pick_choices(results)), state=self.state)
+def results_update(engine, run_id: str, results: dict, status: str, with_baseline: bool = False) -> dict:
+    """{live output: value} showing a stored run's `results` (the random baseline of the same budget
+    drawn beside a GA run `with_baseline`)."""
+    iteration = results["pending"]["iteration"] if results.get("pending") else len(results.get("iterations", [])) - 1
+    baseline = _baseline_for(engine, results) if with_baseline else None
+    return {"progress": report.progress_text(results, run_id, status), "chart": report.mine_chart(results, baseline),
+            "population": mine.population_rows(results, max(0, iteration)) if results.get("nodes") else [],
+            "archive": mine.archive_rows(results.get("archive", [])),
+            "pick": gr.update(choices=_pick_choices(results)), "state": {"run_id": run_id, "results": results}}
 
 
 def _baseline_for(engine, results: dict) -> dict | None:
@@ -82,38 +65,42 @@ def _baseline_for(engine, results: dict) -> dict | None:
 
 def build(engine) -> list:
     """Lay out the tab; returns its page-load hooks as (fn, outputs) pairs."""
+    Request = mine.MineRequest   # noqa: N806 - the widgets start at its defaults
     gr.Markdown("Mine the prompts this model is most biased on: a genetic search over LLM-written prompts "
                 "scored by the MineTheGap gap score (images vs. LLM variations of the prompt).  \n" + report.reconstructed(),
                 elem_id="mine-intro")
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
-            bias = gr.Dropdown(BIAS_CHOICES, value="open", allow_custom_value=True, label="Bias to mine",
-                               info="open-set, or a specific bias (type any axis, e.g. 'hair colour')",
-                               elem_id="mine-bias")
-            strategy = gr.Radio(STRATEGY_CHOICES, value="ga", label="Search", elem_id="mine-strategy")
+            bias = gr.Dropdown(list(mine.BIAS_MODES), value=default(Request, "bias"), allow_custom_value=True,
+                               label="Bias to mine", elem_id="mine-bias",
+                               info="open-set, or a specific bias (type any axis, e.g. 'hair colour')")
+            strategy = gr.Radio(options(Request, "strategy", STRATEGY_LABELS), value=default(Request, "strategy"),
+                                label="Search", elem_id="mine-strategy")
             with gr.Row():
-                iterations = gr.Slider(1, 30, value=5, step=1, label="Iterations T", info="the paper: 30",
-                                       elem_id="mine-T")
-                population = gr.Slider(2, mine.MAX_POPULATION, value=8, step=1, label="Population b",
-                                       elem_id="mine-b")
+                iterations = gr.Slider(1, 30, value=mine.DEFAULT_ITERATIONS, step=1, label="Iterations T",
+                                       info="the paper: 30", elem_id="mine-T")
+                population = gr.Slider(2, mine.MAX_POPULATION, value=default(Request, "population"), step=1,
+                                       label="Population b", elem_id="mine-b")
             with gr.Row():
-                select = gr.Slider(1, 16, value=2, step=1, label="Selected s", elem_id="mine-s")
-                mutations = gr.Slider(1, 8, value=3, step=1, label="Mutations m", info="random r = b − s·m",
-                                      elem_id="mine-m")
-            with gr.Row():
-                n = gr.Slider(2, engine.max_images, value=min(8, engine.max_images), step=1,
+                select = gr.Slider(1, 16, value=default(Request, "select"), step=1, label="Selected s",
+                                   elem_id="mine-s")
+                mutations = gr.Slider(1, 8, value=default(Request, "mutations"), step=1, label="Mutations m",
+                                      info="random r = b − s·m", elem_id="mine-m")
+            with gr.Row():   # the text variations default to N, as in the request
+                n = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images per prompt N", elem_id="mine-n")
-                n_var = gr.Slider(2, engine.max_images, value=min(8, engine.max_images), step=1,
+                n_var = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                                   label="Text variations per prompt", elem_id="mine-nvar")
             with gr.Accordion("Score and search options (reconstructed defaults)", open=False):
-                alpha = gr.Slider(5, 50, value=25, step=5, label="Gap score α (percentile)")
-                combine = gr.Radio(["diff", "missed_only", "mean"], value="diff", label="Gap score combination")
-                keep_parents = gr.Checkbox(False, label="Keep parents (elitism)",
+                alpha = gr.Slider(5, 50, value=default(Request, "alpha"), step=5, label="Gap score α (percentile)")
+                combine = gr.Radio(options(Request, "combine"), value=default(Request, "combine"),
+                                   label="Gap score combination")
+                keep_parents = gr.Checkbox(default(Request, "keep_parents"), label="Keep parents (elitism)",
                                            info="off: the selected prompts are archived and replaced by their "
                                                 "mutations, as in the paper's animation")
                 with gr.Row():
-                    seed = gr.Number(0, label="GA seed", precision=0)
-                    image_seed = gr.Number(0, label="First image seed", precision=0)
+                    seed = gr.Number(default(Request, "seed"), label="GA seed", precision=0)
+                    image_seed = gr.Number(default(Request, "image_seed"), label="First image seed", precision=0)
             budget = gr.Markdown("", elem_id="mine-budget")
             with gr.Row():
                 estimate = gr.Button("Estimate budget", elem_id="mine-estimate")
@@ -144,165 +131,198 @@ def build(engine) -> list:
                        keep_parents, seed, image_seed]
     live_outputs = [progress, chart, population_table, archive_table, pick, state, runs]
 
-    def make_request(bias, strategy, iterations, population, select, mutations, n, n_var, alpha, combine,
-                     keep_parents, seed, image_seed) -> mine.MineRequest:
-        return mine.MineRequest(iterations=int(iterations), population=int(population), select=int(select),
-                                mutations=int(mutations), n=int(n), n_variations=int(n_var), alpha=float(alpha),
-                                combine=combine, keep_parents=bool(keep_parents), bias=(bias or "open").strip(),
-                                strategy=strategy, seed=int(seed or 0), image_seed=int(image_seed or 0))
+    with_engine = functools.partial   # every handler takes the engine first
+    probe = gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 1, llm_calls=2))(  # 1 LLM call, 1 image
+        with_engine(preview, engine))
+    start_run = gpu(engine, duration=with_engine(mine_seconds, engine))(with_engine(start_mining, engine))
+    resume_run = gpu(engine, duration=lambda run_id, iterations: mine_seconds(engine, iterations=iterations))(
+        with_engine(resume_mining, engine))
+    refresh_runs = user_errors(with_engine(runs_update, engine))
 
-    def mine_seconds(iterations=5, population=8, n=8, **rest):
-        # T·b prompts of N images; per prompt an LLM mutation (or a random prompt) and its text variations
-        try:
-            prompts = max(1, int(iterations)) * max(1, int(population))
-        except (TypeError, ValueError):
-            prompts = 40
-        return gpu_seconds_for(engine, n, sets=prompts, llm_calls=2 * prompts)
-
-    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 1, llm_calls=2))   # the probe: 1 LLM call, 1 image
-    def preview(*values):
-        return "**Budget:** " + mine.budget_text(mine.estimate_budget(make_request(*values), engine, probe=True))
-
-    def stream(request: mine.MineRequest):
-        """Run the method and map its events onto the live outputs (frequent ones throttled). Stop marks the
-        run stopped in the store, which this loop reads (on ZeroGPU it runs in `spaces`' worker process),
-        and cancels the event (`cancels=`); either way the method is closed, which keeps its state."""
-        view = _View()
-        events = mine.run(request, engine)
-        population: dict[str, list] = {}
-        run_id, message, started, last, checked = "", "", time.perf_counter(), 0.0, 0.0
-        try:
-            for event in events:
-                if run_id and time.perf_counter() - checked >= UPDATE_EVERY:
-                    checked = time.perf_counter()
-                    record = engine.store.get_run(run_id)
-                    if record is not None and record["status"] == "stopped":
-                        break     # Stop was pressed (in whichever process serves the page)
-                if isinstance(event, Progress):
-                    eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                    message = f"**{event.message or event.stage}**{eta}"
-                elif isinstance(event, Scores) and event.name == "prompt":
-                    node = event.values
-                    if any(row[-1] != node["iteration"] for row in population.values()):
-                        population.clear()
-                    population[node["id"]] = [node["id"], node["prompt"], round(node["score"], 4), node["origin"],
-                                              node.get("parent") or "", node["iteration"]]
-                if isinstance(event, Progress) or (isinstance(event, Scores) and event.name == "prompt"):
-                    if time.perf_counter() - last >= UPDATE_EVERY:    # a few updates a second at most
-                        last = time.perf_counter()
-                        rows = [r[:-1] for r in sorted(population.values(), key=lambda r: r[2])]
-                        yield view.update(progress=f"{message} ({last - started:.1f} s, run `{run_id}`)",
-                                          population=rows)
-                elif isinstance(event, Scores) and event.name == "run":
-                    run_id = event.values["run_id"]
-                    view.state = {"run_id": run_id}
-                    yield view.update(progress=f"**Started** run `{run_id}`", state=view.state)
-                elif isinstance(event, Warning):    # shown with this run, not as a toast over it
-                    view.notes.append(event.message)
-                elif isinstance(event, Scores) and event.name == "iteration":
-                    record = engine.store.get_run(run_id)
-                    if record and record["results"].get("iterations"):
-                        view.show_results(run_id, record["results"], f"Iteration {event.values['iteration'] + 1} done")
-                        yield view.everything()
-                elif isinstance(event, Done):
-                    view.show_results(event.run_id, event.results, "Done", _baseline_for(engine, event.results))
-                    view.values["runs"] = gr.update(choices=_run_choices(engine), value=event.run_id)
-                    yield view.everything()
-        finally:
-            events.close()   # a Stop (or a closed page) marks the run stopped and saves its state
-
-    def _stopped(run_id: str, view: _View):
-        record = engine.store.get_run(run_id)
-        if record is None:
-            return view.update(progress="Stopped.")
-        status = ("Done (it finished before Stop took effect)" if record["status"] == "done"
-                  else "Stopped; everything computed is kept. Resume it below")
-        view.show_results(run_id, record["results"], status)
-        view.values["runs"] = gr.update(choices=_run_choices(engine), value=run_id)
-        return view.everything()
-
-    @gpu(engine, duration=mine_seconds)
-    def start_mining(bias, strategy, iterations, population, select, mutations, n, n_var, alpha, combine,
-                     keep_parents, seed, image_seed):
-        yield from stream(make_request(bias, strategy, iterations, population, select, mutations, n, n_var, alpha,
-                                       combine, keep_parents, seed, image_seed))
-
-    def resume_request(run_id, iterations) -> mine.MineRequest:
-        if not run_id:
-            raise InputError("pick a stored run to resume")
-        stored_T = mine.load_resumable(engine, run_id)["results"]["params"]["T"]   # T only ever grows here
-        return mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T))
-
-    @gpu(engine, duration=lambda run_id, iterations: mine_seconds(iterations=iterations))
-    def resume_mining(run_id, iterations):
-        yield from stream(resume_request(run_id, iterations))
-
-    def stop_mining(view_state):
-        """Stop: marks the visitor's running run stopped in the store (which the process running it, maybe
-        ZeroGPU's worker, reads), waits until that process saved its state, and shows what was kept."""
-        run_id = (view_state or {}).get("run_id")
-        record = engine.store.get_run(run_id) if run_id else None
-        view = _View()
-        if record is None:
-            return view.update(progress="Nothing is running.")
-        if record["status"] != "running":   # e.g. Stop after the run finished: leave its results alone
-            return view.update(progress=f"Nothing is running: run `{run_id}` is {record['status']}.")
-        asked = time.time()
-        engine.store.update_run(run_id, status="stopped")
-        deadline = asked + STOP_WAIT
-        while time.time() < deadline:   # the run's own process saves its state when it closes the run
-            record = engine.store.get_run(run_id)
-            if record is None or record["updated"] > asked + 1e-3:
-                break
-            time.sleep(0.1)
-        return _stopped(run_id, view)
-
-    @user_errors
-    def refresh_runs():
-        return gr.update(choices=_run_choices(engine))
-
-    @user_errors
-    def open_run(run_id):
-        if not run_id:
-            raise InputError("pick a stored run to open")
-        record = mine.load_resumable(engine, run_id)
-        results = record["results"]
-        view = _View()
-        view.show_results(run_id, results, f"Run {record['status']}", _baseline_for(engine, results))
-        p, q = results["params"], results.get("request") or {}
-        settings = [gr.update(value=v) for v in (p["T"], p["b"], p["s"], p["m"], p["n"], p["n_variations"],
-                                                  p["alpha"], p["combine"], p["keep_parents"], p["seed"],
-                                                  p["image_seed"], results.get("strategy", "ga"),
-                                                  q.get("bias") or results.get("bias") or "open")]
-        return (*view.everything()[:-1], *settings, NO_DETAILS, [], "")
-
-    @user_errors
-    def show_prompt(view_state, node_id):
-        results = (view_state or {}).get("results")
-        if not results or not node_id:
-            return NO_DETAILS, [], ""
-        info = mine.prompt_details(engine, results, node_id, view_state["run_id"])
-        head, gap = report.selected_html(info)
-        return head, gallery_items(info["images"]), gap
-
-    def select_row(view_state, evt: gr.SelectData):
-        row = evt.row_value or []
-        results = (view_state or {}).get("results") or {}
-        texts = {str(v) for v in row}
-        node = next((n for n in results.get("nodes", []) if n["id"] in texts or n["prompt"] in texts), None)
-        return gr.update(value=node["id"] if node else None)
-
-    estimate.click(preview, settings_inputs, [budget], api_name="mine_budget")
+    estimate.click(probe, settings_inputs, [budget], api_name="mine_budget")
     start_event = checked(start.click, engine, "mine", make_request, inputs=settings_inputs).success(
-        start_mining, settings_inputs, live_outputs, api_name="mine")
-    resume_event = checked(resume.click, engine, "mine", resume_request, inputs=[runs, iterations]).success(
-        resume_mining, [runs, iterations], live_outputs, api_name="mine_resume")
-    stop.click(stop_mining, [state], live_outputs, cancels=[start_event, resume_event], api_name="mine_stop")
+        start_run, settings_inputs, live_outputs, api_name="mine")
+    resume_event = checked(resume.click, engine, "mine", with_engine(resume_request, engine),
+                           inputs=[runs, iterations]).success(resume_run, [runs, iterations], live_outputs,
+                                                              api_name="mine_resume")
+    stop.click(with_engine(stop_mining, engine), [state], live_outputs, cancels=[start_event, resume_event],
+               api_name="mine_stop")
     refresh.click(refresh_runs, None, [runs], api_name=False)
     restored = [iterations, population, select, mutations, n, n_var, alpha, combine, keep_parents, seed, image_seed,
                 strategy, bias]   # Open restores every setting of the run, not only T
-    open_btn.click(open_run, [runs], live_outputs[:-1] + restored + [lineage, gallery, details], api_name=False)
-    pick.change(show_prompt, [state, pick], [lineage, gallery, details], api_name=False)
+    open_btn.click(user_errors(with_engine(open_run, engine)), [runs],
+                   live_outputs[:-1] + restored + [lineage, gallery, details], api_name=False)
+    pick.change(user_errors(with_engine(show_prompt, engine)), [state, pick], [lineage, gallery, details],
+                api_name=False)
     archive_table.select(select_row, [state], [pick], api_name=False)
     population_table.select(select_row, [state], [pick], api_name=False)
     return [(refresh_runs, [runs])]
+
+
+# -- handlers: (engine, the inputs' values) -> the outputs' values --------------------------------------------
+def make_request(bias, strategy, iterations, population, select, mutations, n, n_var, alpha, combine,
+                 keep_parents, seed, image_seed) -> mine.MineRequest:
+    """The request the form's values make."""
+    return mine.MineRequest(iterations=int(iterations), population=int(population), select=int(select),
+                            mutations=int(mutations), n=int(n), n_variations=int(n_var), alpha=float(alpha),
+                            combine=combine, keep_parents=bool(keep_parents), bias=(bias or "open").strip(),
+                            strategy=strategy, seed=int(seed or 0), image_seed=int(image_seed or 0))
+
+
+def resume_request(engine, run_id, iterations) -> mine.MineRequest:
+    """The request that continues the stored run `run_id` up to `iterations` (T only ever grows here)."""
+    if not run_id:
+        raise InputError("pick a stored run to resume")
+    stored_T = mine.load_resumable(engine, run_id)["results"]["params"]["T"]
+    return mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T))
+
+
+def mine_seconds(engine, iterations=mine.DEFAULT_ITERATIONS, population=default(mine.MineRequest, "population"),
+                 n=default(mine.MineRequest, "n"), **rest) -> int:
+    """ZeroGPU seconds of a run: T·b prompts of N images; per prompt an LLM mutation (or a random
+    prompt) and its text variations."""
+    try:
+        prompts = max(1, int(iterations)) * max(1, int(population))
+    except (TypeError, ValueError):
+        prompts = mine.DEFAULT_ITERATIONS * default(mine.MineRequest, "population")
+    return gpu_seconds_for(engine, n, sets=prompts, llm_calls=2 * prompts)
+
+
+def preview(engine, *values) -> str:
+    """The budget the form's settings imply (the probe may make one LLM call and one image)."""
+    return "**Budget:** " + mine.budget_text(mine.estimate_budget(make_request(*values), engine, probe=True))
+
+
+def start_mining(engine, bias, strategy, iterations, population, select, mutations, n, n_var, alpha, combine,
+                 keep_parents, seed, image_seed):
+    """Yields the live outputs of a new run (LIVE order)."""
+    yield from stream(engine, make_request(bias, strategy, iterations, population, select, mutations, n, n_var,
+                                           alpha, combine, keep_parents, seed, image_seed))
+
+
+def resume_mining(engine, run_id, iterations):
+    """Yields the live outputs of the stored run `run_id` continued up to `iterations`."""
+    yield from stream(engine, resume_request(engine, run_id, iterations))
+
+
+def stream(engine, request: mine.MineRequest):
+    """Run the method and yield its live outputs (LIVE order; tabs.common.streamed). Stop marks the run
+    stopped in the store, which `until_stopped` reads (on ZeroGPU this runs in `spaces`' worker process),
+    and cancels the event (`cancels=`); either way the method is closed, which keeps its state."""
+    view = View()
+    events = until_stopped(engine, mine.run(request, engine), view)
+    yield from streamed(events, functools.partial(render, engine), LIVE,
+                        frequent=(Progress, mine.PromptScored), view=view)
+
+
+def until_stopped(engine, events, view: View):
+    """`events` until the store says their run is stopped (Stop, pressed in whichever process serves
+    the page), read every UPDATE_EVERY seconds; closing this closes the method, which saves its state."""
+    checked_at = 0.0
+    try:
+        for event in events:
+            run_id = view.kept.get("run_id")
+            if run_id and time.perf_counter() - checked_at >= UPDATE_EVERY:
+                checked_at = time.perf_counter()
+                record = engine.store.get_run(run_id)
+                if record is not None and record["status"] == "stopped":
+                    break
+            yield event
+    finally:
+        events.close()   # a Stop (or a closed page) marks the run stopped and saves its state
+
+
+def render(engine, event, view: View) -> dict:
+    """{live output: value} for one event of a run: the status line and the population live, the
+    stored results after each iteration and at the end."""
+    kept = view.kept
+    if isinstance(event, mine.MineStarted):
+        kept["run_id"] = event.run_id
+        return {"progress": f"**Started** run `{event.run_id}`", "state": {"run_id": event.run_id}}
+    if isinstance(event, Progress):
+        eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
+        kept["message"] = f"**{event.message or event.stage}**{eta}"
+    elif isinstance(event, mine.PromptScored):
+        population = kept.setdefault("population", {})
+        if any(row[-1] != event.iteration for row in population.values()):
+            population.clear()
+        node = event.node
+        population[node["id"]] = [node["id"], node["prompt"], round(node["score"], 4), node["origin"],
+                                  node.get("parent") or "", event.iteration]
+    elif isinstance(event, mine.IterationDone):
+        record = engine.store.get_run(kept.get("run_id"))
+        if record and record["results"].get("iterations"):
+            return results_update(engine, kept["run_id"], record["results"], f"Iteration {event.iteration + 1} done")
+        return {}
+    elif isinstance(event, Done):
+        return {**results_update(engine, event.run_id, event.results, "Done", with_baseline=True),
+                "runs": runs_update(engine, picked=event.run_id)}
+    else:
+        return {}
+    rows = [r[:-1] for r in sorted(kept.get("population", {}).values(), key=lambda r: r[2])]
+    return {"progress": f"{kept.get('message', '')} ({time.perf_counter() - view.started:.1f} s, run "
+                        f"`{kept.get('run_id', '')}`)", "population": rows}
+
+
+def stop_mining(engine, view_state):
+    """Stop: marks the visitor's running run stopped in the store (which the process running it, maybe
+    ZeroGPU's worker, reads), waits until that process saved its state, and shows what was kept."""
+    run_id = (view_state or {}).get("run_id")
+    record = engine.store.get_run(run_id) if run_id else None
+    if record is None:
+        return in_order(LIVE, {"progress": "Nothing is running."})
+    if record["status"] != "running":   # e.g. Stop after the run finished: leave its results alone
+        return in_order(LIVE, {"progress": f"Nothing is running: run `{run_id}` is {record['status']}."})
+    asked = time.time()
+    engine.store.update_run(run_id, status="stopped")
+    deadline = asked + STOP_WAIT
+    while time.time() < deadline:   # the run's own process saves its state when it closes the run
+        record = engine.store.get_run(run_id)
+        if record is None or record["updated"] > asked + 1e-3:
+            break
+        time.sleep(0.1)
+    if record is None:
+        return in_order(LIVE, {"progress": "Stopped."})
+    status = ("Done (it finished before Stop took effect)" if record["status"] == "done"
+              else "Stopped; everything computed is kept. Resume it below")
+    return in_order(LIVE, {**results_update(engine, run_id, record["results"], status),
+                           "runs": runs_update(engine, picked=run_id)})
+
+
+def runs_update(engine, picked=None):
+    """The stored runs as the run picker's choices (and the run `picked`)."""
+    return gr.update(choices=_run_choices(engine), **({} if picked is None else {"value": picked}))
+
+
+def open_run(engine, run_id):
+    """A stored run shown as the live outputs would show it, with every setting of the form restored."""
+    if not run_id:
+        raise InputError("pick a stored run to open")
+    record = mine.load_resumable(engine, run_id)
+    results = record["results"]
+    shown = results_update(engine, run_id, results, f"Run {record['status']}", with_baseline=True)
+    p, q = results["params"], results.get("request") or {}
+    settings = [gr.update(value=v) for v in (p["T"], p["b"], p["s"], p["m"], p["n"], p["n_variations"],
+                                              p["alpha"], p["combine"], p["keep_parents"], p["seed"],
+                                              p["image_seed"], results.get("strategy", "ga"),
+                                              q.get("bias") or results.get("bias") or "open")]
+    return (*in_order(LIVE[:-1], shown), *settings, NO_DETAILS, [], "")
+
+
+def show_prompt(engine, view_state, node_id):
+    """(lineage, gallery, gap) of one prompt of the shown run."""
+    results = (view_state or {}).get("results")
+    if not results or not node_id:
+        return NO_DETAILS, [], ""
+    info = mine.prompt_details(engine, results, node_id, view_state["run_id"])
+    head, gap = report.selected_html(info)
+    return head, gallery_items(info["images"]), gap
+
+
+def select_row(view_state, evt: gr.SelectData):
+    """The prompt a click on a row of the archive or the population picks."""
+    row = evt.row_value or []
+    results = (view_state or {}).get("results") or {}
+    texts = {str(v) for v in row}
+    node = next((n for n in results.get("nodes", []) if n["id"] in texts or n["prompt"] in texts), None)
+    return gr.update(value=node["id"] if node else None)

@@ -6,33 +6,28 @@ from __future__ import annotations
 
 import functools
 import json
-import tempfile
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import gradio as gr
 
 from engine.methods.axes import known_axes, parse_targets
 from engine.common.errors import InputError
-from engine.common.events import Done, Images, Progress, Scores, Table, Warning
+from engine.common.events import Done, Progress, Table
 from engine.methods import cfsets, intersectional, mitigate
 from engine.report import mitigate as report
 
 from . import axes_table
-from .common import checked, distinct_captions, gallery_items, gpu, in_order, user_errors, with_notes
-from .intersectional import reference_text
+from .common import (View, checked, default, distinct_captions, export_dir, gallery_items, gpu, options, streamed,
+                     user_errors)
+from .intersectional import POLICY_LABELS, reference_text
 from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a ceo"]
 MAX_AXES = 8
 MODES = ["uniform", "typed percentages", "real-world CSV"]
-POLICIES = [("drop them (renormalise over the choices)", "drop"),
-            ("count them as 'other', which the target gives 0", "other_bin")]
-STRATEGIES = [("InterMit: greedy by the sensitivity matrix, stop below ε", "intermit"),
-              ("baseline: mitigate every axis of B* (no matrix, no early stop)", "all")]
+STRATEGY_LABELS = {"intermit": "InterMit: greedy by the sensitivity matrix, stop below ε",
+                   "all": "baseline: mitigate every axis of B* (no matrix, no early stop)"}
 DEFAULT_PRIORITY = 0.5
-UPDATE_EVERY = 0.5   # seconds between two progress updates of the page
 
 
 @dataclass
@@ -94,13 +89,15 @@ def request_parts(axes: list[str], bstar: list[str], values: list) -> tuple[dict
 
 
 def _export_file(results: dict, run_id: str) -> str:
-    path = Path(tempfile.mkdtemp(prefix="gaplens-mitigate-")) / f"{run_id}.prompt-set.json"
+    """The mitigated prompt set with its weights as a JSON file to download (in an `export_dir`)."""
+    path = export_dir() / f"{run_id}.prompt-set.json"
     path.write_text(json.dumps(results.get("prompt_set") or mitigate.export_prompt_set(results), indent=2,
                                ensure_ascii=False), encoding="utf-8")
     return str(path)
 
 
 def build(engine) -> list:
+    Request = mitigate.MitigateRequest   # noqa: N806 - the widgets start at its defaults
     with gr.Row():
         with gr.Column(scale=2, min_width=360):
             editor = axes_table.build(engine, "mt", EXAMPLES)
@@ -130,17 +127,20 @@ def build(engine) -> list:
                                                 elem_id=f"mt-shares-{i}")
                     slots.append(Slot(group, title, priority, mode, shares))
             with gr.Row():
-                epsilon = gr.Slider(0.01, 1.0, value=mitigate.DEFAULT_EPSILON, step=0.01, label="Threshold ε",
+                epsilon = gr.Slider(0.01, 1.0, value=default(Request, "epsilon"), step=0.01, label="Threshold ε",
                                     elem_id="mt-epsilon", info="stop once τ = ⟨w̄_B*, p⟩ < ε (thesis: 0.35)")
-                n = gr.Slider(2, engine.max_images, value=min(16, engine.max_images), step=1,
+                n = gr.Slider(2, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images per set (N)", elem_id="mt-n")
-                seed = gr.Number(0, label="First seed", precision=0, elem_id="mt-seed")
-            strategy = gr.Radio(STRATEGIES, value="intermit", label="Strategy", elem_id="mt-strategy")
+                seed = gr.Number(default(Request, "seed"), label="First seed", precision=0, elem_id="mt-seed")
+            strategy = gr.Radio(options(Request, "strategy", STRATEGY_LABELS), value=default(Request, "strategy"),
+                                label="Strategy", elem_id="mt-strategy")
             with gr.Accordion("Answers, uncertainty, generation settings", open=False):
-                policy = gr.Radio(POLICIES, value="drop", label="VQA answers outside an axis' choices")
-                n_boot = gr.Slider(0, 1000, value=200, step=100, label="Bootstrap resamples (95% intervals)")
-                tolerance = gr.Slider(0, 0.2, value=0.02, step=0.01, label="Trade-off alert when an axis' w̄ rises by "
-                                      "more than")
+                policy = gr.Radio(options(Request, "other_policy", POLICY_LABELS),
+                                  value=default(Request, "other_policy"), label="VQA answers outside an axis' choices")
+                n_boot = gr.Slider(0, 1000, value=default(Request, "n_boot"), step=100,
+                                   label="Bootstrap resamples (95% intervals)")
+                tolerance = gr.Slider(0, 0.2, value=default(Request, "tradeoff_tolerance"), step=0.01,
+                                      label="Trade-off alert when an axis' w̄ rises by more than")
                 negative = gr.Textbox(label="Negative prompt")
                 generation = generation_fields("mt")
             with gr.Row():
@@ -160,138 +160,22 @@ def build(engine) -> list:
     slot_inputs = {f"{name}_{i}": getattr(s, name) for i, s in enumerate(slots) for name in ("priority", "mode", "shares")}
     priorities = {f"priority_{i}": s.priority for i, s in enumerate(slots)}
 
-    def kept_values(axes, values) -> dict:
-        return {a: tuple(values[3 * i:3 * i + 3]) for i, a in enumerate((axes or [])[:MAX_AXES])}
-
-    def refresh(prompt, rows, axes, chosen, **slot_form):
-        """The table changed: one slot per axis, settings kept by axis name."""
-        found = axes_and_values(prompt, rows)
-        if len(found) > MAX_AXES:
-            gr.Warning(f"only the first {MAX_AXES} axes get a priority and target; the others stay uniform and are "
-                       "not mitigated")
-        names = list(found)[:MAX_AXES]
-        if names == list(axes or []):
-            # the same axes (a cell edit, or a button that already filled the slots): keep every
-            # setting; the slot values this event carries may predate that button's update
-            return gr.skip()
-        kept = kept_values(axes, slot_values(slot_form))
-        chosen = [a for a in (chosen or []) if a in names] if axes else []
-        chosen = chosen or names
-        prios = [kept.get(a, (DEFAULT_PRIORITY,))[0] for a in names]
-        return {axes_state: names, bstar: gr.update(choices=names, value=chosen, visible=bool(names)),
-                **dict(zip(slot_components, slot_updates({a: found[a] for a in names}, kept))),
-                weights: weights_markdown(names, chosen, prios)}
-
-    def show_weights(axes, chosen, **priority_form):
-        return weights_markdown(axes or [], chosen or [], [priority_form[f"priority_{i}"] for i in range(MAX_AXES)])
-
-    @user_errors
-    def load_reference(path, axes):
-        if not path:
-            return gr.skip()
-        shares = intersectional.load_reference_csv(path)
-        missing = set(shares) - set(axes or [])
-        if missing:
-            gr.Warning(f"the CSV names axes not in the table: {', '.join(sorted(missing))}")
-        update = {}
-        for slot, axis in zip(slots, axes or []):
-            if axis in shares:
-                update.update({slot.mode: "real-world CSV",
-                               slot.shares: reference_text({axis: shares[axis]}).split(": ", 1)[1]})
-        return update or gr.skip()
-
-    @user_errors
-    def latest_intersectional():
-        run = next((r for r in engine.store.list_runs("intersectional") if r["status"] == "done"), None)
-        if run is None:
-            raise InputError("no finished Intersectional Matrix run in the store yet")
-        full = engine.store.get_run(run["id"])
-        request, results = full["request"], full["results"]
-        if len(results.get("prompts") or [1]) > 1:
-            gr.Warning("that run filled several prompts; mitigation takes one: keep one fill value")
-        axes = {a: results["values"][a] for a in results["axes"]}
-        names = list(axes)[:MAX_AXES]
-        ideals = request.get("ideals") or {}
-        kept = {a: (DEFAULT_PRIORITY, "typed percentages", reference_text({a: ideals[a]}).split(": ", 1)[1])
-                for a in names if ideals.get(a)}
-        return {editor.prompt: request["prompt"], editor.fill: ", ".join(request.get("fill") or []),
-                editor.table: cfsets.rows_from_axes(results["axes"]), n: request["n"], seed: request["seed"],
-                axes_state: names, bstar: gr.update(choices=names, value=names, visible=True),
-                **dict(zip(slot_components, slot_updates({a: axes[a] for a in names}, kept))),
-                weights: weights_markdown(names, names, [DEFAULT_PRIORITY] * len(names))}
-
     outputs = [progress, preview_box, view, gallery, export, editor.table]
 
-    def mitigate_seconds(preview_only, prompt=None, table=None, n=16, fill=None, steps=None, **rest):
-        # a mitigation generates the prompt sets again (engine.methods.mitigate.estimate); a preview once
-        return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill, runs=1 if preview_only else 2)
+    mitigate_or_preview = gpu(engine, duration=functools.partial(mitigate_seconds, engine))(
+        functools.partial(mitigate_run, engine))
 
-    @gpu(engine, duration=mitigate_seconds)
-    def mitigate_or_preview(preview_only: bool, prompt, table, n, axes_to_mitigate=(), fill=None, seed=0,
-                            epsilon=mitigate.DEFAULT_EPSILON, strategy="intermit", other_policy="drop", n_boot=200,
-                            tradeoff_tolerance=0.02, negative_prompt=None, steps=None, guidance=None, **slot_form):
-        """Both endpoints: the inputs by name (the slots' as priority_i, mode_i, shares_i)."""
-        yield from stream(mitigate_request(preview_only, prompt, table, n, axes_to_mitigate, fill, seed, epsilon,
-                                           strategy, other_policy, n_boot, tradeoff_tolerance, negative_prompt, steps,
-                                           guidance, **slot_form))
-
-    def stream(request):
-        """Run the method; each event updates the outputs it names, yielded in output order (`in_order`);
-        the last names them all."""
-        shown = {progress: "", preview_box: "", view: "", gallery: [], export: None}
-        started = time.perf_counter()
-        sample: dict[int, list] = {}
-        notes: list[str] = []
-        before = engine.stats.images_generated
-        shown_at = 0.0
-        for event in mitigate.run(request, engine):
-            update = {}
-            if isinstance(event, Progress):
-                if time.perf_counter() - shown_at < UPDATE_EVERY:
-                    continue
-                shown_at = time.perf_counter()
-                eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-                update = {progress: with_notes(f"**{event.message or event.stage}**{eta} "
-                                               f"({time.perf_counter() - started:.1f} s)", notes)}
-            elif isinstance(event, Images) and "|axis=" not in event.label and event.label.startswith("step="):
-                step = int(event.label.split("|", 1)[0].split("=", 1)[1])
-                sample.setdefault(step, []).extend(event.records)
-                sampled = sample[max(sample)][:24]
-                update = {gallery: gallery_items(sampled, distinct_captions(sampled))}
-            elif isinstance(event, Warning):    # shown with this result, not as a toast over it
-                notes.append(event.message)
-                update = {progress: with_notes(str(shown[progress]).split("\n\n**Notes")[0], notes)}
-            elif isinstance(event, Table) and event.name == "axes":
-                update = {editor.table: event.rows}
-            elif isinstance(event, Scores) and event.name == "preview":
-                update = {preview_box: report.preview_html(event.values)}
-            elif isinstance(event, Scores) and event.name == "results":
-                update = {view: report.page(event.values, with_preview=False)}
-            elif isinstance(event, Done):
-                r = event.results
-                generated = engine.stats.images_generated - before
-                text = (f"**{mitigate.outcome(r)}**. {generated} image(s) generated, the rest from the store; "
-                        f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-                shown.update({
-                    progress: with_notes(text, notes),
-                    view: report.page(r, with_preview=False), preview_box: report.preview_html(r.get("preview")),
-                    export: _export_file(r, event.run_id) if not request.preview_only else None})
-                yield in_order(outputs, shown)
-            if update:
-                shown.update(update)
-                yield in_order(outputs, update)
-
-    refresh_outputs = [axes_state, bstar, *slot_components, weights]
+    refresh_outputs = [axes_state, bstar, *slot_components, weights]   # `refresh`'s order
     editor.table.change(refresh, inputs_kwargs=dict(prompt=editor.prompt, rows=editor.table, axes=axes_state,
                                                     chosen=bstar, **slot_inputs),
                         outputs=refresh_outputs, api_name=False)
     for trigger in [bstar, *priorities.values()]:
         trigger.change(show_weights, inputs_kwargs=dict(axes=axes_state, chosen=bstar, **priorities), outputs=[weights],
                        api_name=False)
-    reference.upload(load_reference, [reference, axes_state], [s.mode for s in slots] + [s.shares for s in slots],
-                     api_name=False)
-    from_ic.click(latest_intersectional, None, [editor.prompt, editor.fill, editor.table, n, seed, *refresh_outputs],
-                  api_name=False)
+    reference.upload(user_errors(load_reference), [reference, axes_state],
+                     [s.mode for s in slots] + [s.shares for s in slots], api_name=False)
+    from_ic.click(user_errors(functools.partial(latest_intersectional, engine)), None,
+                  [editor.prompt, editor.fill, editor.table, n, seed, *refresh_outputs], api_name=False)
     form = dict(prompt=editor.prompt, fill=editor.fill, table=editor.table, axes_to_mitigate=bstar, n=n, seed=seed,
                 epsilon=epsilon, strategy=strategy, other_policy=policy, n_boot=n_boot, tradeoff_tolerance=tolerance,
                 negative_prompt=negative, **generation.fields, **slot_inputs)
@@ -300,6 +184,122 @@ def build(engine) -> list:
                 inputs_kwargs=form).success(functools.partial(mitigate_or_preview, preview_only), inputs_kwargs=form,
                                             outputs=outputs, api_name=api_name)
     return [generation.hook(engine)]
+
+
+# -- handlers: (engine, the inputs' values) -> the outputs' values --------------------------------------------
+def kept_values(axes, values) -> dict:
+    """{axis: (priority, mode, shares)} of the slots as they stand."""
+    return {a: tuple(values[3 * i:3 * i + 3]) for i, a in enumerate((axes or [])[:MAX_AXES])}
+
+
+def refresh(prompt, rows, axes, chosen, **slot_form):
+    """The table changed: one slot per axis, settings kept by axis name. Returns (axes, B*, every slot's
+    widgets, the normalised priorities)."""
+    found = axes_and_values(prompt, rows)
+    if len(found) > MAX_AXES:
+        gr.Warning(f"only the first {MAX_AXES} axes get a priority and target; the others stay uniform and are "
+                   "not mitigated")
+    names = list(found)[:MAX_AXES]
+    if names == list(axes or []):
+        # the same axes (a cell edit, or a button that already filled the slots): keep every
+        # setting; the slot values this event carries may predate that button's update
+        return gr.skip()
+    kept = kept_values(axes, slot_values(slot_form))
+    chosen = [a for a in (chosen or []) if a in names] if axes else []
+    chosen = chosen or names
+    prios = [kept.get(a, (DEFAULT_PRIORITY,))[0] for a in names]
+    return (names, gr.update(choices=names, value=chosen, visible=bool(names)),
+            *slot_updates({a: found[a] for a in names}, kept), weights_markdown(names, chosen, prios))
+
+
+def show_weights(axes, chosen, **priority_form):
+    """The normalised priorities as the sliders stand."""
+    return weights_markdown(axes or [], chosen or [], [priority_form[f"priority_{i}"] for i in range(MAX_AXES)])
+
+
+def load_reference(path, axes):
+    """Every slot's (mode, then shares) from a real-world reference CSV; unchanged for axes it does not name."""
+    if not path:
+        return gr.skip()
+    shares = intersectional.load_reference_csv(path)
+    missing = set(shares) - set(axes or [])
+    if missing:
+        gr.Warning(f"the CSV names axes not in the table: {', '.join(sorted(missing))}")
+    modes, texts = [gr.skip()] * MAX_AXES, [gr.skip()] * MAX_AXES
+    for i, axis in enumerate((axes or [])[:MAX_AXES]):
+        if axis in shares:
+            modes[i], texts[i] = "real-world CSV", reference_text({axis: shares[axis]}).split(": ", 1)[1]
+    return (*modes, *texts) if any(axis in shares for axis in axes or []) else gr.skip()
+
+
+def latest_intersectional(engine):
+    """The prompt, fill, axes table, N and seed of the newest finished Intersectional run, then what
+    `refresh` returns for its axes with their targets."""
+    run = next((r for r in engine.store.list_runs("intersectional") if r["status"] == "done"), None)
+    if run is None:
+        raise InputError("no finished Intersectional Matrix run in the store yet")
+    full = engine.store.get_run(run["id"])
+    request, results = full["request"], full["results"]
+    if len(results.get("prompts") or [1]) > 1:
+        gr.Warning("that run filled several prompts; mitigation takes one: keep one fill value")
+    axes = {a: results["values"][a] for a in results["axes"]}
+    names = list(axes)[:MAX_AXES]
+    ideals = request.get("ideals") or {}
+    kept = {a: (DEFAULT_PRIORITY, "typed percentages", reference_text({a: ideals[a]}).split(": ", 1)[1])
+            for a in names if ideals.get(a)}
+    return (request["prompt"], ", ".join(request.get("fill") or []), cfsets.rows_from_axes(results["axes"]),
+            request["n"], request["seed"], names, gr.update(choices=names, value=names, visible=True),
+            *slot_updates({a: axes[a] for a in names}, kept),
+            weights_markdown(names, names, [DEFAULT_PRIORITY] * len(names)))
+
+
+OUTPUTS = ("progress", "preview", "view", "gallery", "export", "axes")   # a run's outputs, in order
+
+
+def mitigate_seconds(engine, preview_only, prompt=None, table=None, n=16, fill=None, steps=None, **rest) -> int:
+    """ZeroGPU seconds: a mitigation generates the prompt sets again (engine.methods.mitigate.estimate); a preview once."""
+    return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill, runs=1 if preview_only else 2)
+
+
+def mitigate_run(engine, preview_only: bool, prompt, table, n, axes_to_mitigate=(), fill=None, seed=0,
+                 epsilon=mitigate.DEFAULT_EPSILON, strategy="intermit", other_policy="drop", n_boot=200,
+                 tradeoff_tolerance=0.02, negative_prompt=None, steps=None, guidance=None, **slot_form):
+    """Both endpoints (the inputs by name; the slots' as priority_i, mode_i, shares_i): yields the outputs
+    (OUTPUTS order) as the events arrive; the last names them all."""
+    request = mitigate_request(preview_only, prompt, table, n, axes_to_mitigate, fill, seed, epsilon, strategy,
+                               other_policy, n_boot, tradeoff_tolerance, negative_prompt, steps, guidance, **slot_form)
+    view = View(shown={"progress": "", "preview": "", "view": "", "gallery": [], "export": None},
+                kept={"request": request, "sample": {}, "stats": engine.stats,
+                      "generated_before": engine.stats.images_generated})
+    yield from streamed(mitigate.run(request, engine), render, OUTPUTS, view=view)
+
+
+def render(event, view: View) -> dict:
+    """{output: value} for one event of a run: a sample of the prompt set in use, the results after every
+    measurement, the preview, the prompt set to download at the end."""
+    kept = view.kept
+    if isinstance(event, Progress):
+        return {"progress": view.progress_text(event)}
+    if isinstance(event, mitigate.PromptSetImages):
+        sample = kept["sample"]
+        sample.setdefault(event.step, []).extend(event.records)
+        sampled = sample[max(sample)][:24]
+        return {"gallery": gallery_items(sampled, distinct_captions(sampled))}
+    if isinstance(event, Table) and event.name == "axes":
+        return {"axes": event.rows}
+    if isinstance(event, mitigate.PreviewReady):
+        return {"preview": report.preview_html(event.preview)}
+    if isinstance(event, mitigate.Measured):
+        return {"view": report.page(event.results, with_preview=False)}
+    if isinstance(event, Done):
+        r = event.results
+        generated = kept["stats"].images_generated - kept["generated_before"]
+        text = (f"**{mitigate.outcome(r)}**. {generated} image(s) generated, the rest from the store; "
+                f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+        return {"progress": text, "view": report.page(r, with_preview=False),
+                "preview": report.preview_html(r.get("preview")),
+                "export": None if kept["request"].preview_only else _export_file(r, event.run_id)}
+    return {}
 
 
 def slot_values(slot_form: dict) -> list:

@@ -3,8 +3,7 @@ delete, export, import, and user-study packs. Thin: engine/runs/history.py, engi
 engine/tools/study.py do the work; engine/report draws the runs as their tabs show them."""
 from __future__ import annotations
 
-import shutil
-import tempfile
+import functools
 import time
 from pathlib import Path
 
@@ -21,28 +20,10 @@ from engine.report import runs as runs_page
 from engine.report import study as study_page
 
 from . import spotcheck
-from .common import gallery_items, user_errors
+from .common import export_dir, gallery_items, user_errors
 
 HEADERS = ["run", "method", "prompt", "generator", "date", "headline score", "status"]
 ALL = "all"
-
-
-EXPORTS = Path(tempfile.gettempdir()) / "gaplens-exports"
-EXPORT_MAX_AGE_S = 3600
-
-
-def _export_dir() -> Path:
-    """A fresh directory for one download under the system temp dir (Gradio copies what a
-    handler returns into its own cache and serves it from there); folders older than an hour
-    are removed first, so exports do not pile up."""
-    EXPORTS.mkdir(parents=True, exist_ok=True)
-    for old in EXPORTS.iterdir():
-        try:
-            if time.time() - old.stat().st_mtime > EXPORT_MAX_AGE_S:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError:
-            pass
-    return Path(tempfile.mkdtemp(prefix="export-", dir=EXPORTS))
 
 
 def _ids(selected) -> list[str]:
@@ -59,7 +40,6 @@ def _choice_label(row: dict) -> str:
 
 def build(engine) -> list:
     """Lay out the tab; returns its page-load hooks as (fn, outputs) pairs."""
-    store = engine.store
     gr.Markdown("Every run in the store, from the app or the command line (`python -m engine ...`). "
                 "Click a row to open it and add it to the selection; select two or more to compare them, "
                 "export them or build a user study from their image sets.")
@@ -134,111 +114,12 @@ def build(engine) -> list:
         analyse_btn = gr.Button("Analyse", elem_id="study-analyse")
         analysis = gr.HTML(elem_id="study-analysis-out")
 
-    # -- handlers --------------------------------------------------------------------------------
-    @user_errors
-    def list_runs(search, method, status, sort, selected, page=1):
-        shown = runs.list_page(store, search or "", None if method in (None, "", ALL) else method,
-                               None if status in (None, "", ALL) else status, sort or "newest", int(page or 1))
-        rows = shown["rows"]
-        data = [[r["id"], r["method"], r["prompt"], r["generator"], r["date"], r["headline"],
-                 r["status"] + (" · published" if engine.public and r["published"] else "")] for r in rows]
-        keep = [s for s in _ids(selected) if store.get_run(s) is not None]
-        where = f" (page {shown['page']} of {shown['pages']})" if shown["pages"] > 1 else ""
-        return (data, gr.Dropdown(choices=[(_choice_label(r), r["id"]) for r in rows], value=keep),
-                gr.Dropdown(choices=[ALL, *shown["methods"]]),
-                f"{len(rows)} of {shown['total']} run(s) shown{where}; {store.count_runs()} in the store.")
+    with_engine = functools.partial   # every handler takes the engine first
+    list_runs = user_errors(with_engine(runs_list, engine))
+    open_selected = user_errors(with_engine(open_run, engine))
 
-    def load():
-        return list_runs("", ALL, ALL, "newest", [])[:3]
-
-    @user_errors
-    def open_run(selected):
-        ids = _ids(selected)
-        if not ids:
-            raise InputError("pick a run first: click a row of the table")
-        opened = runs_page.open_run(store, ids[-1])
-        records = [r for r, _ in opened["records"]]
-        labels = [f"seed {r.seed}" + (f" · {label}" if label else "") for r, label in opened["records"]]
-        return opened["html"] + spotcheck.checked_html(store, ids[-1]), gallery_items(records, labels)
-
-    def click_row(selected, evt: gr.SelectData):
-        row = evt.row_value or []
-        if not row:
-            return gr.skip(), gr.skip(), gr.skip()
-        ids = _ids(selected)
-        if row[0] not in ids:
-            ids.append(row[0])
-        html, items = open_run([row[0]])
-        return gr.Dropdown(value=ids), html, items
-
-    @user_errors
-    def compare(selected):
-        comparison_ = runs.compare_runs(store, _ids(selected))
-        return runs_page.compare_html(comparison_, store)
-
-    @user_errors
-    def delete(selected, confirmed, keep):
-        ids = _ids(selected)
-        if not ids:
-            raise InputError("pick the runs to delete first")
-        if not confirmed:
-            raise InputError("tick 'Yes, delete the selected runs' first")
-        removed = runs.delete_runs(store, ids, keep_images=bool(keep))
-        text = (f"Deleted {removed['runs']} run(s) and {removed['images']} image(s) no other run used."
-                + (f" Not found: {', '.join(removed['missing'])}." if removed["missing"] else ""))
-        return gr.Dropdown(value=[]), False, text, "", []
-
-    def exporter(fmt):
-        @user_errors
-        def run_export(selected):
-            ids = _ids(selected)
-            if not ids:
-                raise InputError("pick the runs to export first")
-            stem = safe_stem(ids[0]) if len(ids) == 1 else f"gaplens-{len(ids)}-runs-{time.strftime('%Y%m%d-%H%M%S')}"
-            engine.charge(what=f"export {fmt}", export_bytes=store.runs_usage(ids))   # public: bytes an hour
-            out = _export_dir()
-            if fmt == "scores":
-                paths = (export.export_files(store, ids, "json", out / f"{stem}.scores.json")
-                         + export.export_files(store, ids, "csv", out / f"{stem}.scores.csv"))
-            else:
-                paths = export.export_files(store, ids, fmt, out / f"{stem}.{fmt}")
-            return paths, f"Exported {len(ids)} run(s): " + ", ".join(Path(p).name for p in paths)
-        return run_export
-
-    @user_errors
-    def do_import(path):
-        if not path:
-            raise InputError("upload an exported .zip first")
-        report = import_zip(store, path)
-        text = (f"Imported {len(report['imported'])} run(s) ({report['images_added']} new image(s), "
-                f"{report['answers']} VQA answers, {report['embeddings']} embeddings)"
-                + (f"; already in the store: {', '.join(report['skipped'])}" if report["skipped"] else "") + ".")
-        return gr.Dropdown(value=report["imported"]), text
-
-    @user_errors
-    def build_study(selected, question, axis, per_set, seed, raters, checks):
-        ids = _ids(selected)
-        if not ids:
-            raise InputError("select the runs whose image sets the study compares")
-        pack = study.build_pack(engine, ids, question=question, axis=axis or "overall",
-                                images_per_set=int(per_set), seed=int(seed or 0),
-                                n_raters=int(raters) if raters else None, n_attention=int(checks))
-        path = study.write_pack(pack, _export_dir() / f"study-{safe_stem(question)}-seed{int(seed or 0)}.zip",
-                                study_page.form_page(pack))
-        summary = study.pack_summary(pack)
-        missing = summary["sets"] - summary["sets_with_automatic_score"]
-        note = (f"\n\n{missing} set(s) have no automatic score for this question; Spearman will leave them out."
-                if missing else "")
-        return path, f"**Study pack built**: {summary['text']}{note}"
-
-    @user_errors
-    def analyse(key_path, answer_paths, exclude_inattentive):
-        if not key_path:
-            raise InputError("upload the study pack zip (or its answer_key.json) first")
-        if not answer_paths:
-            raise InputError("upload the answers CSV file(s)")
-        texts = study.read_answers(answer_paths if isinstance(answer_paths, list) else [answer_paths])
-        return study_page.analysis_html(study.analyse(study.load_key(key_path), texts, bool(exclude_inattentive)))
+    def click_row(selected, evt: gr.SelectData):   # Gradio passes the event data by this annotation
+        return add_clicked(engine, selected, evt)
 
     list_inputs = [search, method, status, sort, selected, page]
     list_outputs = [table, selected, method, message]
@@ -247,19 +128,131 @@ def build(engine) -> list:
         trigger(list_runs, list_inputs, list_outputs, api_name=False)
     table.select(click_row, [selected], [selected, view, gallery], api_name=False)
     clear.click(lambda: gr.Dropdown(value=[]), None, [selected], api_name=False)
-    open_btn.click(open_run, [selected], [view, gallery], api_name="runs_open")
-    compare_btn.click(compare, [selected], [comparison], api_name="runs_compare")
-    def relist(*values):      # after delete/import: refresh the table, keep the action's message
-        return list_runs(*values)[:3]
-
-    delete_btn.click(delete, [selected, confirm, keep_images], [selected, confirm, message, view, gallery],
-                     api_name="runs_delete").then(relist, list_inputs, list_outputs[:3], api_name=False)
-    json_btn.click(exporter("scores"), [selected], [files, message], api_name="runs_export_scores")
-    zip_btn.click(exporter("zip"), [selected], [files, message], api_name="runs_export_zip")
-    html_btn.click(exporter("html"), [selected], [files, message], api_name="runs_export_html")
-    import_btn.click(do_import, [upload], [selected, message], api_name="runs_import").then(
-        relist, list_inputs, list_outputs[:3], api_name=False)
-    build_btn.click(build_study, [selected, question, axis, per_set, seed, raters, checks], [pack_file, pack_info],
+    open_btn.click(open_selected, [selected], [view, gallery], api_name="runs_open")
+    compare_btn.click(user_errors(with_engine(compare, engine)), [selected], [comparison], api_name="runs_compare")
+    relist = dict(fn=lambda *values: list_runs(*values)[:3], inputs=list_inputs, outputs=list_outputs[:3],
+                  api_name=False)   # after delete/import: refresh the table, keep the action's message
+    delete_btn.click(user_errors(with_engine(delete, engine)), [selected, confirm, keep_images],
+                     [selected, confirm, message, view, gallery], api_name="runs_delete").then(**relist)
+    for button, fmt in ((json_btn, "scores"), (zip_btn, "zip"), (html_btn, "html")):
+        button.click(user_errors(with_engine(export_runs, engine, fmt)), [selected], [files, message],
+                     api_name=f"runs_export_{fmt}")
+    import_btn.click(user_errors(with_engine(import_runs, engine)), [upload], [selected, message],
+                     api_name="runs_import").then(**relist)
+    build_btn.click(user_errors(with_engine(build_study, engine)),
+                    [selected, question, axis, per_set, seed, raters, checks], [pack_file, pack_info],
                     api_name="study_build")
-    analyse_btn.click(analyse, [key_file, answer_files, exclude], [analysis], api_name="study_analyse")
-    return [(load, [table, selected, method])]
+    analyse_btn.click(user_errors(analyse), [key_file, answer_files, exclude], [analysis], api_name="study_analyse")
+    return [(lambda: list_runs("", ALL, ALL, "newest", [])[:3], [table, selected, method])]
+
+
+# -- handlers: (engine, the inputs' values) -> the outputs' values --------------------------------------------
+def runs_list(engine, search, method, status, sort, selected, page=1):
+    """(table rows, the selection kept, the method filter's choices, a count line) of one page of runs."""
+    store = engine.store
+    shown = runs.list_page(store, search or "", None if method in (None, "", ALL) else method,
+                           None if status in (None, "", ALL) else status, sort or "newest", int(page or 1))
+    rows = shown["rows"]
+    data = [[r["id"], r["method"], r["prompt"], r["generator"], r["date"], r["headline"],
+             r["status"] + (" · published" if engine.public and r["published"] else "")] for r in rows]
+    keep = [s for s in _ids(selected) if store.get_run(s) is not None]
+    where = f" (page {shown['page']} of {shown['pages']})" if shown["pages"] > 1 else ""
+    return (data, gr.Dropdown(choices=[(_choice_label(r), r["id"]) for r in rows], value=keep),
+            gr.Dropdown(choices=[ALL, *shown["methods"]]),
+            f"{len(rows)} of {shown['total']} run(s) shown{where}; {store.count_runs()} in the store.")
+
+
+def open_run(engine, selected):
+    """(page, gallery) of the last selected run, as its tab shows it."""
+    ids = _ids(selected)
+    if not ids:
+        raise InputError("pick a run first: click a row of the table")
+    opened = runs_page.open_run(engine.store, ids[-1])
+    records = [r for r, _ in opened["records"]]
+    labels = [f"seed {r.seed}" + (f" · {label}" if label else "") for r, label in opened["records"]]
+    return opened["html"] + spotcheck.checked_html(engine.store, ids[-1]), gallery_items(records, labels)
+
+
+def add_clicked(engine, selected, evt: gr.SelectData):
+    """(selection, page, gallery): the clicked row's run added to the selection and opened."""
+    row = evt.row_value or []
+    if not row:
+        return gr.skip(), gr.skip(), gr.skip()
+    ids = _ids(selected)
+    if row[0] not in ids:
+        ids.append(row[0])
+    html, items = open_run(engine, [row[0]])
+    return gr.Dropdown(value=ids), html, items
+
+
+def compare(engine, selected):
+    """The selected runs' scores side by side."""
+    return runs_page.compare_html(runs.compare_runs(engine.store, _ids(selected)), engine.store)
+
+
+def delete(engine, selected, confirmed, keep):
+    """Deletes the selected runs (and the images no other run uses, unless `keep`)."""
+    ids = _ids(selected)
+    if not ids:
+        raise InputError("pick the runs to delete first")
+    if not confirmed:
+        raise InputError("tick 'Yes, delete the selected runs' first")
+    removed = runs.delete_runs(engine.store, ids, keep_images=bool(keep))
+    text = (f"Deleted {removed['runs']} run(s) and {removed['images']} image(s) no other run used."
+            + (f" Not found: {', '.join(removed['missing'])}." if removed["missing"] else ""))
+    return gr.Dropdown(value=[]), False, text, "", []
+
+
+def export_runs(engine, fmt: str, selected):
+    """(files, message): the selected runs exported as `fmt` (scores: JSON + CSV; zip; html)."""
+    store = engine.store
+    ids = _ids(selected)
+    if not ids:
+        raise InputError("pick the runs to export first")
+    stem = safe_stem(ids[0]) if len(ids) == 1 else f"gaplens-{len(ids)}-runs-{time.strftime('%Y%m%d-%H%M%S')}"
+    engine.charge(what=f"export {fmt}", export_bytes=store.runs_usage(ids))   # public: bytes an hour
+    out = export_dir()
+    if fmt == "scores":
+        paths = (export.export_files(store, ids, "json", out / f"{stem}.scores.json")
+                 + export.export_files(store, ids, "csv", out / f"{stem}.scores.csv"))
+    else:
+        paths = export.export_files(store, ids, fmt, out / f"{stem}.{fmt}")
+    return paths, f"Exported {len(ids)} run(s): " + ", ".join(Path(p).name for p in paths)
+
+
+def import_runs(engine, path):
+    """(selection, message): the runs of an exported zip added to the store and selected."""
+    if not path:
+        raise InputError("upload an exported .zip first")
+    report = import_zip(engine.store, path)
+    text = (f"Imported {len(report['imported'])} run(s) ({report['images_added']} new image(s), "
+            f"{report['answers']} VQA answers, {report['embeddings']} embeddings)"
+            + (f"; already in the store: {', '.join(report['skipped'])}" if report["skipped"] else "") + ".")
+    return gr.Dropdown(value=report["imported"]), text
+
+
+def build_study(engine, selected, question, axis, per_set, seed, raters, checks):
+    """(pack zip, summary) of a user study over the selected runs' image sets."""
+    ids = _ids(selected)
+    if not ids:
+        raise InputError("select the runs whose image sets the study compares")
+    pack = study.build_pack(engine, ids, question=question, axis=axis or "overall",
+                            images_per_set=int(per_set), seed=int(seed or 0),
+                            n_raters=int(raters) if raters else None, n_attention=int(checks))
+    path = study.write_pack(pack, export_dir() / f"study-{safe_stem(question)}-seed{int(seed or 0)}.zip",
+                            study_page.form_page(pack))
+    summary = study.pack_summary(pack)
+    missing = summary["sets"] - summary["sets_with_automatic_score"]
+    note = (f"\n\n{missing} set(s) have no automatic score for this question; Spearman will leave them out."
+            if missing else "")
+    return path, f"**Study pack built**: {summary['text']}{note}"
+
+
+def analyse(key_path, answer_paths, exclude_inattentive):
+    """The study's analysis from its answer key and the participants' answer CSVs."""
+    if not key_path:
+        raise InputError("upload the study pack zip (or its answer_key.json) first")
+    if not answer_paths:
+        raise InputError("upload the answers CSV file(s)")
+    texts = study.read_answers(answer_paths if isinstance(answer_paths, list) else [answer_paths])
+    return study_page.analysis_html(study.analyse(study.load_key(key_path), texts, bool(exclude_inattentive)))

@@ -10,7 +10,7 @@ import pytest
 
 from engine.core.engine import Engine
 from engine.common.errors import InputError
-from engine.common.events import Done, Progress, Scores
+from engine.common.events import Done, Progress
 from engine.methods import compare_models
 from engine.models.presets import SYNTHETIC_TABLE
 
@@ -71,7 +71,7 @@ def test_single_prompt_on_two_generators_recovers_the_planted_difference(engine,
     generators = [{m for m in s if m.startswith("synthetic_generator")} for s in loaded]
     assert max(len(g) for g in generators) == 1
     assert any(isinstance(e, Progress) and e.message.startswith(other) for e in events)
-    assert [e.values["generator"] for e in events if isinstance(e, Scores) and e.name == "model"] == ["synthetic", other]
+    assert [e.generator for e in events if isinstance(e, compare_models.ModelDone)] == ["synthetic", other]
 
 
 def test_counterfactuals_use_one_set_of_axes_for_every_model(engine, flipped_world):

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from engine.common.errors import InputError, LLMOutputError
-from engine.common.events import Images, Scores, Table
+from engine.common.events import AxisScores, Headline, Images, Table
 from engine.methods import cfsets
 from engine.methods.cfsets import SetSpec
 from engine.methods.measure import resample_weights
-from engine.methods.counterfactuals import (CounterfactualsRequest, axis_scores, cas_rows, compare, concept_set, run,
-                                            tibet_question)
+from engine.methods.counterfactuals import (CounterfactualsRequest, InitialMeasured, axis_scores, cas_rows, compare,
+                                            concept_set, run, tibet_question)
 from engine.metrics import tibet
 
 from runhelpers import done_event
@@ -187,7 +187,9 @@ def test_planted_gender_bias_gives_higher_mad_and_favours_the_male_counterfactua
     assert labels[0] == "initial" and labels[1] == "axis=gender|cf=a photo of a male firefighter"
     assert {im["seed"] for im in biased["sets"]["axis=age|cf=a photo of an old firefighter"]["images"]} == set(range(32))
     assert "man" in [w for w, _ in biased["sets"]["initial"]["axis_top_k"]["gender"]]
-    assert [e.name for e in events if isinstance(e, Scores)] == ["initial", "axis:gender", "axis:age", "headline"]
+    measured = [e for e in events if isinstance(e, (InitialMeasured, AxisScores, Headline))]
+    assert [type(e) for e in measured] == [InitialMeasured, AxisScores, AxisScores, Headline]
+    assert [e.axis for e in measured[1:3]] == ["gender", "age"] and measured[0].label == "initial"
 
 
 def test_llm_axes_aggregate_mode_and_the_store(engine):

@@ -13,7 +13,6 @@ from waiting import wait_until
 
 from engine.core.engine import Engine
 from engine.common.errors import InputError
-from engine.common.events import Scores
 from engine.methods import mine
 from engine.methods.mine import MineRequest, search
 from runhelpers import done_event
@@ -180,9 +179,9 @@ def test_stop_then_resume_regenerates_nothing_and_matches_an_uninterrupted_run(t
     engine = Engine("colour", data_dir=str(tmp_path / "stopped"))
     events, run_id, seen = mine.run(request, engine), None, 0
     for event in events:                       # stop in the middle of the second iteration
-        if isinstance(event, Scores) and event.name == "run":
-            run_id = event.values["run_id"]
-        if isinstance(event, Scores) and event.name == "prompt" and event.values["iteration"] == 1:
+        if isinstance(event, mine.MineStarted):
+            run_id = event.run_id
+        if isinstance(event, mine.PromptScored) and event.iteration == 1:
             seen += 1
             if seen == 3:
                 break
@@ -271,6 +270,41 @@ def app_url(engine):
 
 
 MINE_ARGS = ["open", "ga", 2, 6, 2, 2, 4, 4, 25, "diff", False, 0, 0]
+
+
+def test_the_tabs_handlers_are_functions_of_the_engine_and_the_forms_values(engine):
+    import pickle
+
+    from tabs import mine as tab
+
+    updates = list(tab.start_mining(engine, *MINE_ARGS))
+    assert len(updates) > 4 and all(len(update) == len(tab.LIVE) for update in updates)
+    assert pickle.loads(pickle.dumps(updates)) is not None    # what crosses ZeroGPU's process boundary
+    final = dict(zip(tab.LIVE, updates[-1]))
+    run_id = final["state"]["run_id"]
+    assert "Done" in final["progress"] and engine.store.get_run(run_id)["status"] == "done"
+    scores = [row[2] for row in final["population"]]
+    assert len(scores) == 6 and scores == sorted(scores)
+    opened = dict(zip(tab.LIVE, tab.open_run(engine, run_id)))
+    assert opened["state"]["run_id"] == run_id and run_id in opened["progress"]
+    stopped = dict(zip(tab.LIVE, tab.stop_mining(engine, {"run_id": run_id})))
+    assert f"run `{run_id}` is done" in stopped["progress"] and engine.store.get_run(run_id)["status"] == "done"
+
+
+def test_the_live_population_is_the_current_iterations_most_biased_first(engine):
+    from tabs import mine as tab
+    from tabs.common import View
+
+    def scored(iteration, i, score):
+        node = {"id": f"p{i}", "prompt": f"prompt {i}", "score": score, "origin": "random", "parent": None}
+        return tab.render(engine, mine.PromptScored(iteration, node), view)
+
+    view = View()
+    assert tab.render(engine, mine.MineStarted("r1", "ga", {}), view)["state"] == {"run_id": "r1"}
+    scored(0, 0, 0.5)
+    assert [row[0] for row in scored(0, 1, 0.2)["population"]] == ["p1", "p0"]
+    update = scored(1, 2, 0.9)     # a new iteration's population replaces the last one
+    assert [row[0] for row in update["population"]] == ["p2"] and "run `r1`" in update["progress"]
 
 
 def test_mining_streams_through_the_api(app_url, engine):

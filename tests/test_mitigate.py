@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.common.errors import InputError
-from engine.common.events import Scores, Warning
+from engine.common.events import Warning
 from engine.metrics import biasconnect as bc
 from engine.methods import mitigate as mt
 from engine.report import page_for
@@ -134,7 +134,9 @@ def test_priorities_reach_epsilon_in_fewer_steps_than_mitigating_every_axis(engi
     assert r["prompt_set"]["prompts"] == [{"prompt": "a photo of a male doctor", "weight": 0.5, "values": {"gender": "male"}},
                                           {"prompt": "a photo of a female doctor", "weight": 0.5,
                                            "values": {"gender": "female"}}]
-    assert any(isinstance(e, Scores) and e.name == "step" for e in events)
+    assert [e.record["axis"] for e in events if isinstance(e, mt.StepDone)] == [s["axis"] for s in r["steps"]]
+    steps_shown = {e.step for e in events if isinstance(e, mt.PromptSetImages)}
+    assert steps_shown == set(range(len(r["steps"]) + 1))   # the base prompt's set and every step's
 
     everything, _ = run(engine, priorities=p, strategy="all")
     assert [s["axis"] for s in everything["steps"]] == ["gender", "age"] and everything["mit_steps"] == 1

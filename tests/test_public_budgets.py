@@ -20,7 +20,7 @@ from engine.runs import history as runs
 from engine.tools import study
 from engine.core.engine import Engine
 from engine.common.errors import InputError, OverBudgetError, StoreError
-from engine.common.events import Scores, Warning
+from engine.common.events import Warning
 from engine.runs.imports import import_zip
 from engine.hosting.limits import Budget
 from engine.methods import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt
@@ -104,9 +104,9 @@ def test_a_mine_resume_is_priced_with_its_runs_settings(tmp_path):
     with access.acting_as(A):
         events, run_id = mine.run(request, engine), None
         for event in events:                 # stop once the first iteration is done
-            if isinstance(event, Scores) and event.name == "run":
-                run_id = event.values["run_id"]
-            if isinstance(event, Scores) and event.name == "prompt" and event.values["iteration"] == 1:
+            if isinstance(event, mine.MineStarted):
+                run_id = event.run_id
+            if isinstance(event, mine.PromptScored) and event.iteration == 1:
                 break
         events.close()
         engine.budget.images = 16            # the 2 iterations left: 2·4·2 = 16 (the defaults would price 384)

@@ -1,7 +1,7 @@
 """Single Prompt on the synthetic world: planted biases come back out of the metrics."""
 import pytest
 
-from engine.common.events import Images, Scores
+from engine.common.events import AxisScores, Images
 from engine.methods.single_prompt import SinglePromptRequest, run
 
 from runhelpers import done_event
@@ -45,9 +45,9 @@ def test_reference_distribution_changes_kl_and_bias_amplification(engine, plante
 def test_results_stream_in_order_and_rerun_is_served_from_the_store(engine, planted):
     _, events = measure(engine, "a photo of a nurse", n=16)
     kinds = [type(e).__name__ for e in events]
-    assert kinds.index("Images") < kinds.index("Scores") < kinds.index("Done")
-    names = [e.name for e in events if isinstance(e, Scores)]
-    assert names[:3] == ["axis:gender", "axis:age", "axis:skin tone"] and "gap" in names
+    assert kinds.index("Images") < kinds.index("AxisScores") < kinds.index("Done")
+    assert [e.axis for e in events if isinstance(e, AxisScores)][:3] == ["gender", "age", "skin tone"]
+    assert "GapMeasured" in kinds
     generated, llm_calls = engine.stats.images_generated, engine.stats.llm_calls
     again, events = measure(engine, "a photo of a nurse", n=16)
     assert engine.stats.images_generated == generated and engine.stats.llm_calls == llm_calls

@@ -23,7 +23,7 @@ import time
 
 from ..common.encoding import json_default
 from ..common.errors import GapLensError
-from ..common.events import Done, Progress, Scores, Warning
+from ..common.events import Done, Progress, Warning
 from ..methods import METHODS
 from ..methods.compare_models import AUDITS
 from .compare import add_generators
@@ -114,8 +114,6 @@ class ProgressPrinter:
             sys.stderr.flush()
         elif isinstance(event, Warning):
             sys.stderr.write(f"\nwarning: {event.message}\n")
-        elif isinstance(event, Scores) and not isinstance(event.values, dict):
-            pass
 
 
 def main(argv=None) -> int:

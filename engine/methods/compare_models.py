@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 
 from ..backends.base import ModelSpec
 from ..common.errors import GapLensError, InputError
-from ..common.events import Done, Progress, Scores, Table, Warning
+from ..common.events import Done, Event, Progress, Table, Warning
 from ..common.names import short_label
 from ..common.scores import Score, difference, is_missing
 from ..core.engine import Engine, Run, recorded
@@ -25,6 +25,23 @@ from ..hosting.limits import Estimate
 from . import cfsets
 
 AUDITS = ("single_prompt", "counterfactuals", "intersectional")   # the methods it compares (rows of METHODS)
+
+
+@dataclass(frozen=True)
+class ModelDone(Event):
+    """The run of model `index` (`generator`, its label) finished: its run id and results."""
+
+    index: int
+    generator: str
+    run_id: str
+    results: dict
+
+
+@dataclass(frozen=True)
+class Compared(Event):
+    """The runs side by side (results["comparison"])."""
+
+    comparison: dict
 
 
 @dataclass
@@ -108,8 +125,7 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
                 if isinstance(event, Done):
                     results["runs"].append(event.run_id)
                     results["results"].append(event.results)
-                    yield Scores("model", {"index": i, "generator": label, "run_id": event.run_id,
-                                           "results": event.results})
+                    yield ModelDone(i, label, event.run_id, event.results)
                 else:
                     yield _tagged(event, label)
         except GapLensError as exc:
@@ -118,7 +134,7 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
     if specs[-1] != own:
         engine.models.unload_unpinned(specs[-1])
     results["comparison"] = side_by_side(request.method, results["results"], labels)
-    yield Scores("comparison", results["comparison"])
+    yield Compared(results["comparison"])
     summary = {"method": request.method, "generators": labels, "runs": results["runs"]}
     yield run.finish(results, summary)
 

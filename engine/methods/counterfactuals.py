@@ -39,7 +39,7 @@ from typing import TypedDict
 import numpy as np
 
 from ..common.errors import InputError
-from ..common.events import Progress, Scores, Table, Warning
+from ..common.events import AxisScores, Event, Headline, Progress, Table, Warning
 from ..common.scores import Score, as_interval, finite_or_none, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded
@@ -59,6 +59,27 @@ from .options import settle_settings
 MODES = ("paper", "reference")   # the same words as the T2I-BiasBench metrics' modes
 DEFAULT_MODE = "paper"
 OPTIONS = ("caption", "synonyms", "min_frequency", "renormalise", "sum_normalise")   # the concept and CAS choices
+
+
+@dataclass(frozen=True)
+class InitialMeasured(Event):
+    """The initial set of `prompt` (set `label`) is measured: its Top-K concepts, over all answers
+    and per axis."""
+
+    prompt: str
+    label: str
+    top_k: list
+    axis_top_k: dict
+
+
+@dataclass(frozen=True)
+class Aggregated(Event):
+    """Aggregate mode: MAD per axis (with its interval and order) from CAS averaged over the prompts."""
+
+    mad: dict
+    mad_ci: dict
+    mad_order: list
+    counterfactuals: list
 
 
 @dataclass
@@ -360,8 +381,8 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     Yields: Table("axes") when the LLM proposed the axes; Warning for dropped
     counterfactuals, unexpected settings (settings_notes) and flagged images;
     Table("questions"); Images and Progress per set;
-    Scores("initial") per prompt, Scores("axis:<name>") per axis, Scores("aggregate") in
-    aggregate mode; one Done. `request.mode` picks the paper's or the released code's CAS and
+    InitialMeasured per prompt, AxisScores per axis (and prompt), Aggregated in aggregate mode;
+    Headline; one Done. `request.mode` picks the paper's or the released code's CAS and
     MAD; the other mode's point values are added at the end (`modes`, from the stored answers).
     Results: CounterfactualsResults.
     """
@@ -411,8 +432,8 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     for p, prompt in enumerate(prompts):
         initial_spec, *cf_specs = [s for s in specs if s.prompt_index == p]
         initial = yield from measure(initial_spec)
-        yield Scores("initial", {"prompt": prompt, "label": initial_spec.label,
-                                 **{k: results["sets"][initial_spec.label][k] for k in ("top_k", "axis_top_k")}})
+        initial_set = results["sets"][initial_spec.label]
+        yield InitialMeasured(prompt, initial_spec.label, initial_set["top_k"], initial_set["axis_top_k"])
         scored = {}
         for axis, group in groupby(cf_specs, key=lambda s: s.axis):
             cfs, cf_sets = [], []
@@ -428,8 +449,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
                     for c, value in zip(cfs, values):
                         c.setdefault("cas_per_question", {})[q_axis] = value
             scored[axis] = {"cfs": cfs, **axis_scores(cfs, request.sum_normalise, request.mode)}
-            yield Scores(f"axis:{axis}", {"prompt": prompt, "axis": axis, **_public(scored[axis]),
-                                          "counterfactuals": [_public(c) for c in cfs]})
+            yield AxisScores(axis, {**_public(scored[axis]), "counterfactuals": [_public(c) for c in cfs]}, prompt)
         per_prompt.append(scored)
         results["per_prompt"][prompt] = summarise(scored, request.n, request.mode)
         run_record.save(results)
@@ -441,9 +461,9 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
         averaged = {axis: _average([s[axis]["cfs"] for s in per_prompt]) for axis in axes}
         results.update(summarise({axis: {"cfs": cfs, **axis_scores(cfs, request.sum_normalise, request.mode)}
                                   for axis, cfs in averaged.items()}, request.n, request.mode))
-        yield Scores("aggregate", {k: results[k] for k in ("mad", "mad_ci", "mad_order", "counterfactuals")})
+        yield Aggregated(*(results[k] for k in ("mad", "mad_ci", "mad_order", "counterfactuals")))
     if results.get("headline"):
-        yield Scores("headline", results["headline"])
+        yield Headline(results["headline"])
     other = MODES[1 - MODES.index(request.mode)]
     results["modes"] = {request.mode: own_mode_scores(results), other: mode_scores(results, other)}
     summary = {"prompts": len(prompts), "sets": len(specs), "n": request.n, "mode": request.mode,

@@ -34,7 +34,7 @@ from typing import TypedDict
 import numpy as np
 
 from ..common.errors import InputError
-from ..common.events import Graph, Progress, Scores, Warning
+from ..common.events import Event, Graph, Progress, Warning
 from ..common.scores import is_missing, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded
@@ -49,6 +49,13 @@ from .options import settle_settings
 
 LEVELS = ("auto", "prompt", "aggregated")
 IMPORTANCE = ("count", "abs_is")
+
+
+@dataclass(frozen=True)
+class SensitivityMeasured(Event):
+    """The sensitivity matrix, its χ² edges and intervals: the run's results (IntersectionalResults)."""
+
+    results: dict
 
 
 @dataclass
@@ -182,7 +189,7 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     counterfactuals, unexpected settings (settings_notes), one-counterfactual axes, ignored
     ideals and answers outside the choices;
     Table("questions"); Images and Progress while each set is generated and asked about;
-    Progress("sensitivity"); Scores("sensitivity", results); Graph("biasgraph"); one Done.
+    Progress("sensitivity"); SensitivityMeasured; Graph("biasgraph"); one Done.
     Results: IntersectionalResults.
     """
     # 1. Check the request; settle the prompts, axes and image sets (cfsets.prepare).
@@ -202,7 +209,7 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     results = measure(request, prompts, axes, specs, values, questions, ideals, answers)
     results.update(settings=settings.__dict__, seeds=seeds)
     # 5. Report: the scores, the graph, the record.
-    yield Scores("sensitivity", results)
+    yield SensitivityMeasured(results)
     yield Graph("biasgraph", [{"id": a} for a in axes], results["kept_edges"])
     yield run_record.finish(results, summarise(results))
 

@@ -32,7 +32,7 @@ import numpy as np
 from ..backends.base import GenerationSettings
 from ..backends.llm_json import as_string_list
 from ..common.errors import GapLensError, InputError, LLMOutputError
-from ..common.events import Images, Progress, Scores, Table, Warning
+from ..common.events import Event, Images, Progress, Table, Warning
 from ..common.llm_prompts import mutations_prompt, random_prompts_prompt
 from ..common.scores import number
 from ..core.distributed import distributed_image_sets
@@ -58,6 +58,38 @@ BIAS_MODES = {
     "style": ("the art style and medium", None),
     "objects": ("the objects present and their colours", "an object with a colour"),
 }
+
+
+@dataclass(frozen=True)
+class MineStarted(Event):
+    """The run `run_id` started (or continues `resumed_from`) with `strategy` and `params`
+    (MineResults["params"])."""
+
+    run_id: str
+    strategy: str
+    params: dict
+    resumed_from: str | None = None
+
+
+@dataclass(frozen=True)
+class PromptScored(Event):
+    """A prompt of the population of iteration `iteration` got its gap score: `node` is its node
+    (id, prompt, score and its terms, origin, parent)."""
+
+    iteration: int
+    node: dict
+
+
+@dataclass(frozen=True)
+class IterationDone(Event):
+    """Iteration `iteration` finished: `record` (population, selected, best, mean), the best score
+    per iteration and the best so far (the chart's two lines), and the archive."""
+
+    iteration: int
+    record: dict
+    best_per_iteration: list
+    best_so_far: list
+    archive: list
 
 
 @dataclass
@@ -171,8 +203,8 @@ def effective_request(request: MineRequest, engine: Engine) -> MineRequest:
         raise InputError("the gap score needs at least 2 images per prompt")
     if not 0 <= request.alpha <= 100:
         raise InputError(f"alpha is a percentile between 0 and 100, got {request.alpha}")
-    if request.combine not in ("diff", "missed_only", "mean"):
-        raise InputError(f"combine must be diff, missed_only or mean, not '{request.combine}'")
+    if request.combine not in COMBINATIONS:
+        raise InputError(f"combine must be one of {', '.join(COMBINATIONS)}, not '{request.combine}'")
     return request
 
 
@@ -313,7 +345,7 @@ class Miner:
             node["flagged"] = flagged
         self.details[node["id"]] = gap
         self.scored_here += 1
-        yield Scores("prompt", {"iteration": t, **node})
+        yield PromptScored(t, dict(node))
 
     def _images_and_gap(self, prompt: str):
         """(image records, compact gap result, reason it was not scored); served from this
@@ -369,8 +401,7 @@ class Miner:
         self.details = {i: d for i, d in self.details.items() if i in keep}
         self.pending = None
         self.save(force=True)
-        yield Scores("iteration", {**record, "best_per_iteration": self.best_per_iteration(),
-                                   "best_so_far": self.best_so_far(), "archive": self.archive()})
+        yield IterationDone(t, dict(record), self.best_per_iteration(), self.best_so_far(), self.archive())
         yield Table("population", POPULATION_COLUMNS, population_rows(self.results(), t))
         yield Table("archive", ARCHIVE_COLUMNS, archive_rows(self.archive()))
 
@@ -626,8 +657,8 @@ def run(request: MineRequest, engine: Engine, run_record: Run):
 
     Request: MineRequest (b, s, m, T, N, variations, gap-score settings, bias mode, strategy,
     seeds, generator settings, resume).
-    Yields: Scores("run") first; Progress("llm") while the LLM writes prompts; per prompt
-    Images, Scores("prompt") and Progress; per iteration Scores("iteration") and
+    Yields: MineStarted first; Progress("llm") while the LLM writes prompts; per prompt
+    Images, PromptScored and Progress; per iteration IterationDone and
     Table("population"), Table("archive"); Warning for unexpected settings
     (settings_notes), unscored prompts and LLM trouble;
     one Done.
@@ -636,8 +667,7 @@ def run(request: MineRequest, engine: Engine, run_record: Run):
     # 1. Resolve the request (a resumed run's settings and state).
     request, stored = resolve(request, engine)
     miner = Miner(request, engine, run_record, stored)
-    yield Scores("run", {"run_id": run_record.id, "resumed_from": request.resume, "strategy": request.strategy,
-                         "params": miner.results()["params"]})
+    yield MineStarted(run_record.id, request.strategy, miner.results()["params"], request.resume)
     yield from settle_settings(request, engine)   # its notes (the Miner has the same settings)
     # 2. The search (Miner.steps: score, select, mutate, inject random prompts; spec A.4).
     yield from miner.steps()

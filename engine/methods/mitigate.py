@@ -76,7 +76,7 @@ from typing import Hashable, Sequence, TypedDict
 import numpy as np
 
 from ..common.errors import InputError
-from ..common.events import Progress, Scores, Warning
+from ..common.events import Event, Images, Progress, Warning
 from ..common.scores import finite_or_none, number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, Run, recorded, stream_image_set
@@ -131,6 +131,35 @@ def outcome(results: dict) -> str:
     return f"Done, {verdict}: {stop.get('message', '')}; {len(results.get('steps') or [])} step(s), {tau}"
 
 
+
+
+@dataclass(frozen=True)
+class PromptSetImages(Images):
+    """Images of the prompt set of step `step` (0: the base prompt's), not of a counterfactual set
+    that measures the sensitivity."""
+
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Measured(Event):
+    """The run's results so far (MitigateResults), after every measurement of a prompt set."""
+
+    results: dict
+
+
+@dataclass(frozen=True)
+class PreviewReady(Event):
+    """The steps the first sensitivity matrix predicts (results["preview"])."""
+
+    preview: dict
+
+
+@dataclass(frozen=True)
+class StepDone(Event):
+    """One mitigation step done: its record (results["steps"][-1])."""
+
+    record: dict
 
 
 @dataclass
@@ -358,8 +387,9 @@ class Measurer:
         self.records: dict[str, list] = {}
         self.outside = dict.fromkeys(setup.axes, 0)
 
-    def sets(self, specs: list[tuple[SetSpec, int]], stage: str):
-        """Generate and answer every (spec, number of images) (use `yield from`)."""
+    def sets(self, specs: list[tuple[SetSpec, int]], stage: str, step: int | None = None):
+        """Generate and answer every (spec, number of images) (use `yield from`); the images of the
+        prompt set of step `step`, when given, as PromptSetImages."""
         total = sum(k for _, k in specs)
         done = 0
         # Under `accelerate launch` every rank generates its share of the missing images first.
@@ -367,8 +397,9 @@ class Measurer:
             (spec.prompt, list(range(self.request.seed, self.request.seed + k)), self.settings) for spec, k in specs])
         for spec, k in specs:
             seeds = list(range(self.request.seed, self.request.seed + k))
-            records = yield from stream_image_set(self.engine, self.run_record, spec.prompt, seeds, self.settings,
-                                                  label=spec.label, progress_offset=done, progress_total=total)
+            records = yield from _of_step(step, stream_image_set(
+                self.engine, self.run_record, spec.prompt, seeds, self.settings, label=spec.label,
+                progress_offset=done, progress_total=total))
             done += k
             valid = [r for r in records if not r.nsfw]
             if len(valid) < len(records):
@@ -391,7 +422,7 @@ class Measurer:
         counts = self.setup.counts(comps, self.request.n)
         specs = [(SetSpec(f"step={step}|prompt={c.prompt}", c.prompt, 0), k) for c, k in zip(comps, counts) if k]
         stage = "initial images" if step == 0 else f"step {step}: images of the mitigated prompt set"
-        yield from self.sets(specs, stage)
+        yield from self.sets(specs, stage, step)
         specs = [s for s, _ in specs]
         if not any(self.records[s.label] for s in specs):
             raise InputError("every image of the prompt set was flagged by the safety checker; nothing to measure")
@@ -678,7 +709,7 @@ def _tradeoffs(before: dict, after: dict, tolerance: float, step: int) -> list[d
 
 
 class MitigateResults(TypedDict, total=False):
-    """What a Mitigate run stores (`Done.results`; also streamed as Scores("results") after
+    """What a Mitigate run stores (`Done.results`; also streamed as Measured after
     every measurement). States and steps carry w̄ and τ with 95% intervals ([low, high])."""
 
     prompt: str                                 # the base prompt
@@ -757,8 +788,9 @@ def run(request: MitigateRequest, engine: Engine, run_record: Run):
     Yields: Table("axes") when the LLM proposed the axes; Warning for dropped counterfactuals,
     unexpected settings (settings_notes), single-value axes, ignored ideals/priorities,
     trade-offs, approximate product prompts, quality drops and answers outside the choices;
-    Table("questions"); Images and Progress while sets are generated; Scores("results") after every measurement, Scores("preview")
-    after the first matrix, Scores("step") per step; one Done.
+    Table("questions"); Images (PromptSetImages for a step's prompt set) and Progress while sets are
+    generated; Measured after every measurement, PreviewReady after the first matrix, StepDone per
+    step; one Done.
     Results: MitigateResults.
     """
     # 1. Check the request; settle axes, questions, D*, B* and p (spec §4.2).
@@ -809,7 +841,7 @@ class Mitigation:
         self.states.append(state)
         self.results["states"].append(_public(state))
         self.run_record.save(self.results)
-        yield Scores("results", self.results)
+        yield Measured(self.results)
         if state["tau"] < self.epsilon and self.request.strategy == "intermit":
             self.reason = "below_threshold"
             self.results["preview"] = {"tau0": state["tau"], "epsilon": self.epsilon, "steps": [],
@@ -852,7 +884,7 @@ class Mitigation:
         self.results["sensitivity"].append({"step": step, "candidates": candidates, **matrix_dict(s), "gamma": gammas})
         if step == 1:
             self.results["preview"] = preview(s, self.setup.priorities, self.epsilon, candidates)
-            yield Scores("preview", self.results["preview"])
+            yield PreviewReady(self.results["preview"])
         if self.request.preview_only:
             self.reason = "preview"
             return None
@@ -890,8 +922,8 @@ class Mitigation:
         results["states"].append(_public(state))
         results["mitigated"] = list(self.mitigated)
         self.run_record.save(results)
-        yield Scores("step", record)
-        yield Scores("results", results)
+        yield StepDone(record)
+        yield Measured(results)
 
     def conclude(self):
         """The stop, final τ/w̄, per-axis report, MitAmt/MitSteps, quality checks, the exported
@@ -949,6 +981,19 @@ def _predicted_tau(predicted: dict | None, priorities: dict) -> float | None:
     if not predicted or any(predicted.get(a) is None for a in priorities):
         return None
     return bc.weighted_bias(predicted, priorities)
+
+
+def _of_step(step: int | None, events):
+    """`events` (a generator; returns what it returns) with their Images as PromptSetImages of `step`."""
+    if step is None:
+        return (yield from events)
+    while True:
+        try:
+            event = next(events)
+        except StopIteration as finished:
+            return finished.value
+        yield PromptSetImages(event.records, event.label, event.done, event.total, step) if isinstance(
+            event, Images) else event
 
 
 def _records(measure: Measurer, step: int) -> list:

@@ -15,7 +15,7 @@ from typing import TypedDict
 import numpy as np
 
 from ..common.errors import InputError
-from ..common.events import Progress, Scores, Table, Warning
+from ..common.events import AxisScores, Event, Headline, Progress, Table, Warning
 from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..hosting.limits import Estimate
 from ..metrics import biasbench
@@ -30,6 +30,20 @@ from .measure import SCALAR_METRICS, axis_metrics_with_ci, gap_for_images
 from .options import GenerationOptions, settle_settings
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
+
+
+@dataclass(frozen=True)
+class DiversityMeasured(Event):
+    """Vendi score and mean pairwise similarity of the images' embeddings (results["diversity"])."""
+
+    diversity: dict
+
+
+@dataclass(frozen=True)
+class GapMeasured(Event):
+    """The prompt's MineTheGap gap score and its missed interpretations (results["gap"]; spec A.3)."""
+
+    gap: dict
 
 
 @dataclass
@@ -107,7 +121,7 @@ def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis]
         metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")
         draws[axis.name] = metrics.pop("_draws")
         results["axes"][axis.name] = metrics
-        yield Scores(f"axis:{axis.name}", metrics)
+        yield AxisScores(axis.name, metrics)
     return answers_by_axis, draws
 
 
@@ -151,8 +165,8 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     metric mode, gap-score settings, interval settings, Top-K).
     Yields: Warning for an over-long prompt, unexpected settings
     (settings_notes) and flagged images; Images and Progress while
-    generating; Progress("vqa") and Scores("axis:<name>") per axis (again after images are
-    added); Scores("headline"); Scores("diversity"); Progress("gap") and Scores("gap") (when
+    generating; Progress("vqa") and AxisScores per axis (again after images are
+    added); Headline; DiversityMeasured; Progress("gap") and GapMeasured (when
     `gap`); Table("top_concepts"); one Done.
     Results: SinglePromptResults.
     """
@@ -211,7 +225,7 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
                        f"adding images until N = {more} (the first {n} come from the cache)")
         n = more
     results["headline"] = most_biased_axis(results["axes"], draws)
-    yield Scores("headline", results["headline"])
+    yield Headline(results["headline"])
     results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
     run_record.save(results)
 
@@ -221,7 +235,7 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
                  "mean_pairwise_similarity": mean_pairwise_similarity(image_emb), "n": len(valid),
                  "embedder": engine.model_id("embedder")}
     results["diversity"] = diversity
-    yield Scores("diversity", diversity)
+    yield DiversityMeasured(diversity)
 
     # 4. MineTheGap gap score (reconstruction, spec A.3).
     if request.gap:
@@ -229,7 +243,7 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
         gap_result = gap_for_images(engine, prompt, valid, image_emb, n_var, request.alpha, request.combine,
                                     seed=request.seed)
         results["gap"] = gap_result
-        yield Scores("gap", gap_result)
+        yield GapMeasured(gap_result)
         run_record.save(results)
 
     # 5. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8), as whole

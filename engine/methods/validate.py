@@ -23,7 +23,7 @@ import numpy as np
 
 from ..backends.base import ModelSpec
 from ..common.errors import InputError
-from ..common.events import Done, Progress, Scores
+from ..common.events import AxisScores, Done, Progress
 from ..core.engine import Engine
 from ..hosting import backend_choices
 from ..hosting.limits import Estimate
@@ -349,7 +349,7 @@ def run(request: ValidateRequest, engine: Engine):
         raise InputError(f"run {request.run} ({results['method']}) has no evaluator labels to check; Single Prompt "
                          "and Counterfactuals runs have")
     for name, out in results["axes"].items():
-        yield Scores(f"axis:{name}", out)
+        yield AxisScores(name, out)
     if request.compare_vqa:
         results["comparison"] = compare_evaluators(engine, request.run, request.compare_vqa, request.seed)
     summary = {name: _summary_line(out) for name, out in results["axes"].items()}
