@@ -27,6 +27,7 @@ from engine.common.events import Done, Warning
 from engine.methods import generate
 
 KEY = "sk-local-test-key-123"
+GATE_WAIT = 2.0   # s a gated request waits for the others: a client sending one at a time pays it per call
 
 
 def png_bytes(colour) -> bytes:
@@ -45,9 +46,10 @@ class FakeApi:
 
     def __init__(self):
         self.requests = []             # (method, path, headers, body)
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.inflight = 0
         self.max_inflight = 0
+        self.gate = 0                  # hold each POST until this many are in flight (or GATE_WAIT passes)
         self.failures = {}             # prompt -> list of (status, headers, body) to send before succeeding
         self.require_key = None
         self.delay = 0.0
@@ -89,6 +91,8 @@ def make_handler(api: FakeApi):
             with api.lock:
                 api.inflight += 1
                 api.max_inflight = max(api.max_inflight, api.inflight)
+                api.lock.notify_all()
+                api.lock.wait_for(lambda: api.inflight >= api.gate, timeout=GATE_WAIT)
             try:
                 self._answer(body)
             finally:
@@ -307,11 +311,13 @@ def test_the_api_call_budget_is_checked_before_any_call(api, data_dir, capsys):
 
 
 def test_concurrency_is_bounded(api):
-    api.delay = 0.05
+    # Each request waits at the server until two are in flight, then stays a little longer: calls sent
+    # one at a time never overlap (peak 1), and a third concurrent call would be seen (peak 3).
+    api.gate, api.delay = 2, 0.05
     gen, _ = images_backend(api, concurrency=2)
     outs = gen.generate("a teacher", list(range(6)), SETTINGS)
     assert len(outs) == 6 and [o.seed for o in outs] == list(range(6))
-    assert 1 <= api.max_inflight <= 2
+    assert api.max_inflight == 2
 
 
 # -- Hugging Face inference (self-hosted route through InferenceClient) ------------------------------
