@@ -31,11 +31,6 @@ from tests import tiny_models
 PROMPT = "a photo of a doctor"
 
 
-@pytest.fixture(scope="session")
-def tiny(tmp_path_factory) -> dict[str, ModelSpec]:
-    return tiny_models.build_all(tmp_path_factory.mktemp("tiny-models"))
-
-
 @pytest.fixture(scope="module")
 def generator(tiny):
     return load_backend(tiny["generator"])

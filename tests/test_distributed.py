@@ -89,8 +89,8 @@ def generated_keys(lines) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory):
-    return tiny_models.build_tiny_sd(tmp_path_factory.mktemp("tiny-sd"))
+def tiny_sd(tiny_root):
+    return tiny_models.build_tiny_sd(tiny_root)
 
 
 @pytest.fixture(scope="module")

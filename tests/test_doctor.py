@@ -27,10 +27,10 @@ def test_without_weights_or_hub_doctor_says_so_and_exits_1(tmp_path, monkeypatch
     assert "memory        FAIL" in capsys.readouterr().out
 
 
-def test_with_weights_present_the_self_test_runs_on_the_astronaut(tmp_path):
+def test_with_weights_present_the_self_test_runs_on_the_astronaut(tiny_root):
     pytest.importorskip("skimage")
-    models = {"generator": tiny_models.build_tiny_sd(tmp_path), "embedder": tiny_models.build_tiny_clip_hf(tmp_path),
-              "llm": tiny_models.build_tiny_chat_llm(tmp_path), "vqa": tiny_models.build_tiny_blip_vqa(tmp_path)}
+    models = {"generator": tiny_models.build_tiny_sd(tiny_root), "embedder": tiny_models.build_tiny_clip_hf(tiny_root),
+              "llm": tiny_models.build_tiny_chat_llm(tiny_root), "vqa": tiny_models.build_tiny_blip_vqa(tiny_root)}
     checks = {c.name: c for c in diagnose("sd-turbo", device="cpu", **models)}
     assert checks["weights"].status == "pass"
     assert checks["self-test generation"].status == "pass"

@@ -36,8 +36,8 @@ def hub_cache(cache: Path, repo: str, folder: Path | None = None, files=()) -> P
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
+def tiny(tiny_root):
+    root = tiny_root
     return root, {"nsfw": tiny_models.build_tiny_sd(root, name="tiny-sd-nsfw", flag_everything=True),
                   "chat": tiny_models.build_tiny_chat_llm(root), "clip": tiny_models.build_tiny_clip_hf(root)}
 

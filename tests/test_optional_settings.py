@@ -38,8 +38,8 @@ def notes_of(events) -> list[str]:
     return [e.message for e in events if isinstance(e, Warning)]
 
 
-def test_few_steps_or_no_guidance_on_a_model_made_for_more_is_said_with_the_result(tmp_path, data_dir):
-    engine = Engine("synthetic", data_dir=data_dir, generator=tiny_models.build_tiny_sd(tmp_path))
+def test_few_steps_or_no_guidance_on_a_model_made_for_more_is_said_with_the_result(tiny_root, data_dir):
+    engine = Engine("synthetic", data_dir=data_dir, generator=tiny_models.build_tiny_sd(tiny_root))
     defaults = engine.default_settings()           # Stable Diffusion 1.x: 30 steps, guidance 7.5
     assert (defaults.steps, defaults.guidance) == (30, 7.5)
     few = notes_of(generate(GenerateRequest("a photo of a doctor", n=1, steps=1, guidance=0.0), engine))

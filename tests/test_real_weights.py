@@ -296,8 +296,8 @@ def test_flux_on_24gb_is_refused_before_loading_with_the_plans_sentence(fake_loa
     assert sequential.context == {}                                              # the option itself decides
 
 
-def test_fp8_storage_and_the_out_of_memory_advice_on_the_real_loader(tmp_path, data_dir):
-    tiny = tiny_models.build_tiny_sd(tmp_path)
+def test_fp8_storage_and_the_out_of_memory_advice_on_the_real_loader(tiny_root, data_dir):
+    tiny = tiny_models.build_tiny_sd(tiny_root)
     fp8 = ModelSpec("diffusers", tiny.model, {"storage_dtype": "fp8"})
     generator = load_backend(fp8)
     assert torch.float8_e4m3fn in {p.dtype for p in generator.pipe.unet.parameters()}
@@ -364,11 +364,11 @@ def _parameters(backend):
     return [p for m in modules if m is not None for p in m.parameters()]
 
 
-def test_every_real_backend_moves_all_of_its_weights(tmp_path):
-    specs = [tiny_models.build_tiny_sd(tmp_path, name="with-checker", flag_everything=True),
-             tiny_models.build_tiny_chat_llm(tmp_path), tiny_models.build_tiny_blip_vqa(tmp_path),
-             tiny_models.build_tiny_clip_hf(tmp_path), tiny_models.build_tiny_open_clip(tmp_path),
-             tiny_models.build_tiny_vlm(tmp_path)]
+def test_every_real_backend_moves_all_of_its_weights(tiny_root):
+    specs = [tiny_models.build_tiny_sd(tiny_root, name="tiny-sd-nsfw", flag_everything=True),
+             tiny_models.build_tiny_chat_llm(tiny_root), tiny_models.build_tiny_blip_vqa(tiny_root),
+             tiny_models.build_tiny_clip_hf(tiny_root), tiny_models.build_tiny_open_clip(tiny_root),
+             tiny_models.build_tiny_vlm(tiny_root)]
     for spec in specs:
         backend = load_backend(spec)
         assert backend.move_to("meta")      # "meta" proves every weight followed, without copying any
