@@ -1,6 +1,4 @@
 """The app as users drive it: gradio_client for the API, headless Chromium for the page."""
-import shutil
-from pathlib import Path
 
 import pytest
 
@@ -67,10 +65,7 @@ def test_single_prompt_page_shows_images_scores_and_missed_interpretations(app_u
         assert gap < 0
         missed = page.inner_text("#missed").lower()
         assert missed.count("female") >= 3
-        shot = screenshot(page, "single_prompt")
-        docs = Path(__file__).resolve().parent.parent / "docs" / "single_prompt.png"
-        if not docs.exists():
-            shutil.copy(shot, docs)
+        screenshot(page, "single_prompt")
 
         # click an image: its seed and VQA answers appear
         page.locator("#sp-gallery .thumbnail-item").nth(2).click()
