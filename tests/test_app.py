@@ -14,6 +14,7 @@ def app_url(engine):
         yield url
 
 
+@pytest.mark.slow
 def test_gallery_streams_batch_by_batch_through_gradio_client(app_url, engine):
     from gradio_client import Client
 
@@ -32,6 +33,7 @@ def test_gallery_streams_batch_by_batch_through_gradio_client(app_url, engine):
     assert "gap-score" in final[4] and "Done" in final[1]
 
 
+@pytest.mark.slow
 def test_bad_input_is_an_error_through_the_api(app_url):
     from gradio_client import Client
 

@@ -24,6 +24,7 @@ def app_url(engine):
         yield url
 
 
+@pytest.mark.slow
 def test_api_streams_sets_edits_axes_and_returns_both_views(app_url, engine):
     from gradio_client import Client
 

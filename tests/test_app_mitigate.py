@@ -30,6 +30,7 @@ def app(tmp_path_factory):
         yield url, engine
 
 
+@pytest.mark.slow
 def test_api_previews_then_mitigates_from_the_store_and_exports_the_prompt_set(app):
     from gradio_client import Client
 

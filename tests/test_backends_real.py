@@ -28,6 +28,8 @@ from engine.backends.vqa import ClipVQA, match_choice
 from engine.common.errors import InputError, LLMOutputError, ModelLoadError, OutOfMemoryError
 from tests import tiny_models
 
+pytestmark = pytest.mark.real_model
+
 PROMPT = "a photo of a doctor"
 
 

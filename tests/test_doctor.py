@@ -27,6 +27,7 @@ def test_without_weights_or_hub_doctor_says_so_and_exits_1(tmp_path, monkeypatch
     assert "memory        FAIL" in capsys.readouterr().out
 
 
+@pytest.mark.real_model
 def test_with_weights_present_the_self_test_runs_on_the_astronaut(tiny_root):
     pytest.importorskip("skimage")
     models = {"generator": tiny_models.build_tiny_sd(tiny_root), "embedder": tiny_models.build_tiny_clip_hf(tiny_root),

@@ -14,6 +14,8 @@ from tests import tiny_models
 
 from runhelpers import done_event
 
+pytestmark = pytest.mark.real_model
+
 
 @pytest.fixture(scope="module")
 def tiny_sd(tiny_root):

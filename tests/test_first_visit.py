@@ -149,6 +149,7 @@ def test_sample_captions_say_which_prompt_not_a_photo_of():
     assert distinct_captions([R(prompt="a photo of a doctor", seed=3)] * 2) == ["seed 3", "seed 3"]
 
 
+@pytest.mark.slow
 def test_a_search_that_runs_out_of_prompts_records_why(engine):
     from engine.methods import mine
 

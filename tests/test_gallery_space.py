@@ -94,6 +94,7 @@ def test_on_zero_gpu_the_main_process_never_touches_cuda(data_dir, monkeypatch):
     assert not engine.generator_loaded()
 
 
+@pytest.mark.real_model
 def test_preloaded_models_survive_preset_switches(data_dir, tiny_root):
     from engine.models.presets import resolve_preset
     from engine.hosting.space import preload

@@ -166,6 +166,7 @@ def run_cli(capsys, *argv):
 
 # -- the done-check: generate through an images API, then again from the store ---------------------
 
+@pytest.mark.slow
 def test_generate_through_openai_images_api_stores_4_and_rerun_makes_no_request(api, data_dir, capsys, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     api.require_key = KEY
@@ -427,6 +428,7 @@ def test_single_prompt_on_a_folder_with_its_labels(tmp_path, data_dir):
         list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a doctor", n=5, gap=False), engine))
 
 
+@pytest.mark.slow
 def test_counterfactuals_on_a_folder(tmp_path, data_dir):
     from engine.methods.counterfactuals import CounterfactualsRequest, run
 
@@ -482,6 +484,7 @@ def test_intersectional_on_a_folder(tmp_path, data_dir):
     assert isinstance(done, Done) and engine.stats.images_generated == 40
 
 
+@pytest.mark.slow
 def test_hf_dataset_source_and_labels_through_the_datasets_library(tmp_path, data_dir, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
     maker = Engine("synthetic", data_dir=str(tmp_path / "maker"))
@@ -516,6 +519,7 @@ def test_a_multi_prompt_run_announces_and_checks_its_total_api_calls_first(api, 
     assert len(api.posts("/images/generations")) == 6
 
 
+@pytest.mark.slow
 def test_mine_ranks_the_prompts_a_source_holds(tmp_path, data_dir):
     from engine.methods import mine
 

@@ -180,6 +180,7 @@ def _images_with_truth(gen, size=(128, 128), per_prompt=24):
     return images, truths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(128, 128), (64, 64), (256, 192)])
 def test_vqa_answers_from_pixels_match_the_ground_truth(world, gen, vqa, size):
     images, truths = _images_with_truth(gen, size)
@@ -265,6 +266,7 @@ def test_embedder_ranks_the_matching_text_first(world, gen, emb):
     assert (apple_image @ texts.T).argmax() == 0
 
 
+@pytest.mark.slow
 def test_gap_score_sees_the_missed_modes(world, gen, emb, llm):
     s = gen.defaults()
 
