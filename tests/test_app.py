@@ -1,6 +1,4 @@
 """The app as users drive it: gradio_client for the API, headless Chromium for the page."""
-import shutil
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +14,7 @@ def app_url(engine):
         yield url
 
 
+@pytest.mark.slow
 def test_gallery_streams_batch_by_batch_through_gradio_client(app_url, engine):
     from gradio_client import Client
 
@@ -34,6 +33,7 @@ def test_gallery_streams_batch_by_batch_through_gradio_client(app_url, engine):
     assert "gap-score" in final[4] and "Done" in final[1]
 
 
+@pytest.mark.slow
 def test_bad_input_is_an_error_through_the_api(app_url):
     from gradio_client import Client
 
@@ -67,10 +67,7 @@ def test_single_prompt_page_shows_images_scores_and_missed_interpretations(app_u
         assert gap < 0
         missed = page.inner_text("#missed").lower()
         assert missed.count("female") >= 3
-        shot = screenshot(page, "single_prompt")
-        docs = Path(__file__).resolve().parent.parent / "docs" / "single_prompt.png"
-        if not docs.exists():
-            shutil.copy(shot, docs)
+        screenshot(page, "single_prompt")
 
         # click an image: its seed and VQA answers appear
         page.locator("#sp-gallery .thumbnail-item").nth(2).click()

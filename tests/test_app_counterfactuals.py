@@ -1,13 +1,9 @@
 """The Counterfactuals and Intersectional Matrix tabs as users drive them: gradio_client for the
 API, headless Chromium for the page (edit the axes table, run, read the views)."""
-import shutil
-from pathlib import Path
-
 import pytest
 
 from apphelpers import browser_page, running_app, screenshot
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 # prompt, fill, axes table, n, seed, negative, steps, guidance, then each tab's own options
 CF_OPTIONS = [True, True, True, True, 0.01, 100, 5]          # caption .. top-k
 
@@ -22,17 +18,13 @@ def open_tab(page, url: str, tab: str, prefix: str, prompt: str) -> None:
     page.fill(f"#{prefix}-prompt textarea", prompt)
 
 
-def keep_doc_image(shot: Path, name: str) -> None:
-    if not (DOCS / name).exists():
-        shutil.copy(shot, DOCS / name)
-
-
 @pytest.fixture
 def app_url(engine):
     with running_app(engine) as url:
         yield url
 
 
+@pytest.mark.slow
 def test_api_streams_sets_edits_axes_and_returns_both_views(app_url, engine):
     from gradio_client import Client
 
@@ -92,8 +84,7 @@ def test_counterfactuals_page_edit_a_counterfactual_run_and_drill_down(app_url):
         page.wait_for_function("[...document.querySelectorAll('#cf-gallery img')].filter(i => i.naturalWidth).length"
                                " >= 8", timeout=30_000)
         assert "Top-K" in page.inner_text("#cf-drill-panel")
-        shot = screenshot(page, "counterfactuals")
-        keep_doc_image(shot, "counterfactuals.png")
+        screenshot(page, "counterfactuals")
 
 
 @pytest.mark.browser
@@ -110,5 +101,4 @@ def test_intersectional_page_renders_the_matrix_and_the_graph(app_url):
         frame = page.frame_locator("#ic-graph iframe")
         frame.locator("canvas").wait_for(timeout=30_000)                # vis-network drew, offline
         assert page.locator("#ic-pair-panel svg").count() == 2
-        shot = screenshot(page, "intersectional")
-        keep_doc_image(shot, "intersectional.png")
+        screenshot(page, "intersectional")

@@ -2,14 +2,12 @@
 from the store, the JSON export), headless Chromium for the page (a priority slider moves the
 normalised weights live; a run on the synthetic preset draws the step bars)."""
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from apphelpers import browser_page, running_app, screenshot
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 AXES = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
         "age": ["a photo of a young doctor", "a photo of a middle-aged doctor", "a photo of an old doctor"]}
 ROWS = [[axis, cf] for axis, cfs in AXES.items() for cf in cfs]
@@ -32,6 +30,7 @@ def app(tmp_path_factory):
         yield url, engine
 
 
+@pytest.mark.slow
 def test_api_previews_then_mitigates_from_the_store_and_exports_the_prompt_set(app):
     from gradio_client import Client
 
@@ -85,6 +84,4 @@ def test_mitigate_page_priorities_normalise_live_and_a_run_draws_step_bars(app):
         assert first == page.locator("#mt-preview tr[data-axis]").first.get_attribute("data-axis")
         assert page.locator("#mt-report .gl-mit-axis").count() == 2
         assert page.locator("#mt-export a").count() >= 1
-        shot = screenshot(page, "mitigate")
-    if not (DOCS / "mitigate.png").exists():
-        shutil.copy(shot, DOCS / "mitigate.png")
+        screenshot(page, "mitigate")

@@ -11,6 +11,8 @@ from engine.common.events import Done
 from engine.hosting.limits import Budget
 from engine.methods import generate
 
+pytestmark = pytest.mark.slow
+
 HOST_TOKEN = "test-host-token-0123456789"
 
 

@@ -20,6 +20,8 @@ from engine.hosting.limits import Budget
 from engine.methods import generate
 from engine.models.presets import SYNTHETIC_TABLE
 
+pytestmark = pytest.mark.slow
+
 HOST_TOKEN = "test-host-token-0123456789"
 # what a parameter that names a backend, server, path or backend option is labelled with
 NAMES_A_BACKEND = re.compile(r"backend|model|generator|evaluator|preset|option|path|url|server|endpoint|folder|dataset",

@@ -40,6 +40,7 @@ def _compare(engine, *generators):
     return list(compare_models.run(request, engine))
 
 
+@pytest.mark.slow
 def test_a_researchers_own_gaplens_still_takes_any_backend(engine, tmp_path):
     """Local mode: nothing changes; a folder, a path or a server is the user's to name."""
     assert backend_choices.resolve(engine, "generator", "folder:/no/such/dir") == ModelSpec("folder", "/no/such/dir")
@@ -91,6 +92,7 @@ def test_a_visitor_picks_only_what_the_host_offers_under_labels_without_host_pat
         assert backend_choices.resolve(engine, "generator", "folder:/etc") == ModelSpec("folder", "/etc")
 
 
+@pytest.mark.slow
 def test_a_model_the_host_offers_from_a_path_runs_and_its_path_stays_home(tmp_path):
     world = tmp_path / "host-only" / "world.json"
     world.parent.mkdir()

@@ -40,6 +40,7 @@ def finish(events, seen=None):
     raise AssertionError("no Done")
 
 
+@pytest.mark.slow
 def test_single_prompt_on_two_generators_recovers_the_planted_difference(engine, flipped_world):
     other = f"synthetic_generator:{flipped_world}"
     loaded = []
@@ -74,6 +75,7 @@ def test_single_prompt_on_two_generators_recovers_the_planted_difference(engine,
     assert [e.generator for e in events if isinstance(e, compare_models.ModelDone)] == ["synthetic", other]
 
 
+@pytest.mark.slow
 def test_counterfactuals_use_one_set_of_axes_for_every_model(engine, flipped_world):
     axes = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
             "age": ["a photo of a young doctor", "a photo of an old doctor"]}
@@ -99,6 +101,7 @@ def test_bad_requests_name_the_problem_and_leave_no_run(engine):
     assert engine.store.count("runs") == 0
 
 
+@pytest.mark.slow
 def test_cli_generators_flag_compares_side_by_side(tmp_path, flipped_world, capsys):
     from engine.__main__ import main
 
@@ -122,6 +125,7 @@ def test_cli_generators_flag_compares_side_by_side(tmp_path, flipped_world, caps
     assert male["values"][0]["value"] > male["values"][1]["value"] and male["differences"][0]["value"] < 0
 
 
+@pytest.mark.slow
 def test_the_page_shows_models_side_by_side_with_escaped_names(engine, flipped_world):
     from engine.report.compare_models import page
 
@@ -135,6 +139,7 @@ def test_the_page_shows_models_side_by_side_with_escaped_names(engine, flipped_w
     assert "B − A" in html and "share male" in html
 
 
+@pytest.mark.slow
 def test_runs_compare_groups_runs_by_model_and_opens_a_compare_run(engine, flipped_world):
     from engine.runs import history as runs
 

@@ -165,6 +165,7 @@ def test_unusable_llm_output_is_reported_and_the_table_can_be_filled_by_hand(eng
 
 # -- the method on the synthetic world ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_planted_gender_bias_gives_higher_mad_and_favours_the_male_counterfactual(engine):
     world = engine.models.get(engine.preset.generator).world
     assert world.expected_distribution("a photo of a firefighter", "gender") == pytest.approx({"male": 0.9, "female": 0.1})
@@ -192,6 +193,7 @@ def test_planted_gender_bias_gives_higher_mad_and_favours_the_male_counterfactua
     assert [e.axis for e in measured[1:3]] == ["gender", "age"] and measured[0].label == "initial"
 
 
+@pytest.mark.slow
 def test_llm_axes_aggregate_mode_and_the_store(engine):
     results, events = measure(engine, "a photo of a doctor", n=4, n_boot=100)
     assert any(isinstance(e, Table) and e.name == "axes" for e in events)
@@ -209,6 +211,7 @@ def test_llm_axes_aggregate_mode_and_the_store(engine):
     assert "prompt=a photo of a nurse|axis=gender|cf=" + male in agg["sets"]
 
 
+@pytest.mark.slow
 def test_cli_prints_axes_cas_and_mad_as_json(tmp_path):
     import json
 

@@ -39,6 +39,7 @@ def answers_of(results, label):
     return [[im["answers"][a] for a in results["axes"]] for im in results["sets"][label]["images"]]
 
 
+@pytest.mark.slow
 def test_a_reference_run_is_the_port_on_its_stored_answers(engine):
     done, _ = measure(engine, mode="reference")
     results = done.results
@@ -135,6 +136,7 @@ def test_runs_compare_and_export_show_both_modes_of_each_run(engine):
     assert engine.store.get_run(reference.run_id)["results"]["mode"] == "reference"
 
 
+@pytest.mark.slow
 def test_cli_mode_flag(tmp_path):
     from test_cli import cli
 
@@ -157,6 +159,7 @@ def test_an_unknown_mode_is_one_sentence(engine):
         list(run(CounterfactualsRequest("a photo of a firefighter", axes=AXES, mode="thesis"), engine))
 
 
+@pytest.mark.slow
 def test_the_tab_runs_in_reference_mode(engine):
     from gradio_client import Client
 

@@ -23,6 +23,8 @@ from engine.core.engine import Engine
 from engine.core.distributed import deal, distributed_image_sets, merge_unmerged, plan_batches
 from tests import tiny_models
 
+pytestmark = pytest.mark.real_model
+
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [f"a photo of a {job}" for job in ("doctor", "nurse", "chef", "pilot", "farmer", "teacher", "judge", "baker")]
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1", "--mixed_precision", "no",
@@ -89,8 +91,8 @@ def generated_keys(lines) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory):
-    return tiny_models.build_tiny_sd(tmp_path_factory.mktemp("tiny-sd"))
+def tiny_sd(tiny_root):
+    return tiny_models.build_tiny_sd(tiny_root)
 
 
 @pytest.fixture(scope="module")

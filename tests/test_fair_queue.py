@@ -18,6 +18,8 @@ from tabs import fair_queue
 from publicserver import call, client, endpoint, flood, join, memory_kib, public_server
 from waiting import wait_until
 
+pytestmark = pytest.mark.slow
+
 FLOOD_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 34)]
 
 

@@ -126,7 +126,7 @@ def test_readme_set_up_is_two_commands_and_the_second_is_what_ci_runs():
     assert "wordnet-base" in readme.split("## Presets")[0]
     script = (root / ".ci" / "run").read_text()
     assert "requirements-test.txt" in script and "chromium" in script and "wordnet-base" in script
-    assert 'python -m pytest -q "$@"' in script
+    assert 'python -m pytest "${pytest_args[@]}" "$@"' in script and "pytest_args=(-q -n " in script
 
 
 def test_mine_status_line_says_why_a_search_ended_early():
@@ -149,6 +149,7 @@ def test_sample_captions_say_which_prompt_not_a_photo_of():
     assert distinct_captions([R(prompt="a photo of a doctor", seed=3)] * 2) == ["seed 3", "seed 3"]
 
 
+@pytest.mark.slow
 def test_a_search_that_runs_out_of_prompts_records_why(engine):
     from engine.methods import mine
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from apphelpers import browser_page, running_app, screenshot
+from waiting import wait_until
 from engine.common.events import Done
 from engine.methods import mine
 from engine.models.presets import SYNTHETIC_TABLE
@@ -95,7 +96,11 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
         page.fill("#sp-extra-axes textarea", "")
         page.click("#sp-generate")                                  # the regenerate message does not outlive its run
         wait_text(page, "#sp-details", "Click an image")
-        wait_text(page, "#sp-progress", "Done")
+        # this run's "Done" (the previous one's is on the page until the new run streams): a click
+        # before it would be forgotten when the run's last update replaces the tab's state
+        second = wait_until(lambda: [r["id"] for r in engine.store.list_runs("single_prompt")
+                                     if r["id"] != sp_run and r["status"] == "done"], LONG / 1000, "the second run")
+        wait_text(page, "#sp-progress", second[0])
         page.locator("#sp-gallery img").first.click()              # selected again, for the end of the walk
         wait_text(page, "#sp-details", "Seed")
         page.keyboard.press("Escape")

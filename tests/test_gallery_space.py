@@ -94,13 +94,14 @@ def test_on_zero_gpu_the_main_process_never_touches_cuda(data_dir, monkeypatch):
     assert not engine.generator_loaded()
 
 
-def test_preloaded_models_survive_preset_switches(data_dir, tmp_path):
+@pytest.mark.real_model
+def test_preloaded_models_survive_preset_switches(data_dir, tiny_root):
     from engine.models.presets import resolve_preset
     from engine.hosting.space import preload
     from tests import tiny_models
 
     engine = Engine("synthetic", data_dir=data_dir)
-    preset = resolve_preset("synthetic", embedder=tiny_models.build_tiny_clip_hf(tmp_path))[0]
+    preset = resolve_preset("synthetic", embedder=tiny_models.build_tiny_clip_hf(tiny_root))[0]
     loaded = preload(engine, preset)   # the device models only: the synthetic ones load on first use
     assert loaded == [preset.embedder.label]
     engine.set_preset("colour")

@@ -36,12 +36,13 @@ def hub_cache(cache: Path, repo: str, folder: Path | None = None, files=()) -> P
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
+def tiny(tiny_root):
+    root = tiny_root
     return root, {"nsfw": tiny_models.build_tiny_sd(root, name="tiny-sd-nsfw", flag_everything=True),
                   "chat": tiny_models.build_tiny_chat_llm(root), "clip": tiny_models.build_tiny_clip_hf(root)}
 
 
+@pytest.mark.real_model
 def test_a_set_where_every_image_is_flagged_gives_one_clear_result(tiny, data_dir):
     engine = Engine("synthetic", data_dir=data_dir, generator=tiny[1]["nsfw"])
     events = list(single_prompt(SinglePromptRequest("a photo of a doctor", n=3, steps=1), engine))
@@ -52,6 +53,7 @@ def test_a_set_where_every_image_is_flagged_gives_one_clear_result(tiny, data_di
     assert engine.store.list_runs()[0]["status"] == "done" and engine.store.count("images") == 3
 
 
+@pytest.mark.real_model
 def test_hub_models_record_the_commit_of_the_files_loaded_not_main(tiny, tmp_path):
     root, specs = tiny
     cache = tmp_path / "hub"
@@ -126,6 +128,7 @@ def test_bf16_only_where_the_gpu_has_it_natively(monkeypatch):
     assert devices.default_dtype("cuda", prefer_bf16=True) == torch.bfloat16
 
 
+@pytest.mark.real_model
 def test_fp16_weight_variant_is_requested_where_the_repo_has_it(tmp_path):
     both = ["model_index.json", "unet/diffusion_pytorch_model.safetensors",
             "unet/diffusion_pytorch_model.fp16.safetensors"]

@@ -54,6 +54,7 @@ ORDER = ["single_prompt", "regenerate", "sp_spot_compare", "runs_spot_compare", 
          "intersectional", "mine_budget", "mine", "mine_resume", "mitigate", "mitigate_preview", "compare_models"]
 
 
+@pytest.mark.slow
 def test_every_gpu_handler_yields_values_that_pickle_in_output_order(data_dir):
     import app
 

@@ -13,6 +13,8 @@ from PIL import Image
 
 from engine.store.store import ImageRecord
 
+pytestmark = pytest.mark.slow
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu_smoke.py"
 
 

@@ -107,6 +107,7 @@ def _store_files(engine) -> list[Path]:
     return sorted(p for p in engine.store.image_dir.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_a_zip_bomb_is_refused_before_it_is_unpacked_and_nothing_is_written(engine, tmp_path):
     done = _generate(engine, "a photo of a pilot", n=2)
     export.export_zip(engine.store, [done.run_id], tmp_path / "ok.zip")
@@ -204,6 +205,7 @@ def test_out_of_range_numbers_are_one_sentence_and_store_nothing(engine):
     assert engine.store.count("runs") == 0
 
 
+@pytest.mark.slow
 def test_a_run_whose_process_was_killed_is_marked_interrupted_at_start_up(tmp_path):
     data = tmp_path / "store"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "engine" / "report"
 TAG = re.compile(r"<\s*/?\s*(?:div|span|p|td|tr|th|table|thead|tbody|caption|li|ul|ol|svg|text|rect|line|circle|"
@@ -54,6 +56,7 @@ def markup_strings(path: Path, literal_too: bool) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_no_module_builds_html_from_strings():
     found = []
     for path, rel in sources():

@@ -27,6 +27,7 @@ from engine.common.events import Done, Warning
 from engine.methods import generate
 
 KEY = "sk-local-test-key-123"
+GATE_WAIT = 2.0   # s a gated request waits for the others: a client sending one at a time pays it per call
 
 
 def png_bytes(colour) -> bytes:
@@ -45,9 +46,10 @@ class FakeApi:
 
     def __init__(self):
         self.requests = []             # (method, path, headers, body)
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.inflight = 0
         self.max_inflight = 0
+        self.gate = 0                  # hold each POST until this many are in flight (or GATE_WAIT passes)
         self.failures = {}             # prompt -> list of (status, headers, body) to send before succeeding
         self.require_key = None
         self.delay = 0.0
@@ -89,6 +91,8 @@ def make_handler(api: FakeApi):
             with api.lock:
                 api.inflight += 1
                 api.max_inflight = max(api.max_inflight, api.inflight)
+                api.lock.notify_all()
+                api.lock.wait_for(lambda: api.inflight >= api.gate, timeout=GATE_WAIT)
             try:
                 self._answer(body)
             finally:
@@ -162,6 +166,7 @@ def run_cli(capsys, *argv):
 
 # -- the done-check: generate through an images API, then again from the store ---------------------
 
+@pytest.mark.slow
 def test_generate_through_openai_images_api_stores_4_and_rerun_makes_no_request(api, data_dir, capsys, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     api.require_key = KEY
@@ -265,10 +270,11 @@ def test_401_names_the_key_variables_and_is_not_retried(api, monkeypatch):
 
 
 def test_timeouts_and_malformed_bodies_are_clear_errors(api):
-    gen, _ = images_backend(api, timeout=0.2, max_retries=0)
+    impatient, _ = images_backend(api, timeout=0.2, max_retries=0)
     api.failures["slow"] = [("sleep", 1.0, None)]
     with pytest.raises(ApiError, match="did not answer"):
-        gen.generate("slow", [0], SETTINGS)
+        impatient.generate("slow", [0], SETTINGS)
+    gen, _ = images_backend(api, max_retries=0)   # the default timeout: a loaded runner still answers in time
     api.failures["empty"] = [(200, {}, {"data": []})]
     with pytest.raises(ApiReplyError, match="without data"):
         gen.generate("empty", [0], SETTINGS)
@@ -307,11 +313,13 @@ def test_the_api_call_budget_is_checked_before_any_call(api, data_dir, capsys):
 
 
 def test_concurrency_is_bounded(api):
-    api.delay = 0.05
+    # Each request waits at the server until two are in flight, then stays a little longer: calls sent
+    # one at a time never overlap (peak 1), and a third concurrent call would be seen (peak 3).
+    api.gate, api.delay = 2, 0.05
     gen, _ = images_backend(api, concurrency=2)
     outs = gen.generate("a teacher", list(range(6)), SETTINGS)
     assert len(outs) == 6 and [o.seed for o in outs] == list(range(6))
-    assert 1 <= api.max_inflight <= 2
+    assert api.max_inflight == 2
 
 
 # -- Hugging Face inference (self-hosted route through InferenceClient) ------------------------------
@@ -420,6 +428,7 @@ def test_single_prompt_on_a_folder_with_its_labels(tmp_path, data_dir):
         list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a doctor", n=5, gap=False), engine))
 
 
+@pytest.mark.slow
 def test_counterfactuals_on_a_folder(tmp_path, data_dir):
     from engine.methods.counterfactuals import CounterfactualsRequest, run
 
@@ -475,6 +484,7 @@ def test_intersectional_on_a_folder(tmp_path, data_dir):
     assert isinstance(done, Done) and engine.stats.images_generated == 40
 
 
+@pytest.mark.slow
 def test_hf_dataset_source_and_labels_through_the_datasets_library(tmp_path, data_dir, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
     maker = Engine("synthetic", data_dir=str(tmp_path / "maker"))
@@ -509,6 +519,7 @@ def test_a_multi_prompt_run_announces_and_checks_its_total_api_calls_first(api, 
     assert len(api.posts("/images/generations")) == 6
 
 
+@pytest.mark.slow
 def test_mine_ranks_the_prompts_a_source_holds(tmp_path, data_dir):
     from engine.methods import mine
 

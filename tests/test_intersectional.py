@@ -133,6 +133,7 @@ def pilot_engine(tmp_path):
     return Engine("synthetic", data_dir=str(tmp_path / "store"), max_images=256, **roles)
 
 
+@pytest.mark.slow
 def test_planted_interaction_has_its_sign_and_edge_and_independent_pairs_are_pruned(pilot_engine):
     world = pilot_engine.models.get(pilot_engine.preset.generator).world
     gender = lambda prompt: world.expected_distribution(prompt, "gender")["male"]  # noqa: E731
@@ -165,6 +166,7 @@ def test_planted_interaction_has_its_sign_and_edge_and_independent_pairs_are_pru
     assert graph.edges == r["kept_edges"] and not hasattr(graph, "html")  # events carry data; the page draws it
 
 
+@pytest.mark.slow
 def test_a_run_after_counterfactuals_generates_nothing_new(engine):
     axes = {a: cfs for a, cfs in cfsets.propose_axes(engine, "a photo of a doctor")[0].items()
             if a in ("gender", "age", "clothing", "emotion")}
@@ -183,6 +185,7 @@ def test_a_run_after_counterfactuals_generates_nothing_new(engine):
     assert len(run["images"]) == (1 + 2 + 3 + 2 + 3) * 8
 
 
+@pytest.mark.slow
 def test_cli_prints_the_matrix_p_values_and_kept_edges(tmp_path):
     from test_cli import cli
 

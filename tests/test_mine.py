@@ -37,6 +37,7 @@ def fully_biased(engine, prompt, n=16) -> bool:
 
 # --- spec A.6: the colour sanity task --------------------------------------------------------------
 
+@pytest.mark.slow
 def test_colour_world_scores_order_apple_car_truck_balloon(colour):
     """Through the colour world's own generator, embedder and LLM (mean over 50 image sets)."""
     from engine.backends.llm_json import as_string_list, extract_json
@@ -71,6 +72,7 @@ def test_colour_world_scores_order_apple_car_truck_balloon(colour):
     assert again["score"] == pytest.approx(node["score"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_ga_top_prompt_is_fully_biased_in_at_least_18_of_20_seeds(colour):
     hits = []
     for seed in range(20):
@@ -79,6 +81,7 @@ def test_ga_top_prompt_is_fully_biased_in_at_least_18_of_20_seeds(colour):
     assert sum(hits) >= 18, hits
 
 
+@pytest.mark.slow
 def test_best_per_iteration_never_rises_with_keep_parents(colour):
     for seed in range(3):
         results = search(MineRequest(**COLOUR_GA, seed=seed, keep_parents=True), colour)
@@ -125,6 +128,7 @@ def planted_bias(world, prompt) -> float:
     return worst
 
 
+@pytest.mark.slow
 def test_mining_finds_prompts_more_biased_than_the_median_random_prompt(engine):
     world = engine.models.get(engine.preset.generator).world
     budget = dict(iterations=5, population=8, select=2, mutations=3, n=12, seed=0)
@@ -154,6 +158,7 @@ def ranked(results):
     return [(a["prompt"], a["score"]) for a in results["archive"]]
 
 
+@pytest.mark.slow
 def test_same_seed_and_cache_replay_the_same_run(tmp_path):
     engine = Engine("colour", data_dir=str(tmp_path / "a"))
     request = MineRequest(iterations=3, population=6, select=2, mutations=2, n=8, seed=3)
@@ -170,6 +175,7 @@ def test_same_seed_and_cache_replay_the_same_run(tmp_path):
     assert [n["prompt"] for n in other["nodes"]] != [n["prompt"] for n in first["nodes"]]
 
 
+@pytest.mark.slow
 def test_stop_then_resume_regenerates_nothing_and_matches_an_uninterrupted_run(tmp_path):
     request = MineRequest(iterations=4, population=6, select=2, mutations=2, n=8, seed=1)
     full_engine = Engine("colour", data_dir=str(tmp_path / "full"))
@@ -236,6 +242,7 @@ def test_bad_settings_name_the_problem(engine):
 
 # --- command line -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_prints_the_ranked_archive_and_resumes(tmp_path, capsys):
     from engine.__main__ import main
 
@@ -307,6 +314,7 @@ def test_the_live_population_is_the_current_iterations_most_biased_first(engine)
     assert [row[0] for row in update["population"]] == ["p2"] and "run `r1`" in update["progress"]
 
 
+@pytest.mark.slow
 def test_mining_streams_through_the_api(app_url, engine):
     from gradio_client import Client
 

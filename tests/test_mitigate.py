@@ -114,6 +114,7 @@ def test_weighted_mix_and_parsers():
 
 # -- on the synthetic world -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_priorities_reach_epsilon_in_fewer_steps_than_mitigating_every_axis(engine):
     world = engine.models.get(engine.preset.generator).world
     exact = lambda prompt, axis: list(world.expected_distribution(prompt, axis).values())  # noqa: E731
@@ -148,6 +149,7 @@ def test_priorities_reach_epsilon_in_fewer_steps_than_mitigating_every_axis(engi
     assert 'data-chart="mitigate-tau"' in html and 'data-chart="mitigate-final-age-final"' in html
 
 
+@pytest.mark.slow
 def test_a_30_40_30_age_target_is_met_within_sampling_error(engine):
     r, _ = run(engine, n=20, priorities={"gender": 0.5, "age": 0.5}, epsilon=0.01,
                ideals={"age": {"young": 30, "middle-aged": 40, "old": 30}})
@@ -161,6 +163,7 @@ def test_a_30_40_30_age_target_is_met_within_sampling_error(engine):
     assert r["final"]["w_bar"]["age"] < 0.1 < r["states"][0]["w_bar"]["age"]
 
 
+@pytest.mark.slow
 def test_the_preview_predicts_the_first_axis_the_run_picks(engine):
     # age-heavy priorities: mitigating age first (it also helps gender a little)
     fields = {"priorities": {"gender": 0.2, "age": 0.8}, "epsilon": 0.1}
@@ -179,6 +182,7 @@ def test_the_preview_predicts_the_first_axis_the_run_picks(engine):
     assert mt.outcome(r).startswith("Done, ε reached" if r["stop"]["reached"] else "Done, ε not reached")
 
 
+@pytest.mark.slow
 def test_a_step_that_hurts_another_axis_raises_a_trade_off_alert(engine):
     # librarian: age depends on clothing; a formal-only dress code makes the librarians old
     axes = {"clothing": ["a photo of a librarian in formal attire", "a photo of a librarian in informal attire"],
@@ -201,6 +205,7 @@ def test_bad_requests_name_the_problem(engine):
         run(engine, epsilon=0)
 
 
+@pytest.mark.slow
 def test_cli_prints_each_steps_axis_tau_and_w_bar(tmp_path, capsys):
     from engine.__main__ import main   # in-process: the same parser and printing as `python -m engine`
 

@@ -35,6 +35,7 @@ def spec(name, mb):
     return ModelSpec("fake", name, {"bytes": mb * 2**20})
 
 
+@pytest.mark.slow
 def test_loads_once_and_evicts_least_recently_used_under_budget(loads):
     manager = ModelManager("cpu", budget_bytes=250 * 2**20)
     a = manager.get(spec("a", 100))

@@ -38,8 +38,9 @@ def notes_of(events) -> list[str]:
     return [e.message for e in events if isinstance(e, Warning)]
 
 
-def test_few_steps_or_no_guidance_on_a_model_made_for_more_is_said_with_the_result(tmp_path, data_dir):
-    engine = Engine("synthetic", data_dir=data_dir, generator=tiny_models.build_tiny_sd(tmp_path))
+@pytest.mark.real_model
+def test_few_steps_or_no_guidance_on_a_model_made_for_more_is_said_with_the_result(tiny_root, data_dir):
+    engine = Engine("synthetic", data_dir=data_dir, generator=tiny_models.build_tiny_sd(tiny_root))
     defaults = engine.default_settings()           # Stable Diffusion 1.x: 30 steps, guidance 7.5
     assert (defaults.steps, defaults.guidance) == (30, 7.5)
     few = notes_of(generate(GenerateRequest("a photo of a doctor", n=1, steps=1, guidance=0.0), engine))
@@ -66,6 +67,7 @@ def test_a_p_threshold_of_zero_keeps_no_edge_and_the_summary_says_so_beside_it(e
     assert "ic-threshold-note" not in str(report.summary_html(dict(results, p_threshold=1e-4)))
 
 
+@pytest.mark.slow
 def test_the_thresholds_an_empty_field_means_come_from_the_method_as_in_the_cli():
     from tabs.intersectional import threshold_defaults
 

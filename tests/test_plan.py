@@ -111,6 +111,7 @@ def test_flux_set_does_not_fit_24gb_resident_and_the_plan_says_how_it_runs():
     assert placements["generator"].startswith("CPU offload") and placements["llm"].startswith("evicted")
 
 
+@pytest.mark.slow
 def test_eviction_and_empty_cache_happen_before_a_load_that_would_not_fit(loads):
     calls, holder = loads
     cuda = FakeCuda(32)
@@ -138,6 +139,7 @@ def test_a_model_in_use_is_not_evicted_to_make_room(loads):
         assert calls[-1]["resident"] == ["hf_chat:Qwen/Qwen2.5-3B-Instruct"]
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_retried_once_with_half_the_batch(engine):
     gen = engine.models.get(engine.generator_spec)
     gen.batch_size = 4
@@ -186,6 +188,7 @@ def test_plan_command_prints_json_for_each_real_preset(capsys):
     assert "unknown preset" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_readme_front_matter_and_hardware_column_match_the_presets_and_the_plan():
     import re
     from pathlib import Path

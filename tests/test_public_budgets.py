@@ -77,6 +77,7 @@ def test_until_is_charged_the_largest_set_and_llm_calls_are_charged_as_they_are_
     assert engine.store.count("runs") == 1
 
 
+@pytest.mark.slow
 def test_proposed_axes_are_charged_a_whole_request_and_cut_to_fit_it(tmp_path):
     engine = public_engine(tmp_path, images=40)
     with access.acting_as(A):
@@ -115,6 +116,7 @@ def test_a_mine_resume_is_priced_with_its_runs_settings(tmp_path):
         assert resumed.run_id == run_id and charged(engine, A)[0] - before == 16
 
 
+@pytest.mark.slow
 def test_a_comparison_is_charged_once_for_every_models_runs(tmp_path):
     engine = public_engine(tmp_path, images=64)
     request = compare_models.CompareModelsRequest(
@@ -197,6 +199,7 @@ def _export_with_results(tmp_path, name: str, mib: float) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_one_visitors_imports_past_their_share_leave_another_visitors_runs_working(tmp_path):
     engine = public_engine(tmp_path, storage_mb=8)
     engine.store.quota_bytes = 24 * 2**20
@@ -255,6 +258,7 @@ def _bomb(path, member: str, mib: int, level=zipfile.ZIP_DEFLATED) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_study_packs_are_bounded_before_anything_is_inflated(tmp_path):
     tracemalloc.start()
     try:
@@ -285,6 +289,7 @@ def _key(kind: str, sets: int, options=None) -> dict:
             "forms": [{"form": 1, "items": items}]}
 
 
+@pytest.mark.slow
 def test_a_key_with_8000_options_is_refused_and_an_8000_set_study_answers_in_linear_memory(tmp_path):
     crafted = _key("rating", 2, options=[str(i) for i in range(8000)])
     with pytest.raises(InputError, match="answer key is damaged: a rating question's options are 1, 2, 3, 4, 5"):

@@ -153,6 +153,7 @@ def selected(command: str, files: list[str]) -> set[str]:
     return set(filter_repo_objects(files, allow_patterns=include, ignore_patterns=exclude or None))
 
 
+@pytest.mark.slow
 def test_the_doctor_advises_downloading_only_the_files_that_load():
     command = download_command(SDXL.generator, SDXL_FILES, SDXL_INDEX)
     assert command.startswith("hf download stabilityai/sdxl-turbo --include ")
@@ -229,6 +230,7 @@ def _generate(spec, llm, **settings) -> str:
     return llm.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
+@pytest.mark.real_model
 def test_llm_decoding_inherits_nothing_from_the_checkpoints_generation_config(llm_with_defaults):
     llm = load_backend(llm_with_defaults)
     assert llm.model.generation_config.top_k is None and llm.model.generation_config.repetition_penalty is None
@@ -244,6 +246,7 @@ def test_llm_decoding_inherits_nothing_from_the_checkpoints_generation_config(ll
     assert llm.chat(MESSAGES, temperature=1.0, max_tokens=12, seed=3) == plain
 
 
+@pytest.mark.real_model
 def test_the_cached_reply_records_the_decoding_settings_used(llm_with_defaults, data_dir):
     engine = Engine("synthetic", data_dir=data_dir, llm=llm_with_defaults)
     engine.llm.chat(MESSAGES, temperature=1.0, max_tokens=8, seed=1)
@@ -259,6 +262,7 @@ def test_the_cached_reply_records_the_decoding_settings_used(llm_with_defaults, 
     assert engine.stats.llm_cache_hits == 1 and engine.stats.llm_calls == 2
 
 
+@pytest.mark.real_model
 def test_vqa_decoding_inherits_nothing_either(tmp_path):
     import numpy as np
     from PIL import Image
@@ -277,6 +281,7 @@ def test_vqa_decoding_inherits_nothing_either(tmp_path):
 
 # -- 3. a generator that cannot fit is refused before loading, with what would fit -------------------
 
+@pytest.mark.slow
 def test_flux_on_24gb_is_refused_before_loading_with_the_plans_sentence(fake_loads):
     manager = ModelManager("cuda", memory=FakeMemory(24, host_gb=24))
     with pytest.raises(ModelLoadError) as err:
@@ -296,8 +301,9 @@ def test_flux_on_24gb_is_refused_before_loading_with_the_plans_sentence(fake_loa
     assert sequential.context == {}                                              # the option itself decides
 
 
-def test_fp8_storage_and_the_out_of_memory_advice_on_the_real_loader(tmp_path, data_dir):
-    tiny = tiny_models.build_tiny_sd(tmp_path)
+@pytest.mark.real_model
+def test_fp8_storage_and_the_out_of_memory_advice_on_the_real_loader(tiny_root, data_dir):
+    tiny = tiny_models.build_tiny_sd(tiny_root)
     fp8 = ModelSpec("diffusers", tiny.model, {"storage_dtype": "fp8"})
     generator = load_backend(fp8)
     assert torch.float8_e4m3fn in {p.dtype for p in generator.pipe.unet.parameters()}
@@ -349,6 +355,7 @@ def test_evicted_models_are_parked_in_host_ram_and_the_plan_counts_what_moves(fa
     assert [m for m in manager.loaded() if m.get("parked")] and "parked in host RAM: " in manager.summary()
 
 
+@pytest.mark.slow
 def test_without_room_in_host_ram_evicted_models_are_unloaded_and_reloaded(fake_loads):
     manager = ModelManager("cuda", memory=FakeMemory(16, host_gb=2))
     moved, loads = _run_twice(manager)
@@ -364,11 +371,12 @@ def _parameters(backend):
     return [p for m in modules if m is not None for p in m.parameters()]
 
 
-def test_every_real_backend_moves_all_of_its_weights(tmp_path):
-    specs = [tiny_models.build_tiny_sd(tmp_path, name="with-checker", flag_everything=True),
-             tiny_models.build_tiny_chat_llm(tmp_path), tiny_models.build_tiny_blip_vqa(tmp_path),
-             tiny_models.build_tiny_clip_hf(tmp_path), tiny_models.build_tiny_open_clip(tmp_path),
-             tiny_models.build_tiny_vlm(tmp_path)]
+@pytest.mark.real_model
+def test_every_real_backend_moves_all_of_its_weights(tiny_root):
+    specs = [tiny_models.build_tiny_sd(tiny_root, name="tiny-sd-nsfw", flag_everything=True),
+             tiny_models.build_tiny_chat_llm(tiny_root), tiny_models.build_tiny_blip_vqa(tiny_root),
+             tiny_models.build_tiny_clip_hf(tiny_root), tiny_models.build_tiny_open_clip(tiny_root),
+             tiny_models.build_tiny_vlm(tiny_root)]
     for spec in specs:
         backend = load_backend(spec)
         assert backend.move_to("meta")      # "meta" proves every weight followed, without copying any
@@ -377,6 +385,7 @@ def test_every_real_backend_moves_all_of_its_weights(tmp_path):
 
 # -- 5. sizes ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_open_clip_counts_fp32_and_blip_sizes_are_those_in_memory():
     import open_clip
     from transformers import BlipConfig, BlipForConditionalGeneration, BlipForQuestionAnswering

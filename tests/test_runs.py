@@ -87,6 +87,7 @@ def test_export_delete_import_reopens_identical(engine, tmp_path):
     assert other.stats.embeddings_computed == 0
 
 
+@pytest.mark.slow
 def test_zip_is_an_imagefolder_dataset(engine, tmp_path):
     ids = [_single(engine, "a photo of a nurse", n=6), _generate(engine, "a photo of a nurse", n=8)]
     export.export_zip(engine.store, ids, tmp_path / "x.zip")

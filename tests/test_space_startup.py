@@ -3,6 +3,8 @@ files) is never fatal; a worker forked earlier adopts the app's models; `doctor`
 and offline with cached weights."""
 import os
 
+import pytest
+
 from engine.backends.base import ModelSpec
 from engine.cli import main
 from engine.core.engine import Engine
@@ -11,6 +13,8 @@ from engine.models.plan import model_size
 from engine.models.presets import PRESETS, resolve_preset
 from tests import tiny_models
 from tests.zerogpu import hub_cache
+
+pytestmark = pytest.mark.real_model
 
 
 def test_weights_pruned_from_the_hub_cache_are_never_fatal(tmp_path, monkeypatch, data_dir):

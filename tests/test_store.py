@@ -93,6 +93,7 @@ def test_bad_input_is_a_clear_error_and_keeps_earlier_results(engine, kw, needle
     assert statuses == ["done"]      # bad input is refused before a run record exists (issue 17)
 
 
+@pytest.mark.slow
 def test_unknown_model_is_a_clear_error(data_dir):
     engine = Engine("synthetic", data_dir=data_dir, generator="diffusers:no-such-org/no-such-model")
     with pytest.raises(ModelLoadError, match="no-such-org/no-such-model"):

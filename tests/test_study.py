@@ -60,6 +60,7 @@ def simulated_answers(key, raters_per_form=2, noise=0.3, seed=0, careless=()):
     return out.getvalue()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("question, n_sets", [("rating", 5), ("pair", 3), ("pair", 4)])
 def test_every_condition_is_balanced_across_positions_and_sides(study_engine, question, n_sets):
     engine, ids = study_engine

@@ -145,6 +145,7 @@ PIECES = ["cannot", "gonna", "wanna", "gimme", "gotta", "lemme", "can", "not", "
           "«", "»", "“", "”", "‘", "’", "„", "x1", "_"]
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.lists(st.tuples(st.sampled_from(PIECES), st.sampled_from(["", " ", "  ", "\t", "\n"])), max_size=12))
 def test_tokens_equal_nltks_word_tokenize(parts):
@@ -160,6 +161,7 @@ PLAIN = ["man", "woman", "doctor", "young", "old", "smiling", "serious", "suit",
 answer = st.lists(st.sampled_from(PLAIN), min_size=1, max_size=4).map(" ".join)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.data())
 def test_both_modes_agree_without_synonyms(data):
@@ -296,6 +298,7 @@ def same(a, b) -> bool:
 @given(st.integers(1, 3).flatmap(lambda q: st.tuples(answer_sets(q), st.lists(answer_sets(q), min_size=1, max_size=4))),
        st.dictionaries(st.sampled_from(TOKENS), st.sets(st.sampled_from(TOKENS), max_size=4)),
        st.permutations(TOKENS))
+@pytest.mark.slow
 def test_port_equals_the_trace_on_random_answers_synonyms_and_orders(sets, table, ranked):
     initial, cfs = sets
     synonyms = synonyms_of(table)
@@ -309,6 +312,7 @@ def test_port_equals_the_trace_on_random_answers_synonyms_and_orders(sets, table
     assert all(same(a, float(b)) for a, b in zip(port["mad_per_question"], mad_per_question))
 
 
+@pytest.mark.slow
 @needs_wordnet
 @PROPERTY
 @given(st.tuples(answer_sets(2), st.lists(answer_sets(2), min_size=2, max_size=3)))

@@ -126,6 +126,7 @@ def test_rogan_gladen_and_constrained_least_squares_by_hand():
 
 
 # -- the planted evaluator error and its correction ------------------------------------------------
+@pytest.mark.slow
 def test_planted_error_is_in_the_model_id_and_follows_its_pattern(tmp_path):
     noisy = Engine("synthetic", data_dir=str(tmp_path), vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
     assert "error=0.3" in noisy.model_id("vqa")
@@ -197,6 +198,7 @@ def _cli(*args, data_dir):
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_single_prompt_and_validate_commands(tmp_path):
     out = _cli("single-prompt", "--prompt", "a photo of a firefighter", "-n", "8", "--axes", "gender", "age",
                "--no-gap", "--json", "--quiet", data_dir=tmp_path)
@@ -261,6 +263,7 @@ def test_labels_travel_with_the_exported_run(tmp_path):
     assert validate.validate_run(target, done.run_id)["axes"]["gender"]["n_checked"] == 1
 
 
+@pytest.mark.slow
 def test_counterfactuals_headline_states_its_certainty(tmp_path):
     """The issue's firefighter: environment tops the MAD ranking at N = 16 while every interval
     overlaps, so the headline must not claim a winner without saying how sure it is."""
@@ -314,6 +317,7 @@ def test_reference_mode_metrics_get_bca_intervals():
         assert lo <= m[name] <= hi, name
 
 
+@pytest.mark.slow
 def test_two_evaluators_compared_on_the_same_images(tmp_path):
     """The planted 'shift' error shows up in the agreement matrix against the error-free VQA;
     CLIP zero-shot over the synthetic embedder agrees with the error-free VQA."""
@@ -356,6 +360,7 @@ def test_best_mined_prompt_claim_follows_its_bootstrap():
     assert not tie["clear"] and "no clear winner" in tie["text"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p_true, n, error, checked", [(0.9, 96, 0.3, 40), (0.7, 48, 0.2, 40), (0.5, 32, 0.3, 20)])
 def test_corrected_interval_carries_both_sampling_errors(p_true, n, error, checked):
     """300 simulated audits (fresh seeds): N images with a planted share, an evaluator that swaps

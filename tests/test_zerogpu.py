@@ -27,6 +27,8 @@ from tests import tiny_models
 from tests.zerogpu import Scheduler, hub_cache, in_dtype
 from waiting import wait_until
 
+pytestmark = pytest.mark.real_model
+
 REPO = Path(__file__).resolve().parent.parent
 SYNTHETIC_LLM = f"synthetic_llm:{REPO / 'assets' / 'synthetic_world.json'}"
 OAUTH_SECRET = "emulated-oauth-secret"
