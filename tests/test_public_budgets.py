@@ -310,7 +310,7 @@ def test_a_key_with_8000_options_is_refused_and_an_8000_set_study_answers_in_lin
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert not worker.is_alive(), "the analysis of 8,000 sets did not finish"
-    n, expected = 16000, (16000**2 - 8000 * 2**2) / (16000 * 15999)   # D_o = 1; D_e = (n² − Σ n_c²) / (n(n − 1))
+    expected = (16000**2 - 8000 * 2**2) / (16000 * 15999)   # D_o = 1; D_e = (n² − Σ n_c²) / (n(n − 1)), n = 16,000
     assert result["agreement"]["units"] == 8000 and result["agreement"]["alpha"] == pytest.approx(1 - 1 / expected)
     assert peak < 200 * 2**20   # the quadratic version needed an 8000² matrix (0.5 GB) and more
 
