@@ -23,7 +23,7 @@ from ..metrics.concepts import top_phrases
 from .axes import Axis, axis_for, normalise_free_answer
 from ..metrics.intervals import headline_claim
 from ..common.names import readable
-from ..common.scores import Score, as_interval, finite_or_none, number
+from ..common.scores import Score, as_interval, finite_or_none, is_missing, number
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS
 from .measure import SCALAR_METRICS, axis_metrics_with_ci, gap_for_images
@@ -146,6 +146,9 @@ def check(request: SinglePromptRequest, engine: Engine) -> None:
     engine.check_prompt(request.prompt)
     engine.check_n(request.n_variations or n, "number of text variations")
     engine.check_questions([axis_for(a).question for a in request.axes if a and a.strip()])
+    for what, value in (("interval half-width", request.half_width), ("target half-width", request.until_half_width)):
+        if value is not None and not 0 < float(value) < 0.5:
+            raise InputError(f"the {what} must be between 0 and 0.5 (e.g. 0.1 for ±10 points), not {value:g}")
 
 
 def estimate(request: SinglePromptRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
@@ -175,9 +178,6 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     n = int(request.n)                          # check() has checked N and the variations
     n_var = int(request.n_variations or n)
     axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
-    for what, value in (("interval half-width", request.half_width), ("target half-width", request.until_half_width)):
-        if value is not None and not 0 < float(value) < 0.5:
-            raise InputError(f"the {what} must be between 0 and 0.5 (e.g. 0.1 for ±10 points), not {value:g}")
     settings = yield from settle_settings(request, engine)
     results: SinglePromptResults = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
     if len(prompt.split()) * 1.3 > 75:
@@ -231,11 +231,8 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
 
     # 3. Diversity over CLIP image embeddings (Vendi).
     image_emb = engine.embed_images(valid)
-    diversity = {"vendi": vendi_score(image_emb), "vendi_normalised": normalised_vendi(image_emb),
-                 "mean_pairwise_similarity": mean_pairwise_similarity(image_emb), "n": len(valid),
-                 "embedder": engine.model_id("embedder")}
-    results["diversity"] = diversity
-    yield DiversityMeasured(diversity)
+    results["diversity"] = diversity(image_emb, engine.model_id("embedder"))
+    yield DiversityMeasured(results["diversity"])
 
     # 4. MineTheGap gap score (reconstruction, spec A.3).
     if request.gap:
@@ -255,15 +252,29 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     results["top_concepts"] = [[c, round(f, 3)] for c, f in top]
     yield Table("top_concepts", ["concept", "share of images"], results["top_concepts"])
 
-    summary = {"n": len(valid), "vendi": round(diversity["vendi"], 3)}
+    yield run_record.finish(results, summary_of(results))
+
+
+def diversity(image_emb: np.ndarray, embedder: str) -> dict:
+    """Diversity of a set from its (n, d) CLIP image embeddings: Vendi (raw and normalised by n)
+    and the mean pairwise cosine similarity (engine.metrics.diversity)."""
+    return {"vendi": vendi_score(image_emb), "vendi_normalised": normalised_vendi(image_emb),
+            "mean_pairwise_similarity": mean_pairwise_similarity(image_emb), "n": len(image_emb),
+            "embedder": embedder}
+
+
+def summary_of(results: SinglePromptResults) -> dict:
+    """The run's summary row (the Runs list): N measured, Vendi, the gap score, the headline's
+    top axis and each axis' composite bias score (None where it is undefined)."""
+    summary = {"n": results["diversity"]["n"], "vendi": round(results["diversity"]["vendi"], 3)}
     if "gap" in results:
         summary["gap_score"] = round(results["gap"]["score"], 4)
     if results["headline"].get("top"):
         summary["top_axis"] = results["headline"]["top"]
         summary["top_axis_probability"] = round(results["headline"]["probability"], 3)
     for name, m in results["axes"].items():
-        summary[f"cbs_{name}"] = None if m["composite_bias_score"] != m["composite_bias_score"] else round(m["composite_bias_score"], 3)
-    yield run_record.finish(results, summary)
+        summary[f"cbs_{name}"] = None if is_missing(m["composite_bias_score"]) else round(m["composite_bias_score"], 3)
+    return summary
 
 
 def image_details(engine: Engine, image_key: str) -> dict:
