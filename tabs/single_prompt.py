@@ -9,6 +9,7 @@ from engine.methods.axes import known_axes, parse_targets
 from engine.common.errors import InputError
 from engine.common.events import AxisScores, Done, Headline, Images, Progress, Table
 from engine.methods import single_prompt, validate
+from engine.methods.options import settings_for
 from engine.report import trust
 
 from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
@@ -174,7 +175,7 @@ def regenerate_alone(engine, view) -> str:
     record, request = view.get("selected"), view.get("request")
     if not record or not request:
         raise InputError("click an image of a finished run first")
-    settings = single_prompt.settings_for(single_prompt.SinglePromptRequest(**request), engine)
+    settings = settings_for(single_prompt.SinglePromptRequest(**request), engine)
     same, diff = engine.regenerate_check(request["prompt"], record["seed"], settings, record["key"])
     if diff is None:
         return (f"Seed {record['seed']}: the stored image is missing (deleted with another run, or its file "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from ..common.errors import GapLensError, ModelLoadError
+from ..common.errors import ApiError, ModelLoadError
 from .base import ModelSpec
 
 # backend name -> (module, protocol kind)
@@ -106,7 +106,7 @@ def load_backend(spec: ModelSpec, device: str = "cpu", **context):
     try:
         module = importlib.import_module(module_name)
         return module.load(spec, device, **context)
-    except GapLensError:  # ModelLoadError, or an API's own (ApiError) while it is asked for its models
+    except (ModelLoadError, ApiError):  # an API's own error while it is asked for its models stays one
         raise
     except MemoryError as exc:  # host RAM
         raise ModelLoadError(f"not enough memory to load '{spec.model}': {exc}") from exc
