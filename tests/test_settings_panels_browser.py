@@ -6,7 +6,6 @@ result on the page stays as it was."""
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -14,6 +13,7 @@ from typing import Callable
 import pytest
 
 from apphelpers import browser_page, running_app, screenshot
+from waiting import wait_until
 from engine.models.presets import SYNTHETIC_TABLE
 
 pytestmark = pytest.mark.browser
@@ -105,16 +105,13 @@ def run_and_wait(page, engine, form_: Form) -> dict:
     """Press the run button; returns the stored run once it finished and the page showed it."""
     before = {r["id"] for r in engine.store.list_runs(form_.method)}
     page.click(f"#{form_.run}")
-    deadline = time.time() + LONG / 1000
-    while time.time() < deadline:
-        new = [r for r in engine.store.list_runs(form_.method) if r["id"] not in before and r["status"] != "running"]
-        if new:
-            break
+
+    def finished():
         errors = page.locator(".toast-body.error")
         assert errors.count() == 0, f"{form_.tab}: {errors.first.inner_text()}"
-        time.sleep(0.2)
-    else:
-        raise AssertionError(f"{form_.tab}: no finished run after {LONG / 1000:.0f} s")
+        return [r for r in engine.store.list_runs(form_.method) if r["id"] not in before and r["status"] != "running"]
+
+    new = wait_until(finished, LONG / 1000, f"a finished {form_.tab} run", poll=0.2)
     run = engine.store.get_run(new[0]["id"])
     page.wait_for_function("id => document.body.innerText.includes(id)", arg=run["id"], timeout=LONG)
     return run
