@@ -45,7 +45,7 @@ def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
     notes = gr.Markdown("", elem_id=f"{prefix}-axes-notes")
 
     # TIBET's meta-prompt: three LLM turns (re-asked at most once more each when the output is unusable)
-    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 0, llm_calls=6), specs=lambda **form: [engine.preset.llm])
+    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 0, llm_calls=2 * cfsets.PROPOSE_CALLS), specs=lambda **form: [engine.preset.llm])
     def propose_axes(prompt_text, fill_text):
         axes, problems = cfsets.propose_for(engine, engine.check_prompt(prompt_text), parse_fill(fill_text))
         dropped = "\n".join(f"- the LLM's counterfactual {problem}" for problem in problems)
@@ -68,9 +68,10 @@ def gpu_seconds_for_sets(engine, n, steps, rows, fill, runs: int = 1) -> int:
     each counterfactual, for every fill value, each image asked one question per axis; an empty table
     counts as the LLM's proposal (SETS_GUESS sets, three axes, its three turns)."""
     axes = cfsets.axes_from_rows(rows if isinstance(rows, list) else None)
-    sets = 1 + sum(len(cfs) for cfs in axes.values()) if axes else cfsets.SETS_GUESS
+    sets = cfsets.one_set_each(axes) if axes else cfsets.SETS_GUESS
     sets *= max(1, len(parse_fill(fill if isinstance(fill, str) else "")))
-    return gpu_seconds_for(engine, n, steps, sets=sets * runs, questions=len(axes) or 3, llm_calls=0 if axes else 3)
+    return gpu_seconds_for(engine, n, steps, sets=sets * runs, questions=len(axes) or 3,
+                           llm_calls=0 if axes else cfsets.PROPOSE_CALLS)
 
 
 def axes_of(rows) -> dict | None:

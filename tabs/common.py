@@ -9,7 +9,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 
@@ -20,6 +20,7 @@ from engine.backends.device import on_zero_gpu
 from engine.common.errors import GapLensError
 from engine.common.events import Done, Event, Progress, Warning
 from engine.methods import METHODS
+from engine.methods.options import field_default
 from engine.hosting.space import gpu_seconds, needs_gpu
 
 GPU_HANDLER = "gaplens_gpu_handler"   # set on the function of every handler `gpu` wraps
@@ -123,8 +124,7 @@ class LoadHook(NamedTuple):
 def default(request_class, name: str):
     """The default of the field `name` of a method's request dataclass: a tab's widget starts
     where the CLI and the API start."""
-    spec = _field(request_class, name)
-    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
+    return field_default(_field(request_class, name))
 
 
 def options(request_class, name: str, labels: dict | None = None) -> list[tuple[str, str]]:

@@ -224,8 +224,8 @@ def until_stopped(engine, events, view: View):
             run_id = view.kept.get("run_id")
             if run_id and time.perf_counter() - checked_at >= UPDATE_EVERY:
                 checked_at = time.perf_counter()
-                record = engine.store.get_run(run_id)
-                if record is not None and record["status"] == "stopped":
+                status = engine.store.run_status(run_id)
+                if status is not None and status[0] == "stopped":
                     break
             yield event
     finally:
@@ -277,10 +277,11 @@ def stop_mining(engine, view_state):
     engine.store.update_run(run_id, status="stopped")
     deadline = asked + STOP_WAIT
     while time.time() < deadline:   # the run's own process saves its state when it closes the run
-        record = engine.store.get_run(run_id)
-        if record is None or record["updated"] > asked + 1e-3:
+        status = engine.store.run_status(run_id)
+        if status is None or status[1] > asked + 1e-3:
             break
         time.sleep(0.1)
+    record = engine.store.get_run(run_id)
     if record is None:
         return in_order(LIVE, {"progress": "Stopped."})
     status = ("Done (it finished before Stop took effect)" if record["status"] == "done"

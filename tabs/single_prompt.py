@@ -129,7 +129,6 @@ def render(event, view: View) -> dict:
     kept, state = view.kept, view.shown["state"]
     if isinstance(event, Images):
         kept["records"] = sorted(kept["records"] + event.records, key=lambda r: r.seed)
-        state["records"] = {r.seed: r.to_json() for r in kept["records"]}
         return {"gallery": gallery_items(kept["records"])}
     if isinstance(event, Progress):
         return {"progress": view.progress_text(event)}
@@ -145,7 +144,8 @@ def render(event, view: View) -> dict:
     if isinstance(event, Table):
         return {"topk": event.rows}
     if isinstance(event, Done):
-        state.update(run_id=event.run_id, results=event.results)
+        state.update(run_id=event.run_id, results=event.results,
+                     records={r.seed: r.to_json() for r in kept["records"]})
         if event.results.get("all_flagged"):
             return {"progress": f"**Nothing measured**: {event.results['message']} (run `{event.run_id}`)."}
         return {"progress": f"**Done**: {len(kept['records'])} images measured in "

@@ -12,25 +12,18 @@ import argparse
 import json
 import types
 import typing
-from dataclasses import MISSING, Field, fields
+from dataclasses import Field, fields
 from pathlib import Path
 
 from ..common.errors import InputError
 from ..methods import METHODS
 from ..methods.cfsets import load_preset
+from ..methods.options import field_default
 
 
 def option_fields(request_type: type) -> list[Field]:
     """The request's fields that are command-line options (those with a help text)."""
     return [f for f in fields(request_type) if "help" in f.metadata]
-
-
-def _default(f: Field):
-    if f.default is not MISSING:
-        return f.default
-    if f.default_factory is not MISSING:
-        return f.default_factory()
-    return None
 
 
 def _plain_type(annotation) -> tuple[type, bool]:
@@ -48,7 +41,7 @@ def request_options(parser: argparse.ArgumentParser, request_type: type, skip=()
     for f in option_fields(request_type):
         if f.name in skip:
             continue
-        meta, default = f.metadata, _default(f)
+        meta, default = f.metadata, field_default(f)
         names = [meta.get("flag") or "--" + f.name.replace("_", "-")] + ([meta["short"]] if "short" in meta else [])
         text = meta["help"].replace("%", "%%")
         kind, is_list = _plain_type(hints[f.name])

@@ -95,7 +95,7 @@ def left(store, budget: Budget, visitor: Visitor) -> dict:
     """What `visitor` may still spend this hour ({kind: amount}), the least over their budgets."""
     now = time.time()
     out: dict = {}
-    with store.ledger() as ledger:
+    with store.ledger(write=False) as ledger:
         for scope in scopes(budget, visitor):
             rows = ledger.charges(now - WINDOW_S, scope.visitor, scope.address)
             for kind, (column, *_) in KINDS.items():

@@ -2,10 +2,20 @@
 into the generator's settings (with a warning for settings a researcher may not expect)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, dataclass, field
 
 from ..common.events import Warning
 from ..core.engine import Engine
+
+
+def field_default(spec: Field):
+    """The default of a request's field (its factory's value for a list), None for a required one:
+    where the CLI's option, a tab's widget and the API start."""
+    if spec.default is not MISSING:
+        return spec.default
+    if spec.default_factory is not MISSING:
+        return spec.default_factory()
+    return None
 
 
 @dataclass(kw_only=True)

@@ -71,9 +71,14 @@ class Runs:
         return dead
 
     @contextmanager
-    def ledger(self):
+    def ledger(self, write: bool = True):
         """The charges ledger in one write transaction (engine/hosting/spending.py): what a check reads and
-        the charge it then adds are atomic across threads and processes. Yields a Ledger."""
+        the charge it then adds are atomic across threads and processes. Yields a Ledger; with
+        `write=False` one that only reads, without taking the store's write lock."""
+        if not write:
+            with self._errors():
+                yield Ledger(self._conn())
+            return
         with self._write() as db:
             yield Ledger(db)
 
@@ -122,6 +127,14 @@ class Runs:
         run["images"] = [dict(r) for r in self._read(
             "SELECT image_key, label, position FROM run_images WHERE run_id=? ORDER BY position", (run_id,))]
         return run
+
+    def run_status(self, run_id: str) -> tuple[str, float] | None:
+        """(status, updated) of the run, or None as `get_run` gives it: what a loop watching a run
+        reads without decoding its results."""
+        where, args = self._scope()
+        rows = self._read("SELECT status, updated FROM runs WHERE id=?" + (f" AND {where}" if where else ""),
+                          (run_id, *args))
+        return (rows[0]["status"], rows[0]["updated"]) if rows else None
 
     def require_run(self, run_id: str, method: str | None = None, what: str = "run", hint: str = "") -> dict:
         """The run (`get_run`) when the current visitor may see it and it is of `method` (any when
