@@ -1,7 +1,23 @@
-"""Scale out: images/s of one generate job on 1 vs 2 processes (tiny SD pipeline, CPU), measured
-in one run, as a ratio.
+"""Scale out: one job on 1 process vs several (gloo), measured in one run, as a ratio.
 
-    python bench/scale_out.py [--prompts 16] [--n 4] [--steps 4] [--threads 1] [--repeats 1]
+    python bench/scale_out.py [--occupations 6] [--n 16] [--processes 4] [--vqa-cost blip_vqa]
+    python bench/scale_out.py --tiny-sd [--prompts 16] [--n 4] [--steps 4] [--threads 1] [--repeats 1]
+
+Default: the occupation study's subset (BiasConnect, `intersectional --axes-preset occupations`): the
+first `--occupations` occupations × all 27 sets × N images, 8 multiple-choice questions per image, on
+the synthetic world with the GPU cost model (engine/backends/gpu_costs.py: every generator and VQA
+call sleeps the time an H100/H200 would take: sd-turbo 0.032 s an image, BLIP 0.01 s a question).
+The arithmetic of the synthetic world is about 2 ms an image, so the figures measure the
+orchestration: what runs on every rank and what on rank 0 alone. Both sides are timed by the run's
+own clock (`seconds` in its summary: from the request to the record, process start left out), the
+1-process side started plainly, the other with `accelerate launch --multi_gpu --num_processes P`.
+`rank0_alone_share` is the part of the P-process run outside its distributed steps (the `.merged`
+records of shards/: planning, dealing, every rank working, adopting), when rank 0 works and the
+others wait. Headline last: scale_out_ratio (1-process seconds over P-process seconds; P is linear).
+`--projection` adds the cost model's time of the full study (26 occupations, 48 images) on 1 and 8
+GPUs, from the measured per-image seconds and rank-0-alone seconds.
+
+`--tiny-sd`: images/s of one generate job on 1 vs 2 processes (tiny SD pipeline, CPU):
 
 Both sides run the same CLI job, `python -m engine generate --prompts-file F -n N`, on a fresh
 store: 1 process started plainly, 2 processes with `accelerate launch --multi_gpu
@@ -58,15 +74,57 @@ def run_job(processes: int, args: list[str], data_dir: Path, threads: int) -> tu
     return json.loads(summary), wall
 
 
+def occupation_study(args) -> None:
+    """The occupation subset with the GPU cost model on 1 and `args.processes` processes."""
+    occupations = json.loads((ROOT / "assets" / "occupation_axes.json").read_text())["occupations"][:args.occupations]
+    job = ["intersectional", "--preset", "synthetic", "--axes-preset", "occupations", "--fill", *occupations,
+           "-n", str(args.n), "--generator-option", f"gpu={args.generator_cost}", "--vqa-option",
+           f"gpu={args.vqa_cost}", "--embedder-option", "gpu=clip", "--quiet", "--json"]
+    work = Path(tempfile.mkdtemp(prefix="gaplens-scale-"))
+    seconds, walls, alone = {}, {}, 0.0
+    for processes in (1, args.processes):
+        store = work / f"store-{processes}"
+        summary, walls[processes] = run_job(processes, job, store, 1)
+        seconds[processes] = summary["seconds"]
+        if processes > 1:
+            steps = [json.loads(m.read_text()) for m in store.glob("shards/*/*/.merged")]
+            alone = max(0.0, seconds[processes] - sum(s.get("seconds", 0.0) for s in steps))
+    db = sqlite3.connect(work / f"store-{args.processes}" / "gaplens.sqlite")
+    images, answers = (db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("images", "answers"))
+    one, many = seconds[1], seconds[args.processes]
+    values = dict(occupations=len(occupations), sets=27 * len(occupations), n=args.n, images=images, answers=answers,
+                  processes=args.processes, generator_cost=args.generator_cost, vqa_cost=args.vqa_cost,
+                  run_s_1proc=one, run_s_nproc=many, wall_s_1proc=walls[1], wall_s_nproc=walls[args.processes],
+                  rank0_alone_s=alone, rank0_alone_share=alone / many if many else 0.0)
+    if args.projection:
+        # the full study (26 occupations x 27 sets x 48 images): per-image seconds of the 1-process run,
+        # the P-process run's alone seconds scaled by the images (they grow with the answers adopted)
+        full = 26 * 27 * 48
+        per_image, alone_per_image = one / images, alone / images
+        values.update(full_study_images=full, full_study_answers=full * 8,
+                      projected_full_study_h_1gpu=full * per_image / 3600,
+                      projected_full_study_h_8gpu=full * ((per_image - alone_per_image) / 8 + alone_per_image) / 3600)
+    report(**values, scale_out_ratio=one / many)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny-sd", action="store_true", help="the tiny SD generate job on 1 vs 2 processes instead")
+    ap.add_argument("--occupations", type=int, default=6, help="occupations of the study's subset (at most 26)")
+    ap.add_argument("--processes", type=int, default=4)
+    ap.add_argument("--generator-cost", default="sd-turbo", help="the generator's entry in the GPU cost table")
+    ap.add_argument("--vqa-cost", default="blip_vqa", help="the VQA's entry in the GPU cost table (vlm: a VLM)")
+    ap.add_argument("--projection", action="store_true", help="project the full study's time on 1 and 8 GPUs")
     ap.add_argument("--prompts", type=int, default=16, help=f"prompts in the job (at most {len(WORDS)})")
-    ap.add_argument("--n", type=int, default=4, help="images per prompt")
+    ap.add_argument("--n", type=int, default=None, help="images per set (default 16; --tiny-sd: 4 per prompt)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per process")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
-
+    if not args.tiny_sd:
+        args.n = args.n or 16
+        return occupation_study(args)
+    args.n = args.n or 4
     spec = tiny_sd_spec()
     work = Path(tempfile.mkdtemp(prefix="gaplens-scale-"))
     prompts = work / "prompts.txt"

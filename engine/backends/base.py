@@ -13,6 +13,8 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 from PIL import Image
 
+from .gpu_costs import COST_OPTIONS
+
 
 @dataclass(frozen=True)
 class GenerationSettings:
@@ -120,7 +122,7 @@ class ModelSpec:
 
 # Options that change how a backend is reached, never what it answers: left out of its identity.
 TRANSPORT_OPTIONS = frozenset({"timeout", "max_retries", "retry_wait", "max_retry_wait", "concurrency",
-                               "batch_size", "cache_dir", "enable_cpu_offload", "device_map"})
+                               "batch_size", "cache_dir", "enable_cpu_offload", "device_map"}) | COST_OPTIONS
 
 
 def options_text(options: dict) -> str:

@@ -51,6 +51,10 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
                                  "never a secret: keys come from the environment)")
     parser.add_argument("--max-api-calls", type=int, default=None, metavar="N",
                         help="most image API calls one run may make (default 200); the count is shown first")
+    parser.add_argument("--shard", default=None, metavar="I/N",
+                        help="run slice I of N (from 0) of the method's images and evaluation, writing only its shard "
+                             "to the data directory (one Slurm array task each); a final run without --shard adopts "
+                             "every shard and finishes from the store")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -121,7 +125,11 @@ def main(argv=None) -> int:
     from ..core import distributed  # imports torch only when a launcher started several processes
 
     try:
-        cluster = distributed.cli_join(args)
+        try:
+            cluster = distributed.cli_join(args)
+        except GapLensError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         if cluster is None:
             return run_command(args)
         return distributed.cli_run(cluster, args, run_command, make_engine)  # rank 0 runs it, the others generate
@@ -131,10 +139,13 @@ def main(argv=None) -> int:
 
 
 def run_command(args) -> int:
+    from ..core import distributed
+
     try:
         if getattr(args, "handler", None) is not None:  # commands that need no engine (plan, doctor)
             return args.handler(args)
         engine = make_engine(args)
+        distributed.attach(engine)   # --shard: images and manifests to the shared data directory
         if args.method is None:
             print(json.dumps(engine.status(), indent=2, default=str))
             return 0

@@ -54,10 +54,10 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..backends.base import GenerationSettings
-from ..common.errors import GapLensError
+from ..common.errors import GapLensError, InputError
 from ..common.events import Progress
 from ..models.sources import announce_api_calls
-from ..store.store import Store, image_key
+from ..store.store import CAPTION, ImageRecord, Store, answer_key, embedding_key, image_key
 
 # Launchers' world-size variables (torchrun/accelerate; MPI as accelerate reads them).
 WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -68,6 +68,7 @@ SHARDS = "shards"
 MERGED = ".merged"
 # CLI commands whose worker ranks load the generator at start (in parallel with rank 0).
 PRELOAD_COMMANDS = ("generate", "counterfactuals", "intersectional", "mine")
+EVAL_BATCH = 16   # images per evaluation batch (at least; a VQA's own larger batch_size wins)
 
 
 def launched_world_size() -> int:
@@ -100,6 +101,7 @@ class Cluster:
         self._dist, self._torch = dist, torch
         self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.busy = False  # rank 0 between broadcasting an order and its last collective
+        self.shard = False
 
     @property
     def is_main(self) -> bool:
@@ -151,14 +153,58 @@ def join() -> Cluster | None:
     return _CLUSTER
 
 
+class ShardDone(Exception):
+    """A `--shard` process has done its slice; `steps` are its steps' summaries."""
+
+    def __init__(self, steps: list[dict]):
+        super().__init__("this shard's slice is done")
+        self.steps = steps
+
+
+class Shard:
+    """Slice `index` of `count` (`--shard index/count`): a job's rank without a process group. The
+    plans are the job's (every slice computes the same), the collectives are this process's own
+    values, and only this slice's batches are done; `images` are its image share's sets."""
+
+    shard, busy, is_main = True, False, False
+
+    def __init__(self, index: int, count: int):
+        self.rank, self.world = index, count
+        self.steps: list[dict] = []
+        self.images: list | None = None
+
+    def broadcast(self, obj=None):
+        return obj
+
+    def sum(self, values: Sequence[int]) -> list[int]:
+        return [int(v) for v in values]
+
+    def gather(self, obj) -> list:
+        return [obj]
+
+
+def parse_shard(text: str) -> Shard:
+    """The Shard `--shard I/N` names; InputError unless 0 <= I < N."""
+    index, _, count = str(text).partition("/")
+    try:
+        index, count = int(index), int(count)
+    except ValueError:
+        index = count = -1
+    if not 0 <= index < count:
+        raise InputError(f"--shard takes I/N with 0 <= I < N (slice I of N, counted from 0), not '{str(text)[:40]}'")
+    return Shard(index, count)
+
+
 # -- planning ------------------------------------------------------------------------------------
 
-def plan_batches(engine, sets: Iterable[Sequence]) -> tuple[list[tuple[str, list[int], dict]], int]:
+def plan_batches(engine, sets: Iterable[Sequence], skip_stored: bool = True
+                 ) -> tuple[list[tuple[str, list[int], dict]], int]:
     """The generator calls that make every missing image of `sets` (each `(prompt, seeds,
     settings[, label])`), as `(prompt, seeds, settings dict)` in set order, and the number of
-    distinct images asked for. An image already stored, or planned for an earlier set, is left
-    out; each set's missing seeds are cut into batches of the generator's batch size, as
-    `Engine.images` cuts them."""
+    distinct images asked for. An image already stored (unless not `skip_stored`: a shard's
+    plan is the same whatever the others made), or planned for an earlier set, is left out; each
+    set's missing seeds are cut into batches of the generator's batch size, as `Engine.images`
+    cuts them."""
     gen_id = engine.model_id("generator")
     batch_size = max(1, int(getattr(engine.models.get(engine.generator_spec), "batch_size", 4)))
     items = []
@@ -166,7 +212,7 @@ def plan_batches(engine, sets: Iterable[Sequence]) -> tuple[list[tuple[str, list
         prompt, seeds, settings = entry[0], [int(s) for s in entry[1]], entry[2] or engine.default_settings()
         items.append((prompt, seeds, settings, [image_key(gen_id, prompt, s, settings) for s in seeds]))
     wanted = [k for *_, keys in items for k in keys]
-    claimed = engine.store.present_image_keys(wanted)
+    claimed = engine.store.present_image_keys(wanted) if skip_stored else set()
     batches = []
     for prompt, seeds, settings, keys in items:
         missing = []
@@ -179,26 +225,89 @@ def plan_batches(engine, sets: Iterable[Sequence]) -> tuple[list[tuple[str, list
     return batches, len(set(wanted))
 
 
-def deal(batches: Sequence[tuple], world: int) -> list[list[tuple]]:
-    """Each rank's share of `batches`: every batch in turn goes to the rank with the fewest
-    images so far (the lowest rank on ties). Deterministic; loads differ by at most one batch."""
+def deal(batches: Sequence[tuple], world: int, size=lambda batch: len(batch[1])) -> list[list[tuple]]:
+    """Each rank's share of `batches`: every batch in turn goes to the rank with the least work so
+    far (`size` of its batches: images by default; the lowest rank on ties). Deterministic; loads
+    differ by at most one batch."""
     shares: list[list[tuple]] = [[] for _ in range(world)]
     load = [0] * world
     for batch in batches:
         rank = min(range(world), key=lambda r: (load[r], r))
         shares[rank].append(batch)
-        load[rank] += len(batch[1])
+        load[rank] += size(batch)
     return shares
+
+
+def set_image_keys(engine, sets: Iterable[Sequence]) -> list[tuple[str, str, int]]:
+    """(image key, prompt, seed) of every image of `sets`, de-duplicated, in set order."""
+    gen_id = engine.model_id("generator")
+    out = {}
+    for entry in sets:
+        settings = entry[2] or engine.default_settings()
+        for seed in entry[1]:
+            out.setdefault(image_key(gen_id, entry[0], int(seed), settings), (entry[0], int(seed)))
+    return [(key, prompt, seed) for key, (prompt, seed) in out.items()]
+
+
+def plan_evaluation(engine, images: Sequence[tuple[str, str, int]], asks: Sequence, caption: bool, embed: bool
+                    ) -> tuple[list[dict], dict]:
+    """The evaluation batches that compute every missing unit of `images` ((key, prompt, seed)):
+    an answer per (image, question, choices) of `asks`, a caption, an embedding; the work unit is
+    the store's key (engine/store/keys.py). Images not stored, or flagged by the safety checker,
+    are left out (methods measure neither). Images missing the same units are cut into batches of
+    EVAL_BATCH; each batch is {"images": [[key, prompt, seed]], "asks": [[question, choices]],
+    "caption", "embed", "answer_keys", "embedding_keys", "units"}. Returns (batches, the evaluator
+    ids the units are keyed by)."""
+    asks = [(str(q), list(c) if c else None) for q, c in asks]
+    evaluators = {}
+    if asks or caption:
+        evaluators["vqa"] = engine.model_id("vqa")
+    if embed:
+        evaluators["embedder"] = engine.model_id("embedder")
+    store = engine.store
+    present = store.present_image_keys([k for k, _, _ in images])
+    flagged = {r["key"] for r in store.image_rows(list(present)) if r["nsfw"]}
+    images = [i for i in images if i[0] in present and i[0] not in flagged]
+    units = {}
+    for key, _, _ in images:
+        units[key] = ([answer_key(evaluators["vqa"], key, q, c) for q, c in asks]
+                      + ([answer_key(evaluators["vqa"], key, CAPTION)] if caption else []),
+                      [embedding_key(evaluators["embedder"], key)] if embed else [])
+    have = (store.stored_keys("answers", [k for a, _ in units.values() for k in a])
+            | store.stored_keys("embeddings", [k for _, e in units.values() for k in e]))
+    groups: dict[tuple, list] = {}
+    for image in images:
+        answers, embeddings = units[image[0]]
+        missing = tuple(k not in have for k in answers + embeddings)
+        if any(missing):
+            groups.setdefault(missing, []).append(image)
+    vqa = engine.models.peek(engine.preset.vqa) if "vqa" in evaluators else None
+    size = max(EVAL_BATCH, int(getattr(vqa, "batch_size", 0) or 0))
+    batches = []
+    for missing, members in groups.items():
+        ask_missing = [a for a, m in zip(asks, missing) if m]
+        caption_missing = caption and missing[len(asks)]
+        embed_missing = embed and missing[-1]
+        for i in range(0, len(members), size):
+            chunk = members[i:i + size]
+            answer_keys = [k for image in chunk for k, m in zip(units[image[0]][0], missing) if m]
+            embedding_keys = [k for image in chunk for k in units[image[0]][1]] if embed_missing else []
+            batches.append({"images": [list(x) for x in chunk], "asks": [list(a) for a in ask_missing],
+                            "caption": bool(caption_missing), "embed": bool(embed_missing),
+                            "answer_keys": answer_keys, "embedding_keys": embedding_keys,
+                            "units": len(answer_keys) + len(embedding_keys)})
+    return batches, evaluators
 
 
 # -- shards --------------------------------------------------------------------------------------
 
 def shards_root(store: Store) -> Path:
-    return store.data_dir / SHARDS
+    return Path(getattr(store, "shards_dir", None) or store.data_dir / SHARDS)
 
 
 def read_manifest(path: Path) -> list[dict]:
-    """The complete lines of one rank's manifest (a line cut short by a kill is skipped)."""
+    """The complete lines of one rank's manifest (a line cut short by a kill is skipped), each with
+    its lists of image `rows`, `answers` and `embeddings` (empty when it has none)."""
     lines = []
     try:
         text = path.read_text(encoding="utf-8")
@@ -209,21 +318,40 @@ def read_manifest(path: Path) -> list[dict]:
             entry = json.loads(line)
         except ValueError:
             continue
-        if isinstance(entry, dict) and isinstance(entry.get("rows"), list):
+        if isinstance(entry, dict) and all(isinstance(entry.setdefault(k, []), list) for k in ARTEFACTS):
             lines.append(entry)
     return lines
 
 
+ARTEFACTS = ("rows", "answers", "embeddings")   # a manifest line's lists: image rows first (the others need them)
+_SEEN: dict[tuple[str, str], tuple[int, int]] = {}   # (database, manifest) -> (size, mtime) when last adopted
+
+
 def merge_step(store: Store, step_dir: Path) -> int:
-    """Adopt the images of every manifest in `step_dir` into the store. Returns rows added."""
-    rows = [row for manifest in sorted(step_dir.glob("rank-*.jsonl"))
-            for entry in read_manifest(manifest) for row in entry["rows"]]
-    return store.adopt_images(rows) if rows else 0
+    """Adopt the images, answers and embeddings of every manifest in `step_dir` into the store
+    (a manifest unchanged since this process last adopted it is skipped). Returns rows added."""
+    entries = []
+    for manifest in sorted(step_dir.glob("rank-*.jsonl")):
+        try:
+            stat = manifest.stat()
+        except OSError:
+            continue
+        seen = (str(store.db_path), str(manifest))
+        if _SEEN.get(seen) == (stat.st_size, stat.st_mtime_ns):
+            continue
+        entries += read_manifest(manifest)
+        _SEEN[seen] = (stat.st_size, stat.st_mtime_ns)
+    images = [row for entry in entries for row in entry["rows"]]
+    added = store.adopt_images(images) if images else 0
+    for kind in ("answers", "embeddings"):
+        rows = [row for entry in entries for row in entry[kind]]
+        added += store.adopt_artefacts(kind, rows) if rows else 0
+    return added
 
 
 def merge_unmerged(store: Store) -> int:
-    """Adopt the shards of every step not marked merged (interrupted jobs, or one running
-    now elsewhere: adopting is idempotent). Returns rows added."""
+    """Adopt the shards of every step not marked merged (interrupted jobs, `--shard` slices, or a
+    job running now elsewhere: adopting is idempotent). Returns rows added."""
     root = shards_root(store)
     if not root.is_dir():
         return 0
@@ -241,74 +369,92 @@ def _append_line(path: Path, entry: dict) -> None:
 
 # -- running an order ----------------------------------------------------------------------------
 
+def _generate(engine, batch) -> tuple[dict, int, int]:
+    """One generator call of an images order: (its manifest entry, images made, calls)."""
+    prompt, seeds, settings = batch
+    before = engine.stats.generator_calls
+    records = [r for b in engine.images(prompt, seeds, GenerationSettings(**settings)) for r in b]
+    fresh = [r.key for r in records if not r.cached]
+    return {"rows": engine.store.image_rows(fresh) if fresh else []}, len(fresh), engine.stats.generator_calls - before
+
+
+def _evaluate(engine, batch) -> tuple[dict, int, int]:
+    """One batch of an evaluation order, through the engine's own cached calls (ask, caption,
+    embed_images; units already stored are cache hits): (its manifest entry, units made, evaluator calls)."""
+    records = [ImageRecord(key, prompt, int(seed), str(engine.store.image_path_for(key)))
+               for key, prompt, seed in batch["images"]]
+    before = engine.stats.answers_computed + engine.stats.embeddings_computed
+    calls = 0
+    for question, choices in batch["asks"]:
+        engine.ask(records, question, choices)
+        calls += 1
+    if batch["caption"]:
+        engine.caption(records)
+        calls += 1
+    if batch["embed"]:
+        engine.embed_images(records)
+        calls += 1
+    made = engine.stats.answers_computed + engine.stats.embeddings_computed - before
+    return ({"answers": engine.store.artefact_rows("answers", batch["answer_keys"]),
+             "embeddings": engine.store.artefact_rows("embeddings", batch["embedding_keys"])}, made, calls)
+
+
+def _check_models(cluster, engine, order: dict) -> None:
+    """GapLensError when this rank's models are not the ones rank 0 keyed the order's units by."""
+    for role, wanted in order["models"].items():
+        have = engine.model_id(role)
+        if have != wanted:
+            raise GapLensError(f"rank {cluster.rank} loaded {role} {have} but rank 0 has {wanted}: launch every "
+                               f"process with the same --preset and --{role}")
+
+
 def _run_order(cluster: Cluster, engine, order: dict):
-    """Every rank: make this rank's share of the order's batches, in lockstep rounds of one
-    generator call; yields the global [images generated, generator calls] after each round.
-    Returns this rank's stats."""
+    """Every rank: do this rank's share of the order's batches (an image order's generator calls,
+    an evaluation order's units), in lockstep rounds of one batch; yields the global [units done,
+    calls] after each round. Returns this rank's stats."""
     share = order["shares"][cluster.rank]
-    gen_id = engine.model_id("generator")
-    if gen_id != order["generator"]:
-        raise GapLensError(f"rank {cluster.rank} loaded generator {gen_id} but rank 0 has {order['generator']}: "
-                           "launch every process with the same --preset and --generator")
+    _check_models(cluster, engine, order)
     if not cluster.is_main:  # a worker's own store is scratch: its PNGs go to the job's store
         engine.store.image_dir = Path(order["images_dir"])
     manifest = Path(order["dir"]) / f"rank-{cluster.rank:05d}.jsonl"
+    work = _generate if order["kind"] == "images" else _evaluate
     made = calls = 0
     busy = 0.0
     for round_ in range(order["rounds"]):
         if round_ < len(share):
-            prompt, seeds, settings = share[round_]
-            before = engine.stats.generator_calls
             start = time.perf_counter()
-            records = [r for batch in engine.images(prompt, seeds, GenerationSettings(**settings)) for r in batch]
+            entry, units, n_calls = work(engine, share[round_])
             seconds = time.perf_counter() - start
             busy += seconds
-            fresh = [r.key for r in records if not r.cached]
-            if fresh:
-                rows = engine.store.image_rows(fresh)
+            if any(entry.values()):
                 _append_line(manifest, {"session": order["session"], "step": order["step"], "rank": cluster.rank,
-                                        "host": socket.gethostname(), "pid": os.getpid(),
-                                        "calls": engine.stats.generator_calls - before,
-                                        "seconds": round(seconds, 4), "created": time.time(), "rows": rows})
-            made += len(fresh)
-            calls += engine.stats.generator_calls - before
+                                        "host": socket.gethostname(), "pid": os.getpid(), "calls": n_calls,
+                                        "seconds": round(seconds, 4), "created": time.time(), **entry})
+            made += units
+            calls += n_calls
         yield cluster.sum([made, calls])
-    return {"rank": cluster.rank, "host": socket.gethostname(), "images": made, "calls": calls,
+    return {"rank": cluster.rank, "host": socket.gethostname(), order["unit"]: made, "calls": calls,
             "busy_seconds": round(busy, 3)}
 
 
-def distributed_image_sets(engine, sets: Iterable[Sequence]):
-    """Make sure the store holds every image of `sets` (each `(prompt, seeds, settings[, label])`),
-    generating the missing ones across all ranks of a launched job; use with `yield from`.
-    Yields Progress events (global count, ETA) and returns a summary dict. In a single process
-    it does nothing and returns {}: the method generates as it always does. An images API's
-    total number of calls is announced and checked against the budget first (core.announce_api_calls)."""
-    sets = list(sets)
-    yield from announce_api_calls(engine, sets)
-    cluster = active()
-    if cluster is None:
-        return {}
-    started = time.perf_counter()
+def _run_step(cluster, engine, kind: str, batches: list, shares: list, summary: dict, models: dict):
+    """Rank 0 (or a shard): broadcast an order of `shares` of `batches`, do this rank's share with
+    the others, adopt theirs, mark the step merged (use `yield from`: Progress with the global count
+    and an ETA). Updates and returns `summary`."""
     store = engine.store
-    adopted = merge_unmerged(store)
-    batches, wanted = plan_batches(engine, list(sets))
-    total = sum(len(b[1]) for b in batches)
-    summary = {"processes": cluster.world, "images_wanted": wanted, "images_planned": total,
-               "images_from_earlier_shards": adopted, "images_generated": 0, "generator_calls": 0}
-    if not batches:
-        return summary
-    shares = deal(batches, cluster.world)
     session = _session_id()
     step_dir = shards_root(store) / session["id"] / f"{session['step']:05d}"
     step_dir.mkdir(parents=True, exist_ok=True)
     session["step"] += 1
-    order = {"kind": "images", "session": session["id"], "step": step_dir.name, "dir": str(step_dir),
-             "images_dir": str(store.image_dir), "generator": engine.model_id("generator"),
-             "shares": shares, "rounds": max(len(s) for s in shares)}
+    unit, what = ("images", "images generated") if kind == "images" else ("units", "answers and embeddings computed")
+    total = sum(len(b[1]) for b in batches) if kind == "images" else sum(b["units"] for b in batches)
+    order = {"kind": kind, "unit": unit, "session": session["id"], "step": step_dir.name, "dir": str(step_dir),
+             "images_dir": str(store.image_dir), "models": models, "shares": shares,
+             "rounds": max(len(s) for s in shares)}
+    started = time.perf_counter()
     cluster.broadcast(order)
     cluster.busy = True
-    yield Progress(0, total, "images", f"0/{total} images to generate on {cluster.world} processes")
-    gen_start = time.perf_counter()
+    yield Progress(0, total, kind, f"0/{total} {unit} to make on {cluster.world} processes")
     work = _run_order(cluster, engine, order)
     done = calls = 0
     while True:
@@ -317,20 +463,105 @@ def distributed_image_sets(engine, sets: Iterable[Sequence]):
         except StopIteration as stop:
             mine = stop.value
             break
-        elapsed = time.perf_counter() - gen_start
+        elapsed = time.perf_counter() - started
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else None
-        yield Progress(done, total, "images", f"{done}/{total} images generated on {cluster.world} processes"
+        yield Progress(done, total, kind, f"{done}/{total} {what} on {cluster.world} processes"
                        + (f" ({rate:.2f}/s)" if rate else ""), eta)
-    generate_seconds = time.perf_counter() - gen_start
+    work_seconds = time.perf_counter() - started
     per_rank = cluster.gather(mine)
     cluster.busy = False
-    merged = merge_step(store, step_dir)  # the other ranks' images (rank 0's are stored already)
-    summary.update(images_generated=done, generator_calls=calls, images_merged=merged,
-                   generate_seconds=round(generate_seconds, 3), seconds=round(time.perf_counter() - started, 3),
-                   images_per_second=round(done / generate_seconds, 3) if generate_seconds > 0 else None,
-                   per_rank=per_rank, shards=str(step_dir))
-    (step_dir / MERGED).write_text(json.dumps(summary, default=str))
+    merged = merge_step(store, step_dir)  # the other ranks' work (rank 0's is stored already)
+    summary.update({"calls": calls, "merged": merged, "work_seconds": round(work_seconds, 3),
+                    "per_second": round(done / work_seconds, 3) if work_seconds > 0 else None,
+                    "per_rank": per_rank, "shards": str(step_dir), "done": done})
+    return summary
+
+
+def distributed_image_sets(engine, sets: Iterable[Sequence]):
+    """Make sure the store holds every image of `sets` (each `(prompt, seeds, settings[, label])`),
+    generating the missing ones across all ranks of a launched job (or this `--shard`'s slice of
+    them); use with `yield from`. Yields Progress events (global count, ETA) and returns a summary
+    dict. In a single process it only adopts shards left in the data directory (`--shard` slices,
+    interrupted jobs) and returns {}: the method generates as it always does. An images API's total
+    number of calls is announced and checked against the budget first (core.announce_api_calls)."""
+    sets = list(sets)
+    yield from announce_api_calls(engine, sets)
+    cluster = active()
+    if cluster is None:
+        merge_unmerged(engine.store)
+        return {}
+    if cluster.shard and cluster.steps:
+        raise ShardDone(cluster.steps)   # the method's next step depends on every shard's results
+    summary = {"_started": time.perf_counter(), "processes": cluster.world,
+               "images_from_earlier_shards": merge_unmerged(engine.store)}
+    batches, wanted = plan_batches(engine, sets, skip_stored=not cluster.shard)
+    shares = deal(batches, cluster.world)
+    if cluster.shard:  # this slice's share, less what an earlier attempt of it stored
+        stored = engine.store.present_image_keys([k for k, _, _ in set_image_keys(engine, sets)])
+        gen_id = engine.model_id("generator")
+        mine = [(p, [s for s in seeds if image_key(gen_id, p, s, GenerationSettings(**st)) not in stored], st)
+                for p, seeds, st in shares[cluster.rank]]
+        cluster.images = [(p, seeds, GenerationSettings(**st)) for p, seeds, st in shares[cluster.rank]]
+        shares[cluster.rank] = [b for b in mine if b[1]]
+        batches = shares[cluster.rank]
+    total = sum(len(b[1]) for b in batches)
+    summary.update(images_wanted=wanted, images_planned=total, images_generated=0, generator_calls=0)
+    if not batches:
+        return _finish_step(cluster, summary)
+    result = yield from _run_step(cluster, engine, "images", batches, shares, summary,
+                                  {"generator": engine.model_id("generator")})
+    result.update(images_generated=result.pop("done"), generator_calls=result.pop("calls"),
+                  images_merged=result.pop("merged"), generate_seconds=result.pop("work_seconds"),
+                  images_per_second=result.pop("per_second"))
+    return _finish_step(cluster, result)
+
+
+def distributed_evaluation(engine, sets: Iterable[Sequence], asks: Sequence = (), caption: bool = False,
+                           embed: bool = False):
+    """Make sure the store holds every answer to `asks` (each `(question, choices or None)`), every
+    caption (`caption`) and every image embedding (`embed`) of the stored images of `sets`
+    (as `distributed_image_sets` takes them), computing the missing units across all ranks of a
+    launched job (or this `--shard`'s: those of its own images); use with `yield from` after the
+    method knows its questions, before it asks them. Each rank evaluates its share with its own
+    loaded evaluator through the engine's cached calls; rank 0 adopts the other ranks' rows
+    (checked: Store.adopt_artefacts), so the method then runs on with every unit a cache hit.
+    Yields Progress; returns a summary dict ({} in a single process, which evaluates as it always
+    does). A `--shard` process stops after it (ShardDone): what follows needs every slice's units."""
+    cluster = active()
+    if cluster is None:
+        return {}
+    images = set_image_keys(engine, sets)
+    if cluster.shard:
+        share = set(set_image_keys(engine, cluster.images or []))
+        images = [i for i in images if i in share]
+    summary = {"_started": time.perf_counter(), "processes": cluster.world,
+               "units_from_earlier_shards": merge_unmerged(engine.store)}
+    batches, evaluators = plan_evaluation(engine, images, asks, caption, embed)
+    shares = deal(batches, cluster.world, size=lambda b: b["units"])
+    if cluster.shard:  # every unit of this slice's images is its own
+        shares = [batches if r == cluster.rank else [] for r in range(cluster.world)]
+    summary.update(units_planned=sum(b["units"] for b in batches), units_computed=0, evaluator_calls=0)
+    if batches:
+        summary = yield from _run_step(cluster, engine, "evaluation", batches, shares, summary, evaluators)
+        summary.update(units_computed=summary.pop("done"), evaluator_calls=summary.pop("calls"),
+                       units_merged=summary.pop("merged"), evaluate_seconds=summary.pop("work_seconds"),
+                       units_per_second=summary.pop("per_second"))
+    result = _finish_step(cluster, summary)
+    if cluster.shard:
+        raise ShardDone(cluster.steps)
+    return result
+
+
+def _finish_step(cluster, summary: dict) -> dict:
+    """The step's summary, its start time replaced by its seconds. A job's step is marked merged
+    (its record: `.merged` beside the manifests); a shard's is left for the final run to adopt,
+    and kept for ShardDone."""
+    summary["seconds"] = round(time.perf_counter() - summary.pop("_started"), 3)
+    if cluster.shard:
+        cluster.steps.append(summary)
+    elif "shards" in summary:
+        (Path(summary["shards"]) / MERGED).write_text(json.dumps(summary, default=str))
     return summary
 
 
@@ -355,9 +586,17 @@ def _session_id() -> dict:
 
 # -- command line --------------------------------------------------------------------------------
 
-def cli_join(args) -> Cluster | None:
-    """For `python -m engine`: join the launched job, or None in a single process (with a note
-    when `accelerate launch --cpu --num_processes N` started one process only)."""
+def cli_join(args) -> Cluster | Shard | None:
+    """For `python -m engine`: join the launched job, this process's slice (`--shard I/N`), or
+    None in a single process (with a note when `accelerate launch --cpu --num_processes N` started
+    one process only)."""
+    global _CLUSTER
+    if getattr(args, "shard", None):
+        if launched_world_size() > 1:
+            raise InputError("--shard runs one slice in one process: start it without a launcher (one Slurm array "
+                             "task per slice), or drop --shard under accelerate/torchrun")
+        _CLUSTER = parse_shard(args.shard)
+        return _CLUSTER
     if launched_world_size() <= 1:
         if (os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and os.environ.get("MASTER_ADDR")
                 and not getattr(args, "quiet", False)):
@@ -372,8 +611,11 @@ def cli_join(args) -> Cluster | None:
     return cluster
 
 
-def cli_run(cluster: Cluster, args, run_command, make_engine) -> int:
-    """One CLI command as a job: rank 0 runs it (`run_command(args)`), the others serve."""
+def cli_run(cluster: Cluster | Shard, args, run_command, make_engine) -> int:
+    """One CLI command as a job: rank 0 runs it (`run_command(args)`), the others serve; a shard
+    runs its slice (run_shard)."""
+    if cluster.shard:
+        return run_shard(cluster, args, run_command)
     try:
         if not cluster.is_main:
             return serve(cluster, args, make_engine)
@@ -381,6 +623,42 @@ def cli_run(cluster: Cluster, args, run_command, make_engine) -> int:
         return code or (1 if cluster.busy else 0)
     finally:
         cluster.shutdown()
+
+
+def run_shard(shard: Shard, args, run_command) -> int:
+    """A `--shard` process's life: the method runs on a private scratch store whose images and
+    manifests are the data directory's (`attach`), until its slice is done (ShardDone); the data
+    directory's database is never opened. Prints the slice's steps (JSON with --json)."""
+    from .engine import default_data_dir
+
+    shared = Path(args.data_dir or default_data_dir()).expanduser()
+    scratch = tempfile.mkdtemp(prefix=f"gaplens-shard{shard.rank}-")
+    shard.shared = shared
+    slice_args = copy.copy(args)
+    slice_args.data_dir = scratch
+    try:
+        return run_command(slice_args)
+    except ShardDone as done:
+        report = {"shard": f"{shard.rank}/{shard.world}", "data_dir": str(shared), "steps": done.steps}
+        if args.json:
+            print(json.dumps(report, indent=2, default=str))
+        elif not args.quiet:
+            print(f"shard {shard.rank}/{shard.world} done: {json.dumps(done.steps, default=str)}", file=sys.stderr)
+        return 0
+    finally:
+        global _CLUSTER
+        _CLUSTER = None
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def attach(engine) -> None:
+    """A `--shard` process's engine writes its images and manifests to the shared data directory
+    (its database stays the scratch one); nothing otherwise."""
+    shard = active()
+    if shard is not None and shard.shard:
+        engine.store.image_dir = shard.shared / "images"
+        engine.store.image_dir.mkdir(parents=True, exist_ok=True)
+        engine.store.shards_dir = shard.shared / SHARDS
 
 
 def serve(cluster: Cluster, args, make_engine) -> int:

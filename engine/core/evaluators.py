@@ -2,12 +2,11 @@
 replies, each computed once and then served from the store (a part of `Engine`)."""
 from __future__ import annotations
 
-import json
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ..store.store import ImageRecord, content_key
+from ..store.store import CAPTION, ImageRecord, answer_key, choices_json, content_key, embedding_key
 
 
 class Evaluation:
@@ -16,7 +15,7 @@ class Evaluation:
     def embed_images(self, records: Sequence[ImageRecord]) -> np.ndarray:
         """(n, d) normalised image embeddings, cached per (embedder, image key)."""
         emb_id = self.model_id("embedder")
-        keys = [content_key("embedding", emb_id, r.key) for r in records]
+        keys = [embedding_key(emb_id, r.key) for r in records]
         return self._cached_embeddings(keys, records, emb_id, lambda e, items: e.embed_images(
             [r.image for r in items]), subject=lambda r: r.key)
 
@@ -45,8 +44,7 @@ class Evaluation:
             choices: Sequence[str] | None = None) -> list[str]:
         """One VQA answer per image, cached per (VQA model, image, question, choices)."""
         vqa_id = self.model_id("vqa")
-        choices_json = json.dumps(list(choices) if choices else [])
-        keys = [content_key("answer", vqa_id, r.key, question, choices_json) for r in records]
+        keys = [answer_key(vqa_id, r.key, question, choices) for r in records]
         found = self.store.get_answers(keys)
         todo = [i for i, k in enumerate(keys) if k not in found]
         if todo:
@@ -54,7 +52,7 @@ class Evaluation:
                 answers = vqa.answer([records[i].image for i in todo], question,
                                      list(choices) if choices else None)
             self.count(answers_computed=len(todo))
-            rows = [(keys[i], records[i].key, vqa_id, question, choices_json, a) for i, a in zip(todo, answers)]
+            rows = [(keys[i], records[i].key, vqa_id, question, choices_json(choices), a) for i, a in zip(todo, answers)]
             self.store.put_answers(rows)
             found.update({r[0]: r[5] for r in rows})
         return [found[k] for k in keys]
@@ -62,14 +60,14 @@ class Evaluation:
     def caption(self, records: Sequence[ImageRecord]) -> list[str]:
         """One caption per image, cached like answers under the pseudo-question '<caption>'."""
         vqa_id = self.model_id("vqa")
-        keys = [content_key("answer", vqa_id, r.key, "<caption>", "[]") for r in records]
+        keys = [answer_key(vqa_id, r.key, CAPTION) for r in records]
         found = self.store.get_answers(keys)
         todo = [i for i, k in enumerate(keys) if k not in found]
         if todo:
             with self._backend("vqa") as vqa:
                 captions = vqa.caption([records[i].image for i in todo])
             self.count(answers_computed=len(todo))
-            rows = [(keys[i], records[i].key, vqa_id, "<caption>", "[]", c) for i, c in zip(todo, captions)]
+            rows = [(keys[i], records[i].key, vqa_id, CAPTION, "[]", c) for i, c in zip(todo, captions)]
             self.store.put_answers(rows)
             found.update({r[0]: r[5] for r in rows})
         return [found[k] for k in keys]

@@ -18,6 +18,7 @@ import os
 from ..backends import uses_device
 from ..backends.base import ModelSpec
 from ..backends.device import ZERO_GPU_MEMORY_GB, on_zero_gpu
+from ..backends.gpu_costs import CAPTION_SECONDS, EMBED_SECONDS, QUESTION_SECONDS, image_seconds
 from ..common import access
 from ..common.errors import GapLensError
 from ..models.plan import plan
@@ -102,17 +103,10 @@ def needs_gpu(specs) -> bool:
 
 # -- how long to ask ZeroGPU for --------------------------------------------------------------------
 # ZeroGPU's slice is an H200 MIG 3g.71gb: 60 of the H200's 132 SMs and 69.5 GiB (the `spaces`
-# package's device defaults). Denoising is compute-bound, so its seconds on a full H200 (fp16/bf16,
-# the family's default size, batched; FLUX.1-schnell at 1024 px about 0.3 s a step) are scaled by the
-# slice's share of SMs. VQA, captions, embeddings and LLM replies are short generations dominated by
-# per-call overhead, so their seconds are given on the slice directly.
+# package's device defaults). Denoising is compute-bound, so its seconds on a full H200
+# (engine/backends/gpu_costs.py) are scaled by the slice's share of SMs. VQA, captions, embeddings and
+# LLM replies are short generations dominated by per-call overhead, so their seconds are taken as they are.
 ZERO_GPU_SMS, H200_SMS = 60, 132
-H200_STEP_SECONDS = {"sd1": 0.012, "sd2": 0.012, "sd-turbo": 0.012, "sdxl": 0.09, "sdxl-turbo": 0.025,
-                     "sd3": 0.09, "flux": 0.3, "flux-dev": 0.3}      # one step of one image
-H200_DECODE_SECONDS = 0.02      # the VAE decode and safety check of one image
-QUESTION_SECONDS = {"blip_vqa": 0.01, "vlm": 0.25, "clip_vqa": 0.002}   # one VQA question about one image
-CAPTION_SECONDS = {"blip_vqa": 0.05, "vlm": 1.0}                        # one caption
-EMBED_SECONDS = 0.005          # one CLIP embedding
 LLM_REPLY_SECONDS = 6.0        # one LLM reply (a few hundred tokens at transformers' per-token overhead)
 START_SECONDS = 10             # CUDA start-up and moving the preloaded weights onto the slice
 MARGIN = 1.5                   # ZeroGPU may abort a call that overruns; a visitor is charged what it used
@@ -132,8 +126,7 @@ def gpu_seconds(preset: Preset, *, images: int, steps=None, questions: int = 0, 
         from ..backends.diffusers_generator import default_steps, family_of
 
         steps = _whole(steps) if steps not in (None, "") else default_steps(generator)
-        step = H200_STEP_SECONDS.get(family_of(generator), H200_STEP_SECONDS["sdxl"])
-        work += images * (max(1, steps) * step + H200_DECODE_SECONDS) * H200_SMS / ZERO_GPU_SMS
+        work += images * image_seconds(family_of(generator), steps) * H200_SMS / ZERO_GPU_SMS
     vqa = preset.vqa
     if uses_device(vqa):
         can_caption = vqa.backend == "vlm" or vqa.options.get("caption_model")

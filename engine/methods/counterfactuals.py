@@ -41,7 +41,7 @@ import numpy as np
 from ..common.errors import InputError
 from ..common.events import AxisScores, Event, Headline, Progress, Table, Warning
 from ..common.scores import Score, as_interval, finite_or_none, number
-from ..core.distributed import distributed_image_sets
+from ..core.distributed import distributed_evaluation, distributed_image_sets
 from ..core.engine import Engine, Run, recorded
 from ..hosting.limits import Estimate
 from ..metrics import tibet, tibet_reference
@@ -393,6 +393,8 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     yield from distributed_image_sets(engine, [(s.prompt, seeds, settings) for s in specs])  # launched: every process
     questions = {axis: tibet_question(axis) for axis in axes}
     unique_questions = list(dict.fromkeys(questions.values()))
+    yield from distributed_evaluation(engine, [(s.prompt, seeds, settings) for s in specs],   # launched: every process
+                                      asks=[(q, None) for q in unique_questions], caption=request.caption, embed=True)
     results: CounterfactualsResults = {"prompt": request.prompt.strip(), "prompts": prompts, "aggregate": len(prompts) > 1,
                      "n": request.n, "seeds": seeds, "settings": settings.__dict__, "axes": axes,
                      "questions": questions, "mode": request.mode,

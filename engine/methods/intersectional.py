@@ -36,7 +36,7 @@ import numpy as np
 from ..common.errors import InputError
 from ..common.events import Event, Graph, Progress, Warning
 from ..common.scores import is_missing, number
-from ..core.distributed import distributed_image_sets
+from ..core.distributed import distributed_evaluation, distributed_image_sets
 from ..core.engine import Engine, Run, recorded
 from ..hosting.limits import Estimate
 from ..metrics import biasconnect as bc
@@ -202,6 +202,8 @@ def run(request: IntersectionalRequest, engine: Engine, run_record: Run):
     if short:
         yield Warning(f"axes with one counterfactual cannot be tested for edges: {', '.join(short)}")
     questions, ideals = yield from settle_questions_and_ideals(request, engine, axes, values)
+    yield from distributed_evaluation(engine, [(s.prompt, seeds, settings) for s in specs],   # launched: every process
+                                      asks=[(questions[y], values[y]) for y in questions])
     # 3. Generate every set and ask every axis' multiple-choice question about it.
     answers = yield from answer_sets(request, engine, run_record, specs, questions, values, settings)
     # 4. The matrix (spec §3.4), its χ² edges (§3.5) and bootstrap intervals.

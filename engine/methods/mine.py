@@ -35,7 +35,7 @@ from ..common.errors import GapLensError, InputError, LLMOutputError
 from ..common.events import Event, Images, Progress, Table, Warning
 from ..common.llm_prompts import mutations_prompt, random_prompts_prompt
 from ..common.scores import number
-from ..core.distributed import distributed_image_sets
+from ..core.distributed import distributed_evaluation, distributed_image_sets
 from ..core.engine import Engine, EngineStats, Run, recorded
 from ..hosting.limits import Estimate
 from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
@@ -311,8 +311,9 @@ class Miner:
                 yield Warning(f"iteration {t + 1}: the LLM gave no new prompt; the search stops here")
                 break
             todo = [n for n in population if n.get("score") is None and not n.get("skipped")]
-            yield from distributed_image_sets(self.engine, [(n["prompt"], self.request.seeds(), self.settings)
-                                                            for n in todo])  # launched: every process
+            sets = [(n["prompt"], self.request.seeds(), self.settings) for n in todo]
+            yield from distributed_image_sets(self.engine, sets)  # launched: every process
+            yield from distributed_evaluation(self.engine, sets, embed=True)
             for k, node in enumerate(population):
                 if node.get("score") is None and not node.get("skipped"):
                     yield from self._score(node, t)

@@ -76,7 +76,7 @@ import numpy as np
 from ..common.errors import InputError
 from ..common.events import Event, Images, Progress, Warning
 from ..common.scores import finite_or_none, number
-from ..core.distributed import distributed_image_sets
+from ..core.distributed import distributed_evaluation, distributed_image_sets
 from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..hosting.limits import Estimate
 from ..metrics import biasconnect as bc
@@ -279,8 +279,10 @@ class Measurer:
         total = sum(k for _, k in specs)
         done = 0
         # Under `accelerate launch` every rank generates its share of the missing images first.
-        yield from distributed_image_sets(self.engine, [
-            (spec.prompt, list(range(self.request.seed, self.request.seed + k)), self.settings) for spec, k in specs])
+        sets = [(spec.prompt, list(range(self.request.seed, self.request.seed + k)), self.settings) for spec, k in specs]
+        yield from distributed_image_sets(self.engine, sets)
+        yield from distributed_evaluation(self.engine, sets, asks=[(self.setup.questions[y], self.setup.values[y])
+                                                                   for y in self.setup.axes])
         for spec, k in specs:
             seeds = list(range(self.request.seed, self.request.seed + k))
             records = yield from _of_step(step, stream_image_set(

@@ -3,6 +3,7 @@ image API's refusals), embeddings, VQA answers and LLM replies; and the image fi
 job's processes share."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -16,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from ..common.errors import StoreError
-from .keys import ImageRecord, is_key
+from .keys import ImageRecord, answer_key, embedding_key, is_key
 from .schema import in_chunks
 
 
@@ -192,6 +193,63 @@ class Artefacts:
             with self._write() as db:
                 db.executemany(f"INSERT OR REPLACE INTO images ({','.join(columns)}) "
                                f"VALUES ({','.join('?' * len(columns))})", add)
+        return len(add)
+
+    def stored_keys(self, table: str, keys: Sequence[str]) -> set[str]:
+        """The keys among `keys` that `table` ("answers" or "embeddings") holds."""
+        if table not in ("answers", "embeddings"):
+            raise ValueError(table)
+        return {row["key"] for row in self._read_in(f"SELECT key FROM {table}", "key", list(dict.fromkeys(keys)))}
+
+    def artefact_rows(self, table: str, keys: Sequence[str]) -> list[dict]:
+        """Every column of the `table` ("answers" or "embeddings") rows of `keys`, as JSON-ready dicts
+        (an embedding's vector base64-encoded): what a shard hands to `adopt_artefacts`."""
+        if table not in ("answers", "embeddings"):
+            raise ValueError(table)
+        rows = [dict(r) for r in self._read_in(f"SELECT * FROM {table}", "key", keys)]
+        for row in rows:
+            if "vector" in row:
+                row["vector"] = base64.b64encode(row["vector"]).decode("ascii")
+        return rows
+
+    def adopt_artefacts(self, table: str, rows: Iterable[dict]) -> int:
+        """Add `table` ("answers" or "embeddings") rows another process computed (a shard of a
+        distributed job), each only when its key is the key of what the row says it is (its
+        evaluator, image, and question and choices) and that image is stored; an embedding's vector
+        must hold `dim` float32s. A key already stored is left alone. Returns how many were added."""
+        if table not in ("answers", "embeddings"):
+            raise ValueError(table)
+        rows = [r for r in rows if isinstance(r, dict)]
+        columns = [c["name"] for c in self._read(f"PRAGMA table_info({table})")]
+        subject = "image_key" if table == "answers" else "subject"
+        known = self.stored_keys(table, [str(r.get("key")) for r in rows])
+        images = {row["key"] for row in self._read_in("SELECT key FROM images", "key",
+                                                       list(dict.fromkeys(str(r.get(subject)) for r in rows)))}
+        add = []
+        for row in rows:
+            try:
+                if row["key"] in known or row[subject] not in images:
+                    continue
+                if table == "answers":
+                    expected = answer_key(row["evaluator"], row["image_key"], row["question"], json.loads(row["choices"]))
+                    row = {**row, "answer": str(row["answer"])}
+                else:
+                    vector = base64.b64decode(row["vector"], validate=True)
+                    if len(vector) != 4 * int(row["dim"]):
+                        continue
+                    expected, row = embedding_key(row["evaluator"], row["subject"]), {**row, "vector": vector}
+            except (KeyError, TypeError, ValueError):
+                continue   # a row without its fields, or with ones of the wrong kind
+            if expected != row["key"]:
+                continue
+            add.append({c: row[c] for c in columns if c in row})   # a column it lacks takes its default
+            known.add(row["key"])
+        if not add:
+            return 0
+        with self._write() as db:
+            for names in dict.fromkeys(tuple(r) for r in add):
+                db.executemany(f"INSERT OR IGNORE INTO {table} ({','.join(names)}) VALUES ({','.join('?' * len(names))})",
+                               [tuple(r.values()) for r in add if tuple(r) == names])
         return len(add)
 
     def write_image_file(self, key: str, data: bytes) -> Path:

@@ -25,6 +25,24 @@ def image_key(generator_id: str, prompt: str, seed: int, settings) -> str:
                        prompt, settings.negative_prompt, int(seed))
 
 
+CAPTION = "<caption>"   # a caption is stored as the answer to this pseudo-question, without choices
+
+
+def choices_json(choices) -> str:
+    """The answer choices as they are stored and keyed: a JSON list ("[]" for a free answer)."""
+    return json.dumps(list(choices) if choices else [])
+
+
+def answer_key(evaluator: str, image: str, question: str, choices=None) -> str:
+    """Key of one VQA answer (a caption: question CAPTION): evaluator id, image key, question, choices."""
+    return content_key("answer", evaluator, image, question, choices_json(choices))
+
+
+def embedding_key(evaluator: str, image: str) -> str:
+    """Key of one image embedding: embedder id and image key."""
+    return content_key("embedding", evaluator, image)
+
+
 @dataclass
 class ImageRecord:
     """One stored image, as methods and tabs see it. `image` is loaded on demand."""

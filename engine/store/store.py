@@ -27,15 +27,15 @@ from typing import Sequence
 
 from ..common.errors import StoreError
 from .artefacts import Artefacts
-from .keys import ImageRecord, content_key, image_key, is_key, is_run_id
+from .keys import CAPTION, ImageRecord, answer_key, choices_json, content_key, embedding_key, image_key, is_key, is_run_id
 from .labels import Labels
 from .maintenance import Maintenance
 from .runs import Runs
 from .schema import COLUMNS, INDEXES, MAX_PUBLIC_RESULTS_BYTES, SCHEMA, in_chunks
 
 # what callers import from here: the store and its keys and records (engine/store/keys.py)
-__all__ = ["Store", "ImageRecord", "content_key", "image_key", "is_key", "is_run_id", "store_error",
-           "MAX_PUBLIC_RESULTS_BYTES"]
+__all__ = ["Store", "ImageRecord", "content_key", "image_key", "answer_key", "embedding_key", "choices_json",
+           "CAPTION", "is_key", "is_run_id", "store_error", "MAX_PUBLIC_RESULTS_BYTES"]
 
 
 class Store(Artefacts, Runs, Labels, Maintenance):

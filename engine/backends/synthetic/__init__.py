@@ -4,12 +4,14 @@ bias table (assets/synthetic_world.json) with planted, known biases. numpy and P
 `load(spec, device)` is the backend factory's entry point; `spec.backend` picks the
 component, `spec.model` names the table (a JSON path, or "default"), `spec.options` may
 carry {"table": dict} instead of a file and, for the VQA, {"error_rate": float} (uniform
-confusion) or {"error": float} (the planted "shift" confusion, see vqa.py).
+confusion) or {"error": float} (the planted "shift" confusion, see vqa.py). Every component but the
+LLM takes the cost model's options (`gpu`, `seconds_per_*`: engine/backends/gpu_costs.py).
 """
 from __future__ import annotations
 
 from ...common.errors import ModelLoadError
 from ..base import GenerationSettings, ModelSpec
+from ..gpu_costs import GpuTimed, call_seconds
 from .embedder import SyntheticEmbedder
 from .generator import SyntheticGenerator
 from .llm import SyntheticLLM
@@ -22,7 +24,15 @@ __all__ = ["load", "load_world", "World", "SyntheticGenerator", "SyntheticEmbedd
 
 
 def load(spec: ModelSpec, device: str = "cpu", **context):
-    """The synthetic component `spec.backend` names, on the table `spec.model` names."""
+    """The synthetic component `spec.backend` names, on the table `spec.model` names; behind
+    GpuTimed when its options ask for the cost model."""
+    component = _component(spec)
+    role = {"synthetic_generator": "generator", "synthetic_vqa": "vqa", "synthetic_embedder": "embedder"}
+    costs = call_seconds(role[spec.backend], spec.options) if spec.backend in role else {}
+    return GpuTimed(component, costs) if costs else component
+
+
+def _component(spec: ModelSpec):
     world = load_world(spec.options.get("table") or spec.model)
     if spec.backend == "synthetic_generator":
         return SyntheticGenerator(world)
