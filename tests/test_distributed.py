@@ -2,8 +2,9 @@
 
 The launched tests start real jobs of 2 CPU processes (gloo) on the synthetic world and on the
 tiny diffusers pipeline and compare their store with a 1-process run of the same job; the tiny
-pipeline's job is killed on one rank midway and relaunched. The in-process tests cover planning, dealing, the
-worker's shard and the merge without a launcher.
+pipeline's job is killed on one rank midway through generation, a counterfactuals job midway through
+evaluation, and both are relaunched. The in-process tests cover planning, dealing, the worker's shard,
+the merge and `--shard` slices without a launcher.
 """
 import hashlib
 import json
@@ -21,6 +22,8 @@ from waiting import wait_until
 from engine.core import distributed
 from engine.core.engine import Engine
 from engine.core.distributed import deal, distributed_image_sets, merge_unmerged, plan_batches
+from engine.backends.gpu_costs import call_seconds
+from engine.common.errors import ModelLoadError
 from tests import tiny_models
 
 pytestmark = pytest.mark.real_model
@@ -88,6 +91,54 @@ def manifest_lines(data_dir) -> dict[Path, list[dict]]:
 
 def generated_keys(lines) -> list[str]:
     return [row["key"] for entries in lines for e in entries for row in e["rows"]]
+
+
+def evaluated_keys(lines, rank=None) -> list[str]:
+    """The answer and embedding keys of manifest lines (of one rank's, with `rank`), repeats kept."""
+    return [row["key"] for entries in lines for e in entries if rank in (None, e["rank"])
+            for kind in ("answers", "embeddings") for row in e[kind]]
+
+
+AXES = json.dumps({"gender": ["a photo of a female doctor", "a photo of a male doctor"],
+                   "age": ["a photo of an old doctor", "a photo of a young doctor"]})
+
+
+def counterfactual_args(n: int, *extra) -> list[str]:
+    """A counterfactuals job on the synthetic world: 5 sets of n images, 2 questions, a caption and
+    an embedding per image."""
+    return ["counterfactuals", "--preset", "synthetic", "--prompt", "a photo of a doctor", "--axes", AXES,
+            "-n", str(n), "--n-boot", "0", *extra, "--json", "--quiet"]
+
+
+def evaluation(data_dir) -> tuple[dict, dict]:
+    """The store's answers (key -> answer) and embeddings (key -> vector bytes)."""
+    db = sqlite3.connect(Path(data_dir) / "gaplens.sqlite")
+    return (dict(db.execute("SELECT key, answer FROM answers")), dict(db.execute("SELECT key, vector FROM embeddings")))
+
+
+def logged_rows_are_stored(data_dir, lines) -> bool:
+    """Whether the store holds each answer and embedding of manifest `lines` as that rank made it
+    (its `created` time): adopted, not computed again by the process that finished the method."""
+    db = sqlite3.connect(Path(data_dir) / "gaplens.sqlite")
+    stored = dict(db.execute("SELECT key, created FROM answers UNION ALL SELECT key, created FROM embeddings"))
+    return all(stored.get(row["key"]) == row["created"] for entries in lines for e in entries
+               for kind in ("answers", "embeddings") for row in e[kind])
+
+
+def without_paths(results):
+    """A run's JSON without what names its store (image paths, the run id)."""
+    if isinstance(results, dict):
+        return {k: without_paths(v) for k, v in results.items() if k not in ("path", "run_id")}
+    return [without_paths(v) for v in results] if isinstance(results, list) else results
+
+
+def single_process(args, data_dir, capsys) -> dict:
+    """The job's results in this process (main(), one process)."""
+    from engine.__main__ import main
+
+    capsys.readouterr()
+    assert main([*args, "--data-dir", str(data_dir)]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +231,80 @@ def test_killed_rank_relaunched_finishes_without_generating_an_image_twice(tiny_
     # the killed attempt's record: "failed" when rank 0 saw its peer vanish, else "interrupted" (killed
     # while running: the next process to open the store marks it so)
     assert final["statuses"][0] == "done" and final["statuses"][1] in ("failed", "interrupted")
+
+
+def test_rank_killed_mid_evaluation_relaunched_redoes_nothing_and_every_unit_is_made_once(tmp_path, capsys):
+    """Evaluation on every rank: rank 1 is SIGKILLed after its first evaluation batch (the VQA made
+    slow by the cost model, which changes no answer); the relaunch evaluates only the units neither
+    attempt stored, rank 1 again makes some, no unit is made twice, and the answers, captions,
+    embeddings and results equal a single process's."""
+    slow = ["--vqa-option", "seconds_per_question=0.05", "--vqa-option", "seconds_per_caption=0.05"]
+    args = counterfactual_args(16, *slow)
+    proc = subprocess.Popen(launch_cmd(args, 2), cwd=ROOT, env=job_env(tmp_path / "two"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+    def rank1_evaluated():
+        lines = [e for entries in manifest_lines(tmp_path / "two").values() for e in entries
+                 if e["rank"] == 1 and e["answers"]]
+        return lines[0]["pid"] if lines else proc.poll() is not None and -1
+
+    try:
+        victim = wait_until(rank1_evaluated, 240, "rank 1's first evaluation batch")
+        assert victim != -1, "the job ended before rank 1 evaluated a batch"
+        os.kill(victim, signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, "the job finished before rank 1 was killed"
+    first_lines = manifest_lines(tmp_path / "two")
+    answers, embeddings = evaluation(tmp_path / "two")
+    made_first = set(answers) | set(embeddings) | set(evaluated_keys(first_lines.values()))
+    assert 0 < len(made_first) < 80 * 4
+
+    out = run(launch_cmd(args, 2), tmp_path / "two")
+    second = [e for m, e in manifest_lines(tmp_path / "two").items() if m not in first_lines]
+    made_second = evaluated_keys(second)
+    assert not set(made_second) & made_first                       # nothing stored was made again
+    assert len(made_second) == len(set(made_second)) and evaluated_keys(second, rank=1)   # once each; rank 1 made some
+    assert len(evaluated_keys(first_lines.values())) == len(set(evaluated_keys(first_lines.values())))
+    answers, embeddings = evaluation(tmp_path / "two")
+    assert set(answers) | set(embeddings) == made_first | set(made_second)
+    assert logged_rows_are_stored(tmp_path / "two", second)   # rank 0 adopted rank 1's units, computed none again
+    expected = single_process(counterfactual_args(16), tmp_path / "one", capsys)
+    assert evaluation(tmp_path / "one") == (answers, embeddings) and len(answers) == 80 * 3
+    assert without_paths(json.loads(out.stdout)) == without_paths(expected)
+
+
+def test_shards_then_a_final_run_equal_one_process(tmp_path, capsys):
+    """`--shard 0/2` and `--shard 1/2` each make their slice of the images and of their units, write
+    only shards (no database), and the final plain run adopts them (a forged row is not) and computes
+    nothing itself: the same results as one process."""
+    from engine.__main__ import main
+
+    args = counterfactual_args(6)
+    data = tmp_path / "shared"
+    reports = [single_process([*args, "--shard", f"{i}/2"], data, capsys) for i in range(2)]
+    assert not (data / "gaplens.sqlite").exists()
+    per_slice = [sum(s.get("images_generated", 0) for s in r["steps"]) for r in reports]
+    assert per_slice[0] > 0 and per_slice[1] > 0 and sum(per_slice) == 5 * 6
+    made = evaluated_keys(manifest_lines(data).values())
+    assert len(made) == len(set(made)) == 5 * 6 * 4   # each unit by one slice
+    manifest = sorted(manifest_lines(data))[-1]
+    line = distributed.read_manifest(manifest)[-1]
+    forged = {**line["answers"][0], "answer": "forged", "key": "e" * 64}   # a key that is not its row's
+    with open(manifest, "a") as f:
+        f.write(json.dumps({**line, "answers": [forged], "embeddings": [{**line["embeddings"][0], "dim": 3}]}) + "\n")
+    final = single_process(args, data, capsys)
+    answers, embeddings = evaluation(data)
+    assert set(answers) | set(embeddings) == set(made) and "forged" not in answers.values()
+    assert logged_rows_are_stored(data, [[e for e in entries if e["answers"] != [forged]]
+                                         for entries in manifest_lines(data).values()])
+    expected = single_process(args, tmp_path / "one", capsys)
+    assert evaluation(tmp_path / "one") == (answers, embeddings)
+    assert without_paths(final) == without_paths(expected)
+    assert main([*args, "--data-dir", str(data), "--shard", "2/2"]) == 2
+    assert "--shard takes I/N" in capsys.readouterr().err
 
 
 def test_mining_run_on_two_processes_finds_what_one_process_finds(tmp_path):
@@ -281,3 +406,21 @@ def test_a_workers_shard_is_adopted_once_and_a_damaged_line_is_not(data_dir, tmp
     assert [Path(r.path).read_bytes() for r in records] == [Path(r.path).read_bytes() for r in direct]
     (step / distributed.MERGED).write_text("{}")
     assert merge_unmerged(main.store) == 0
+
+
+def test_gpu_cost_model_reads_the_table_and_changes_no_output(tmp_path):
+    assert call_seconds("vqa", {"gpu": "vlm"}) == {"question": 0.25, "caption": 1.0}
+    assert call_seconds("generator", {"gpu": "1", "seconds_per_image": "0.5"}) == {"step": 0.012, "decode": 0.02,
+                                                                                   "image": 0.5}
+    assert call_seconds("embedder", {"gpu": "off"}) == {}
+    for bad in ({"gpu": "tpu"}, {"seconds_per_question": "fast"}, {"seconds_per_caption": -1}):
+        with pytest.raises(ModelLoadError):
+            call_seconds("vqa", bad)
+    plain = Engine("synthetic", data_dir=str(tmp_path / "plain"))
+    timed = Engine("synthetic", data_dir=str(tmp_path / "timed"), options={
+        "generator": {"seconds_per_image": "0.001"}, "vqa": {"gpu": "clip_vqa"}, "embedder": {"gpu": "1"}})
+    for role in ("generator", "vqa", "embedder"):
+        assert timed.model_id(role) == plain.model_id(role)   # same cache keys: it changes no output
+    a, b = (e.image_set("a photo of a nurse", range(3)) for e in (plain, timed))
+    assert [r.key for r in a] == [r.key for r in b]
+    assert timed.ask(b, "what is the gender?", ["male", "female"]) == plain.ask(a, "what is the gender?", ["male", "female"])
