@@ -49,6 +49,8 @@ class FakeApi:
         self.lock = threading.Condition()
         self.inflight = 0
         self.max_inflight = 0
+        self.max_text_chats = 0        # most text-only chat requests (an LLM's) in flight at once
+        self.text_chats = 0
         self.gate = 0                  # hold each POST until this many are in flight (or GATE_WAIT passes)
         self.failures = {}             # prompt -> list of (status, headers, body) to send before succeeding
         self.require_key = None
@@ -88,9 +90,12 @@ def make_handler(api: FakeApi):
             except ValueError:
                 body = None
             api.requests.append(("POST", self.path, dict(self.headers), body))
+            text = isinstance(body, dict) and isinstance((body.get("messages") or [{}])[0].get("content"), str)
             with api.lock:
                 api.inflight += 1
+                api.text_chats += text
                 api.max_inflight = max(api.max_inflight, api.inflight)
+                api.max_text_chats = max(api.max_text_chats, api.text_chats)
                 api.lock.notify_all()
                 api.lock.wait_for(lambda: api.inflight >= api.gate, timeout=GATE_WAIT)
             try:
@@ -98,6 +103,7 @@ def make_handler(api: FakeApi):
             finally:
                 with api.lock:
                     api.inflight -= 1
+                    api.text_chats -= text
 
         def _answer(self, body):
             if api.delay:
@@ -129,6 +135,9 @@ def make_handler(api: FakeApi):
 
         def _chat(self, body):
             parts = body["messages"][0]["content"]
+            if isinstance(parts, str):   # an LLM's request (an axis question): the question it writes
+                reply = json.dumps({"question": f"Which fits the person best? ({len(parts)})"})
+                return self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": reply}}]})
             text = next(p["text"] for p in parts if p["type"] == "text")
             url = next(p["image_url"]["url"] for p in parts if p["type"] == "image_url")
             assert url.startswith("data:image/png;base64,")
@@ -482,6 +491,37 @@ def test_intersectional_on_a_folder(tmp_path, data_dir):
     engine = Engine("synthetic", data_dir=data_dir, generator=f"folder:{root}")
     done = list(run(IntersectionalRequest("a photo of a doctor", axes=cfs, n=8, n_boot=0), engine))[-1]
     assert isinstance(done, Done) and engine.stats.images_generated == 40
+
+
+def test_llm_and_vlm_stages_send_their_requests_to_a_vllm_style_server_at_once(api, data_dir):
+    """`--llm openai:` and `--vqa openai:` against one OpenAI-compatible server (as `vllm serve` is):
+    the LLM's independent calls (BiasConnect's question per new axis, cfsets.settle_questions_and_ideals)
+    are in flight together, at most its `concurrency`, and so are one VQA call's images."""
+    from engine.methods.cfsets import settle_questions_and_ideals
+    from engine.methods.intersectional import IntersectionalRequest
+
+    api.gate = 3   # each request waits until 3 are in flight (or GATE_WAIT): one at a time would pay it per call
+    engine = Engine("synthetic", data_dir=data_dir, llm=f"openai:{api.url}", vqa=f"openai:{api.url}",
+                    options={"llm": {"concurrency": 3}, "vqa": {"concurrency": 3}})
+    axes = {a: [f"a photo of a doctor with {v} {a}" for v in ("little", "much")] for a in ("hat", "mood", "light", "noise")}
+    values = {a: ["little", "much"] for a in axes}
+    questions, _ = drain(settle_questions_and_ideals(IntersectionalRequest("a photo of a doctor", axes=axes),
+                                                     engine, axes, values))
+    asked = [r[3]["messages"][0]["content"] for r in api.posts("/chat/completions")]
+    assert len(asked) == 4 and api.max_text_chats == api.max_inflight == 3   # 4 axis questions, 3 at once: bounded
+    assert sorted(questions.values()) == sorted(f"Which fits the person best? ({len(text)})" for text in asked)
+    records = engine.image_set("a photo of a doctor", range(3))
+    assert engine.ask(records, questions["hat"], values["hat"]) == ["other"] * 3   # "a person" names no choice
+    assert len(api.posts("/chat/completions")) == 4 + 3 and api.max_inflight == 3 and api.max_text_chats == 3
+
+
+def drain(events):
+    """The return value of a `yield from` step, its events dropped."""
+    while True:
+        try:
+            next(events)
+        except StopIteration as stop:
+            return stop.value
 
 
 @pytest.mark.slow

@@ -19,6 +19,8 @@ than one GPU, needs accelerate), token, cache_dir.
   - API key: option `api_key`, else env GAPLENS_LLM_API_KEY, else env OPENAI_API_KEY (none is
     fine for local servers).
   - Options: timeout (s, default 120), max_retries (on 429/5xx/connection errors, default 2),
+    concurrency (requests a method's independent calls may have in flight at once, default 8: a
+    vLLM server batches them continuously; engine.core.evaluators.llm_map),
     retry_wait (s, doubled per retry, default 1.0), top_p, extra_body (dict merged into the request),
     max_tokens_key ("max_tokens", or "max_completion_tokens" for OpenAI reasoning models).
   - `seed` is sent with every request; servers that honour it reply reproducibly.
@@ -45,6 +47,7 @@ FALLBACK_TEMPLATE = (
 )
 
 DEFAULT_OPENAI_URL = "https://api.openai.com/v1"
+DEFAULT_CONCURRENCY = 8   # an OpenAI-compatible server's requests in flight at once (option concurrency)
 
 
 def _merge_system_into_user(messages: list[dict]) -> list[dict]:
@@ -136,6 +139,8 @@ class HFChatLLM:
 
 class OpenAIChat:
     """An OpenAI-compatible chat completions endpoint behind the TextGenerator protocol."""
+
+    thread_safe = True   # one httpx client: a method's independent calls may overlap (llm_map)
 
     def __init__(self, base_url: str, model_name: str, *, api_key: str | None = None, timeout: float = 120.0,
                  max_retries: int = 2, retry_wait: float = 1.0, top_p: float | None = None,

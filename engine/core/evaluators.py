@@ -2,6 +2,7 @@
 replies, each computed once and then served from the store (a part of `Engine`)."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
@@ -113,3 +114,18 @@ class CachedLLM:
         self.engine.count(llm_calls=1)
         self.engine.store.put_llm_reply(key, self.id, request, reply)
         return reply
+
+
+def llm_map(engine, fn: Callable, items: Sequence) -> list:
+    """[fn(item) for item in items] for independent LLM calls: through an OpenAI-compatible server
+    (`--llm openai:`, e.g. `vllm serve`) at most its option `concurrency` (default
+    chat_llm.DEFAULT_CONCURRENCY) at once, so the server batches them; one after another for a local
+    model. In order; the first error raised is raised."""
+    from ..backends.chat_llm import DEFAULT_CONCURRENCY
+
+    spec = engine.preset.llm
+    width = int(spec.options.get("concurrency", DEFAULT_CONCURRENCY)) if spec.backend == "openai" else 1
+    if width <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(width, len(items))) as pool:
+        return list(pool.map(fn, items))

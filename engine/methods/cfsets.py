@@ -28,6 +28,7 @@ from ..common.errors import InputError, LLMOutputError
 from ..common.events import Table, Warning
 from ..common.llm_prompts import axis_question_prompt, tibet_turns
 from ..core.engine import Engine, Run, stream_image_set
+from ..core.evaluators import llm_map
 from ..hosting.limits import Estimate
 from ..metrics import biasconnect as bc
 from ..metrics.tibet import ENGLISH_STOPWORDS
@@ -344,11 +345,13 @@ def settle_questions_and_ideals(request, engine: Engine, axes: dict[str, list[st
     `yield from`: yields a Warning for ideals of axes not in the table, then
     Table("questions")); returns (questions, ideals)."""
     questions, sources = {}, {}
+    asked = [a for a in axes if a not in request.questions]   # independent LLM calls: at once through a server
+    replies = dict(zip(asked, llm_map(engine, lambda a: axis_question(engine, a, values[a], request.llm_seed), asked)))
     for axis in axes:
         if axis in request.questions:
             questions[axis], sources[axis] = request.questions[axis], "request"
         else:
-            questions[axis], sources[axis] = axis_question(engine, axis, values[axis], request.llm_seed)
+            questions[axis], sources[axis] = replies[axis]
     given = {axis_name(a): {str(k).strip().lower(): v for k, v in (d or {}).items()}
              for a, d in (request.ideals or {}).items()}
     unknown = set(given) - set(axes)

@@ -19,7 +19,7 @@ import gc
 import threading
 import time
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from ..backends import load_backend
@@ -234,8 +234,9 @@ class ModelManager:
 
     @contextmanager
     def use(self, spec: ModelSpec, **context):
-        """Yield the backend with its lock held: one call at a time per model. Idle models leave the
-        device first when the call's working memory would not fit beside the others."""
+        """Yield the backend with its lock held: one call at a time per model (calls overlap for a
+        backend that says it is `thread_safe`: an HTTP client). Idle models leave the device first when
+        the call's working memory would not fit beside the others."""
         with self._load_lock:
             backend = self.get(spec, **context)
             entry = self._models[spec]
@@ -243,7 +244,7 @@ class ModelManager:
             if not spec.backend.startswith("synthetic"):
                 self._free(self._working(spec), keep=spec)
         try:
-            with entry.lock:
+            with nullcontext() if getattr(backend, "thread_safe", False) else entry.lock:
                 yield backend
         finally:
             with self._load_lock:
