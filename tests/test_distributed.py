@@ -387,8 +387,9 @@ def test_a_workers_shard_is_adopted_once_and_a_damaged_line_is_not(data_dir, tmp
     batches, _ = plan_batches(main, [("a photo of a judge", range(6), settings)])
     step = Path(data_dir) / "shards" / "session" / "00000"
     step.mkdir(parents=True)
-    order = {"session": "session", "step": "00000", "dir": str(step), "images_dir": str(main.store.image_dir),
-             "generator": main.model_id("generator"), "shares": [[], batches], "rounds": len(batches)}
+    order = {"kind": "images", "unit": "images", "session": "session", "step": "00000", "dir": str(step),
+             "images_dir": str(main.store.image_dir), "models": {"generator": main.model_id("generator")},
+             "shares": [[], batches], "rounds": len(batches)}
     work = distributed._run_order(OneRank(1, 2), worker, order)
     assert list(work) == [[6, 1]]
     manifest = step / "rank-00001.jsonl"

@@ -1,41 +1,55 @@
-"""Scale out: the image generation of batch jobs across processes, GPUs and machines.
+"""Scale out: the image generation and evaluation of batch jobs across processes, GPUs and machines.
 
 `python -m engine <method> ...` runs unchanged as one process. Started by a launcher that sets
 the torch.distributed environment (`accelerate launch --multi_gpu --num_processes N`, `torchrun
 --nproc_per_node N`, accelerate with mpirun, several machines with `--num_machines`) the same
 command becomes one job on N processes:
 
-- rank 0 runs the method exactly as a single process does (LLM calls, VQA, metrics, the run
-  record) and is the only process that opens the SQLite database;
-- every other rank loads the generator once, keeps it warm, and serves generation orders.
+- rank 0 runs the method exactly as a single process does (LLM calls, metrics, the run record)
+  and is the only process that opens the SQLite database;
+- every other rank loads the generator once, keeps it warm, and serves orders: image batches to
+  generate and evaluation batches to answer, caption and embed with its own evaluators.
 
-A method asks for every image set it will need with `distributed_image_sets(engine, sets)`
-(use `yield from`; it returns at once in a single process). Rank 0 then
-1. adopts the shards of interrupted jobs into the store (below);
-2. lists the images the store lacks (work units are the store's cache keys, de-duplicated
-   across sets) and cuts each set's missing seeds into batches exactly as `Engine.images` does:
-   the very batches a single process runs (a diffusers image depends on its batch's size);
-3. deals the batches out to the ranks (greedy by image count: deterministic and balanced) and
-   broadcasts the order;
-4. generates its own share like the other ranks; after each generator call every rank adds
-   its counts to an all-reduce on a gloo group, and rank 0 turns the global count into
-   Progress events with an ETA (the CLI's progress bar);
+A method asks for every image set it will need with `distributed_image_sets(engine, sets)`, and
+once it knows its questions for every answer, caption and embedding with
+`distributed_evaluation(engine, sets, asks, caption, embed)` (use `yield from`; both return at once
+in a single process). For each, rank 0
+1. adopts the shards of interrupted jobs and `--shard` slices into the store (below);
+2. lists the work units the store lacks: they are the store's cache keys (an image; an answer per
+   (image, evaluator, question, choices), a caption per (image, evaluator), an embedding per
+   (image, embedder)), de-duplicated across sets. Images are cut into the very batches a single
+   process runs (a diffusers image depends on its batch's size); evaluation units into batches of
+   images missing the same units;
+3. deals the batches out to the ranks (greedy by work: deterministic and balanced) and broadcasts
+   the order;
+4. does its own share like the other ranks, through the engine's own cached calls (`images`,
+   `ask`, `caption`, `embed_images`); after each batch every rank adds its counts to an all-reduce
+   on a gloo group, and rank 0 turns the global count into Progress events with an ETA;
 5. adopts this step's shards into the store and marks the step merged.
-The method then runs on as in a single process, every image a cache hit.
+The method then runs on as in a single process, every image and every unit a cache hit. LLM calls
+that depend on one another (axes, questions, a search's next prompts) stay on rank 0.
 
 Shards. Each rank writes its PNGs straight into the store's image directory (content-addressed
-names, a temporary file renamed into place, as the store itself does) and after each generator
-call appends one JSON line to its own manifest
-`<data dir>/shards/<session>/<step>/rank-NNNNN.jsonl` (rank, host, pid, seconds, and the
-`images` rows of the call's images). Plain files with one writer each, appended and closed
-after every line: safe on NFS, where SQLite is not. Only rank 0 opens the database, to read
-it and to adopt rows whose file matches their sha256 (`Store.adopt_images`).
+names, a temporary file renamed into place, as the store itself does) and after each batch
+appends one JSON line to its own manifest `<data dir>/shards/<session>/<step>/rank-NNNNN.jsonl`
+(rank, host, pid, seconds, and the rows it made: `rows` of images, `answers`, `embeddings`). Plain
+files with one writer each, appended and closed after every line: safe on NFS, where SQLite is
+not. Only rank 0 opens the database, to read it and to adopt rows that check out: an image whose
+file matches its sha256 (`Store.adopt_images`), an answer or embedding whose key is the key of
+what the row says it is, about a stored image (`Store.adopt_artefacts`).
 
-Resume. A job killed on any rank leaves a complete manifest line for every finished generator
-call (a half-written last line is ignored). Relaunched, rank 0 first adopts every unmerged
-shard, so the plan holds only images nobody made: no image is generated twice, and the batches
-left are the ones a single process would run. The manifests stay as the log of which rank
-generated what (one line per generator call); delete `shards/` whenever no job is running.
+Resume. A job killed on any rank leaves a complete manifest line for every finished batch (a
+half-written last line is ignored). Relaunched, rank 0 first adopts every unmerged shard, so the
+plans hold only units nobody stored: no image is generated and no unit evaluated twice, and the
+image batches left are the ones a single process would run. The manifests stay as the log of which
+rank made what; delete `shards/` whenever no job is running.
+
+Slices without a rendezvous. `--shard I/N` (`Shard`, `run_shard`) runs slice I of the job N ranks
+would run, in one process with no process group (one Slurm array task per slice): it plans every
+image as rank 0 would, makes the batches dealt to rank I and evaluates every unit of those images,
+on a private scratch database, writing only its PNGs and its manifest into the data directory; it
+stops there (ShardDone), since what follows needs every slice. A later plain run adopts every
+slice's manifest and finishes the method from the store.
 """
 from __future__ import annotations
 
@@ -68,6 +82,7 @@ SHARDS = "shards"
 MERGED = ".merged"
 # CLI commands whose worker ranks load the generator at start (in parallel with rank 0).
 PRELOAD_COMMANDS = ("generate", "counterfactuals", "intersectional", "mine")
+SHARD_COMMANDS = (*PRELOAD_COMMANDS, "mitigate")   # the methods that hand their work to distributed_*
 EVAL_BATCH = 16   # images per evaluation batch (at least; a VQA's own larger batch_size wins)
 
 
@@ -478,13 +493,14 @@ def _run_step(cluster, engine, kind: str, batches: list, shares: list, summary: 
     return summary
 
 
-def distributed_image_sets(engine, sets: Iterable[Sequence]):
+def distributed_image_sets(engine, sets: Iterable[Sequence], final: bool = False):
     """Make sure the store holds every image of `sets` (each `(prompt, seeds, settings[, label])`),
     generating the missing ones across all ranks of a launched job (or this `--shard`'s slice of
     them); use with `yield from`. Yields Progress events (global count, ETA) and returns a summary
     dict. In a single process it only adopts shards left in the data directory (`--shard` slices,
     interrupted jobs) and returns {}: the method generates as it always does. An images API's total
-    number of calls is announced and checked against the budget first (core.announce_api_calls)."""
+    number of calls is announced and checked against the budget first (core.announce_api_calls).
+    `final`: the method evaluates nothing a slice could, so a `--shard` process stops after it."""
     sets = list(sets)
     yield from announce_api_calls(engine, sets)
     cluster = active()
@@ -508,13 +524,19 @@ def distributed_image_sets(engine, sets: Iterable[Sequence]):
     total = sum(len(b[1]) for b in batches)
     summary.update(images_wanted=wanted, images_planned=total, images_generated=0, generator_calls=0)
     if not batches:
-        return _finish_step(cluster, summary)
+        summary = _finish_step(cluster, summary)
+        if cluster.shard and final:
+            raise ShardDone(cluster.steps)
+        return summary
     result = yield from _run_step(cluster, engine, "images", batches, shares, summary,
                                   {"generator": engine.model_id("generator")})
     result.update(images_generated=result.pop("done"), generator_calls=result.pop("calls"),
                   images_merged=result.pop("merged"), generate_seconds=result.pop("work_seconds"),
                   images_per_second=result.pop("per_second"))
-    return _finish_step(cluster, result)
+    result = _finish_step(cluster, result)
+    if cluster.shard and final:
+        raise ShardDone(cluster.steps)
+    return result
 
 
 def distributed_evaluation(engine, sets: Iterable[Sequence], asks: Sequence = (), caption: bool = False,
@@ -592,6 +614,9 @@ def cli_join(args) -> Cluster | Shard | None:
     one process only)."""
     global _CLUSTER
     if getattr(args, "shard", None):
+        if getattr(args, "command", None) not in SHARD_COMMANDS:
+            raise InputError(f"--shard slices the work of {', '.join(SHARD_COMMANDS)}; "
+                             f"{getattr(args, 'command', 'this command')} runs as one process")
         if launched_world_size() > 1:
             raise InputError("--shard runs one slice in one process: start it without a launcher (one Slurm array "
                              "task per slice), or drop --shard under accelerate/torchrun")

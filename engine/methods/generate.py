@@ -70,7 +70,7 @@ def run(request: GenerateRequest, engine: Engine, run_record: Run):
     # 2. Generate every prompt's images through the store (across processes when launched).
     seeds = request.seeds()
     started = time.perf_counter()
-    job = yield from distributed_image_sets(engine, [(p, seeds, settings) for p in unique])
+    job = yield from distributed_image_sets(engine, [(p, seeds, settings) for p in unique], final=True)
     records = []
     for i, prompt in enumerate(unique):
         records += yield from stream_image_set(engine, run_record, prompt, seeds, settings, prompt if len(unique) > 1 else "",
