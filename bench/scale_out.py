@@ -14,8 +14,9 @@ own clock (`seconds` in its summary: from the request to the record, process sta
 `rank0_alone_share` is the part of the P-process run outside its distributed steps (the `.merged`
 records of shards/: planning, dealing, every rank working, adopting), when rank 0 works and the
 others wait. Headline last: scale_out_ratio (1-process seconds over P-process seconds; P is linear).
-`--projection` adds the cost model's time of the full study (26 occupations, 48 images) on 1 and 8
-GPUs, from the measured per-image seconds and rank-0-alone seconds.
+`--projection` adds the time of the full study (26 occupations, 48 images: 33,696 images, 269,568
+answers) on 1 and 8 GPUs: from the cost model's GPU seconds (plus, on 8, the measured rank-0-alone
+seconds per image), and from the measured per-image seconds of the 1-process run.
 
 `--tiny-sd`: images/s of one generate job on 1 vs 2 processes (tiny SD pipeline, CPU):
 
@@ -97,13 +98,19 @@ def occupation_study(args) -> None:
                   run_s_1proc=one, run_s_nproc=many, wall_s_1proc=walls[1], wall_s_nproc=walls[args.processes],
                   rank0_alone_s=alone, rank0_alone_share=alone / many if many else 0.0)
     if args.projection:
-        # the full study (26 occupations x 27 sets x 48 images): per-image seconds of the 1-process run,
-        # the P-process run's alone seconds scaled by the images (they grow with the answers adopted)
+        # the full study (26 occupations x 27 sets x 48 images, 8 answers each): the cost model's GPU
+        # seconds alone, and the measured run's seconds per image (GPU time + this machine's overheads),
+        # its P-process rank-0-alone seconds scaled by the images (they grow with the units adopted)
+        from engine.backends.gpu_costs import QUESTION_SECONDS, image_seconds
+
         full = 26 * 27 * 48
+        gpu_per_image = image_seconds(args.generator_cost, 1) + 8 * QUESTION_SECONDS[args.vqa_cost]
         per_image, alone_per_image = one / images, alone / images
         values.update(full_study_images=full, full_study_answers=full * 8,
-                      projected_full_study_h_1gpu=full * per_image / 3600,
-                      projected_full_study_h_8gpu=full * ((per_image - alone_per_image) / 8 + alone_per_image) / 3600)
+                      cost_model_full_study_min_1gpu=full * gpu_per_image / 60,
+                      cost_model_full_study_min_8gpu=full * (gpu_per_image / 8 + alone_per_image) / 60,
+                      measured_full_study_min_1gpu=full * per_image / 60,
+                      measured_full_study_min_8gpu=full * ((per_image - alone_per_image) / 8 + alone_per_image) / 60)
     report(**values, scale_out_ratio=one / many)
 
 
