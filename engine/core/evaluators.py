@@ -2,6 +2,7 @@
 replies, each computed once and then served from the store (a part of `Engine`)."""
 from __future__ import annotations
 
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -127,5 +128,5 @@ def llm_map(engine, fn: Callable, items: Sequence) -> list:
     width = int(spec.options.get("concurrency", DEFAULT_CONCURRENCY)) if spec.backend == "openai" else 1
     if width <= 1 or len(items) <= 1:
         return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(width, len(items))) as pool:
-        return list(pool.map(fn, items))
+    with ThreadPoolExecutor(max_workers=min(width, len(items))) as pool:   # each call in this context (the visitor)
+        return [f.result() for f in [pool.submit(contextvars.copy_context().run, fn, item) for item in items]]
