@@ -498,6 +498,7 @@ def test_llm_and_vlm_stages_send_their_requests_to_a_vllm_style_server_at_once(a
     """`--llm openai:` and `--vqa openai:` against one OpenAI-compatible server (as `vllm serve` is):
     the LLM's independent calls (BiasConnect's question per new axis, cfsets.settle_questions_and_ideals)
     are in flight together, at most its `concurrency`, and so are one VQA call's images."""
+    from engine.core.distributed import exhaust
     from engine.methods.cfsets import settle_questions_and_ideals
     from engine.methods.intersectional import IntersectionalRequest
 
@@ -507,7 +508,7 @@ def test_llm_and_vlm_stages_send_their_requests_to_a_vllm_style_server_at_once(a
     axes = {a: [f"a photo of a doctor with {v} {a}" for v in ("little", "much")] for a in ("hat", "mood", "light", "noise")}
     values = {a: ["little", "much"] for a in axes}
     with access.acting_as(access.Visitor("session:v")):   # a public GapLens's visitor: charged in every thread
-        questions, _ = drain(settle_questions_and_ideals(IntersectionalRequest("a photo of a doctor", axes=axes),
+        questions, _ = exhaust(settle_questions_and_ideals(IntersectionalRequest("a photo of a doctor", axes=axes),
                                                          engine, axes, values))
     asked = [r[3]["messages"][0]["content"] for r in api.posts("/chat/completions")]
     assert len(asked) == 4 and api.max_text_chats == api.max_inflight == 3   # 4 axis questions, 3 at once: bounded
@@ -517,15 +518,6 @@ def test_llm_and_vlm_stages_send_their_requests_to_a_vllm_style_server_at_once(a
     records = engine.image_set("a photo of a doctor", range(3))
     assert engine.ask(records, questions["hat"], values["hat"]) == ["other"] * 3   # "a person" names no choice
     assert len(api.posts("/chat/completions")) == 4 + 3 and api.max_inflight == 3 and api.max_text_chats == 3
-
-
-def drain(events):
-    """The return value of a `yield from` step, its events dropped."""
-    while True:
-        try:
-            next(events)
-        except StopIteration as stop:
-            return stop.value
 
 
 @pytest.mark.slow

@@ -587,7 +587,7 @@ def _finish_step(cluster, summary: dict) -> dict:
     return summary
 
 
-def _exhaust(generator):
+def exhaust(generator):
     """Run a generator to its end; return its return value."""
     while True:
         try:
@@ -700,7 +700,7 @@ def serve(cluster: Cluster, args, make_engine) -> int:
             order = cluster.broadcast()
             if order["kind"] == "stop":
                 return 0
-            cluster.gather(_exhaust(_run_order(cluster, engine, order)))
+            cluster.gather(exhaust(_run_order(cluster, engine, order)))
     except GapLensError as exc:
         print(f"error: rank {cluster.rank}: {exc}", file=sys.stderr)
         return 2
