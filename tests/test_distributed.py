@@ -308,7 +308,8 @@ def test_shards_then_a_final_run_equal_one_process(tmp_path, capsys):
 
 
 def test_mining_run_on_two_processes_finds_what_one_process_finds(tmp_path):
-    """Mine Prompts sends one order per GA iteration; the workers serve them all."""
+    """Mine Prompts sends two orders per GA iteration (its images, then their embeddings); the workers
+    serve them all."""
     from engine.__main__ import main
 
     args = ["mine", "--preset", "synthetic", "--iterations", "3", "-n", "4", "--population", "6", "--select", "2",
@@ -322,7 +323,9 @@ def test_mining_run_on_two_processes_finds_what_one_process_finds(tmp_path):
     for key in ("archive", "nodes", "iterations", "best_per_iteration"):
         assert results[0][key] == results[1][key], key
     steps = sorted(Path(tmp_path / "two").glob("shards/*/*"))
-    assert len(steps) == 3 and all((s / distributed.MERGED).exists() for s in steps)  # one order per iteration
+    assert len(steps) == 2 * 3 and all((s / distributed.MERGED).exists() for s in steps)  # images, embeddings
+    embedded = [e for m, entries in manifest_lines(tmp_path / "two").items() for e in entries if e["embeddings"]]
+    assert {e["rank"] for e in embedded} == {0, 1}   # every iteration's embeddings on both ranks
     made_by = {m.name for m, e in manifest_lines(tmp_path / "two").items() if e}
     assert made_by == {"rank-00000.jsonl", "rank-00001.jsonl"}
 

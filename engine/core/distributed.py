@@ -454,8 +454,8 @@ def _run_order(cluster: Cluster, engine, order: dict):
 
 def _run_step(cluster, engine, kind: str, batches: list, shares: list, summary: dict, models: dict):
     """Rank 0 (or a shard): broadcast an order of `shares` of `batches`, do this rank's share with
-    the others, adopt theirs, mark the step merged (use `yield from`: Progress with the global count
-    and an ETA). Updates and returns `summary`."""
+    the others and adopt theirs (use `yield from`: Progress with the global count and an ETA).
+    Updates and returns `summary` (`_finish_step` then closes the step)."""
     store = engine.store
     session = _session_id()
     step_dir = shards_root(store) / session["id"] / f"{session['step']:05d}"
