@@ -296,7 +296,10 @@ def plan_evaluation(engine, images: Sequence[tuple[str, str, int]], asks: Sequen
         missing = tuple(k not in have for k in answers + embeddings)
         if any(missing):
             groups.setdefault(missing, []).append(image)
-    vqa = engine.models.peek(engine.preset.vqa) if "vqa" in evaluators else None
+    vqa = None
+    if "vqa" in evaluators:   # its batch size (a CLIP VQA is loaded with the preset's embedder)
+        spec, context = engine._spec_and_context("vqa")
+        vqa = engine.models.peek(spec, **context)
     size = max(EVAL_BATCH, int(getattr(vqa, "batch_size", 0) or 0))
     batches = []
     for missing, members in groups.items():
