@@ -505,19 +505,19 @@ def test_llm_and_vlm_stages_send_their_requests_to_a_vllm_style_server_at_once(a
     api.gate = 3   # each request waits until 3 are in flight (or GATE_WAIT): one at a time would pay it per call
     engine = Engine("synthetic", data_dir=data_dir, llm=f"openai:{api.url}", vqa=f"openai:{api.url}",
                     options={"llm": {"concurrency": 3}, "vqa": {"concurrency": 3}}, public=True)
-    axes = {a: [f"a photo of a doctor with {v} {a}" for v in ("little", "much")] for a in ("hat", "mood", "light", "noise")}
+    axes = {a: [f"a photo of a doctor with {v} {a}" for v in ("little", "much")] for a in ("hat", "mood", "light", "noise", "scarf", "desk")}
     values = {a: ["little", "much"] for a in axes}
     with access.acting_as(access.Visitor("session:v")):   # a public GapLens's visitor: charged in every thread
         questions, _ = exhaust(settle_questions_and_ideals(IntersectionalRequest("a photo of a doctor", axes=axes),
                                                          engine, axes, values))
     asked = [r[3]["messages"][0]["content"] for r in api.posts("/chat/completions")]
-    assert len(asked) == 4 and api.max_text_chats == api.max_inflight == 3   # 4 axis questions, 3 at once: bounded
+    assert len(asked) == 6 and api.max_text_chats == api.max_inflight == 3   # 6 axis questions, 3 at once: bounded
     charged = engine.store._read("SELECT visitor, llm_calls FROM charges")
-    assert [(r["visitor"], r["llm_calls"]) for r in charged] == [("session:v", 1)] * 4
+    assert [(r["visitor"], r["llm_calls"]) for r in charged] == [("session:v", 1)] * 6
     assert sorted(questions.values()) == sorted(f"Which fits the person best? ({len(text)})" for text in asked)
     records = engine.image_set("a photo of a doctor", range(3))
     assert engine.ask(records, questions["hat"], values["hat"]) == ["other"] * 3   # "a person" names no choice
-    assert len(api.posts("/chat/completions")) == 4 + 3 and api.max_inflight == 3 and api.max_text_chats == 3
+    assert len(api.posts("/chat/completions")) == 6 + 3 and api.max_inflight == 3 and api.max_text_chats == 3
 
 
 @pytest.mark.slow
