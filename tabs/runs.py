@@ -55,7 +55,7 @@ def build(engine) -> list:
     # one line per row (wrapped headline cells made rows ~100 px tall): at least ten rows on a 900 px screen
     table = gr.Dataframe(headers=HEADERS, interactive=False, elem_id="runs-table", wrap=False, max_height=480,
                          label="Runs (click a row to open it)",
-                         column_widths=["17%", "10%", "24%", "17%", "11%", "14%", "7%"])
+                         column_widths=["17%", "12%", "20%", "12%", "14%", "18%", "7%"])
     with gr.Row():
         selected = gr.Dropdown([], value=[], multiselect=True, allow_custom_value=True, label="Selected runs",
                                info="clicked rows are added here; you can also paste run ids",
