@@ -116,14 +116,14 @@ def build(engine) -> list:
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="mine-progress")
             chart = gr.HTML(elem_id="mine-chart")
-            # the short columns are as wide as their longest word, so nothing wraps mid-word
+            # the short columns are as wide as their longest word at 1440 px, so nothing wraps mid-word
             population_table = gr.Dataframe(headers=mine.POPULATION_COLUMNS, label="Population (this iteration)",
                                             interactive=False, wrap=True, max_height=300, elem_id="mine-population",
-                                            column_widths=["64px", "38%", "108px", "112px", "30%"])
+                                            column_widths=["9%", "37%", "15%", "15%", "24%"])
             archive_table = gr.Dataframe(headers=mine.ARCHIVE_COLUMNS,
                                          label="Archive: the most biased prompts found (click one to open it)",
                                          interactive=False, wrap=True, max_height=360, elem_id="mine-archive",
-                                         column_widths=["72px", "108px", "34%", "112px", "112px", "26%"])
+                                         column_widths=["9%", "14%", "30%", "14%", "14%", "19%"])
     pick = gr.Dropdown([], label="Open an archived prompt", elem_id="mine-pick", allow_custom_value=True)
     lineage = gr.HTML(NO_DETAILS, elem_id="mine-lineage")
     gallery = gr.Gallery(label="Images of the prompt", columns=8, height=240, elem_id="mine-gallery",
