@@ -59,4 +59,4 @@ def test_a_counterfactual_with_a_placeholder_nothing_fills_is_refused_before_any
     assert len(error) == 1 and error[0].startswith("error: the counterfactual 'A photo of a male {occupation}' "
                                                    "has {occupation}, which neither the prompt nor the fill values")
     assert "Traceback" not in out.stderr
-    assert not list((tmp_path / "images").glob("**/*.png")) if (tmp_path / "images").exists() else True
+    assert not list(tmp_path.glob("**/*.png"))                            # no image was generated

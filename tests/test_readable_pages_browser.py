@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from apphelpers import browser_page, running_app, screenshot
+from apphelpers import browser_page, propose_and_run, running_app, screenshot
 from engine.common.events import Done
 from engine.methods import generate, mine, single_prompt
 from runhelpers import done_event
@@ -138,12 +138,7 @@ def test_mitigate_sample_images_keep_their_captions_off_the_images(app, page):
     url, _, _ = app
     page.goto(url, wait_until="load")
     page.get_by_role("tab", name="Mitigate").click()
-    page.fill("#mt-prompt textarea", "a photo of a doctor")
-    page.click("#mt-propose")
-    page.wait_for_function("document.querySelector('#mt-axes').innerText.includes('gender')", timeout=LONG)
-    set_number(page, "#mt-n", 8)
-    page.click("#mt-run")
-    wait_text(page, "#mt-progress", "Done")
+    propose_and_run(page, "mt", 8, LONG)
     page.wait_for_function("[...document.querySelectorAll('.thumbnail-item img')].every(i => i.complete)",
                            timeout=LONG)
     n, covered = page.evaluate(CAPTION_OVERLAPS, "body")   # every gallery of the page
