@@ -51,7 +51,7 @@ def build(engine) -> gr.Markdown:
 
     switch.click(use_preset, [preset], [status], api_name="use_preset")
     refresh.click(lambda: status_markdown(engine.status()), None, [status], api_name="status")
-    panel.expand(lambda: status_markdown(engine.status()), None, [status], api_name=False)  # models runs loaded
+    panel.expand(lambda: status_markdown(engine.status()), None, [status], api_name=False)  # what the runs since loaded
     unload.click(unload_all, None, [status], api_name="unload")
     use.click(use_model, [role, model, options, budget], [status], api_name="use_model")
     return status
