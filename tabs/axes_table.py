@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from engine.common.errors import GapLensError
 from engine.methods import cfsets
 
 from .common import gpu, gpu_seconds_for
@@ -47,7 +48,10 @@ def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
     # TIBET's meta-prompt: three LLM turns (re-asked at most once more each when the output is unusable)
     @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 0, llm_calls=2 * cfsets.PROPOSE_CALLS), specs=lambda **form: [engine.preset.llm])
     def propose_axes(prompt_text, fill_text):
-        axes, problems = cfsets.propose_for(engine, engine.check_prompt(prompt_text), parse_fill(fill_text))
+        try:
+            axes, problems = cfsets.propose_for(engine, engine.check_prompt(prompt_text), parse_fill(fill_text))
+        except GapLensError as exc:   # said beside the table it failed to fill, which keeps its rows
+            return gr.skip(), f"**No axes proposed**: {exc}"
         dropped = "\n".join(f"- the LLM's counterfactual {problem}" for problem in problems)
         return cfsets.rows_from_axes(axes), (f"**Left out of the proposal ({len(problems)})**\n\n{dropped}"
                                              if problems else "")

@@ -79,7 +79,7 @@ def build(engine) -> list:
     gr.Markdown("### Drill down: the initial images vs one counterfactual")
     pick = gr.Dropdown([], label="Counterfactual", elem_id="cf-pick", interactive=True)
     drill = gr.HTML(elem_id="cf-drill")
-    gallery = gr.Gallery(label="Images of the chosen set with their VQA answers", columns=8, height=260,
+    gallery = gr.Gallery(label="Images of the chosen set with their VQA answers", columns=8, height=420,
                          elem_id="cf-gallery", object_fit="contain")
     state = gr.State({})
     spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")

@@ -41,7 +41,8 @@ LIVE = ("progress", "chart", "population", "archive", "pick", "state", "runs")  
 def results_update(engine, run_id: str, results: dict, status: str, with_baseline: bool = False) -> dict:
     """{live output: value} showing a stored run's `results` (the random baseline of the same budget
     drawn beside a GA run `with_baseline`)."""
-    iteration = results["pending"]["iteration"] if results.get("pending") else len(results.get("iterations", [])) - 1
+    pending = results.get("pending") or {}   # its population is empty when the LLM ran out of new prompts
+    iteration = pending["iteration"] if pending.get("population") else len(results.get("iterations", [])) - 1
     baseline = _baseline_for(engine, results) if with_baseline else None
     return {"progress": report.progress_text(results, run_id, status), "chart": report.mine_chart(results, baseline),
             "population": mine.population_rows(results, max(0, iteration)) if results.get("nodes") else [],
@@ -115,11 +116,14 @@ def build(engine) -> list:
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="mine-progress")
             chart = gr.HTML(elem_id="mine-chart")
+            # the short columns are as wide as their longest word at 1440 px, so nothing wraps mid-word
             population_table = gr.Dataframe(headers=mine.POPULATION_COLUMNS, label="Population (this iteration)",
-                                            interactive=False, wrap=True, max_height=300, elem_id="mine-population")
+                                            interactive=False, wrap=True, max_height=300, elem_id="mine-population",
+                                            column_widths=["9%", "37%", "15%", "15%", "24%"])
             archive_table = gr.Dataframe(headers=mine.ARCHIVE_COLUMNS,
                                          label="Archive: the most biased prompts found (click one to open it)",
-                                         interactive=False, wrap=True, max_height=360, elem_id="mine-archive")
+                                         interactive=False, wrap=True, max_height=360, elem_id="mine-archive",
+                                         column_widths=["9%", "14%", "30%", "14%", "14%", "19%"])
     pick = gr.Dropdown([], label="Open an archived prompt", elem_id="mine-pick", allow_custom_value=True)
     lineage = gr.HTML(NO_DETAILS, elem_id="mine-lineage")
     gallery = gr.Gallery(label="Images of the prompt", columns=8, height=240, elem_id="mine-gallery",

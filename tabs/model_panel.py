@@ -11,7 +11,7 @@ from .common import status_markdown, user_errors
 
 def build(engine) -> gr.Markdown:
     """Lay out the panel; returns its status, which changes whenever a model does."""
-    with gr.Accordion("Models", open=False, elem_id="model-panel"):
+    with gr.Accordion("Models", open=False, elem_id="model-panel") as panel:
         status = gr.Markdown(status_markdown(engine.status()), elem_id="engine-status")
         with gr.Row():
             preset = gr.Dropdown(["auto", *PRESETS], value=engine.preset.name.split("+")[0],
@@ -51,6 +51,7 @@ def build(engine) -> gr.Markdown:
 
     switch.click(use_preset, [preset], [status], api_name="use_preset")
     refresh.click(lambda: status_markdown(engine.status()), None, [status], api_name="status")
+    panel.expand(lambda: status_markdown(engine.status()), None, [status], api_name=False)  # what the runs since loaded
     unload.click(unload_all, None, [status], api_name="unload")
     use.click(use_model, [role, model, options, budget], [status], api_name="use_model")
     return status

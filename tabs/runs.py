@@ -52,9 +52,10 @@ def build(engine) -> list:
         page = gr.Number(1, precision=0, minimum=1, label=f"Page ({runs.PAGE_SIZE} runs each)",
                          elem_id="runs-page", scale=0, min_width=110)
         refresh = gr.Button("Refresh", scale=0, elem_id="runs-refresh")
-    table = gr.Dataframe(headers=HEADERS, interactive=False, elem_id="runs-table", wrap=True, max_height=360,
+    # one line per row (wrapped headline cells made rows ~100 px tall): at least ten rows on a 900 px screen
+    table = gr.Dataframe(headers=HEADERS, interactive=False, elem_id="runs-table", wrap=False, max_height=480,
                          label="Runs (click a row to open it)",
-                         column_widths=["17%", "10%", "24%", "17%", "11%", "14%", "7%"])
+                         column_widths=["17%", "12%", "20%", "12%", "14%", "18%", "7%"])
     with gr.Row():
         selected = gr.Dropdown([], value=[], multiselect=True, allow_custom_value=True, label="Selected runs",
                                info="clicked rows are added here; you can also paste run ids",
@@ -74,10 +75,11 @@ def build(engine) -> list:
         message = gr.Markdown("", elem_id="runs-message")
         files = gr.File(label="Downloads", file_count="multiple", interactive=False, elem_id="runs-files",
                         height=110)
+    comparison = gr.HTML(elem_id="runs-comparison")   # first: a comparison is what Compare asked for
     view = gr.HTML(elem_id="runs-view")
     gallery = gr.Gallery(label="Images of the run", columns=8, height=280, elem_id="runs-gallery",
                          object_fit="contain", allow_preview=True)
-    comparison = gr.HTML(elem_id="runs-comparison")
+    exported = gr.State([])   # every file this session exported, listed under Downloads
     spotcheck.build(engine, lambda selected: (_ids(selected) or [None])[-1], selected, "runs-spot")
 
     with gr.Accordion("Import runs from an exported zip", open=False):
@@ -135,8 +137,8 @@ def build(engine) -> list:
     delete_btn.click(user_errors(with_engine(delete, engine)), [selected, confirm, keep_images],
                      [selected, confirm, message, view, gallery], api_name="runs_delete").then(**relist)
     for button, fmt in ((json_btn, "scores"), (zip_btn, "zip"), (html_btn, "html")):
-        button.click(user_errors(with_engine(export_runs, engine, fmt)), [selected], [files, message],
-                     api_name=f"runs_export_{fmt}")
+        button.click(user_errors(with_engine(export_runs, engine, fmt)), [selected, exported],
+                     [files, message, exported], api_name=f"runs_export_{fmt}")
     import_btn.click(user_errors(with_engine(import_runs, engine)), [upload], [selected, message],
                      api_name="runs_import").then(**relist)
     build_btn.click(user_errors(with_engine(build_study, engine)),
@@ -203,8 +205,9 @@ def delete(engine, selected, confirmed, keep):
     return gr.Dropdown(value=[]), False, text, "", []
 
 
-def export_runs(engine, fmt: str, selected):
-    """(files, message): the selected runs exported as `fmt` (scores: JSON + CSV; zip; html)."""
+def export_runs(engine, fmt: str, selected, earlier=None):
+    """(files, message, files): the selected runs exported as `fmt` (scores: JSON + CSV; zip; html); the
+    files are the session's `earlier` exports (newest first) after these, so no download replaces another."""
     store = engine.store
     ids = _ids(selected)
     if not ids:
@@ -217,7 +220,8 @@ def export_runs(engine, fmt: str, selected):
                  + export.export_files(store, ids, "csv", out / f"{stem}.scores.csv"))
     else:
         paths = export.export_files(store, ids, fmt, out / f"{stem}.{fmt}")
-    return paths, f"Exported {len(ids)} run(s): " + ", ".join(Path(p).name for p in paths)
+    every = [str(p) for p in paths] + [p for p in earlier or [] if Path(p).is_file()]   # old ones are cleaned up
+    return every, f"Exported {len(ids)} run(s): " + ", ".join(Path(p).name for p in paths), every
 
 
 def import_runs(engine, path):

@@ -128,7 +128,9 @@ def render(event, view: View) -> dict:
     """{output: value} for one event of a run (the state keeps the images, and the results at the end)."""
     kept, state = view.kept, view.shown["state"]
     if isinstance(event, Images):
-        kept["records"] = sorted(kept["records"] + event.records, key=lambda r: r.seed)
+        # an `until` run streams every round's seeds again (the first ones from the cache): one record per seed
+        by_seed = {r.seed: r for r in kept["records"] + event.records}
+        kept["records"] = [by_seed[seed] for seed in sorted(by_seed)]
         return {"gallery": gallery_items(kept["records"])}
     if isinstance(event, Progress):
         return {"progress": view.progress_text(event)}

@@ -86,3 +86,16 @@ def open_in_runs_tab(page, listed: str, row_text: str, view_selector: str, refre
     page.wait_for_function(f"document.querySelector('#runs-table').innerText.includes({listed!r})", timeout=30_000)
     page.locator("#runs-table").get_by_text(row_text).filter(visible=True).first.click()
     page.wait_for_selector(view_selector, timeout=30_000)
+
+
+def propose_and_run(page, prefix: str, n: int, timeout: int, prompt: str = "a photo of a doctor") -> None:
+    """In the open tab whose ids start `prefix` (ic, mt): type `prompt`, let the LLM propose the axes,
+    set N and run; returns when the status line says Done."""
+    page.fill(f"#{prefix}-prompt textarea", prompt)
+    page.click(f"#{prefix}-propose")
+    page.wait_for_function(f"document.querySelector('#{prefix}-axes').innerText.includes('gender')", timeout=timeout)
+    field = page.locator(f"#{prefix}-n input[type='number']")
+    field.fill(str(n))
+    field.press("Enter")
+    page.click(f"#{prefix}-run")
+    page.wait_for_function(f"document.querySelector('#{prefix}-progress').innerText.includes('Done')", timeout=timeout)

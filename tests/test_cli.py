@@ -48,3 +48,15 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path):
     stderr = proc.stderr.read().decode()
     proc.wait(timeout=120)
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_a_counterfactual_with_a_placeholder_nothing_fills_is_refused_before_any_image(tmp_path):
+    # issue 34: the axes name {occupation}, the prompt has no placeholder and no fill values are given
+    out = cli("counterfactuals", "--preset", "synthetic", "--prompt", "a portrait of a doctor", "--axes",
+              '{"gender": ["A photo of a male {occupation}", "A photo of a female {occupation}"]}', data_dir=tmp_path)
+    assert out.returncode == 2, out.stderr
+    error = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(error) == 1 and error[0].startswith("error: the counterfactual 'A photo of a male {occupation}' "
+                                                   "has {occupation}, which neither the prompt nor the fill values")
+    assert "Traceback" not in out.stderr
+    assert not list(tmp_path.glob("**/*.png"))                            # no image was generated

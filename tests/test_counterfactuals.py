@@ -64,6 +64,26 @@ def test_preset_is_table_6_1_verbatim_and_placeholders_expand():
         cfsets.expand("a photo of a nurse", ["chef"])
 
 
+def test_a_counterfactual_placeholder_nothing_fills_is_refused_before_any_image(engine):
+    from engine.methods import METHODS
+    from engine.methods.intersectional import IntersectionalRequest
+
+    template = {"gender": ["A photo of a male {occupation}", "A photo of a female {occupation}"]}
+    for prompt, axes in [("a portrait of a doctor", template),                     # issue 34: nothing to fill it
+                         ("A photo of a {job}", template),                         # the prompt fills another one
+                         ("a photo of a doctor", {"age": ["a photo of an old {occupation} doctor"]})]:
+        with pytest.raises(InputError, match=r"has \{occupation\}, which neither the prompt nor the fill values fill"):
+            cfsets.check_placeholders(prompt, axes)
+    cfsets.check_placeholders("A photo of a {occupation}", template)             # the fill values fill it
+    cfsets.check_placeholders("a portrait of a doctor", {"gender": ["a portrait of a female doctor"]})
+    runs = engine.store.count("runs")
+    for method, request in [("counterfactuals", CounterfactualsRequest("a portrait of a doctor", axes=template, n=2)),
+                            ("intersectional", IntersectionalRequest("a portrait of a doctor", axes=template, n=2))]:
+        with pytest.raises(InputError, match="generated literally"):
+            list(METHODS[method].run(request, engine))
+    assert engine.stats.images_generated == 0 and engine.store.count("runs") == runs
+
+
 def test_question_bank_table_5_2_and_template():
     assert tibet_question("gender") == "What is the gender (male, female, other) of the person in the image?"
     assert tibet_question("racial_bias") == "What is the ethnicity of the person in the image?"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from apphelpers import browser_page, running_app, screenshot
+from apphelpers import browser_page, propose_and_run, running_app, screenshot
 from waiting import wait_until
 from engine.common.events import Done
 from engine.methods import mine
@@ -127,12 +127,7 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
 
         # -- Intersectional: the pair view opens on a kept pair or says none is kept
         page.get_by_role("tab", name="Intersectional Matrix").click()
-        page.fill("#ic-prompt textarea", "a photo of a doctor")
-        page.click("#ic-propose")
-        page.wait_for_function("document.querySelector('#ic-axes').innerText.includes('gender')", timeout=LONG)
-        set_number(page, "#ic-n", 8)
-        page.click("#ic-run")
-        wait_text(page, "#ic-progress", "Done")
+        propose_and_run(page, "ic", 8, LONG)
         assert no_toast(page)
         ic = engine.store.get_run(engine.store.list_runs("intersectional")[0]["id"])["results"]
         if ic["kept_edges"]:

@@ -4,7 +4,7 @@ import zlib
 import numpy as np
 import pytest
 
-from engine.metrics.gap import COMBINATIONS, combine_terms, gap_score, gap_score_from_similarity
+from engine.metrics.gap import COMBINATIONS, combine_terms, gap_score, gap_score_from_similarity, resampled_gap_scores
 
 RGB = np.eye(3)
 
@@ -59,6 +59,17 @@ def test_diff_is_invariant_to_a_constant_shift():
     assert gap_score_from_similarity(s + 0.2).score == pytest.approx(gap_score_from_similarity(s).score)
     assert gap_score_from_similarity(s + 0.2, combine="mean").score != pytest.approx(
         gap_score_from_similarity(s, combine="mean").score)
+
+
+@pytest.mark.parametrize("combine", COMBINATIONS)
+def test_resampled_scores_are_the_scores_of_the_resampled_matrices(combine):
+    rng = np.random.default_rng(3)
+    s = rng.uniform(0.1, 0.35, size=(5, 7))
+    rows, cols = rng.integers(0, 5, size=(40, 5)), rng.integers(0, 7, size=(40, 7))
+    one_by_one = [gap_score_from_similarity(s[np.ix_(r, c)], 30, combine).score for r, c in zip(rows, cols)]
+    assert resampled_gap_scores(s, rows, cols, 30, combine) == pytest.approx(one_by_one)
+    by_hand = np.array([[0.9, 0.1, 0.8], [0.2, 0.3, 0.1]])   # test_terms_by_hand, texts (1, 1), images (0, 2, 2)
+    assert resampled_gap_scores(by_hand, np.array([[1, 1]]), np.array([[0, 2, 2]]), 50)[0] == pytest.approx(0.2 - 0.1)
 
 
 def test_bad_inputs():

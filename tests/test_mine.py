@@ -298,6 +298,27 @@ def test_the_tabs_handlers_are_functions_of_the_engine_and_the_forms_values(engi
     assert f"run `{run_id}` is done" in stopped["progress"] and engine.store.get_run(run_id)["status"] == "done"
 
 
+def test_unscored_prompts_show_a_dash_and_a_search_that_ran_out_of_prompts_shows_its_last_population(tmp_path):
+    from tabs import mine as tab
+
+    engine = Engine("colour", data_dir=str(tmp_path))
+    events, run_id = mine.run(MineRequest(iterations=3, population=6, select=2, mutations=2, n=4, seed=1), engine), None
+    for event in events:                       # Stop after the first prompt of the second iteration
+        run_id = getattr(event, "run_id", run_id)
+        if isinstance(event, mine.PromptScored) and event.iteration == 1:
+            break
+    events.close()
+    opened = dict(zip(tab.LIVE, tab.open_run(engine, run_id)))
+    scores = [row[2] for row in opened["population"]]
+    assert len(scores) == 6 and scores.count(mine.UNSCORED) == 5 and isinstance(scores[0], float)   # not 0
+
+    results = engine.store.get_run(run_id)["results"]
+    results["pending"] = {"iteration": 1, "population": []}   # what the Miner keeps when the LLM has no new prompt
+    shown = tab.results_update(engine, run_id, results, "Done")
+    assert [row[0] for row in shown["population"]] == [row[0] for row in mine.population_rows(results, 0)]
+    assert len(shown["population"]) == 6
+
+
 def test_the_live_population_is_the_current_iterations_most_biased_first(engine):
     from tabs import mine as tab
     from tabs.common import View

@@ -73,3 +73,15 @@ def test_llm_garbage_is_a_clear_error_and_earlier_work_stays(engine, planted):
     saved = engine.store.get_run(run["id"])
     assert len(saved["results"]["images"]) == 8 and "gender" in saved["results"]["axes"]
     assert engine.store.count("images") == 8
+
+
+def test_an_until_run_counts_and_shows_each_image_once(engine):
+    # issue 34: each round streams its seeds again (the first from the cache); 64 images were "104 measured"
+    from tabs import single_prompt as tab
+
+    updates = list(tab.measure(engine, "a photo of a doctor", 16, axes=["gender"], until=0.15))
+    final = dict(zip(tab.OUTPUTS, updates[-1]))
+    n = final["state"]["results"]["n"]
+    assert n > 16                                         # the set grew
+    assert f"**Done**: {n} images measured" in final["progress"]
+    assert len(final["gallery"]) == n and len(final["state"]["records"]) == n

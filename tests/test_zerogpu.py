@@ -148,10 +148,11 @@ def test_every_gpu_handler_works_on_zero_gpu_for_the_visitor_who_asked(space):
 
     # Propose axes runs the preset's LLM (a device model) inside the GPU function: the tiny random LLM
     # writes no usable JSON, and that arrives as GapLens' one sentence, not as a CUDA or worker error.
+    # The sentence is shown beside the axes table (issue 34), whose rows stay as they were.
     before = len(scheduler.scheduled())
-    with pytest.raises(Exception, match="gave no usable JSON") as proposal:
-        visitor_a.predict("a photo of a doctor", "", api_name="/cf_propose_axes")
-    assert "ZeroGPU worker error" not in str(proposal.value) and len(scheduler.scheduled()) == before + 1
+    _, proposal = visitor_a.predict("a photo of a doctor", "", api_name="/cf_propose_axes")
+    assert "gave no usable JSON" in proposal and "ZeroGPU worker error" not in proposal
+    assert len(scheduler.scheduled()) == before + 1
 
     # Only the owner, signed in with Hugging Face, is host: the LLM becomes the synthetic world's for
     # everyone (its JSON is usable; the generator and evaluators stay tiny real models on the GPU).

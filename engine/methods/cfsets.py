@@ -222,6 +222,21 @@ def expand(prompt: str, fill: list[str]) -> list[str]:
     return [prompt.replace(f"{{{name}}}", value) for value in values] if name else [prompt]
 
 
+def check_placeholders(template: str, axes) -> None:
+    """Raises InputError for a counterfactual with a {placeholder} that the prompt's own
+    placeholder (filled by the fill values) does not fill: it would be generated literally."""
+    filled = {placeholder(template)} - {None}
+    for cfs in (axes or {}).values() if isinstance(axes, dict) else ():
+        for cf in cfs or []:
+            unfilled = sorted(set(_PLACEHOLDER.findall(str(cf))) - filled)
+            if unfilled:
+                braces = ", ".join(f"{{{name}}}" for name in unfilled)
+                fix = (f"use the prompt's {{{next(iter(filled))}}}" if filled else
+                       f"put {braces} in the prompt and give fill values")
+                raise InputError(f"the counterfactual '{cf}' has {braces}, which neither the prompt nor the fill "
+                                 f"values fill, so it would be generated literally: write it out or {fix}")
+
+
 def propose_for(engine: Engine, prompt: str, fill: list[str], seed: int = 0,
                 max_length_change: int = MAX_LENGTH_CHANGE) -> tuple[dict[str, list[str]], list[str]]:
     """`propose_axes` for the first prompt of a run; with a placeholder, the counterfactuals
@@ -280,6 +295,7 @@ def check(request: SetsRequest, engine: Engine) -> None:
     engine.check_n(request.n)
     for p in expand(template, request.fill):
         engine.check_prompt(p)
+    check_placeholders(template, request.axes)
 
 
 def prepare(request: SetsRequest, engine: Engine, estimate: Callable):
@@ -291,6 +307,7 @@ def prepare(request: SetsRequest, engine: Engine, estimate: Callable):
     for p in prompts:
         engine.check_prompt(p)
     if request.axes:
+        check_placeholders(template, request.axes)
         axes, problems = clean_axes(template, request.axes, request.max_length_change)
     else:
         axes, problems = propose_for(engine, template, request.fill, request.llm_seed, request.max_length_change)

@@ -38,7 +38,7 @@ from ..common.scores import number
 from ..core.distributed import distributed_evaluation, distributed_image_sets
 from ..core.engine import Engine, EngineStats, Run, recorded
 from ..hosting.limits import Estimate
-from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
+from ..metrics.gap import COMBINATIONS, resampled_gap_scores
 from ..metrics.intervals import headline_claim
 from ..models import sources
 from ..store.store import ImageRecord, image_key
@@ -548,8 +548,7 @@ def best_prompt_claim(archive: list[dict], details: dict, request, n_draws: int 
         sim = np.asarray(details[a["id"]]["similarity"], float)
         r, c = rows[sim.shape], cols[sim.shape]
         values[a["prompt"]] = float(a["score"])
-        draws[a["prompt"]] = np.array([gap_score_from_similarity(sim[np.ix_(r[b], c[b])], request.alpha,
-                                                                 request.combine).score for b in range(n_draws)])
+        draws[a["prompt"]] = resampled_gap_scores(sim, r, c, request.alpha, request.combine)
     return headline_claim(values, draws, request.n, largest=False, what="most biased prompt (lowest gap score)",
                           fmt="{:.3f}")
 
@@ -573,18 +572,19 @@ def ancestry(nodes_by_id: dict, node_id: str) -> list[dict]:
 
 
 POPULATION_COLUMNS = ["id", "prompt", "gap score", "origin", "parent"]
+UNSCORED = "—"   # the gap score cell of a prompt not scored yet (not 0, which is a score)
 ARCHIVE_COLUMNS = ["rank", "gap score", "prompt", "iteration", "origin", "ancestors"]
 
 
 def population_rows(results: dict, iteration: int) -> list[list]:
-    """One iteration's population, most biased first (unscored ones last)."""
+    """One iteration's population, most biased first (unscored ones last, their gap score "—")."""
     by_id = {n["id"]: n for n in results["nodes"]}
     if iteration < len(results["iterations"]):
         ids = results["iterations"][iteration]["population"]
     else:
         ids = (results.get("pending") or {}).get("population", [])
     nodes = sorted((by_id[i] for i in ids), key=lambda n: (n.get("score") is None, n.get("score") or 0.0))
-    return [[n["id"], n["prompt"], _round(n.get("score")),
+    return [[n["id"], n["prompt"], UNSCORED if n.get("score") is None else _round(n["score"]),
              "kept" if n["born"] < iteration else n["origin"],
              by_id[n["parent"]]["prompt"] if n.get("parent") in by_id else ""] for n in nodes]
 

@@ -97,6 +97,19 @@ def gap_score_from_similarity(
     )
 
 
+def resampled_gap_scores(similarity: np.ndarray, rows: np.ndarray, cols: np.ndarray, alpha: float = 25.0,
+                         combine: str = "diff") -> np.ndarray:
+    """Return B (spec A.3) of each resample of S: draw b takes the texts `rows[b]` and the images
+    `cols[b]` (index arrays of shape (n_draws, n_texts) and (n_draws, n_images)); equal to
+    `gap_score_from_similarity(S[np.ix_(rows[b], cols[b])], alpha, combine).score` for every b,
+    computed for all draws at once."""
+    s = np.asarray(similarity, dtype=np.float64)
+    drawn = s[np.asarray(rows)[:, :, None], np.asarray(cols)[:, None, :]]   # (n_draws, n_texts, n_images)
+    coverage_term = np.percentile(drawn.max(axis=2), alpha, axis=1)
+    alignment_term = np.percentile(drawn.max(axis=1), alpha, axis=1)
+    return combine_terms(coverage_term, alignment_term, combine)
+
+
 def gap_score(
     text_embeddings: np.ndarray,
     image_embeddings: np.ndarray,
