@@ -173,3 +173,26 @@ def test_no_face_found_is_never_a_concept():
 
     assert NO_FACE in tibet.NON_CONCEPT_ANSWERS and tibet.concept_words(NO_FACE) == []
     assert top_phrases([[NO_FACE], ["female"], [NO_FACE]]) == [("female", 1 / 3)]
+
+
+def test_the_gap_score_failing_never_loses_the_run(tmp_path, data_dir, capsys):
+    """Issue 35 item 5, the issue's command: a folder of one photograph, the faces evaluator and the
+    synthetic preset's lexicon LLM (which writes no variations of this prompt): exit 0, the gender
+    count, and a note that the gap score is missing and why; the JSON omits it."""
+    from engine.cli import main
+
+    Image.fromarray(skdata.astronaut()).save(tmp_path / "astronaut.png")
+    (tmp_path / "metadata.csv").write_text("file_name,prompt\nastronaut.png,a photo of an astronaut\n")
+    argv = ["single-prompt", "--generator", f"folder:{tmp_path}", "--vqa", "faces:", "--prompt",
+            "a photo of an astronaut", "-n", "1", "--axes", "gender", "--data-dir", data_dir, "--preset", "synthetic"]
+    assert main(argv + ["--json"]) == 0
+    captured = capsys.readouterr()
+    results = json.loads(captured.out)
+    assert results["axes"]["gender"]["counts"] == {"female": 1}
+    assert "gap" not in results and [n["part"] for n in results["notes"]] == ["gap"]
+    assert results["notes"][0]["note"].startswith("the gap score is missing: ") and "gave no usable JSON" in results["notes"][0]["note"]
+    assert "warning: the gap score is missing" in captured.err
+    assert results["top_concepts"]                                              # the steps after it still ran
+    run = Engine("synthetic", data_dir=data_dir).store.get_run(results["run_id"])
+    assert run["status"] == "done" and run["summary"]["counts_gender"] == {"female": 1}
+    assert run["summary"]["missing"] == ["gap"]

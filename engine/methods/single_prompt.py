@@ -101,6 +101,7 @@ class SinglePromptResults(TypedDict, total=False):
     gap: dict                            # gap_for_images (when request.gap)
     captions: list[str]
     top_concepts: list[list]             # [concept, share of images], most frequent first
+    notes: list[dict]                    # optional parts missing ({"part", "note"}: why), when a step failed
     all_flagged: bool                    # every image flagged: nothing measured (then `message` says so)
     message: str
 
@@ -235,22 +236,27 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     yield DiversityMeasured(results["diversity"])
 
     # 4. MineTheGap gap score (reconstruction, spec A.3).
+    #    Optional steps (the gap score, captions, Top-K concepts): a failure leaves a note, never loses the run.
     if request.gap:
         yield Progress(0, 1, "gap", "asking the LLM for text variations of the prompt")
-        gap_result = gap_for_images(engine, prompt, valid, image_emb, n_var, request.alpha, request.combine,
-                                    seed=request.seed)
-        results["gap"] = gap_result
-        yield GapMeasured(gap_result)
-        run_record.save(results)
+        gap_result = yield from run_record.optional(results, "gap", "the gap score", lambda: gap_for_images(
+            engine, prompt, valid, image_emb, n_var, request.alpha, request.combine, seed=request.seed))
+        if gap_result is not None:
+            results["gap"] = gap_result
+            yield GapMeasured(gap_result)
+            run_record.save(results)
 
     # 5. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8), as whole
     # phrases with variants merged (metrics.concepts; CAS keeps TIBET's unigrams).
-    captions = engine.caption(valid)
+    captions = yield from run_record.optional(results, "captions", "the captions", lambda: engine.caption(valid))
+    if captions is not None:
+        results["captions"] = captions
     per_image = [[answers_by_axis[a][j] for a in answers_by_axis] for j in range(len(valid))]
-    top = top_phrases(per_image, captions, request.top_k, known=prompt.lower().split())
-    results["captions"] = captions
-    results["top_concepts"] = [[c, round(f, 3)] for c, f in top]
-    yield Table("top_concepts", ["concept", "share of images"], results["top_concepts"])
+    top = yield from run_record.optional(results, "top_concepts", "the Top-K concepts", lambda: top_phrases(
+        per_image, captions, request.top_k, known=prompt.lower().split()))
+    if top is not None:
+        results["top_concepts"] = [[c, round(f, 3)] for c, f in top]
+        yield Table("top_concepts", ["concept", "share of images"], results["top_concepts"])
 
     yield run_record.finish(results, summary_of(results))
 
@@ -265,7 +271,8 @@ def diversity(image_emb: np.ndarray, embedder: str) -> dict:
 
 def summary_of(results: SinglePromptResults) -> dict:
     """The run's summary row (the Runs list): N measured, Vendi, the gap score, the headline's
-    top axis and each axis' composite bias score (None where it is undefined)."""
+    top axis, each axis' composite bias score (None where it is undefined) and class counts, and
+    the optional parts missing (`missing`, each explained in results["notes"])."""
     summary = {"n": results["diversity"]["n"], "vendi": round(results["diversity"]["vendi"], 3)}
     if "gap" in results:
         summary["gap_score"] = round(results["gap"]["score"], 4)
@@ -274,6 +281,9 @@ def summary_of(results: SinglePromptResults) -> dict:
         summary["top_axis_probability"] = round(results["headline"]["probability"], 3)
     for name, m in results["axes"].items():
         summary[f"cbs_{name}"] = None if is_missing(m["composite_bias_score"]) else round(m["composite_bias_score"], 3)
+        summary[f"counts_{name}"] = {c: int(k) for c, k in m["counts"].items()}
+    if results.get("notes"):
+        summary["missing"] = [n["part"] for n in results["notes"]]
     return summary
 
 
