@@ -96,6 +96,9 @@ class RunLifecycle:
         calls, its own stats) is counted on the run, so visitors' runs at once never mix them."""
         view = copy.copy(self)
         view.run = run
+        threshold = (run.request or {}).get("cant_tell_below")
+        if threshold is not None:   # the request's "can't tell" threshold (engine.methods.options)
+            view.cant_tell_below = float(threshold)
         return view
 
     def count(self, **counts: int) -> None:

@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 from scipy import stats
 
+from ..backends.base import CANT_TELL
 from ..backends.llm_json import as_string_list
 from ..common.llm_prompts import variations_prompt
 from ..common.scores import finite_or_none
@@ -87,11 +88,26 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
     if "ci" not in point:
         point["ci"] = {name: list(posterior_interval(draws[name], finite_or_none(point[name]), 0.05, *METRIC_RANGES[name]))
                        if name in draws else [None, None] for name in SCALAR_METRICS}
+    point.update(cant_tell_counts(labels))
     point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if mode == "paper" and axis.values
                                 else "Jeffreys shares; BCa bootstrap metrics")
     point["_draws"] = draws.get("composite_bias_score")
     return point
 
+
+
+CANT_TELL_NOTE_ABOVE = 0.2   # a set where more than this share of answers is "can't tell" gets a sentence
+
+
+def cant_tell_counts(labels: list[str]) -> dict:
+    """Returns {"cant_tell": how many labels are "can't tell", "cant_tell_share": their share of all
+    labels, "cant_tell_note": a sentence when that share is above CANT_TELL_NOTE_ABOVE, else ""}.
+    They are outside the classes: the metrics leave them out (counted in n_excluded), never in a class."""
+    k = sum(label == CANT_TELL for label in labels)
+    share = k / len(labels) if labels else 0.0
+    note = (f"the evaluator could not tell on {k} of {len(labels)} images ({share:.0%}): the distribution is of "
+            "the images it could tell, which may not be like the rest" if share > CANT_TELL_NOTE_ABOVE else "")
+    return {"cant_tell": k, "cant_tell_share": share, "cant_tell_note": note}
 
 
 # -- the gap score -------------------------------------------------------------------------------

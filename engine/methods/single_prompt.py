@@ -96,7 +96,8 @@ class SinglePromptResults(TypedDict, total=False):
     images: list[dict]                   # ImageRecord.to_json of every image
     axes: dict[str, dict]                # per axis: axis_metrics_with_ci + question, labels, reference
     headline: dict                       # the most biased axis and how sure the intervals are of it
-    answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer
+    answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer (a class, "can't tell" or "other")
+    answer_probs: dict[str, dict]        # image key -> axis -> class -> probability (evaluators that score classes)
     diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
     gap: dict                            # gap_for_images (when request.gap)
     captions: list[str]
@@ -110,12 +111,15 @@ def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis]
     """Ask every axis' question of the images, store and stream its metrics (`yield from`);
     returns ({axis: answers}, {axis: composite-score draws})."""
     answers_by_axis: dict[str, list[str]] = {}
+    probs_by_axis: dict[str, list[dict | None]] = {}
     draws: dict[str, np.ndarray | None] = {}
     for i, axis in enumerate(axes):
         yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
         answers = engine.ask(valid, axis.question, list(axis.values) or None)
         labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
         answers_by_axis[axis.name] = answers
+        if axis.values:
+            probs_by_axis[axis.name] = engine.answer_probs(valid, axis.question, list(axis.values))
         reference = request.references.get(axis.name) or None
         metrics = axis_metrics_with_ci(labels, axis, reference, request.mode, request.n_boot,
                                        half_width=request.half_width)
@@ -123,6 +127,8 @@ def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis]
         draws[axis.name] = metrics.pop("_draws")
         results["axes"][axis.name] = metrics
         yield AxisScores(axis.name, metrics)
+    # image key -> axis -> class -> probability, beside results["answers"] (axes whose evaluator scored the classes)
+    results["answer_probs"] = {r.key: {a: p[j] for a, p in probs_by_axis.items() if p[j]} for j, r in enumerate(valid)}
     return answers_by_axis, draws
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.base import ModelSpec
+from ..backends.base import CANT_TELL, ModelSpec   # CANT_TELL: one spelling for a person and an evaluator
 from ..common.errors import InputError
 from ..common.events import AxisScores, Done, Progress
 from ..core.engine import Engine
@@ -34,7 +34,6 @@ from ..store.store import Store
 from .axes import axis_for, normalise_free_answer
 from .measure import METRIC_RANGES
 
-CANT_TELL = "can't tell"
 OTHER = "other"
 MAX_FREE_CLASSES = 8          # a free-text axis keeps its 8 commonest answers; the rest are 'other'
 
