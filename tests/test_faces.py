@@ -123,7 +123,8 @@ def test_single_prompt_measures_gender_and_age_with_the_faces_evaluator(photo_fo
     gender = done.results["axes"]["gender"]
     assert gender["counts"] == {"female": 6, "male": 4, NO_FACE: 3, "several faces: male, female": 1}
     assert gender["n"] == 10 and gender["n_excluded"] == 4                      # counted like "other"
-    assert done.results["axes"]["age"]["n_excluded"] == 4
+    age = done.results["axes"]["age"]                                        # issue 35: unsure ages are "can't tell"
+    assert age["n_excluded"] - age["cant_tell"] == 4 and age["counts"].get("can't tell", 0) == age["cant_tell"]
     concepts = [c for c, _ in done.results["top_concepts"]]
     assert "female" in concepts and not any(c.startswith("no face") for c in concepts)   # "no face found" is no concept
 
@@ -196,3 +197,21 @@ def test_the_gap_score_failing_never_loses_the_run(tmp_path, data_dir, capsys):
     run = Engine("synthetic", data_dir=data_dir).store.get_run(results["run_id"])
     assert run["status"] == "done" and run["summary"]["counts_gender"] == {"female": 1}
     assert run["summary"]["missing"] == ["gap"]
+
+
+def test_the_faces_evaluator_gives_its_models_probabilities(faces):
+    """Issue 35: per class the gender classifier's probability, and the age predictor's summed into
+    the age groups; the astronaut photo (Eileen Collins) reads female with p > 0.5."""
+    names = ["astronaut", "lfw0", "lfw31", "cat"]
+    images = [PHOTOS[n][0]() for n in names]
+    gender = faces.answer_classes(images, GENDER, ["male", "female"])
+    assert gender[0].answer == "female" and gender[0].probs["female"] > 0.5
+    for name, a in zip(names[:3], gender[:3]):
+        assert a.answer == PHOTOS[name][1] == max(a.probs, key=a.probs.get)
+        assert abs(sum(a.probs.values()) - 1) < 1e-6
+    assert gender[3].answer == NO_FACE and gender[3].probs is None               # no face: nothing to score
+    # the package's own rounded confidence is the same probability, in percent
+    assert round(100 * gender[0].probs["female"]) == faces.faces(images[0])[0]["gender_confidence"]
+    age = faces.answer_classes(images[:1], AGE, ["young", "middle-aged", "old"])[0]
+    assert set(age.probs) == {"young", "middle-aged", "old"} and abs(sum(age.probs.values()) - 1) < 1e-6
+    assert age.answer == max(age.probs, key=age.probs.get)
