@@ -179,3 +179,69 @@ def test_single_prompt_counts_cant_tell_apart_and_says_so_above_a_fifth(tmp_path
         assert math.isclose(sum(probs.values()), 1.0) and results["answers"][key][axis] in (*probs, CANT_TELL)
     html = str(page(results))
     assert "can&#39;t tell" in html and "could not tell on" in html
+
+
+# -- several evaluators (item 4) ---------------------------------------------------------------------
+def test_fleiss_kappa_of_fleiss_worked_example():
+    from engine.metrics.agreement import fleiss_kappa
+
+    # 10 subjects, 14 raters, 5 categories (Fleiss 1971; the example of Wikipedia's "Fleiss' kappa"): 0.210
+    table = np.array([[0, 0, 0, 0, 14], [0, 2, 6, 4, 2], [0, 0, 3, 5, 6], [0, 3, 9, 2, 0], [2, 2, 8, 1, 1],
+                      [7, 7, 0, 0, 0], [3, 2, 6, 3, 0], [2, 5, 3, 2, 2], [6, 5, 2, 1, 0], [0, 2, 2, 3, 7]])
+    assert round(fleiss_kappa(table), 3) == 0.210
+    assert math.isnan(fleiss_kappa(np.array([[3, 0], [3, 0]])))                    # one category: undefined
+
+
+def test_three_evaluators_agreement_by_hand():
+    from engine.metrics.agreement import evaluators_agreement
+
+    labels = {"a": ["male", "male", "female", "female"], "b": ["male", "female", "female", CANT_TELL],
+              "c": ["male", "male", "female", "female"]}
+    out = evaluators_agreement(labels, ["male", "female"], ["k1", "k2", "k3", "k4"])
+    assert out["agreement"] == 0.5 and out["agreed"] == {"male": 1, "female": 1}
+    assert out["classes"] == ["male", "female", CANT_TELL] and out["kappa_method"] == "Fleiss"
+    # by hand: P_i = 1, 1/3, 1, 1/3 -> P̄ = 2/3; p = (5/12, 6/12, 1/12) -> P̄e = 62/144; κ = (2/3 − 62/144) / (1 − 62/144)
+    assert math.isclose(out["kappa"], (2 / 3 - 62 / 144) / (1 - 62 / 144))
+    assert out["disagreements"] == [{"key": "k2", "answers": {"a": "male", "b": "female", "c": "male"}},
+                                    {"key": "k4", "answers": {"a": "female", "b": CANT_TELL, "c": "female"}}]
+    two = evaluators_agreement({"a": labels["a"], "b": labels["b"]}, ["male", "female"], ["k1", "k2", "k3", "k4"])
+    assert two["kappa_method"] == "Cohen" and two["agreement_matrix"] == [[1, 1, 0], [0, 1, 1], [0, 0, 0]]
+
+
+def test_two_evaluators_on_the_synthetic_world_from_the_command_line(tmp_path, capsys):
+    """`--vqa A --vqa B`: the noisy synthetic VQA (30% planted errors) and CLIP zero-shot over the synthetic
+    embedder (which reads the world as it is) on the same images: per axis the agreement, Cohen's κ, the
+    distribution where they agree and the images where they disagree, with both answers, in the JSON."""
+    import json
+
+    from engine.backends.synthetic import render_attributes
+    from engine.cli import main
+
+    noisy, clip = "synthetic_vqa:default", "clip_vqa:synthetic"
+    assert main(["single-prompt", "--preset", "synthetic", "--vqa", noisy, "--vqa-option", "error=0.3", "--vqa", clip,
+                 "--prompt", "a photo of a doctor", "-n", "32", "--axes", "gender", "age", "--no-gap",
+                 "--data-dir", str(tmp_path), "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    compared = results["evaluators"]
+    first = "synthetic_vqa:default [error=0.3]"
+    assert compared["evaluators"] == [first, clip]
+    gender = compared["axes"]["gender"]
+    assert gender["kappa_method"] == "Cohen" and gender["n"] == 32 and gender["kappa"] < 0.9
+    disagree = {d["key"]: d for d in gender["disagreements"]}
+    assert disagree and len(disagree) == round((1 - gender["agreement"]) * 32)
+    agreed = sum(gender["agreed"].values())
+    matrix = np.array(gender["agreement_matrix"])
+    assert agreed == np.trace(matrix[:2, :2]) and agreed + len(disagree) <= 32
+    for key, d in disagree.items():
+        assert d["answers"][first] != d["answers"][clip]
+        assert d["answers"][first] == results["answers"][key]["gender"]          # the run's own answer
+    # where CLIP disagrees with the noisy VQA on a class, CLIP is right more often (the world's truth)
+    seeds = {im["key"]: im["seed"] for im in results["images"]}
+    clip_right = sum(d["answers"][clip] == render_attributes("a photo of a doctor", seeds[k])["gender"]
+                     for k, d in disagree.items() if CANT_TELL not in d["answers"].values())
+    noisy_right = sum(d["answers"][first] == render_attributes("a photo of a doctor", seeds[k])["gender"]
+                      for k, d in disagree.items() if CANT_TELL not in d["answers"].values())
+    assert clip_right > noisy_right
+    assert main(["generate", "--preset", "synthetic", "--vqa", noisy, "--vqa", clip, "--prompt", "a doctor", "-n", "1",
+                 "--data-dir", str(tmp_path)]) == 2
+    assert "compared by single-prompt" in capsys.readouterr().err

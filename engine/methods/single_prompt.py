@@ -17,6 +17,7 @@ import numpy as np
 from ..common.errors import InputError
 from ..common.events import AxisScores, Event, Headline, Progress, Table, Warning
 from ..core.engine import Engine, Run, recorded, stream_image_set
+from ..hosting import backend_choices
 from ..hosting.limits import Estimate
 from ..metrics import biasbench
 from ..metrics.concepts import top_phrases
@@ -26,7 +27,7 @@ from ..common.names import readable
 from ..common.scores import Score, as_interval, finite_or_none, is_missing, number
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS
-from .measure import SCALAR_METRICS, axis_metrics_with_ci, gap_for_images
+from .measure import SCALAR_METRICS, axis_metrics_with_ci, compare_evaluators_on, gap_for_images
 from .options import GenerationOptions, settle_settings
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -37,6 +38,13 @@ class DiversityMeasured(Event):
     """Vendi score and mean pairwise similarity of the images' embeddings (results["diversity"])."""
 
     diversity: dict
+
+
+@dataclass(frozen=True)
+class EvaluatorsCompared(Event):
+    """Several evaluators' agreement on the run's images (results["evaluators"]; issue 35)."""
+
+    comparison: dict
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,9 @@ class SinglePromptRequest(GenerationOptions):
         "help": "the ± interval the 'how many images' advice aims at"})
     until_half_width: float | None = field(default=None, metadata={
         "metavar": "X", "help": "add images (reusing the cache) until every share's interval is within ±X"})
+    # other VQA evaluators ('backend:model') that answer every axis too, for their agreement (issue 35;
+    # on the command line a second --vqa, not an option of its own)
+    evaluators: list[str] = field(default_factory=list)
 
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + self.n))
@@ -99,6 +110,7 @@ class SinglePromptResults(TypedDict, total=False):
     answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer (a class, "can't tell" or "other")
     answer_probs: dict[str, dict]        # image key -> axis -> class -> probability (evaluators that score classes)
     diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
+    evaluators: dict                     # several evaluators compared (when request.evaluators): compare_evaluators_on
     gap: dict                            # gap_for_images (when request.gap)
     captions: list[str]
     top_concepts: list[list]             # [concept, share of images], most frequent first
@@ -132,6 +144,18 @@ def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis]
     return answers_by_axis, draws
 
 
+def several_evaluators(engine: Engine, request: SinglePromptRequest, axes: list[Axis], valid: list,
+                       answers_by_axis: dict[str, list[str]]) -> dict:
+    """The run's evaluator and `request.evaluators` on the same images, per axis with classes: their
+    agreement, κ, the distribution where they agree and the images where they disagree
+    (measure.compare_evaluators_on)."""
+    others = [backend_choices.resolve(engine, "vqa", e) for e in request.evaluators]
+    return compare_evaluators_on(
+        engine, others, {a.name: (a.question, list(a.values)) for a in axes}, {a.name: valid for a in axes},
+        {a.name: answers_by_axis[a.name] for a in axes}, engine.preset.vqa.full_label,
+        {a.name: list(a.values) for a in axes}, seed=request.seed)
+
+
 def _more_images(request: SinglePromptRequest, axes: dict, n: int, max_images: int) -> int | None:
     """None when no more images are wanted (no target, or every share interval is within
     ±until_half_width); else the N to grow to (capped at max_images; ≤ n means the cap is hit)."""
@@ -153,6 +177,8 @@ def check(request: SinglePromptRequest, engine: Engine) -> None:
     engine.check_prompt(request.prompt)
     engine.check_n(request.n_variations or n, "number of text variations")
     engine.check_questions([axis_for(a).question for a in request.axes if a and a.strip()])
+    for name in request.evaluators or []:   # a name that is no evaluator, or one a public GapLens does not offer
+        backend_choices.resolve(engine, "vqa", name)
     for what, value in (("interval half-width", request.half_width), ("target half-width", request.until_half_width)):
         if value is not None and not 0 < float(value) < 0.5:
             raise InputError(f"the {what} must be between 0 and 0.5 (e.g. 0.1 for ±10 points), not {value:g}")
@@ -235,6 +261,12 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     yield Headline(results["headline"])
     results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
     run_record.save(results)
+    if request.evaluators:   # every axis with classes answered by each other evaluator too (issue 35)
+        yield Progress(0, 1, "vqa", f"asking {len(request.evaluators)} more evaluator(s)")
+        results["evaluators"] = several_evaluators(engine, request, [a for a in axes if a.values], valid,
+                                                   answers_by_axis)
+        yield EvaluatorsCompared(results["evaluators"])
+        run_record.save(results)
 
     # 3. Diversity over CLIP image embeddings (Vendi).
     image_emb = engine.embed_images(valid)

@@ -85,4 +85,6 @@ def page(results: dict) -> Markup:
         prompt=results.get("prompt", ""), headline=trust.headline_html(results.get("headline")),
         axes=axes_html(axis_html(n, m) for n, m in axes.items()) if axes else "",
         diversity=results.get("diversity"), gap=gap_html(results["gap"]) if results.get("gap") else "",
-        top_concepts=results.get("top_concepts") or [], notes=results.get("notes") or [])
+        top_concepts=results.get("top_concepts") or [], notes=results.get("notes") or [],
+        evaluators=trust.comparison_html(results["evaluators"], element_id="sp-evaluators")
+        if results.get("evaluators") else "")
