@@ -117,10 +117,14 @@ def cant_tell_counts(labels: list[str]) -> dict:
 # -- several evaluators on the same images (issue 35) ------------------------------------------
 
 def evaluator_names(first: str, others: list) -> list[str]:
-    """Returns the evaluators' display names: `first` (the run's), then each other spec's label, made
-    unique with " (2)", " (3)", ... where two are alike."""
+    """Returns the evaluators' display names: `first` (the run's), then each other spec's label with its
+    options, a local path shortened to its file name, made unique with " (2)", " (3)", ... where two are alike."""
     names = []
-    for name in [first, *(o.label for o in others)]:
+    for name in [first, *(o.full_label for o in others)]:
+        backend, _, model = name.partition(":")
+        if "/" in model.split(" [")[0]:   # a local path: its file name says enough
+            path, _, options = model.partition(" [")
+            name = f"{backend}:{path.rstrip('/').rsplit('/', 1)[-1]}" + (f" [{options}" if options else "")
         candidate, i = name, 1
         while candidate in names:
             i += 1

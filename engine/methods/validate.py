@@ -284,9 +284,6 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec | lis
         first[name] = [item.predicted[i] for i in present]
         classes_of[name] = list(item.classes)
     first_label = str((run.get("models") or {}).get("vqa", "the run's evaluator"))
-    backend, _, model = first_label.partition(":")
-    if "/" in model:  # a local path: its file name says enough
-        first_label = f"{backend}:{model.rstrip('/').rsplit('/', 1)[-1]}"
     out = compare_evaluators_on(engine, others, questions, records_of, first, first_label, classes_of, seed)
     for a in out["axes"].values():
         dists = list(a["distributions"].values())
