@@ -245,3 +245,100 @@ def test_two_evaluators_on_the_synthetic_world_from_the_command_line(tmp_path, c
     assert main(["generate", "--preset", "synthetic", "--vqa", noisy, "--vqa", clip, "--prompt", "a doctor", "-n", "1",
                  "--data-dir", str(tmp_path)]) == 2
     assert "compared by single-prompt" in capsys.readouterr().err
+
+
+# -- ZeroGPU and memory details (item 7) -----------------------------------------------------------------
+BLACKWELL = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+def test_the_zero_gpu_profile_is_the_one_spaces_reports(monkeypatch):
+    """spaces 0.51.3 reads the card's model from the driver's files; GapLens takes its memory, SMs,
+    duration factor and xlarge threshold from that profile instead of assuming the H200 slice."""
+    from spaces.zero import config as zero_config
+
+    from engine.backends import device
+    from engine.hosting import space
+    from engine.models.presets import PRESETS
+
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    monkeypatch.setattr(zero_config, "_read_gpu_information", lambda: f"Model: \t\t {BLACKWELL}\nIRQ: 1\n")
+    zero_config.get_config.cache_clear()
+    try:
+        profile = device.zero_gpu_profile()
+        assert (profile["model"], profile["sm_count"], profile["duration_factor"]) == (BLACKWELL, 188, 1.5)
+        assert device.DeviceMemory().total_bytes("cuda") == 101973950464           # 95 GiB, no CUDA call
+        assert round(space.space_gpu_memory_gb(), 1) == 95.0
+        # denoising scales with the SMs (H200 seconds × 132 / SMs); spaces multiplies what is asked by 1.5
+        preset = PRESETS["sdxl-turbo"]
+        h200 = space.gpu_seconds(preset, images=64, steps=4, profile=device.H200_PROFILE)
+        blackwell = space.gpu_seconds(preset, images=64, steps=4)
+        work = 64 * (4 * space.H200_STEP_SECONDS["sdxl-turbo"] + space.H200_DECODE_SECONDS)
+        assert h200 == int(space.START_SECONDS + (work * 132 / 60 + _rest(preset, 64)) * space.MARGIN)
+        assert blackwell == int((space.START_SECONDS + (work * 132 / 188 + _rest(preset, 64)) * space.MARGIN) / 1.5)
+        assert blackwell < h200
+        # above 45 GB of weights spaces attaches "xlarge" (counted twice) and applies no factor
+        big = {**profile, "xlarge_threshold": 2**30}
+        assert space.xlarge(preset, big) and not space.xlarge(preset, profile)
+        assert space.gpu_seconds(preset, images=64, steps=4, profile=big) == int(
+            space.START_SECONDS + (work * 132 / 188 + _rest(preset, 64)) * space.MARGIN)
+    finally:
+        zero_config.get_config.cache_clear()
+
+
+def _rest(preset, images: int) -> float:
+    """The seconds of a run's evaluation beside denoising (questions=0, llm_calls=0): captions, embeddings."""
+    from engine.backends import uses_device
+    from engine.hosting import space
+
+    vqa = preset.vqa
+    caption = space.CAPTION_SECONDS.get(vqa.backend, 1.0) if (vqa.backend == "vlm" or vqa.options.get("caption_model")) else 0
+    return images * ((caption if uses_device(vqa) else 0) + (space.EMBED_SECONDS if uses_device(preset.embedder) else 0))
+
+
+def test_evaluation_working_memory_follows_image_size_and_batch():
+    from engine.backends.base import ModelSpec
+    from engine.models import plan as plans
+    from engine.models.presets import PRESETS
+
+    qwen = ModelSpec("vlm", "Qwen/Qwen2-VL-2B-Instruct")
+    # 1024² at batch 8: ceil(1024² / 28²) = 1,338 visual tokens an image (the issue's "about 1,225")
+    assert plans.working_bytes(qwen, 1024 * 1024) == int(0.25 * 2**30 + 8 * 1338 * 256 * 2**10)
+    assert plans.working_bytes(qwen, 1024 * 1024) / 2**30 > 2.5 > plans.EVAL_WORKING_GB
+    assert plans.working_bytes(ModelSpec("vlm", "x", {"batch_size": 2}), 512 * 512) == int(0.25 * 2**30 + 2 * 335 * 2**18)
+    blip = ModelSpec("blip_vqa", "Salesforce/blip-vqa-base")
+    assert plans.working_bytes(blip, 1024 * 1024) == plans.working_bytes(blip, 512 * 512) == int(
+        0.25 * 2**30 + 16 * 577 * 64 * 2**10)                                       # BLIP resizes to 384 px
+    # a preset's plan evaluates the generator's images at its family's size: 1024² for FLUX, 512² for SDXL-Turbo
+    assert plans.image_pixels(PRESETS["flux-schnell"].generator) == 1024 * 1024
+    assert plans.image_pixels(PRESETS["sdxl-turbo"].generator) == 512 * 512
+    assert plans.image_pixels(PRESETS["synthetic"].generator) is None
+
+
+@pytest.mark.real_model
+def test_parking_an_fp16_pipeline_in_host_ram_logs_no_warning(tiny):
+    """Eviction's move to the CPU is intended: diffusers' "cannot run with cpu device" is silenced there."""
+    import logging
+
+    from diffusers.utils import logging as diffusers_logging
+
+    from engine.backends.base import ModelSpec
+
+    spec = tiny["generator"]
+    generator = load_backend(ModelSpec(spec.backend, spec.model, {**spec.options, "dtype": "fp16"}), "cpu")
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    logger = diffusers_logging.get_logger("diffusers")
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        generator.pipe.to("cpu")                                                   # the warning exists...
+        assert any("cannot run with `cpu` device" in r.getMessage() for r in records)
+        records.clear()
+        assert generator.move_to("cpu") and generator.device == "cpu"              # ...and eviction does not log it
+        assert not any("cannot run with" in r.getMessage() for r in records)
+    finally:
+        logger.removeHandler(handler)

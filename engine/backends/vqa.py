@@ -35,6 +35,7 @@ trust_remote_code (off unless set).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import re
@@ -354,6 +355,8 @@ class VLMVQA(_GenerativeVQA):
         options = [tokenizer(str(c), add_special_tokens=False).input_ids for c in choices]
         dtype = next(self.model.parameters()).dtype
         device = devices.weights_device(self.model)
+        # only the logits that predict the option: a whole sequence's over a 150k vocabulary would take gigabytes
+        keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         scores = []
         for batch in _batches(_rgb(images), self.batch_size):
             inputs = _to(self._inputs(batch, text), device, dtype)
@@ -365,12 +368,12 @@ class VLMVQA(_GenerativeVQA):
                           if hasattr(v, "shape") and tuple(v.shape) == tuple(prompt.shape)}
                 ids = torch.cat([prompt, tail], dim=1)
                 mask = torch.cat([inputs["attention_mask"], torch.ones_like(tail)], dim=1)
+                extra = {"logits_to_keep": len(option) + 1} if keep else {}
                 with torch.inference_mode():
-                    logits = self.model(**{**inputs, **longer, "input_ids": ids, "attention_mask": mask}).logits
+                    logits = self.model(**{**inputs, **longer, "input_ids": ids, "attention_mask": mask}, **extra).logits
                 # the logits that predict the option's tokens, and those tokens (after the prompt's last one)
-                n = prompt.shape[1]
-                span = ids[:, n - 1:]
-                rows.append(_continuation_log_probs(logits[:, n - 1:-1], span, torch.ones_like(span)))
+                span = ids[:, prompt.shape[1] - 1:]
+                rows.append(_continuation_log_probs(logits[:, -len(option) - 1:-1], span, torch.ones_like(span)))
             scores += torch.stack(rows, dim=1).cpu().numpy().tolist()
         return [class_answer(choices, row, reply) for row, reply in zip(scores, replies)]
 
