@@ -143,10 +143,12 @@ def zero_gpu_profile() -> dict:
     """Returns the ZeroGPU hardware profile the `spaces` package reports for this machine
     (spaces.zero.config.get_config: "model", "memory" bytes, "sm_count", "xlarge_threshold" bytes or
     None, "duration_factor"), read from the NVIDIA driver's files without initialising CUDA; the H200
-    slice (H200_PROFILE) where the package or its profiles are missing."""
+    slice (H200_PROFILE) off ZeroGPU and where the package or its profiles are missing."""
+    if not on_zero_gpu():   # elsewhere the package would look for the driver's files and warn
+        return dict(H200_PROFILE)
     try:
         from spaces.zero.config import get_config
-    except Exception:  # noqa: BLE001 - no spaces package (not a Space), or an older one without profiles
+    except Exception:  # noqa: BLE001 - no spaces package, or an older one without profiles
         return dict(H200_PROFILE)
     try:
         return {**H200_PROFILE, **get_config()}
