@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import gradio as gr
 
@@ -174,11 +175,19 @@ def show_image(engine, view, evt: gr.SelectData):
     info = single_prompt.image_details(engine, record["key"])
     asked = [a for a in info["answers"] if a["question"] and a["question"] != "<caption>"]
     captions = [a["answer"] for a in info["answers"] if a["question"] == "<caption>" and a["answer"]]
-    answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**" for a in asked) or "- (no answers yet)"
+    answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**{_probabilities(a.get('probs'))}"
+                        for a in asked) or "- (no answers yet)"
     if captions:
         answers += f"\n\nCaption: *{captions[0]}*"
     flag = " **flagged by the safety checker**" if record.get("nsfw") else ""
     return f"**Seed {record['seed']}**{flag}, key `{record['key'][:12]}…`\n\n{answers}", view
+
+
+def _probabilities(probs: str | None) -> str:
+    """" (male 0.87, female 0.13)" from a stored answer's class probabilities (JSON), else ""."""
+    if not probs:
+        return ""
+    return " (" + ", ".join(f"{c} {p:.2f}" for c, p in json.loads(probs).items()) + ")"
 
 
 def regenerate_alone(engine, view) -> str:
