@@ -7,7 +7,8 @@ lists the downloads). For each preset (default sd-turbo and sdxl-turbo, plus flu
 Hugging Face token is set and the GPU has 48 GB or more):
 
   1. the doctor's self-test on the scikit-image astronaut (VQA, CLIP, one image);
-  2. Single Prompt "a photo of a doctor", N=8, axes gender and age, with the gap score (LLM);
+  2. Single Prompt "a photo of a doctor", N=8, axes gender, age, skin tone and ethnicity, with the gap
+     score (LLM);
   3. Counterfactuals of the same prompt, N=4, axes and counterfactuals proposed by the LLM.
 
 Checks, per preset (each prints `PRESET.NAME=value`):
@@ -16,6 +17,7 @@ Checks, per preset (each prints `PRESET.NAME=value`):
   images_not_blank  every image has a pixel spread above 2 (not blank, not a flat colour)
   not_all_flagged   the safety checker did not flag every image of a set
   other_share       on every Single Prompt axis fewer than half the answers fall outside its classes
+  cant_tell_share   on every Single Prompt axis fewer than half the answers are "can't tell"
   captions_text     every caption holds words
   llm_json          the LLM's JSON gave counterfactual prompts (axes with two or more each)
   peak_memory       torch.cuda.max_memory_allocated() after the runs is within the plan's peak plus
@@ -43,6 +45,7 @@ DEFAULT_PRESETS = ("sd-turbo", "sdxl-turbo")
 FLUX = "flux-schnell"
 FLUX_MIN_GB = 48
 PROMPT = "a photo of a doctor"
+AXES = ["gender", "age", "skin tone", "ethnicity"]   # every axis the audit measures with fixed classes
 GB = 2**30
 
 
@@ -96,15 +99,20 @@ def image_checks(records: list) -> dict:
 
 
 def single_prompt_checks(results: dict) -> dict:
-    """other_share (per axis) and captions_text on a Single Prompt result."""
-    shares = {}
+    """other_share and cant_tell_share (per axis) and captions_text on a Single Prompt result."""
+    shares, unsure = {}, {}
     for name, m in results.get("axes", {}).items():
         total = int(m.get("n", 0)) + int(m.get("n_excluded", 0))
-        shares[name] = round(m.get("n_excluded", 0) / total, 3) if total else 1.0
+        cant_tell = int(m.get("cant_tell", 0))
+        shares[name] = round((m.get("n_excluded", 0) - cant_tell) / total, 3) if total else 1.0
+        unsure[name] = round(cant_tell / total, 3) if total else 1.0
     captions = results.get("captions") or []
     texty = [c for c in captions if isinstance(c, str) and re.search(r"[A-Za-z]{2,}", c)]
     return {"other_share": check(shares and max(shares.values()) < 0.5, shares,
                                  "share of answers outside each axis' classes ('other', no person, ...)"),
+            "cant_tell_share": check(unsure and max(unsure.values()) < 0.5, unsure,
+                                     "share of \"can't tell\" answers on each axis (top probability below the "
+                                     "threshold)"),
             "captions_text": check(captions and len(texty) == len(captions), len(texty),
                                    f"{len(texty)} of {len(captions)} caption(s) hold words, e.g. "
                                    f"{(captions or [''])[0]!r}")}
@@ -162,7 +170,7 @@ def run_preset(name: str, data_dir: str, env: dict, section: dict) -> None:
     engine = Engine(name, data_dir=str(Path(data_dir) / name))
     records = []
     start = time.perf_counter()
-    sp = _done(single_prompt(SinglePromptRequest(PROMPT, n=8, axes=["gender", "age"], n_boot=200), engine))
+    sp = _done(single_prompt(SinglePromptRequest(PROMPT, n=8, axes=AXES, n_boot=200), engine))
     section["seconds"]["single_prompt"] = round(time.perf_counter() - start, 1)
     records += engine.store.get_images([im["key"] for im in sp.results["images"]]).values()
     section["checks"].update(single_prompt_checks(sp.results))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import gradio as gr
 
@@ -55,6 +56,10 @@ def build(engine) -> list:
                                   info="e.g. 0.1: more seeds are generated (the first ones come from the cache) "
                                   "up to the server's maximum", minimum=0, maximum=0.49, step=0.01,
                                   elem_id="sp-until")
+            evaluators = gr.Textbox(label="Also ask other evaluators (backend:model, comma-separated)",
+                                    placeholder="clip_vqa:synthetic, faces:", elem_id="sp-evaluators-pick",
+                                    info="each answers every axis too: their agreement, κ and the images where "
+                                         "they disagree appear under the distributions")
             go = gr.Button("Generate and measure", variant="primary", elem_id="sp-generate")
         with gr.Column(scale=3):
             progress = gr.Markdown("", elem_id="sp-progress")
@@ -87,7 +92,8 @@ def build(engine) -> list:
     regenerate_run = gpu(engine, duration=lambda view: gpu_seconds_for(engine, 1),
                          specs=lambda view: [engine.preset.generator])(with_engine(regenerate_alone, engine))
     form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, **generation.fields, axes=axes,
-                extra_axes=extra_axes, references=references, mode=mode, alpha=alpha, combine=combine, until=until)
+                extra_axes=extra_axes, references=references, mode=mode, alpha=alpha, combine=combine, until=until,
+                evaluators=evaluators)
     redraw = dict(fn=user_errors(with_engine(show_distribution, engine)), inputs=[state, distribution],
                   outputs=[axes_out, spot["result"]], api_name=False)
     checked(go.click, engine, "single_prompt", measure_request, inputs_kwargs=form).success(
@@ -106,18 +112,20 @@ def build(engine) -> list:
 OUTPUTS = ("gallery", "progress", "axes", "diversity", "gap", "topk", "state")   # a run's outputs, in order
 
 
-def measure_seconds(engine, n=16, steps=None, axes=(), extra_axes=None, until=0, **rest) -> int:
+def measure_seconds(engine, n=16, steps=None, axes=(), extra_axes=None, until=0, evaluators=None, **rest) -> int:
     """ZeroGPU seconds of a run (called with `measure`'s arguments): `until` may grow N up to the
-    server's maximum."""
+    server's maximum; each other evaluator asks every axis' question again."""
     questions = len(axes or ()) + len([a for a in (extra_axes or "").split(",") if a.strip()])
+    questions *= 1 + len(spotcheck.names_typed(evaluators))
     return gpu_seconds_for(engine, engine.max_images if until else n, steps, questions=questions, llm_calls=1)
 
 
 def measure(engine, prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
-            axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0):
+            axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0,
+            evaluators=None):
     """Yields the outputs of a run (OUTPUTS order) as its events arrive; the last names them all."""
     request = measure_request(prompt, n, seed, negative_prompt, steps, guidance, width, height, axes, extra_axes,
-                              references, mode, alpha, combine, until)
+                              references, mode, alpha, combine, until, evaluators)
     view = View(shown={"gallery": [], "progress": "", "axes": "", "diversity": "", "gap": "", "topk": [],
                        "state": {"records": {}, "request": request.__dict__}},
                 kept={"records": [], "axes": {}})
@@ -138,7 +146,11 @@ def render(event, view: View) -> dict:
         kept["axes"][event.axis] = axis_html(event.axis, event.metrics)
         return {"axes": axes_html(kept["axes"].values())}
     if isinstance(event, Headline):  # issue 16: how sure the headline is
-        return {"axes": trust.headline_html(event.claim) + axes_html(kept["axes"].values())}
+        kept["headline"] = trust.headline_html(event.claim)
+        return {"axes": kept["headline"] + axes_html(kept["axes"].values())}
+    if isinstance(event, single_prompt.EvaluatorsCompared):   # issue 35: under the distributions
+        return {"axes": kept.get("headline", "") + axes_html(kept["axes"].values())
+                + trust.comparison_html(event.comparison, element_id="sp-evaluators")}
     if isinstance(event, single_prompt.DiversityMeasured):
         return {"diversity": diversity_text(event.diversity)}
     if isinstance(event, single_prompt.GapMeasured):
@@ -165,11 +177,19 @@ def show_image(engine, view, evt: gr.SelectData):
     info = single_prompt.image_details(engine, record["key"])
     asked = [a for a in info["answers"] if a["question"] and a["question"] != "<caption>"]
     captions = [a["answer"] for a in info["answers"] if a["question"] == "<caption>" and a["answer"]]
-    answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**" for a in asked) or "- (no answers yet)"
+    answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**{_probabilities(a.get('probs'))}"
+                        for a in asked) or "- (no answers yet)"
     if captions:
         answers += f"\n\nCaption: *{captions[0]}*"
     flag = " **flagged by the safety checker**" if record.get("nsfw") else ""
     return f"**Seed {record['seed']}**{flag}, key `{record['key'][:12]}…`\n\n{answers}", view
+
+
+def _probabilities(probs: str | None) -> str:
+    """" (male 0.87, female 0.13)" from a stored answer's class probabilities (JSON), else ""."""
+    if not probs:
+        return ""
+    return " (" + ", ".join(f"{c} {p:.2f}" for c, p in json.loads(probs).items()) + ")"
 
 
 def regenerate_alone(engine, view) -> str:
@@ -196,12 +216,14 @@ def show_distribution(engine, view, which):
     checked = any(a.get("n_checked") for a in validation["axes"].values())
     if which == "corrected" and not checked:
         gr.Warning("no labels checked yet for this run's images: use 'Check the labels' first")
-    return (trust.headline_html(results.get("headline")) + axes_html(axis_html(a, m) for a, m in shown.items()),
-            trust.validation_html(validation) if checked else "")
+    compared = trust.comparison_html(results["evaluators"], element_id="sp-evaluators") if results.get("evaluators") else ""
+    return (trust.headline_html(results.get("headline")) + axes_html(axis_html(a, m) for a, m in shown.items())
+            + compared, trust.validation_html(validation) if checked else "")
 
 
 def measure_request(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
-                    axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0):
+                    axes=(), extra_axes=None, references=None, mode="paper", alpha=25, combine="diff", until=0,
+                    evaluators=None):
     """The request the form's values make (empty optional numbers: None, the method's defaults)."""
     return single_prompt.SinglePromptRequest(
         prompt=prompt, n=int(n), seed=int(seed or 0), negative_prompt=negative_prompt or "",
@@ -209,4 +231,4 @@ def measure_request(prompt, n, seed=0, negative_prompt=None, steps=None, guidanc
         height=number_or_none(height, int),
         axes=list(axes or []) + [a.strip() for a in (extra_axes or "").split(",") if a.strip()],
         references=parse_targets(references or ""), mode=mode, alpha=float(alpha), combine=combine,
-        until_half_width=float(until) if until else None)
+        until_half_width=float(until) if until else None, evaluators=spotcheck.names_typed(evaluators))

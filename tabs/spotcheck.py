@@ -140,10 +140,12 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
 
     def evaluators(run_value, other_spec):
         """The second evaluator and the preset's (whose embedder a CLIP VQA uses): the GPU decision."""
-        try:
-            other = [parse_model_override((other_spec or "").strip())]
-        except InputError:
-            other = []    # the comparison itself reports the bad name
+        other = []
+        for name in names_typed(other_spec):
+            try:
+                other.append(parse_model_override(name))
+            except InputError:
+                pass    # the comparison itself reports the bad name
         return [*other, engine.preset.embedder, engine.preset.vqa]
 
     # the run's images (at most the server's N per set, a few sets) asked each axis' question again
@@ -152,9 +154,10 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
         run_id = run_id_of(run_value)
         if not run_id:
             raise InputError("open or finish a run first")
-        if not (other_spec or "").strip():
+        names = names_typed(other_spec)
+        if not names:
             raise InputError("name the second evaluator as backend:model, e.g. clip_vqa:synthetic")
-        return trust.comparison_html(validate.compare_evaluators(engine, run_id, other_spec.strip()))
+        return trust.comparison_html(validate.compare_evaluators(engine, run_id, names if len(names) > 1 else names[0]))
 
     shown = [image, item] + buttons + [cant, result]
     api = prefix.replace("-", "_")
@@ -164,3 +167,8 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
     cant.click(answer(0), [state], [state] + shown, api_name=False)
     compare_btn.click(compare, [run_input, other], [comparison], api_name=f"{api}_compare")
     return {"result": result, "state": state}
+
+
+def names_typed(text) -> list[str]:
+    """The evaluators typed in the box, comma-separated (several: Fleiss' κ; issue 35)."""
+    return [name.strip() for name in str(text or "").split(",") if name.strip()]

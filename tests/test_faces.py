@@ -123,7 +123,8 @@ def test_single_prompt_measures_gender_and_age_with_the_faces_evaluator(photo_fo
     gender = done.results["axes"]["gender"]
     assert gender["counts"] == {"female": 6, "male": 4, NO_FACE: 3, "several faces: male, female": 1}
     assert gender["n"] == 10 and gender["n_excluded"] == 4                      # counted like "other"
-    assert done.results["axes"]["age"]["n_excluded"] == 4
+    age = done.results["axes"]["age"]                                        # issue 35: unsure ages are "can't tell"
+    assert age["n_excluded"] - age["cant_tell"] == 4 and age["counts"].get("can't tell", 0) == age["cant_tell"]
     concepts = [c for c, _ in done.results["top_concepts"]]
     assert "female" in concepts and not any(c.startswith("no face") for c in concepts)   # "no face found" is no concept
 
@@ -173,3 +174,44 @@ def test_no_face_found_is_never_a_concept():
 
     assert NO_FACE in tibet.NON_CONCEPT_ANSWERS and tibet.concept_words(NO_FACE) == []
     assert top_phrases([[NO_FACE], ["female"], [NO_FACE]]) == [("female", 1 / 3)]
+
+
+def test_the_gap_score_failing_never_loses_the_run(tmp_path, data_dir, capsys):
+    """Issue 35 item 5, the issue's command: a folder of one photograph, the faces evaluator and the
+    synthetic preset's lexicon LLM (which writes no variations of this prompt): exit 0, the gender
+    count, and a note that the gap score is missing and why; the JSON omits it."""
+    from engine.cli import main
+
+    Image.fromarray(skdata.astronaut()).save(tmp_path / "astronaut.png")
+    (tmp_path / "metadata.csv").write_text("file_name,prompt\nastronaut.png,a photo of an astronaut\n")
+    argv = ["single-prompt", "--generator", f"folder:{tmp_path}", "--vqa", "faces:", "--prompt",
+            "a photo of an astronaut", "-n", "1", "--axes", "gender", "--data-dir", data_dir, "--preset", "synthetic"]
+    assert main(argv + ["--json"]) == 0
+    captured = capsys.readouterr()
+    results = json.loads(captured.out)
+    assert results["axes"]["gender"]["counts"] == {"female": 1}
+    assert "gap" not in results and [n["part"] for n in results["notes"]] == ["gap"]
+    assert results["notes"][0]["note"].startswith("the gap score is missing: ") and "gave no usable JSON" in results["notes"][0]["note"]
+    assert "warning: the gap score is missing" in captured.err
+    assert results["top_concepts"]                                              # the steps after it still ran
+    run = Engine("synthetic", data_dir=data_dir).store.get_run(results["run_id"])
+    assert run["status"] == "done" and run["summary"]["counts_gender"] == {"female": 1}
+    assert run["summary"]["missing"] == ["gap"]
+
+
+def test_the_faces_evaluator_gives_its_models_probabilities(faces):
+    """Issue 35: per class the gender classifier's probability, and the age predictor's summed into
+    the age groups; the astronaut photo (Eileen Collins) reads female with p > 0.5."""
+    names = ["astronaut", "lfw0", "lfw31", "cat"]
+    images = [PHOTOS[n][0]() for n in names]
+    gender = faces.answer_classes(images, GENDER, ["male", "female"])
+    assert gender[0].answer == "female" and gender[0].probs["female"] > 0.5
+    for name, a in zip(names[:3], gender[:3]):
+        assert a.answer == PHOTOS[name][1] == max(a.probs, key=a.probs.get)
+        assert abs(sum(a.probs.values()) - 1) < 1e-6
+    assert gender[3].answer == NO_FACE and gender[3].probs is None               # no face: nothing to score
+    # the package's own rounded confidence is the same probability, in percent
+    assert round(100 * gender[0].probs["female"]) == faces.faces(images[0])[0]["gender_confidence"]
+    age = faces.answer_classes(images[:1], AGE, ["young", "middle-aged", "old"])[0]
+    assert set(age.probs) == {"young", "middle-aged", "old"} and abs(sum(age.probs.values()) - 1) < 1e-6
+    assert age.answer == max(age.probs, key=age.probs.get)

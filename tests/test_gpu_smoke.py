@@ -54,8 +54,8 @@ def run_kit(kit, capsys, tmp_path, *argv):
 def test_the_kit_runs_each_stage_and_writes_one_report(kit, fake_gpu, capsys, tmp_path):
     code, lines, values, report = run_kit(kit, capsys, tmp_path)
     assert code == 0 and lines[-1] == "ok=1" and values["failed"] == "none"
-    for check in ("self_test", "images_not_blank", "not_all_flagged", "other_share", "captions_text", "llm_json",
-                  "peak_memory"):
+    for check in ("self_test", "images_not_blank", "not_all_flagged", "other_share", "cant_tell_share", "captions_text",
+                  "llm_json", "peak_memory"):
         assert f"synthetic.{check}" in values
     assert values["gpu"] == "Fake GPU" and values["synthetic.peak_memory"] == "0.8"
     section = report["presets"]["synthetic"]
@@ -89,9 +89,13 @@ def test_each_check_fails_on_what_it_guards(kit):
     assert kit.image_checks([record(noise)])["images_not_blank"]["ok"]
     assert not kit.image_checks([record(noise), record(Image.new("RGB", (64, 64), "white"))])["images_not_blank"]["ok"]
     assert not kit.image_checks([record(noise, nsfw=True)])["not_all_flagged"]["ok"]
-    axes = {"gender": {"n": 8, "n_excluded": 0}, "age": {"n": 3, "n_excluded": 5}}
+    axes = {"gender": {"n": 8, "n_excluded": 0}, "age": {"n": 3, "n_excluded": 5},
+            "skin tone": {"n": 3, "n_excluded": 5, "cant_tell": 5}, "ethnicity": {"n": 6, "n_excluded": 2, "cant_tell": 1}}
     checks = kit.single_prompt_checks({"axes": axes, "captions": ["a doctor in a white coat", ""]})
-    assert checks["other_share"]["value"] == {"gender": 0.0, "age": 0.625} and not checks["other_share"]["ok"]
+    assert checks["other_share"]["value"] == {"gender": 0.0, "age": 0.625, "skin tone": 0.0, "ethnicity": 0.125}
+    assert not checks["other_share"]["ok"]
+    assert checks["cant_tell_share"]["value"] == {"gender": 0.0, "age": 0.0, "skin tone": 0.625, "ethnicity": 0.125}
+    assert not checks["cant_tell_share"]["ok"]                                  # skin tone: the evaluator cannot tell
     assert not checks["captions_text"]["ok"]
     assert kit.counterfactual_checks({"axes": {"gender": ["a male doctor", "a female doctor"]}})["llm_json"]["ok"]
     assert not kit.counterfactual_checks({"axes": {}})["llm_json"]["ok"]

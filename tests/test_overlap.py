@@ -23,7 +23,7 @@ def test_vqa_of_one_batch_runs_while_the_next_batch_generates(data_dir):
     vqa = engine.models.get(engine.preset.vqa)
     gen.batch_size = 4
     vqa_started, waited, calls = threading.Event(), [], []
-    real_generate, real_answer = gen.generate, vqa.answer
+    real_generate, real_answer, real_classes = gen.generate, vqa.answer, vqa.answer_classes
 
     def generate(prompt, seeds, settings):
         if len(calls) == 1:
@@ -36,7 +36,11 @@ def test_vqa_of_one_batch_runs_while_the_next_batch_generates(data_dir):
         vqa_started.set()
         return real_answer(images, question, choices)
 
-    gen.generate, vqa.answer = generate, answer   # these instances only
+    def answer_classes(images, question, choices):   # questions with classes are scored (issue 35)
+        vqa_started.set()
+        return real_classes(images, question, choices)
+
+    gen.generate, vqa.answer, vqa.answer_classes = generate, answer, answer_classes   # these instances only
     overlapped, overlapped_answers = results(engine)
     assert waited == [True]
 

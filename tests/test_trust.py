@@ -130,6 +130,7 @@ def test_rogan_gladen_and_constrained_least_squares_by_hand():
 def test_planted_error_is_in_the_model_id_and_follows_its_pattern(tmp_path):
     noisy = Engine("synthetic", data_dir=str(tmp_path), vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
     assert "error=0.3" in noisy.model_id("vqa")
+    noisy.cant_tell_below = 0.0                           # every answer, the unsure ones too (issue 35)
     clean = Engine("synthetic", data_dir=str(tmp_path))
     records = clean.image_set("a photo of a firefighter", range(200))
     q = axis_for("age").question
@@ -147,7 +148,7 @@ def test_spot_check_of_40_images_corrects_the_planted_error(tmp_path):
     whose interval holds the error-free share and that is closer to it than the raw share."""
     noisy = Engine("synthetic", data_dir=str(tmp_path), vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
     request = single_prompt.SinglePromptRequest("a photo of a firefighter", n=96, axes=["gender", "age"], gap=False,
-                                                n_boot=200)
+                                                n_boot=200, cant_tell_below=0.0)   # no abstention: all 96 answered
     done = list(single_prompt.run(request, noisy))[-1]
     clean = Engine("synthetic", data_dir=str(tmp_path))
     keys = list(done.results["answers"])
@@ -322,8 +323,10 @@ def test_two_evaluators_compared_on_the_same_images(tmp_path):
     """The planted 'shift' error shows up in the agreement matrix against the error-free VQA;
     CLIP zero-shot over the synthetic embedder agrees with the error-free VQA."""
     noisy = Engine("synthetic", data_dir=str(tmp_path), vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
+    noisy.cant_tell_below = 0.0                           # the planted confusion of every answer (issue 35)
     done = list(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a doctor", n=48, axes=["age"],
-                                                                    gap=False, n_boot=100), noisy))[-1]
+                                                                    gap=False, n_boot=100, cant_tell_below=0.0),
+                                  noisy))[-1]
     out = validate.compare_evaluators(noisy, done.run_id, f"synthetic_vqa:{SYNTHETIC_TABLE}")
     age = out["axes"]["age"]
     m = np.array(age["agreement_matrix"])                 # rows: the noisy run's labels, columns: error-free

@@ -212,16 +212,16 @@ def build_tiny_open_clip(root: str | Path, *, name: str = "tiny-open-clip") -> M
     return spec
 
 
-def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE):
+def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE, extra_special: tuple[str, ...] = ()):
     """A byte-level BPE tokenizer (about 300 tokens) trained in-process on _CHAT_CORPUS, with the
-    ChatML markers and "<image>" as special tokens."""
+    ChatML markers, "<image>" and `extra_special` as special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>"]
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", *extra_special]
     bpe.train_from_iterator(_CHAT_CORPUS, trainers.BpeTrainer(
         vocab_size=500, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
@@ -292,6 +292,53 @@ def build_tiny_vlm(root: str | Path, *, name: str = "tiny-vlm") -> ModelSpec:
     LlavaProcessor(image_processor=_clip_image_processor(64), tokenizer=tok, patch_size=16,
                    vision_feature_select_strategy="default", num_additional_image_tokens=1,
                    image_token="<image>", chat_template=VLM_CHAT_TEMPLATE).save_pretrained(path)
+    return spec
+
+
+# Qwen2-VL's ChatML: the image as <|vision_start|><|image_pad|><|vision_end|> (the processor repeats the pad).
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tiny_qwen2_vl(root: str | Path, *, name: str = "tiny-qwen2-vl") -> ModelSpec:
+    """Writes a tiny Qwen2-VL (a 2-block vision tower with 14 px patches merged 2x2, 56x56 images
+    = 4 image tokens, a 2-layer Qwen2 decoder with multimodal rotary positions) and its
+    Qwen2VLProcessor with a chat template, to root/name. It loads through AutoModelForImageTextToText
+    like Qwen/Qwen2-VL-2B-Instruct.
+
+    Returns the ModelSpec that loads it (backend "vlm")."""
+    path = Path(root) / name
+    spec = ModelSpec("vlm", str(path), {"max_new_tokens": 6})
+    if (path / "config.json").exists():
+        return spec
+    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor,
+                              Qwen2VLProcessor, Qwen2VLVideoProcessor)
+
+    markers = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+    tok = _chat_tokenizer(None, markers)
+    ids = {m: tok.convert_tokens_to_ids(m) for m in markers}
+    config = Qwen2VLConfig(
+        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 4, "mlp_ratio": 2,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        text_config={"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+                     "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+                     "pad_token_id": tok.pad_token_id},
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    _seed(7)
+    Qwen2VLForConditionalGeneration(config).save_pretrained(path)
+    images = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=56 * 56, patch_size=14, merge_size=2,
+                                   temporal_patch_size=2)
+    Qwen2VLProcessor(image_processor=images, tokenizer=tok, video_processor=Qwen2VLVideoProcessor(),
+                     chat_template=QWEN2_VL_CHAT_TEMPLATE).save_pretrained(path)
     return spec
 
 

@@ -98,6 +98,44 @@ class VQA(Protocol):
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """One short caption per image."""
 
+    # Optional, for an evaluator that scores the classes (BLIP, VLMs, CLIP zero-shot, faces, the synthetic
+    # VQA): answer_classes(images, question, choices) -> list[ClassAnswer], one per image.
+
+
+CANT_TELL = "can't tell"
+# Below this top probability a scored answer is "can't tell" (an option: --cant-tell-below). For the two-class
+# axes a calibrated answer under 0.6 is wrong at least 40% of the time, barely better than a coin; on the
+# three-class axes 0.6 is nearly twice chance (1/3), so only a split answer abstains (README, issue 35).
+DEFAULT_CANT_TELL_BELOW = 0.6
+
+
+@dataclass(frozen=True)
+class ClassAnswer:
+    """An evaluator's answer within given classes: `answer` the most probable class (lower-case), or what
+    it said outside them ("other", "no face found"); `probs` {class: probability} summing to 1, or None
+    when it gave none; `text` its own words, when it wrote some."""
+
+    answer: str
+    probs: dict[str, float] | None = None
+    text: str = ""
+
+
+def class_answer(choices: Sequence[str], scores, text: str = "") -> ClassAnswer:
+    """Returns the ClassAnswer of one image from a score per choice (log-likelihoods or logits): the
+    softmax over the choices, and its most probable choice (lower-case; the first on a tie)."""
+    values = np.asarray(scores, dtype=np.float64)
+    values = np.exp(values - values.max())
+    probs = values / values.sum()
+    names = [str(c).lower() for c in choices]
+    return ClassAnswer(names[int(np.argmax(probs))], {c: float(p) for c, p in zip(names, probs)}, text)
+
+
+def label_of(answer: ClassAnswer, threshold: float) -> str:
+    """Returns the answer's class, or CANT_TELL when its top probability is below `threshold`."""
+    if answer.probs and max(answer.probs.values()) < threshold:
+        return CANT_TELL
+    return answer.answer
+
 
 @dataclass(frozen=True)
 class ModelSpec:

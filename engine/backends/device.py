@@ -9,6 +9,7 @@ import gc
 import hashlib
 import os
 import re
+import warnings
 from pathlib import Path
 
 _DTYPE_NAMES = {
@@ -131,8 +132,36 @@ def on_zero_gpu() -> bool:
 
 
 # ZeroGPU attaches a slice of an H200, an "H200 MIG 3g.71gb": 74,625,056,768 bytes = 69.5 GiB and 60 SMs
-# (the `spaces` package's device defaults; the docs round it to "70GB per workload").
+# (the `spaces` package's device defaults; the docs round it to "70GB per workload"). spaces 0.51 knows a
+# second profile, an RTX PRO 6000 Blackwell (95 GiB, 188 SMs, its durations × 1.5, and above 45 GB of
+# weights the "xlarge" size that counts twice against the quota): `zero_gpu_profile` reads the one in use.
 ZERO_GPU_MEMORY_GB = 69.5
+H200_PROFILE = {"model": "NVIDIA H200", "memory": 74625056768, "sm_major": 9, "sm_minor": 0, "sm_count": 60,
+                "xlarge_threshold": None, "duration_factor": 1.0}
+
+
+def zero_gpu_profile() -> dict:
+    """Returns the ZeroGPU hardware profile the `spaces` package reports for this machine
+    (spaces.zero.config.get_config: "model", "memory" bytes, "sm_count", "xlarge_threshold" bytes or
+    None, "duration_factor"), read from the NVIDIA driver's files without initialising CUDA; the H200
+    slice (H200_PROFILE) off ZeroGPU and where the package or its profiles are missing."""
+    if not on_zero_gpu():   # elsewhere the package would look for the driver's files and warn
+        return dict(H200_PROFILE)
+    try:
+        from spaces.zero.config import get_config
+    except Exception:  # noqa: BLE001 - no spaces package, or an older one without profiles
+        return dict(H200_PROFILE)
+    try:
+        with warnings.catch_warnings():   # unreadable driver files: the package warns and gives its default
+            warnings.simplefilter("ignore")
+            return {**H200_PROFILE, **get_config()}
+    except Exception:  # noqa: BLE001 - a profile file it cannot read: the H200 slice
+        return dict(H200_PROFILE)
+
+
+def zero_gpu_memory_gb() -> float:
+    """Returns the memory of the ZeroGPU profile in use, in GiB (69.5 on the H200 slice)."""
+    return zero_gpu_profile()["memory"] / 2**30
 # Kept free on a CUDA device for the CUDA context, cuBLAS/cuDNN workspaces and fragmentation.
 CUDA_RESERVE_BYTES = int(1.5 * 2**30)
 # Host RAM left free when evicted models are parked there (the OS, Python, images, the next load).
@@ -149,7 +178,7 @@ class DeviceMemory:
         kind = str(device).split(":")[0]
         if kind == "cuda":
             if on_zero_gpu():
-                return int(ZERO_GPU_MEMORY_GB * 2**30)
+                return int(zero_gpu_profile()["memory"])
             import torch
 
             index = torch.device(device).index or 0

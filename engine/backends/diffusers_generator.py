@@ -213,7 +213,8 @@ class DiffusersGenerator:
         evicted; False (nothing moved) for an offloaded pipeline, whose weights live on the CPU already."""
         if self.offload:
             return False
-        self.pipe.to(device)
+        # parking an fp16 pipeline in host RAM is intended: diffusers' "cannot run with cpu device" warning is not for it
+        self.pipe.to(device, silence_dtype_warnings=str(device) == "cpu")
         if self._safety_checker is not None:
             self._safety_checker.to(device)
         self.device = device

@@ -35,7 +35,7 @@ from PIL import Image
 
 from ..common.errors import InputError, ModelLoadError
 from . import device as devices
-from .base import ModelSpec
+from .base import ClassAnswer, ModelSpec
 
 NO_FACE = "no face found"
 SEVERAL = "several faces"
@@ -107,6 +107,59 @@ class FaceAttributes:
                 out.append(label(max(faces, key=lambda f: (f["box"][2] - f["box"][0]) * (f["box"][3] - f["box"][1]))))
             else:
                 out.append(f"{SEVERAL}: " + ", ".join(label(f) for f in faces))
+        return out
+
+    def face_probabilities(self, image: Image.Image) -> list[dict]:
+        """Returns the faces the detector finds, left to right: {"box", "gender": {label: probability},
+        "age": {age in years: probability}}, the gender classifier's and the age predictor's class
+        probabilities (the package's networks, run as its `predict` runs them)."""
+        predictor = self.predictor
+        array = np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8))
+        with predictor._lock:   # the package's own pipeline (AgeAndGender.predict) before it rounds
+            extractions = predictor._ensure_frontend().extract(array)
+            if not extractions:
+                return []
+            gender_net, age_net = predictor._engine.gender, predictor._engine.age
+            gender = gender_net.probabilities([e.gender_chip for e in extractions])
+            age = age_net.probabilities([e.age_chip for e in extractions])
+        labels, ages = gender_net.spec.labels, age_net.spec.age_weights
+        faces = [{"box": list(e.rectangle), "gender": dict(zip(labels, map(float, g))),
+                  "age": dict(zip(map(float, ages), map(float, a)))} for e, g, a in zip(extractions, gender, age)]
+        return sorted(faces, key=lambda f: f["box"][0])
+
+    def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
+        """Returns per image the model's probabilities over the choices: the gender classifier's, or the
+        age predictor's summed into the age groups (young < 30, middle-aged 30-59, old 60+; an age
+        choice matching no group gets 0). No face, or several (unless option several=largest): the
+        answer of `answer`, without probabilities."""
+        from .vqa import match_choice
+
+        attribute = attribute_of(question)
+        if attribute is None:
+            raise InputError(question_problem([question]))
+        names = [str(c).lower() for c in choices]
+        out = []
+        for image in images:
+            faces = self.face_probabilities(image)
+            if not faces or (len(faces) > 1 and self.several != "largest"):
+                out.append(ClassAnswer(self.answer([image], question, choices)[0]))
+                continue
+            face = max(faces, key=lambda f: (f["box"][2] - f["box"][0]) * (f["box"][3] - f["box"][1]))
+            probs = dict.fromkeys(names, 0.0)
+            if attribute == "gender":
+                items = face["gender"].items()
+            else:
+                items = ((f"{int(round(age))} years old", p) for age, p in face["age"].items())
+            for value, p in items:
+                choice = match_choice(value, names)
+                if choice in probs:
+                    probs[choice] += p
+            total = sum(probs.values())
+            if total <= 0:   # no choice names a gender or an age group
+                out.append(ClassAnswer(self.answer([image], question, choices)[0]))
+                continue
+            probs = {c: p / total for c, p in probs.items()}
+            out.append(ClassAnswer(max(probs, key=probs.get), probs))
         return out
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:

@@ -35,6 +35,7 @@ trust_remote_code (off unless set).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import re
@@ -46,7 +47,7 @@ from PIL import Image
 
 from ..common.errors import ModelLoadError
 from . import device as devices
-from .base import ModelSpec, clear_generation_defaults, decoding_settings
+from .base import ClassAnswer, ModelSpec, class_answer, clear_generation_defaults, decoding_settings
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,10 @@ CAPTION_QUESTION = "what is in the image?"
 VLM_CAPTION_PROMPT = "Describe the image in one short sentence."
 VLM_PROMPT_TEMPLATE = "Question: {question} Answer:"
 VLM_SUFFIX = " Answer with a single word or phrase."  # LLaVA's short-answer VQA instruction
+VLM_CHOICES_SUFFIX = " Answer with one of: {choices}."   # a question asked with its classes listed
+# CLIP's trained temperature: logit_scale is learned from ln(1/0.07) and clipped at ln(100), where OpenAI's and
+# OpenCLIP's released models sit (Radford et al. 2021, §2.5); logits = 100 × cosine similarity.
+LOGIT_SCALE = 100.0
 
 # Words a free answer may use for a choice. Only the choices actually offered are consulted,
 # so "boy" means "male" for a gender question and "young" for an age question.
@@ -72,6 +77,17 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "rich": ("wealthy", "affluent", "upper class", "luxurious"),
     "poor": ("impoverished", "low income", "lower class", "homeless", "poverty"),
     "middle class": ("middle", "average"),
+    # skin tone and ethnicity: what evaluators say instead of the classes (issue 35); plurals, "fair-skinned"
+    # and "a fair person" match through match_choice's whole-word and plural rules
+    "light": ("fair", "pale", "white", "caucasian", "porcelain", "ivory", "pinkish"),
+    "medium": ("tan", "tanned", "olive", "brown", "brownish", "beige", "golden", "caramel", "bronze", "moderate"),
+    "dark": ("black", "deep", "ebony", "chocolate"),
+    "white": ("caucasian", "european", "anglo", "fair", "pale"),
+    "black": ("african american", "african", "afro american", "afro caribbean", "dark skinned"),
+    "asian": ("east asian", "chinese", "japanese", "korean", "vietnamese", "filipino", "thai"),
+    "hispanic": ("latino", "latina", "latinx", "latin american", "mexican"),
+    "south asian": ("indian", "pakistani", "bangladeshi", "sri lankan", "desi"),
+    "middle eastern": ("arab", "arabic", "persian", "iranian", "north african"),
 }
 
 # Age buckets for answers given as numbers ("30", "in her 40s") to young/middle/old questions.
@@ -167,6 +183,15 @@ def _finish(answers: list[str], choices: Sequence[str] | None, synonyms: dict | 
     return answers
 
 
+def _continuation_log_probs(logits, ids, mask):
+    """Returns (rows,) the log-likelihood of each row's tokens `ids[:, 1:]` (where `mask` is 1) under
+    `logits` (rows, length - 1, vocab): the logits that predict each of them."""
+    import torch
+
+    log_probs = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return (log_probs * mask[:, 1:]).sum(dim=1)
+
+
 def _strip_prompt(output, input_ids):
     """Returns only the generated tokens: decoder-only models echo the prompt, encoder-decoders do not."""
     n = input_ids.shape[1]
@@ -240,6 +265,40 @@ class BlipVQA(_GenerativeVQA):
         answers = self._generate(self.model, self.processor, images, inputs_for, max_new_tokens=self.max_new_tokens)
         return _finish(answers, choices, self.synonyms)
 
+    def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
+        """Returns per image the choices ranked as BLIP ranks candidate answers (salesforce/BLIP
+        `BLIP_VQA.rank_answer`): each choice's likelihood as the whole answer, "[DEC] tokens [SEP]",
+        decoded from the question encoded over the image; their softmax is the probability."""
+        import torch
+
+        model, tokenizer = self.model, self.processor.tokenizer
+        text = model.config.text_config
+        rows = [[model.decoder_start_token_id, *tokenizer(str(c), add_special_tokens=False).input_ids, text.sep_token_id]
+                for c in choices]
+        width = max(map(len, rows))
+        device, dtype = devices.weights_device(model), next(model.parameters()).dtype
+        ids = torch.tensor([r + [text.pad_token_id] * (width - len(r)) for r in rows], device=device)
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
+        out = []
+        for batch in _batches(_rgb(images), self.batch_size):
+            inputs = _to(self.processor(images=batch, text=[question] * len(batch), return_tensors="pt", padding=True),
+                         device, dtype)
+            with torch.inference_mode():
+                image_embeds = model.vision_model(pixel_values=inputs["pixel_values"])[0]
+                question_states = model.text_encoder(
+                    input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                    encoder_hidden_states=image_embeds,
+                    encoder_attention_mask=torch.ones(image_embeds.shape[:-1], dtype=torch.long, device=device),
+                    return_dict=False)[0]
+                k = len(rows)
+                logits = model.text_decoder(
+                    input_ids=ids.repeat(len(batch), 1), attention_mask=mask.repeat(len(batch), 1),
+                    encoder_hidden_states=question_states.repeat_interleave(k, 0),
+                    encoder_attention_mask=inputs["attention_mask"].repeat_interleave(k, 0), return_logits=True)
+                scores = _continuation_log_probs(logits, ids.repeat(len(batch), 1), mask.repeat(len(batch), 1))
+            out += [class_answer(choices, row) for row in scores.view(len(batch), k).cpu().numpy()]
+        return out
+
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns one short caption per image (the captioner's, else the answer to CAPTION_QUESTION)."""
         if self.captioner is None:
@@ -283,6 +342,40 @@ class VLMVQA(_GenerativeVQA):
                choices: Sequence[str] | None = None) -> list[str]:
         """Returns one short answer per image; with `choices`, one of them (lower-case) or "other"."""
         return _finish(self.ask(images, self.prefix + question + self.suffix), choices, self.synonyms)
+
+    def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
+        """Returns per image the probability of each choice as the model's reply to the question with the
+        choices listed (VLM_CHOICES_SUFFIX): each choice's tokens scored as the continuation of the prompt
+        (one forward pass per choice), their softmax; and the model's own greedy reply as the text."""
+        import torch
+
+        text = self.prefix + question + VLM_CHOICES_SUFFIX.format(choices=", ".join(str(c) for c in choices))
+        replies = self.ask(images, text)
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        options = [tokenizer(str(c), add_special_tokens=False).input_ids for c in choices]
+        dtype = next(self.model.parameters()).dtype
+        device = devices.weights_device(self.model)
+        # only the logits that predict the option: a whole sequence's over a 150k vocabulary would take gigabytes
+        keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        scores = []
+        for batch in _batches(_rgb(images), self.batch_size):
+            inputs = _to(self._inputs(batch, text), device, dtype)
+            prompt, rows = inputs["input_ids"], []
+            for option in options:
+                tail = torch.tensor([option], device=device).expand(len(batch), -1)
+                # per-token inputs beside the ids (token types) grow with zeros: the option is plain text
+                longer = {k: torch.cat([v, torch.zeros_like(tail, dtype=v.dtype)], dim=1) for k, v in inputs.items()
+                          if hasattr(v, "shape") and tuple(v.shape) == tuple(prompt.shape)}
+                ids = torch.cat([prompt, tail], dim=1)
+                mask = torch.cat([inputs["attention_mask"], torch.ones_like(tail)], dim=1)
+                extra = {"logits_to_keep": len(option) + 1} if keep else {}
+                with torch.inference_mode():
+                    logits = self.model(**{**inputs, **longer, "input_ids": ids, "attention_mask": mask}, **extra).logits
+                # the logits that predict the option's tokens, and those tokens (after the prompt's last one)
+                span = ids[:, prompt.shape[1] - 1:]
+                rows.append(_continuation_log_probs(logits[:, -len(option) - 1:-1], span, torch.ones_like(span)))
+            scores += torch.stack(rows, dim=1).cpu().numpy().tolist()
+        return [class_answer(choices, row, reply) for row, reply in zip(scores, replies)]
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns one short caption per image (the reply to `caption_prompt`, without the VQA prefix)."""
@@ -342,6 +435,14 @@ class ClipVQA:
         options = [str(c) for c in choices] if choices else list(self.vocabulary)
         best = self.scores(images, question, options).argmax(axis=1)
         return [options[i].lower() for i in best]
+
+    def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
+        """Returns per image the softmax over the choices of CLIP's logits, LOGIT_SCALE × cosine similarity
+        (the temperature CLIP was trained with; option-free)."""
+        if not images:
+            return []
+        logits = LOGIT_SCALE * self.scores(images, question, [str(c) for c in choices])
+        return [class_answer(choices, row) for row in logits]
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns "a photo of <best vocabulary entry>" per image."""

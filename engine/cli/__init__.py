@@ -22,7 +22,7 @@ import sys
 import time
 
 from ..common.encoding import json_default
-from ..common.errors import GapLensError
+from ..common.errors import GapLensError, InputError
 from ..common.events import Done, Progress, Warning
 from ..methods import METHODS
 from ..methods.compare_models import AUDITS
@@ -43,8 +43,11 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-images", type=int, default=None, help="largest N accepted per image set")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     for role, example in ROLE_EXAMPLES.items():
-        parser.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL",
-                            help=f"replace the preset's {role}, e.g. {example}")
+        several = role == "vqa"   # --vqa A --vqa B: B answers every question too (single-prompt; issue 35)
+        parser.add_argument(f"--{role}", default=None, metavar="BACKEND:MODEL", action="append" if several else "store",
+                            help=f"replace the preset's {role}, e.g. {example}"
+                            + ("; repeat it (--vqa A --vqa B) to compare evaluators on the same images (single-prompt)"
+                               if several else ""))
         parser.add_argument(f"--{role}-option", action="append", default=[], metavar="KEY=VALUE",
                             dest=f"{role}_option",
                             help=f"an option of the {role} (repeatable; part of its identity in the cache; "
@@ -88,9 +91,29 @@ def make_engine(args, **engine_options):
     options = {role: parse_options(getattr(args, f"{role}_option", None) or [], role) for role in roles}
     engine_options = {"device": getattr(args, "device", None), **engine_options}
     return Engine(args.preset, data_dir=args.data_dir, max_images=args.max_images or DEFAULT_MAX_IMAGES,
-                  generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=args.vqa,
+                  generator=args.generator, embedder=args.embedder, llm=args.llm, vqa=first_vqa(args),
                   options={r: o for r, o in options.items() if o},
                   max_api_calls=getattr(args, "max_api_calls", None) or DEFAULT_MAX_API_CALLS, **engine_options)
+
+
+def first_vqa(args) -> str | None:
+    """The engine's VQA evaluator: the first --vqa (the others are compared with it)."""
+    vqa = getattr(args, "vqa", None)
+    return vqa[0] if isinstance(vqa, list) else vqa
+
+
+def with_other_evaluators(request, args):
+    """The request with every --vqa after the first as its `evaluators`; InputError for a command that
+    compares none."""
+    vqa = getattr(args, "vqa", None)
+    others = vqa[1:] if isinstance(vqa, list) else []
+    if not others:
+        return request
+    if not hasattr(request, "evaluators"):
+        raise InputError("several --vqa evaluators are compared by single-prompt; give one --vqa here "
+                         "(or compare a finished run's evaluator: validate RUN --compare-vqa B:M)")
+    request.evaluators = [*request.evaluators, *others]
+    return request
 
 
 class ProgressPrinter:
@@ -151,7 +174,7 @@ def run_command(args) -> int:
             return 0
         show = ProgressPrinter(args.quiet)
         done = None
-        request = args.make_request(args)
+        request = with_other_evaluators(args.make_request(args), args)
         if getattr(args, "before_run", None) and not args.quiet:
             args.before_run(request, engine)
         for event in args.method(request, engine):

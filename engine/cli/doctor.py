@@ -16,7 +16,9 @@ def run(args) -> int:
 
     from ..tools.doctor import diagnose, format_table
 
-    overrides = {role: getattr(args, role) for role in ("generator", "embedder", "llm", "vqa")}
+    from . import first_vqa
+
+    overrides = {role: getattr(args, role) for role in ("generator", "embedder", "llm")} | {"vqa": first_vqa(args)}
     checks = diagnose(args.preset, gpu_memory_gb=args.gpu_memory, self_test=not args.no_self_test,
                       device=args.device, **overrides)
     print(json.dumps([c.__dict__ for c in checks], indent=2) if args.json else format_table(checks))

@@ -284,8 +284,9 @@ def plan_evaluation(engine, images: Sequence[tuple[str, str, int]], asks: Sequen
     flagged = {r["key"] for r in store.image_rows(list(present)) if r["nsfw"]}
     images = [i for i in images if i[0] in present and i[0] not in flagged]
     units = {}
+    scored = [engine.scores_classes(c) for _, c in asks]
     for key, _, _ in images:
-        units[key] = ([answer_key(evaluators["vqa"], key, q, c) for q, c in asks]
+        units[key] = ([answer_key(evaluators["vqa"], key, q, c, scored=s) for (q, c), s in zip(asks, scored)]
                       + ([answer_key(evaluators["vqa"], key, CAPTION)] if caption else []),
                       [embedding_key(evaluators["embedder"], key)] if embed else [])
     have = (store.stored_keys("answers", [k for a, _ in units.values() for k in a])

@@ -176,6 +176,14 @@ class Engine(ImageMaking, Evaluation, RunLifecycle):
         view.preset_reason = f"{self.preset_reason}; generator replaced by {spec.label} to compare models"
         return view
 
+    def with_vqa(self, spec: ModelSpec) -> "Engine":
+        """Returns a view of this engine whose preset has `spec` as its VQA evaluator (several evaluators
+        on the same images): the store, model manager, other models and stats are shared; its answers
+        are cached under their own evaluator id."""
+        view = copy.copy(self)
+        view.preset = replace(self.preset, vqa=spec)
+        return view
+
     def set_preset(self, name: str, options: dict | None = None, **model_overrides) -> None:
         """Switch to another preset: models of the old one are unloaded, the store is kept. The engine's
         model overrides and options (from the command line, or given here, which add to them) replace

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..backends.base import DEFAULT_CANT_TELL_BELOW, ClassAnswer, label_of
 from ..store.store import CAPTION, ImageRecord, answer_key, choices_json, content_key, embedding_key
 
 
@@ -42,22 +43,48 @@ class Evaluation:
             return np.zeros((0, 0), np.float32)
         return np.stack([found[k] for k in keys]).astype(np.float32)
 
+    cant_tell_below: float = DEFAULT_CANT_TELL_BELOW   # a run's view takes its request's (`for_run`)
+
     def ask(self, records: Sequence[ImageRecord], question: str,
             choices: Sequence[str] | None = None) -> list[str]:
-        """One VQA answer per image, cached per (VQA model, image, question, choices)."""
+        """One VQA answer per image (`ask_scored`): with `choices`, the most probable of them, or
+        CANT_TELL where that probability is below `cant_tell_below`, or what the evaluator said
+        outside them ("other")."""
+        return [label_of(a, self.cant_tell_below) for a in self.ask_scored(records, question, choices)]
+
+    def answer_probs(self, records: Sequence[ImageRecord], question: str,
+                     choices: Sequence[str] | None = None) -> list[dict | None]:
+        """Per image {class: probability} (summing to 1) of an evaluator that scores the classes, else None."""
+        return [a.probs for a in self.ask_scored(records, question, choices)]
+
+    def ask_scored(self, records: Sequence[ImageRecord], question: str,
+                   choices: Sequence[str] | None = None) -> list[ClassAnswer]:
+        """One ClassAnswer per image, cached per (VQA model, image, question, choices): with `choices`
+        and an evaluator that scores them (`answer_classes`), the probability of every choice and
+        the evaluator's own words; otherwise its answer alone (free text mapped onto the choices)."""
         vqa_id = self.model_id("vqa")
-        keys = [answer_key(vqa_id, r.key, question, choices) for r in records]
-        found = self.store.get_answers(keys)
+        scored = self.scores_classes(choices)
+        keys = [answer_key(vqa_id, r.key, question, choices, scored=scored) for r in records]
+        found = self.store.get_scored_answers(keys)
         todo = [i for i, k in enumerate(keys) if k not in found]
         if todo:
+            images = [records[i].image for i in todo]
             with self._backend("vqa") as vqa:
-                answers = vqa.answer([records[i].image for i in todo], question,
-                                     list(choices) if choices else None)
+                answers = (vqa.answer_classes(images, question, list(choices)) if scored else
+                           [ClassAnswer(a) for a in vqa.answer(images, question, list(choices) if choices else None)])
             self.count(answers_computed=len(todo))
-            rows = [(keys[i], records[i].key, vqa_id, question, choices_json(choices), a) for i, a in zip(todo, answers)]
-            self.store.put_answers(rows)
-            found.update({r[0]: r[5] for r in rows})
-        return [found[k] for k in keys]
+            self.store.put_answers([(keys[i], records[i].key, vqa_id, question, choices_json(choices), a.answer,
+                                     a.probs, a.text) for i, a in zip(todo, answers)])
+            found.update({keys[i]: {"answer": a.answer, "probs": a.probs, "text": a.text} for i, a in zip(todo, answers)})
+        return [ClassAnswer(found[k]["answer"], found[k]["probs"], found[k]["text"]) for k in keys]
+
+    def scores_classes(self, choices: Sequence[str] | None) -> bool:
+        """Whether the VQA evaluator answers `choices` with a probability per class (it has
+        `answer_classes`): such answers are keyed apart (`answer_key(scored=True)`)."""
+        if not choices:
+            return False
+        spec, context = self._spec_and_context("vqa")
+        return callable(getattr(self.models.peek(spec, **context), "answer_classes", None))
 
     def caption(self, records: Sequence[ImageRecord]) -> list[str]:
         """One caption per image, cached like answers under the pseudo-question '<caption>'."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from ..common.events import Done, Images, Progress, Warning
 from ..hosting import backend_choices, limits, spending, storage
 from ..models import sources
 from ..store.store import ImageRecord
+
+logger = logging.getLogger(__name__)
 
 
 class RunLifecycle:
@@ -93,6 +96,9 @@ class RunLifecycle:
         calls, its own stats) is counted on the run, so visitors' runs at once never mix them."""
         view = copy.copy(self)
         view.run = run
+        threshold = (run.request or {}).get("cant_tell_below")
+        if threshold is not None:   # the request's "can't tell" threshold (engine.methods.options)
+            view.cant_tell_below = float(threshold)
         return view
 
     def count(self, **counts: int) -> None:
@@ -140,6 +146,24 @@ class Run:
     def save(self, results: dict, summary: dict | None = None) -> None:
         """Store partial results (kept even if the run fails later)."""
         self.engine.store.update_run(self.id, results=results, summary=summary)
+
+    def optional(self, results: dict, part: str, what: str, compute: Callable[[], Any]):
+        """Runs an optional step (the gap score, captions, Top-K concepts) so that its failure never
+        loses the run (use `yield from`): returns `compute()`, or None when it raised; then
+        `results["notes"]` gets {"part": part, "note": ...} saying what is missing and why (the
+        results omit `part`), the run is saved and a Warning with the note is yielded."""
+        try:
+            return compute()
+        except Exception as exc:  # noqa: BLE001 - an optional step's failure is reported, never fatal
+            if not isinstance(exc, GapLensError):
+                logger.exception("optional step %s failed", part)
+            reason = str(exc).strip() or type(exc).__name__
+            note = f"{what} is missing: {reason}; the rest of the run was measured"
+            results.setdefault("notes", []).append({"part": part, "note": note})
+            results.pop(part, None)
+            self.save(results)
+            yield Warning(note)
+            return None
 
     def finish(self, results: dict, summary: dict | None = None) -> Done:
         summary = dict(summary or {})

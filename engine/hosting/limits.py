@@ -130,6 +130,14 @@ def check(request, preset_name: str) -> None:
         if not (N_BOOT_MIN <= n_boot <= N_BOOT_MAX or (zero_ok and n_boot == 0)):
             raise InputError(f"n_boot (bootstrap resamples) must be between {N_BOOT_MIN} and {N_BOOT_MAX}"
                              + (" (or 0 for no intervals)" if zero_ok else "") + f"; got {n_boot}")
+    if fields.get("cant_tell_below") is not None:
+        try:
+            threshold = float(fields["cant_tell_below"])
+        except (TypeError, ValueError):
+            threshold = math.nan
+        if not 0.0 <= threshold <= 1.0:   # nan fails too
+            raise InputError(f"the \"can't tell\" threshold must be a probability from 0 to 1; got "
+                             f"{str(fields['cant_tell_below'])[:40]}")
     max_steps, max_side = preset_limits(preset_name)
     if fields.get("steps") is not None:
         steps = _int(fields["steps"], "steps")

@@ -17,7 +17,7 @@ import os
 
 from ..backends import uses_device
 from ..backends.base import ModelSpec
-from ..backends.device import ZERO_GPU_MEMORY_GB, on_zero_gpu
+from ..backends.device import H200_PROFILE, on_zero_gpu, zero_gpu_memory_gb, zero_gpu_profile
 from ..backends.gpu_costs import CAPTION_SECONDS, EMBED_SECONDS, QUESTION_SECONDS, image_seconds
 from ..common import access
 from ..common.errors import GapLensError
@@ -31,7 +31,7 @@ def space_gpu_memory_gb() -> float | None:
     """Returns the GPU memory of this Space's hardware in GiB, None without a GPU. Only a dedicated
     GPU is asked (CUDA may be initialised there); ZeroGPU is known."""
     if on_zero_gpu():
-        return ZERO_GPU_MEMORY_GB
+        return zero_gpu_memory_gb()
     try:
         import torch
 
@@ -106,19 +106,23 @@ def needs_gpu(specs) -> bool:
 # package's device defaults). Denoising is compute-bound, so its seconds on a full H200
 # (engine/backends/gpu_costs.py) are scaled by the slice's share of SMs. VQA, captions, embeddings and
 # LLM replies are short generations dominated by per-call overhead, so their seconds are taken as they are.
-ZERO_GPU_SMS, H200_SMS = 60, 132
+ZERO_GPU_SMS, H200_SMS = H200_PROFILE["sm_count"], 132   # the slice's SMs; other profiles: zero_gpu_profile
 LLM_REPLY_SECONDS = 6.0        # one LLM reply (a few hundred tokens at transformers' per-token overhead)
 START_SECONDS = 10             # CUDA start-up and moving the preloaded weights onto the slice
 MARGIN = 1.5                   # ZeroGPU may abort a call that overruns; a visitor is charged what it used
 GPU_MIN_SECONDS, GPU_MAX_SECONDS = 20, 300   # 300 s: the most ZeroGPU grants one call
 
 
-def gpu_seconds(preset: Preset, *, images: int, steps=None, questions: int = 0, llm_calls: int = 0) -> int:
+def gpu_seconds(preset: Preset, *, images: int, steps=None, questions: int = 0, llm_calls: int = 0,
+                profile: dict | None = None) -> int:
     """Returns the seconds to ask ZeroGPU for a run of `preset` that makes `images` images (a blank
     `steps` means the generator's default, engine.backends.diffusers_generator.default_steps) and asks
     `questions` VQA questions, a caption and an embedding per image, plus `llm_calls` LLM replies:
-    START_SECONDS + the work (the tables above, device models only) × MARGIN, within
-    [GPU_MIN_SECONDS, GPU_MAX_SECONDS]."""
+    START_SECONDS + the work (the tables above, device models only; denoising scaled to the SMs of the
+    hardware `profile`, default the one `spaces` reports: device.zero_gpu_profile) × MARGIN, within
+    [GPU_MIN_SECONDS, GPU_MAX_SECONDS], divided by the profile's duration_factor, which `spaces`
+    multiplies the duration by (except for the "xlarge" size), so that the time granted is the estimate."""
+    profile = profile or zero_gpu_profile()
     images, questions, llm_calls = (max(0, _whole(v)) for v in (images, questions, llm_calls))
     work = 0.0
     generator = preset.generator
@@ -126,7 +130,7 @@ def gpu_seconds(preset: Preset, *, images: int, steps=None, questions: int = 0, 
         from ..backends.diffusers_generator import default_steps, family_of
 
         steps = _whole(steps) if steps not in (None, "") else default_steps(generator)
-        work += images * image_seconds(family_of(generator), steps) * H200_SMS / ZERO_GPU_SMS
+        work += images * image_seconds(family_of(generator), steps) * H200_SMS / int(profile["sm_count"])
     vqa = preset.vqa
     if uses_device(vqa):
         can_caption = vqa.backend == "vlm" or vqa.options.get("caption_model")
@@ -136,7 +140,20 @@ def gpu_seconds(preset: Preset, *, images: int, steps=None, questions: int = 0, 
         work += images * EMBED_SECONDS
     if uses_device(preset.llm):
         work += llm_calls * LLM_REPLY_SECONDS
-    return int(min(GPU_MAX_SECONDS, max(GPU_MIN_SECONDS, START_SECONDS + work * MARGIN)))
+    seconds = min(GPU_MAX_SECONDS, max(GPU_MIN_SECONDS, START_SECONDS + work * MARGIN))
+    return int(seconds / float(profile.get("duration_factor") or 1.0) if not xlarge(preset, profile) else seconds)
+
+
+def xlarge(preset: Preset, profile: dict | None = None) -> bool:
+    """True when `preset`'s weights are above the profile's xlarge threshold (RTX PRO 6000 Blackwell: 45 GB),
+    where `spaces` attaches the "xlarge" size: its seconds count twice against a visitor's quota."""
+    threshold = (profile or zero_gpu_profile()).get("xlarge_threshold")
+    if not threshold:
+        return False
+    from ..models.plan import plan as memory_plan
+
+    weights = sum(m["gb"] for m in memory_plan(preset, zero_gpu_memory_gb()).models)
+    return weights * 2**30 > threshold
 
 
 def _whole(value) -> int:

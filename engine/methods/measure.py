@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import Counter
 
 import numpy as np
 from scipy import stats
 
+from ..backends.base import CANT_TELL
 from ..backends.llm_json import as_string_list
 from ..common.llm_prompts import variations_prompt
 from ..common.scores import finite_or_none
 from ..core.engine import Engine
 from ..metrics import biasbench
+from ..metrics.agreement import evaluators_agreement
 from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import resample_indices
 from ..metrics.gap import gap_score_from_similarity
 from ..metrics.intervals import bounded, dirichlet_draws, posterior_interval, sample_size_advice, share_interval
-from .axes import Axis
+from .axes import Axis, normalise_free_answer
+
+OTHER_ANSWER = "other"
 
 
 # -- one axis' metrics ----------------------------------------------------------------------------
@@ -87,11 +92,77 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
     if "ci" not in point:
         point["ci"] = {name: list(posterior_interval(draws[name], finite_or_none(point[name]), 0.05, *METRIC_RANGES[name]))
                        if name in draws else [None, None] for name in SCALAR_METRICS}
+    point.update(cant_tell_counts(labels))
     point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if mode == "paper" and axis.values
                                 else "Jeffreys shares; BCa bootstrap metrics")
     point["_draws"] = draws.get("composite_bias_score")
     return point
 
+
+
+CANT_TELL_NOTE_ABOVE = 0.2   # a set where more than this share of answers is "can't tell" gets a sentence
+
+
+def cant_tell_counts(labels: list[str]) -> dict:
+    """Returns {"cant_tell": how many labels are "can't tell", "cant_tell_share": their share of all
+    labels, "cant_tell_note": a sentence when that share is above CANT_TELL_NOTE_ABOVE, else ""}.
+    They are outside the classes: the metrics leave them out (counted in n_excluded), never in a class."""
+    k = sum(label == CANT_TELL for label in labels)
+    share = k / len(labels) if labels else 0.0
+    note = (f"the evaluator could not tell on {k} of {len(labels)} images ({share:.0%}): the distribution is of "
+            "the images it could tell, which may not be like the rest" if share > CANT_TELL_NOTE_ABOVE else "")
+    return {"cant_tell": k, "cant_tell_share": share, "cant_tell_note": note}
+
+
+# -- several evaluators on the same images (issue 35) ------------------------------------------
+
+def evaluator_names(first: str, others: list) -> list[str]:
+    """Returns the evaluators' display names: `first` (the run's), then each other spec's label with its
+    options, a local path shortened to its file name, made unique with " (2)", " (3)", ... where two are alike."""
+    names = []
+    for name in [first, *(o.full_label for o in others)]:
+        backend, _, model = name.partition(":")
+        if "/" in model.split(" [")[0]:   # a local path: its file name says enough
+            path, _, options = model.partition(" [")
+            name = f"{backend}:{path.rstrip('/').rsplit('/', 1)[-1]}" + (f" [{options}" if options else "")
+        candidate, i = name, 1
+        while candidate in names:
+            i += 1
+            candidate = f"{name} ({i})"
+        names.append(candidate)
+    return names
+
+
+def compare_evaluators_on(engine: Engine, others: list, questions: dict[str, tuple[str, list[str] | None]],
+                          records_of: dict[str, list], first: dict[str, list[str]], first_name: str,
+                          classes_of: dict[str, list[str]], seed: int = 0) -> dict:
+    """Every axis' question asked of its images (`records_of[axis]`) by each evaluator in `others`
+    (ModelSpecs), beside the run's own labels (`first[axis]`, by `first_name`); per axis their
+    agreement (metrics.agreement.evaluators_agreement over `classes_of[axis]`) and each evaluator's
+    distribution. `questions[axis]` = (question, choices; None: free answers, normalised and kept
+    to the axis' classes, the rest "other"). A label outside the classes keeps its kind as a
+    category ("several faces: female, male" -> "several faces"). Returns {"evaluators", "axes":
+    {axis: {..., "question", "distributions": {evaluator: {label: count}}}}}."""
+    names = evaluator_names(first_name, others)
+    views = [engine.with_vqa(spec) for spec in others]
+    axes = {}
+    for axis, (question, choices) in questions.items():
+        records, classes = records_of[axis], list(classes_of[axis])
+        labels = {names[0]: list(first[axis])}
+        for name, view in zip(names[1:], views):
+            answers = view.ask(records, question, choices)
+            if not choices:
+                answers = [a if a in classes else OTHER_ANSWER for a in map(normalise_free_answer, answers)]
+            labels[name] = answers
+        labels = {n: [a if a in classes else a.split(":")[0].strip() or OTHER_ANSWER for a in got]
+                  for n, got in labels.items()}
+        stats = evaluators_agreement(labels, classes, [r.key for r in records], seed=seed)
+        by_key = {r.key: r for r in records}
+        for d in stats["disagreements"]:
+            d.update(seed=by_key[d["key"]].seed, path=by_key[d["key"]].path)
+        axes[axis] = {**stats, "question": question,
+                      "distributions": {n: dict(Counter(got)) for n, got in labels.items()}}
+    return {"evaluators": names, "axes": axes}
 
 
 # -- the gap score -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, Field, dataclass, field
 
+from ..backends.base import DEFAULT_CANT_TELL_BELOW
 from ..common.events import Warning
 from ..core.engine import Engine
 
@@ -21,7 +22,7 @@ def field_default(spec: Field):
 @dataclass(kw_only=True)
 class GenerationOptions:
     """The generator settings every request may override (None: the model family's default,
-    `settings_for`). A base of every method's request; keyword-only, so a request's own fields
+    `settings_for`), and the probability below which an answer is "can't tell" (Engine.ask). A base of every method's request; keyword-only, so a request's own fields
     keep their positions."""
 
     negative_prompt: str = field(default="", metadata={"help": "what the images should not show"})
@@ -29,6 +30,8 @@ class GenerationOptions:
     guidance: float | None = field(default=None, metadata={"help": "guidance scale (default: the model family's)"})
     width: int | None = field(default=None, metadata={"help": "image width in pixels (default: the model family's)"})
     height: int | None = field(default=None, metadata={"help": "image height in pixels (default: the model family's)"})
+    cant_tell_below: float = field(default=DEFAULT_CANT_TELL_BELOW, metadata={
+        "help": "an evaluator's answer whose probability is below this is \"can't tell\" (0: never)"})
 
 
 def settings_for(request, engine: Engine):

@@ -17,6 +17,7 @@ import numpy as np
 from ..common.errors import InputError
 from ..common.events import AxisScores, Event, Headline, Progress, Table, Warning
 from ..core.engine import Engine, Run, recorded, stream_image_set
+from ..hosting import backend_choices
 from ..hosting.limits import Estimate
 from ..metrics import biasbench
 from ..metrics.concepts import top_phrases
@@ -26,7 +27,7 @@ from ..common.names import readable
 from ..common.scores import Score, as_interval, finite_or_none, is_missing, number
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS
-from .measure import SCALAR_METRICS, axis_metrics_with_ci, gap_for_images
+from .measure import SCALAR_METRICS, axis_metrics_with_ci, compare_evaluators_on, gap_for_images
 from .options import GenerationOptions, settle_settings
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -37,6 +38,13 @@ class DiversityMeasured(Event):
     """Vendi score and mean pairwise similarity of the images' embeddings (results["diversity"])."""
 
     diversity: dict
+
+
+@dataclass(frozen=True)
+class EvaluatorsCompared(Event):
+    """Several evaluators' agreement on the run's images (results["evaluators"]; issue 35)."""
+
+    comparison: dict
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,9 @@ class SinglePromptRequest(GenerationOptions):
         "help": "the ± interval the 'how many images' advice aims at"})
     until_half_width: float | None = field(default=None, metadata={
         "metavar": "X", "help": "add images (reusing the cache) until every share's interval is within ±X"})
+    # other VQA evaluators ('backend:model') that answer every axis too, for their agreement (issue 35;
+    # on the command line a second --vqa, not an option of its own)
+    evaluators: list[str] = field(default_factory=list)
 
     def seeds(self) -> list[int]:
         return list(range(self.seed, self.seed + self.n))
@@ -96,11 +107,14 @@ class SinglePromptResults(TypedDict, total=False):
     images: list[dict]                   # ImageRecord.to_json of every image
     axes: dict[str, dict]                # per axis: axis_metrics_with_ci + question, labels, reference
     headline: dict                       # the most biased axis and how sure the intervals are of it
-    answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer
+    answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer (a class, "can't tell" or "other")
+    answer_probs: dict[str, dict]        # image key -> axis -> class -> probability (evaluators that score classes)
     diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
+    evaluators: dict                     # several evaluators compared (when request.evaluators): compare_evaluators_on
     gap: dict                            # gap_for_images (when request.gap)
     captions: list[str]
     top_concepts: list[list]             # [concept, share of images], most frequent first
+    notes: list[dict]                    # optional parts missing ({"part", "note"}: why), when a step failed
     all_flagged: bool                    # every image flagged: nothing measured (then `message` says so)
     message: str
 
@@ -109,12 +123,15 @@ def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis]
     """Ask every axis' question of the images, store and stream its metrics (`yield from`);
     returns ({axis: answers}, {axis: composite-score draws})."""
     answers_by_axis: dict[str, list[str]] = {}
+    probs_by_axis: dict[str, list[dict | None]] = {}
     draws: dict[str, np.ndarray | None] = {}
     for i, axis in enumerate(axes):
         yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
         answers = engine.ask(valid, axis.question, list(axis.values) or None)
         labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
         answers_by_axis[axis.name] = answers
+        if axis.values:
+            probs_by_axis[axis.name] = engine.answer_probs(valid, axis.question, list(axis.values))
         reference = request.references.get(axis.name) or None
         metrics = axis_metrics_with_ci(labels, axis, reference, request.mode, request.n_boot,
                                        half_width=request.half_width)
@@ -122,7 +139,21 @@ def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis]
         draws[axis.name] = metrics.pop("_draws")
         results["axes"][axis.name] = metrics
         yield AxisScores(axis.name, metrics)
+    # image key -> axis -> class -> probability, beside results["answers"] (axes whose evaluator scored the classes)
+    results["answer_probs"] = {r.key: {a: p[j] for a, p in probs_by_axis.items() if p[j]} for j, r in enumerate(valid)}
     return answers_by_axis, draws
+
+
+def several_evaluators(engine: Engine, request: SinglePromptRequest, axes: list[Axis], valid: list,
+                       answers_by_axis: dict[str, list[str]]) -> dict:
+    """The run's evaluator and `request.evaluators` on the same images, per axis with classes: their
+    agreement, κ, the distribution where they agree and the images where they disagree
+    (measure.compare_evaluators_on)."""
+    others = [backend_choices.resolve(engine, "vqa", e) for e in request.evaluators]
+    return compare_evaluators_on(
+        engine, others, {a.name: (a.question, list(a.values)) for a in axes}, {a.name: valid for a in axes},
+        {a.name: answers_by_axis[a.name] for a in axes}, engine.preset.vqa.full_label,
+        {a.name: list(a.values) for a in axes}, seed=request.seed)
 
 
 def _more_images(request: SinglePromptRequest, axes: dict, n: int, max_images: int) -> int | None:
@@ -146,6 +177,8 @@ def check(request: SinglePromptRequest, engine: Engine) -> None:
     engine.check_prompt(request.prompt)
     engine.check_n(request.n_variations or n, "number of text variations")
     engine.check_questions([axis_for(a).question for a in request.axes if a and a.strip()])
+    for name in request.evaluators or []:   # a name that is no evaluator, or one a public GapLens does not offer
+        backend_choices.resolve(engine, "vqa", name)
     for what, value in (("interval half-width", request.half_width), ("target half-width", request.until_half_width)):
         if value is not None and not 0 < float(value) < 0.5:
             raise InputError(f"the {what} must be between 0 and 0.5 (e.g. 0.1 for ±10 points), not {value:g}")
@@ -228,6 +261,12 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     yield Headline(results["headline"])
     results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
     run_record.save(results)
+    if request.evaluators:   # every axis with classes answered by each other evaluator too (issue 35)
+        yield Progress(0, 1, "vqa", f"asking {len(request.evaluators)} more evaluator(s)")
+        results["evaluators"] = several_evaluators(engine, request, [a for a in axes if a.values], valid,
+                                                   answers_by_axis)
+        yield EvaluatorsCompared(results["evaluators"])
+        run_record.save(results)
 
     # 3. Diversity over CLIP image embeddings (Vendi).
     image_emb = engine.embed_images(valid)
@@ -235,22 +274,27 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     yield DiversityMeasured(results["diversity"])
 
     # 4. MineTheGap gap score (reconstruction, spec A.3).
+    #    Optional steps (the gap score, captions, Top-K concepts): a failure leaves a note, never loses the run.
     if request.gap:
         yield Progress(0, 1, "gap", "asking the LLM for text variations of the prompt")
-        gap_result = gap_for_images(engine, prompt, valid, image_emb, n_var, request.alpha, request.combine,
-                                    seed=request.seed)
-        results["gap"] = gap_result
-        yield GapMeasured(gap_result)
-        run_record.save(results)
+        gap_result = yield from run_record.optional(results, "gap", "the gap score", lambda: gap_for_images(
+            engine, prompt, valid, image_emb, n_var, request.alpha, request.combine, seed=request.seed))
+        if gap_result is not None:
+            results["gap"] = gap_result
+            yield GapMeasured(gap_result)
+            run_record.save(results)
 
     # 5. Top-K concepts from every VQA answer plus a caption per image (thesis §2.8), as whole
     # phrases with variants merged (metrics.concepts; CAS keeps TIBET's unigrams).
-    captions = engine.caption(valid)
+    captions = yield from run_record.optional(results, "captions", "the captions", lambda: engine.caption(valid))
+    if captions is not None:
+        results["captions"] = captions
     per_image = [[answers_by_axis[a][j] for a in answers_by_axis] for j in range(len(valid))]
-    top = top_phrases(per_image, captions, request.top_k, known=prompt.lower().split())
-    results["captions"] = captions
-    results["top_concepts"] = [[c, round(f, 3)] for c, f in top]
-    yield Table("top_concepts", ["concept", "share of images"], results["top_concepts"])
+    top = yield from run_record.optional(results, "top_concepts", "the Top-K concepts", lambda: top_phrases(
+        per_image, captions, request.top_k, known=prompt.lower().split()))
+    if top is not None:
+        results["top_concepts"] = [[c, round(f, 3)] for c, f in top]
+        yield Table("top_concepts", ["concept", "share of images"], results["top_concepts"])
 
     yield run_record.finish(results, summary_of(results))
 
@@ -265,7 +309,8 @@ def diversity(image_emb: np.ndarray, embedder: str) -> dict:
 
 def summary_of(results: SinglePromptResults) -> dict:
     """The run's summary row (the Runs list): N measured, Vendi, the gap score, the headline's
-    top axis and each axis' composite bias score (None where it is undefined)."""
+    top axis, each axis' composite bias score (None where it is undefined) and class counts, and
+    the optional parts missing (`missing`, each explained in results["notes"])."""
     summary = {"n": results["diversity"]["n"], "vendi": round(results["diversity"]["vendi"], 3)}
     if "gap" in results:
         summary["gap_score"] = round(results["gap"]["score"], 4)
@@ -274,6 +319,9 @@ def summary_of(results: SinglePromptResults) -> dict:
         summary["top_axis_probability"] = round(results["headline"]["probability"], 3)
     for name, m in results["axes"].items():
         summary[f"cbs_{name}"] = None if is_missing(m["composite_bias_score"]) else round(m["composite_bias_score"], 3)
+        summary[f"counts_{name}"] = {c: int(k) for c, k in m["counts"].items()}
+    if results.get("notes"):
+        summary["missing"] = [n["part"] for n in results["notes"]]
     return summary
 
 

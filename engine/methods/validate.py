@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.base import ModelSpec
+from ..backends.base import CANT_TELL, ModelSpec   # CANT_TELL: one spelling for a person and an evaluator
 from ..common.errors import InputError
 from ..common.events import AxisScores, Done, Progress
 from ..core.engine import Engine
@@ -32,9 +32,8 @@ from ..metrics.agreement import agreement, corrected_distribution
 from ..metrics.intervals import posterior_interval, tidy
 from ..store.store import Store
 from .axes import axis_for, normalise_free_answer
-from .measure import METRIC_RANGES
+from .measure import METRIC_RANGES, compare_evaluators_on
 
-CANT_TELL = "can't tell"
 OTHER = "other"
 MAX_FREE_CLASSES = 8          # a free-text axis keeps its 8 commonest answers; the rest are 'other'
 
@@ -261,46 +260,36 @@ def add_labels(store: Store, run_id: str, rows: list[dict], who: str) -> int:
     return store.put_labels([(run_id, r["image_key"], r["axis"], r["label"], who) for r in rows])
 
 
-def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec, seed: int = 0) -> dict:
-    """The run's images scored by a second VQA evaluator (`other`, 'backend:model') on each
-    checkable axis' question and classes, and its agreement with the run's evaluator: the
-    agreement matrix (rows: the run's evaluator, columns: the other), Cohen's κ with its BCa
-    interval, the share of images they agree on, and both distributions.
-    Returns {"run_id", "first", "second", "axes": {axis: {...}}}."""
+def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec | list, seed: int = 0) -> dict:
+    """The run's images scored by one or more other VQA evaluators (`other`: 'backend:model', a
+    ModelSpec, or a list of them) on each checkable axis' question and classes, and their agreement
+    with the run's evaluator (measure.compare_evaluators_on): per axis the share of images they
+    agree on, Cohen's κ with its BCa interval and the agreement matrix (rows: the run's evaluator)
+    for two evaluators, Fleiss' κ for more, the distribution where they agree, the images where
+    they disagree with every answer, and each evaluator's distribution ("first", "second" for two).
+    Returns {"run_id", "first", "second", "second_id", "evaluators", "axes": {axis: {...}}}."""
     run = _run(engine.store, run_id)
-    spec = backend_choices.resolve(engine, "vqa", other)   # a visitor of a public GapLens: one the host offers
-    # the same engine (store, model manager, stats) with another VQA: its answers are cached under
-    # their own evaluator id, and the run's evaluator stays loaded for the next question
-    second = copy.copy(engine)
-    second.preset = replace(engine.preset, vqa=spec)
+    others = [backend_choices.resolve(engine, "vqa", o)   # a visitor of a public GapLens: ones the host offers
+              for o in (other if isinstance(other, list) else [other])]
     items = checkable_axes(run)
     if not items:
         raise InputError(f"run {run_id} has no evaluator labels to compare")
     records_by_key = engine.store.get_images(sorted({k for it in items.values() for k in it.keys}))
-    axes = {}
+    questions, records_of, first, classes_of = {}, {}, {}, {}
     for name, item in items.items():
         present = [i for i, k in enumerate(item.keys) if k in records_by_key]
-        records = [records_by_key[item.keys[i]] for i in present]
+        records_of[name] = [records_by_key[item.keys[i]] for i in present]
         choices = [c for c in item.classes if c != OTHER] if run.get("method") == "single_prompt" else None
-        answers = second.ask(records, item.question, choices or None)
-        theirs = [a if choices else normalise_free_answer(a) for a in answers]
-        if not choices:
-            theirs = [a if a in item.classes else OTHER for a in theirs]
-        first = [item.predicted[i] for i in present]
-        # an answer outside the classes keeps its kind as a column of its own ("other", "no face found",
-        # "several faces: female, male" -> "several faces"), so no image drops out of the matrix
-        first, theirs = ([a if a in item.classes else a.split(":")[0].strip() or OTHER for a in labels]
-                         for labels in (first, theirs))
-        classes = list(item.classes) + [c for c in dict.fromkeys(first + theirs) if c not in item.classes]
-        stats = agreement(first, theirs, classes, seed=seed)
-        axes[name] = {**stats, "agreement_matrix": stats["confusion"], "question": item.question,
-                      "first": dict(Counter(first)), "second": dict(Counter(theirs))}
+        questions[name] = (item.question, choices or None)
+        first[name] = [item.predicted[i] for i in present]
+        classes_of[name] = list(item.classes)
     first_label = str((run.get("models") or {}).get("vqa", "the run's evaluator"))
-    backend, _, model = first_label.partition(":")
-    if "/" in model:  # a local path: its file name says enough
-        first_label = f"{backend}:{model.rstrip('/').rsplit('/', 1)[-1]}"
-    return {"run_id": run_id, "first": first_label, "second": spec.label, "second_id": second.model_id("vqa"),
-            "axes": axes}
+    out = compare_evaluators_on(engine, others, questions, records_of, first, first_label, classes_of, seed)
+    for a in out["axes"].values():
+        dists = list(a["distributions"].values())
+        a["first"], a["second"] = dists[0], dists[1]
+    return {"run_id": run_id, "first": out["evaluators"][0], "second": ", ".join(out["evaluators"][1:]),
+            "second_id": engine.with_vqa(others[0]).model_id("vqa"), **out}
 
 
 def _run(store: Store, run_id: str) -> dict:

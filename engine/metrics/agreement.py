@@ -87,6 +87,64 @@ def agreement(truth: Sequence[str], predicted: Sequence[str], classes: Sequence[
     return out
 
 
+def fleiss_kappa(table: np.ndarray) -> float:
+    """Return Fleiss' κ = (P̄ − P̄ₑ) / (1 − P̄ₑ) of an (images, categories) table of how many raters put
+    each image in each category, the same number of raters per image (Fleiss 1971, Psychol. Bull.
+    76:378–382, eqs. 2–9): P̄ the mean share of agreeing rater pairs per image, P̄ₑ = Σ pⱼ² with pⱼ
+    the share of all ratings in category j. nan when undefined (no images, or every rating in one category).
+
+    >>> fleiss_kappa(np.array([[3, 0], [0, 3], [3, 0]]))
+    1.0
+    """
+    table = np.asarray(table, dtype=float)
+    if table.size == 0 or table.shape[0] == 0:
+        return math.nan
+    raters = table.sum(axis=1)[0]
+    if raters < 2:
+        return math.nan
+    p_j = table.sum(axis=0) / table.sum()
+    p_i = ((table ** 2).sum(axis=1) - raters) / (raters * (raters - 1))
+    pe = float((p_j ** 2).sum())
+    if pe >= 1.0:
+        return math.nan
+    return tidy((float(p_i.mean()) - pe) / (1.0 - pe), -1.0, 1.0)
+
+
+def evaluators_agreement(labels: dict[str, Sequence[str]], classes: Sequence[str], keys: Sequence[str],
+                         seed: int = 0) -> dict:
+    """Return how several evaluators' labels of the same images (`labels`: evaluator → one label per
+    image of `keys`) agree. A label outside `classes` ("can't tell", "other", "no face found") is a
+    category of its own, so no image drops out. Keys: "evaluators", "n", "classes" (the categories),
+    "agreement" (share of images all label alike, Jeffreys "agreement_ci"), "kappa" ("kappa_method":
+    Cohen's κ with its BCa interval for two evaluators, and their "agreement_matrix"; Fleiss' κ for
+    more; None when undefined), "agreed" (per class, the images all put in it: the distribution
+    where they agree) and "disagreements" ([{"key", "answers": {evaluator: label}}])."""
+    names = list(labels)
+    rows = list(zip(*(labels[n] for n in names)))
+    categories = list(classes) + [c for c in dict.fromkeys(x for row in rows for x in row) if c not in classes]
+    same = [len(set(row)) == 1 for row in rows]
+    n, k = len(rows), sum(same)
+    out = {"evaluators": names, "n": n, "classes": categories,
+           "agreement": tidy(k / n, 0, 1) if n else None,
+           "agreement_ci": list(share_interval(k, n)) if n else [None, None],
+           "agreed": {c: sum(s and row[0] == c for s, row in zip(same, rows)) for c in classes},
+           "disagreements": [{"key": key, "answers": dict(zip(names, row))}
+                             for key, row, s in zip(keys, rows, same) if not s]}
+    if len(names) == 2:
+        pair = agreement(labels[names[0]], labels[names[1]], categories, seed=seed)
+        out.update(pair, kappa_method="Cohen", agreement_matrix=pair["confusion"])
+        out["classes"] = categories
+    else:
+        index = {c: j for j, c in enumerate(categories)}
+        table = np.zeros((n, len(categories)))
+        for i, row in enumerate(rows):
+            for label in row:
+                table[i, index[label]] += 1
+        kappa = fleiss_kappa(table) if n else math.nan
+        out.update(kappa=None if math.isnan(kappa) else kappa, kappa_ci=[None, None], kappa_method="Fleiss")
+    return out
+
+
 # -- correction ----------------------------------------------------------------------------------
 def confusion_from_calibration(raw_shares: np.ndarray, truth_given_pred: np.ndarray) -> np.ndarray:
     """Return M[i, j] = P(evaluator j | truth i) from the evaluator's shares q_j and the

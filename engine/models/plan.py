@@ -66,7 +66,19 @@ KNOWN_PARAMS: dict[str, dict[str, float]] = {
 # get EVAL_WORKING_GB (KV cache and vision tokens of one batch).
 GENERATION_WORKING_GB = {"flux": 6.0, "sdxl": 2.5, "stable-diffusion-v1-5": 2.5, "sd-turbo": 1.5}
 DEFAULT_GENERATION_WORKING_GB = 2.5
-EVAL_WORKING_GB = 0.75
+EVAL_WORKING_GB = 0.75          # a local LLM's (no images)
+# A VQA model's working memory grows with its batch and the visual tokens of each image (issue 35):
+# EVAL_BASE_GB plus batch x image tokens x TOKEN_WORKING_BYTES. A VLM gets one token per VISION_TOKEN_PX pixels
+# (Qwen2-VL: 14-px patches merged 2x2, so about 1,340 tokens for a 1024² image); BLIP resizes every image to
+# 384 px (24² patches + [CLS]). Per token: a 2-3B decoder's live activations (~50 KiB at width 1536-2048), its KV
+# cache over every layer (~30 KiB) and four vision patches' activations (~80 KiB), rounded up for the
+# allocator's fragmentation: 256 KiB; BLIP (width 768) a quarter of that.
+EVAL_BASE_GB = 0.25
+VISION_TOKEN_PX = 28 * 28
+BLIP_IMAGE_TOKENS = 577
+TOKEN_WORKING_BYTES = {"vlm": 256 * 2**10, "blip_vqa": 64 * 2**10}
+DEFAULT_EVAL_BATCH = {"vlm": 8, "blip_vqa": 16}    # the backends' default batch_size (engine/backends/vqa.py)
+DEFAULT_EVAL_IMAGE_PX = 1024 * 1024                # when the images' size is not known: the largest family default
 # Sequential CPU offload keeps one layer on the device at a time: the largest single layer of the
 # presets' models is T5-XXL's token embedding, 0.25 GB in bf16.
 SEQUENTIAL_LAYER_GB = 0.5
@@ -180,13 +192,39 @@ def generation_working_bytes(spec: ModelSpec) -> int:
     return int(gb * GB) if spec.backend == "diffusers" else 0
 
 
-def working_bytes(spec: ModelSpec) -> int:
+def working_bytes(spec: ModelSpec, image_px: int | None = None) -> int:
     """Returns the device memory `spec` needs beside its weights while it runs: a diffusers
-    generator's GENERATION_WORKING_GB, EVAL_WORKING_GB for a local LLM or generative VQA model, else 0
-    (embedders batch a few small tensors; API backends use no device memory)."""
+    generator's GENERATION_WORKING_GB, EVAL_WORKING_GB for a local LLM, a VQA model's from its batch and
+    the images' size (`eval_working_bytes`), else 0 (embedders batch a few small tensors; API backends
+    use no device memory)."""
     if spec.backend == "diffusers":
         return generation_working_bytes(spec)
-    return int(EVAL_WORKING_GB * GB) if spec.backend in ("hf_chat", "blip_vqa", "vlm") else 0
+    if spec.backend in TOKEN_WORKING_BYTES:
+        return eval_working_bytes(spec, image_px)
+    return int(EVAL_WORKING_GB * GB) if spec.backend == "hf_chat" else 0
+
+
+def eval_working_bytes(spec: ModelSpec, image_px: int | None = None) -> int:
+    """Returns a BLIP or VLM evaluator's working memory: EVAL_BASE_GB + its batch (option batch_size, else
+    the backend's default) × the visual tokens of one image (`image_px` pixels, default
+    DEFAULT_EVAL_IMAGE_PX; BLIP: BLIP_IMAGE_TOKENS at any size) × TOKEN_WORKING_BYTES."""
+    try:
+        batch = max(1, int(spec.options.get("batch_size", DEFAULT_EVAL_BATCH[spec.backend])))
+    except (TypeError, ValueError):
+        batch = DEFAULT_EVAL_BATCH[spec.backend]
+    tokens = (BLIP_IMAGE_TOKENS if spec.backend == "blip_vqa"
+              else -(-int(image_px or DEFAULT_EVAL_IMAGE_PX) // VISION_TOKEN_PX))
+    return int(EVAL_BASE_GB * GB + batch * tokens * TOKEN_WORKING_BYTES[spec.backend])
+
+
+def image_pixels(generator: ModelSpec) -> int | None:
+    """Returns the pixels of the generator's images at its family's default size (diffusers), else None."""
+    if generator.backend != "diffusers":
+        return None
+    from ..backends.diffusers_generator import FAMILY_DEFAULTS, family_of
+
+    side = FAMILY_DEFAULTS[family_of(generator)].size
+    return side * side
 
 
 def offload_problem(spec: ModelSpec, budget_bytes: int, device: str = "cuda", *, host_bytes: int | None = None,
@@ -261,7 +299,8 @@ def plan(preset, gpu_memory_gb: float | None = None, *, budget_bytes: int | None
         host_memory_gb = round(host / GB, 1) if host else None
     specs = preset.specs()
     sizes = {role: model_size(spec, role, device, online=online, bf16=bf16) for role, spec in specs.items()}
-    work = {stage: max(working_bytes(specs[r]) for r in roles) for stage, roles in STAGES.items()}
+    pixels = image_pixels(specs["generator"])
+    work = {stage: max(working_bytes(specs[r], pixels) for r in roles) for stage, roles in STAGES.items()}
     stage_bytes = {stage: sum(sizes[r].bytes for r in roles) + work[stage] for stage, roles in STAGES.items()}
     everything = sum(s.bytes for s in sizes.values())
     offload_generation = sizes["generator"].largest_component + work["generation"]
@@ -301,7 +340,8 @@ def plan(preset, gpu_memory_gb: float | None = None, *, budget_bytes: int | None
                   needs_gb={k: _gb(v) for k, v in peaks.items()}, models=models,
                   stages={k: _gb(v) for k, v in stage_bytes.items()}, remedies=remedies,
                   offload_host_gb=_gb(sizes["generator"].bytes), host_memory_gb=host_memory_gb,
-                  per_run=per_run(sizes, {r: working_bytes(s) for r, s in specs.items()}, budget_bytes, host_bytes))
+                  per_run=per_run(sizes, {r: working_bytes(s, pixels) for r, s in specs.items()}, budget_bytes,
+                                  host_bytes))
     result.verdict = _verdict(result, preset, sizes, work, budget_bytes, host_bytes)
     return result
 

@@ -96,6 +96,21 @@ def macro(template: str, name: str) -> Callable[..., Markup]:
     return lambda *args, **kwargs: Markup(fn(*args, **kwargs))
 
 
+def thumbnail_data_uri(path: str, size: int = 128, quality: int = 82) -> str:
+    """A small JPEG of the image as a data: URI (for self-contained HTML)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im = im.convert("RGB")
+        im.thumbnail((size, size))
+        buf = io.BytesIO()
+        im.save(buf, format="JPEG", quality=quality)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 def page_for(method: str) -> Callable[[dict], Markup]:
     """The `page(results) -> Markup` function of `method`: the module `METHODS[method].page`
     names when engine.methods has that table, else engine/report/<method>.py for a method in

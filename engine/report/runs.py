@@ -3,8 +3,6 @@
 Nothing here recomputes a result: the numbers come from engine/runs/history.py."""
 from __future__ import annotations
 
-import base64
-import io
 import json
 import time
 
@@ -12,7 +10,7 @@ from engine.common.names import readable
 from engine.runs.history import get_run, run_prompt, run_records, short_model
 from engine.store.store import ImageRecord, Store
 
-from . import Markup, macro, page_for
+from . import Markup, macro, page_for, thumbnail_data_uri
 from .single_prompt import axis_html
 
 
@@ -42,18 +40,6 @@ def open_run(store: Store, run_id: str) -> dict:
     run = get_run(store, run_id)
     return {"run": run, "html": run_header_html(run) + results_html(run["method"], run.get("results") or {}),
             "records": run_records(store, run)}
-
-
-def thumbnail_data_uri(path: str, size: int = 128, quality: int = 82) -> str:
-    """A small JPEG of the image as a data: URI (for self-contained HTML)."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        im = im.convert("RGB")
-        im.thumbnail((size, size))
-        buf = io.BytesIO()
-        im.save(buf, format="JPEG", quality=quality)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def thumbnails_html(records: list[tuple[ImageRecord, str]], size: int = 96, limit: int = 48,

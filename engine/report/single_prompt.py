@@ -2,6 +2,7 @@
 Top-K concepts (the tab, the Runs view, exported reports). Markup: templates/single_prompt.html."""
 from __future__ import annotations
 
+from ..backends.base import CANT_TELL
 from . import Markup, charts, clip, fmt, macro, trust
 
 METRICS = [("Composite Bias Score", "composite_bias_score"), ("Parity Difference", "parity_difference"),
@@ -20,13 +21,18 @@ def axis_html(name: str, m: dict) -> Markup:
                else [1 / len(classes)] * len(classes) if classes else None)
     corrected = m.get("distribution") == "corrected"   # issue 16: the spot-check-corrected shares
     title = f"{name} (corrected for the evaluator's errors)" if corrected else str(name)
-    chart = charts.bar_chart(classes, shares, title=title, counts=[counts.get(c, 0) for c in classes],
+    bar_counts = [counts.get(c, 0) for c in classes]
+    if "cant_tell" in m:   # issue 35: its own bar (share of all images), never part of a class or the metrics
+        classes, shares, bar_counts = [*classes, CANT_TELL], [*shares, m["cant_tell_share"]], [*bar_counts, m["cant_tell"]]
+        share_ci = [*share_ci, (None, None)] if share_ci else None
+    chart = charts.bar_chart(classes, shares, title=title, counts=bar_counts,
                              ci=share_ci, reference=targets, vmax=1.0, chart_id=f"axis-{name}")
     ci = m.get("ci", {})
     rows = [{"label": label + (f" ({m.get('kl_unit', '')})" if key == "kl_divergence" else ""), "key": key,
              "value": m.get(key), "ci": ci.get(key)} for label, key in METRICS]
     return macro("single_prompt.html", "axis")(name=name, chart=chart, mode=m.get("mode", ""), rows=rows,
-                                                n_excluded=m.get("n_excluded"),
+                                                n_excluded=m.get("n_excluded"), cant_tell=m.get("cant_tell"),
+                                                cant_tell_note=m.get("cant_tell_note", ""),
                                                 extras=trust.axis_extras_html(name, m))  # issue 16: N, sample sizes
 
 
@@ -79,4 +85,6 @@ def page(results: dict) -> Markup:
         prompt=results.get("prompt", ""), headline=trust.headline_html(results.get("headline")),
         axes=axes_html(axis_html(n, m) for n, m in axes.items()) if axes else "",
         diversity=results.get("diversity"), gap=gap_html(results["gap"]) if results.get("gap") else "",
-        top_concepts=results.get("top_concepts") or [])
+        top_concepts=results.get("top_concepts") or [], notes=results.get("notes") or [],
+        evaluators=trust.comparison_html(results["evaluators"], element_id="sp-evaluators")
+        if results.get("evaluators") else "")

@@ -3,8 +3,7 @@ network; markup templates/study.html, CSS and JS in static/study_form.*) and the
 panel. The design and the analysis themselves are engine/tools/study.py."""
 from __future__ import annotations
 
-from . import Markup, charts, macro, render, static
-from .runs import thumbnail_data_uri
+from . import Markup, charts, macro, render, static, thumbnail_data_uri
 
 
 def form_page(pack: dict) -> Markup:

@@ -4,7 +4,7 @@ narrower interval needs, and headlines that say how sure they are. Templates:
 `templates/trust/*.html` (autoescaped)."""
 from __future__ import annotations
 
-from . import Markup, render
+from . import Markup, render, thumbnail_data_uri
 
 METRIC_LABELS = [("parity_difference", "Parity Difference"), ("normalised_entropy", "Normalised entropy"),
                  ("composite_bias_score", "Composite Bias Score")]
@@ -17,9 +17,28 @@ def validation_html(validation: dict) -> Markup:
                   metric_labels=METRIC_LABELS)
 
 
-def comparison_html(comparison: dict) -> Markup:
-    """The agreement matrix and κ of two evaluators (engine.methods.validate.compare_evaluators)."""
-    return render("trust/comparison.html", **comparison)
+DISAGREEMENTS_SHOWN = 24   # per axis; the JSON has every one
+
+
+def comparison_html(comparison: dict, paths: dict[str, str] | None = None,
+                    element_id: str = "trust-comparison") -> Markup:
+    """Per axis the agreement and κ of several evaluators, the distribution where they agree, the
+    agreement matrix of two, and the images where they disagree with every answer (thumbnails from
+    `paths`, image key -> file, else the disagreements' own "path"): engine.methods.validate.
+    compare_evaluators or a Single Prompt run's results["evaluators"]."""
+    paths = dict(paths or {})
+    thumbs = {}
+    for a in comparison.get("axes", {}).values():
+        for d in a.get("disagreements", [])[:DISAGREEMENTS_SHOWN]:
+            path = paths.get(d["key"]) or d.get("path")
+            if path and d["key"] not in thumbs:
+                try:
+                    thumbs[d["key"]] = thumbnail_data_uri(path, 96)
+                except OSError:
+                    pass
+    evaluators = comparison.get("evaluators") or [comparison.get("first", ""), comparison.get("second", "")]
+    return render("trust/comparison.html", evaluators=evaluators, axes=comparison.get("axes", {}), thumbs=thumbs,
+                  limit=DISAGREEMENTS_SHOWN, element_id=element_id)
 
 
 def spot_item_html(prefix: str, run_id: str, axis: str, question: str, classes: list[str], key: str,

@@ -111,6 +111,16 @@ def _json_text(limit: int, kind: type) -> Callable:
     return check
 
 
+def _class_probs(v):
+    """'' or the JSON of {class: probability} (issue 35)."""
+    if v == "":
+        return v
+    _json_text(64 * 1024, dict)(v)
+    if not all(isinstance(k, str) and isinstance(p, (int, float)) and 0 <= p <= 1 for k, p in json.loads(v).items()):
+        raise ValueError("expected {class: probability}")
+    return v
+
+
 def _models(v):
     _json_text(20_000, dict)(v)
     if not all(isinstance(k, str) and isinstance(x, str) and len(x) < 2000 for k, x in json.loads(v).items()):
@@ -130,12 +140,17 @@ SCHEMAS: dict[str, dict[str, Callable]] = {
                "height": _integer(1, 16384), "scheduler": _text(200), "path": _text(4096), "sha256": _key,
                "nsfw": _flag, "created": _number},
     "answers": {"key": _key, "image_key": _key, "evaluator": _text(2000), "question": _text(10_000),
-                "choices": _json_text(64 * 1024, list), "answer": _text(20_000), "created": _number},
+                "choices": _json_text(64 * 1024, list), "answer": _text(20_000), "created": _number,
+                "probs": _class_probs, "text": _text(20_000)},
     "labels": {"run_id": _text(200), "image_key": _key, "axis": _text(200), "label": _text(200), "who": _text(200),
                "created": _number},
     "embeddings": {"key": _key, "subject": _text(10_000), "evaluator": _text(2000), "dim": _integer(1, 65_536),
                    "vector_b64": _text(400_000), "created": _number},
 }
+
+
+# columns an older archive's rows may lack, and what they then hold
+OPTIONAL_COLUMNS = {("answers", "probs"): "", ("answers", "text"): ""}
 
 
 def _checked(table: str, row, where: str) -> dict:
@@ -144,6 +159,8 @@ def _checked(table: str, row, where: str) -> dict:
         raise ValueError(f"{where}: expected a JSON object")
     out = {}
     for column, check in SCHEMAS[table].items():
+        if column not in row and (table, column) in OPTIONAL_COLUMNS:
+            row = {**row, column: OPTIONAL_COLUMNS[table, column]}
         if column not in row:
             raise ValueError(f"{where}: '{column}' is missing")
         try:

@@ -125,17 +125,26 @@ class Artefacts:
     def get_answers(self, keys: Sequence[str]) -> dict[str, str]:
         return {row["key"]: row["answer"] for row in self._read_in("SELECT key, answer FROM answers", "key", keys)}
 
-    def put_answers(self, rows: Iterable[tuple[str, str, str, str, str, str]]) -> None:
-        """rows: (key, image_key, evaluator, question, choices_json, answer)."""
+    def get_scored_answers(self, keys: Sequence[str]) -> dict[str, dict]:
+        """{key: {"answer", "probs" (dict, or None when the evaluator gave none), "text"}} of the stored answers."""
+        return {row["key"]: {"answer": row["answer"], "probs": json.loads(row["probs"]) if row["probs"] else None,
+                             "text": row["text"]}
+                for row in self._read_in("SELECT key, answer, probs, text FROM answers", "key", keys)}
+
+    def put_answers(self, rows: Iterable[tuple]) -> None:
+        """rows: (key, image_key, evaluator, question, choices_json, answer), optionally followed by
+        (probs, text): the class probabilities (a dict, or None) and the evaluator's own words."""
         now = time.time()
-        data = [(*r, now) for r in rows]
+        data = [(*r[:6], json.dumps(r[6]) if len(r) > 6 and r[6] else "", str(r[7] or "") if len(r) > 7 else "", now)
+                for r in rows]
         if data:
             with self._write() as db:
-                db.executemany("INSERT OR REPLACE INTO answers VALUES (?,?,?,?,?,?,?)", data)
+                db.executemany("INSERT OR REPLACE INTO answers (key, image_key, evaluator, question, choices, answer, "
+                               "probs, text, created) VALUES (?,?,?,?,?,?,?,?,?)", data)
 
     def answers_for_image(self, image_key: str) -> list[dict]:
         return [dict(r) for r in self._read(
-            "SELECT evaluator, question, choices, answer FROM answers WHERE image_key=? ORDER BY created",
+            "SELECT evaluator, question, choices, answer, probs, text FROM answers WHERE image_key=? ORDER BY created",
             (image_key,))]
 
     def get_llm_reply(self, key: str) -> str | None:
@@ -231,7 +240,8 @@ class Artefacts:
                 if row["key"] in known or row[subject] not in images:
                     continue
                 if table == "answers":
-                    expected = answer_key(row["evaluator"], row["image_key"], row["question"], json.loads(row["choices"]))
+                    expected = answer_key(row["evaluator"], row["image_key"], row["question"], json.loads(row["choices"]),
+                                          scored=bool(row.get("probs")))
                     row = {**row, "answer": str(row["answer"])}
                 else:
                     vector = base64.b64decode(row["vector"], validate=True)

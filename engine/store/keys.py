@@ -33,9 +33,11 @@ def choices_json(choices) -> str:
     return json.dumps(list(choices) if choices else [])
 
 
-def answer_key(evaluator: str, image: str, question: str, choices=None) -> str:
-    """Key of one VQA answer (a caption: question CAPTION): evaluator id, image key, question, choices."""
-    return content_key("answer", evaluator, image, question, choices_json(choices))
+def answer_key(evaluator: str, image: str, question: str, choices=None, scored: bool = False) -> str:
+    """Key of one VQA answer (a caption: question CAPTION): evaluator id, image key, question, choices;
+    `scored`: an answer with a probability per class, keyed apart from the same evaluator's free
+    answer (that one was matched to the classes, not ranked)."""
+    return content_key("answer", evaluator, image, question, choices_json(choices), *(("class-probs",) if scored else ()))
 
 
 def embedding_key(evaluator: str, image: str) -> str:

@@ -68,11 +68,14 @@ CREATE INDEX IF NOT EXISTS charges_by_address ON charges(address, created);
 # Columns added after the first release (added to older stores when they are opened):
 # images.provenance 'local' (generated here) or 'imported' (from an archive: never a cache hit
 # for a new generation), images.used (last use, for LRU clean-up), images.bytes (file size);
+# answers.probs (JSON {class: probability} of an evaluator that scores the classes, '' otherwise) and
+# answers.text (the evaluator's own words beside the chosen class, '' when it wrote none; issue 35);
 # runs.owner (the public-mode visitor, '' = the host), runs.published (shown read-only to every
 # visitor), runs.pid/host (the process running it, to spot runs a dead process left
 # 'running'), runs.cost (images the request was budgeted for).
 COLUMNS = {
     "images": [("provenance", "TEXT NOT NULL DEFAULT 'local'"), ("used", "REAL"), ("bytes", "INTEGER")],
+    "answers": [("probs", "TEXT NOT NULL DEFAULT ''"), ("text", "TEXT NOT NULL DEFAULT ''")],
     "runs": [("owner", "TEXT NOT NULL DEFAULT ''"), ("published", "INTEGER NOT NULL DEFAULT 0"),
              ("pid", "INTEGER"), ("host", "TEXT"), ("cost", "INTEGER NOT NULL DEFAULT 0")],
 }

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
+from ..base import ClassAnswer
 from .phrasing import describe
 from .scene import check_drawable, image_digest, read_scene
 from .world import World, seed_int
@@ -29,6 +30,7 @@ NO_PERSON = "no person"
 OTHER = "other"
 NOT_MODELLED = "not modelled in the synthetic world"
 SCENE_CACHE_SIZE = 4096
+CONFIDENCE_CONCENTRATION = 4.0   # κ of the planted confidences: larger keeps them closer to 1 − e
 PATTERNS = ("uniform", "shift")
 
 _PRESENCE = re.compile(r"\b(is|are)\s+there\b|\bdoes\s+(the|this)\s+(image|picture|photo)\s+(contain|show|have)\b")
@@ -73,19 +75,45 @@ class SyntheticVQA:
         """One short answer per image; with `choices`, one of them (lower-case) or 'other'."""
         choices = [c.strip().lower() for c in choices] if choices else None
         query = self.interpret(question, choices)
-        answers = []
+        return [self._answer_one(image, question, query, choices)[0] for image in images]
+
+    def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
+        """Per image the answer of `answer` with a probability per choice, calibrated: the chosen
+        choice gets confidence c, the others (1 − c) evenly. With error rate e, c is drawn from
+        Beta(κ(1 − e) + 1, κe) for a right answer and Beta(κ(1 − e), κe + 1) for a wrong one
+        (κ = CONFIDENCE_CONCENTRATION), so that P(right | c) = c and the mean confidence is 1 − e;
+        c is kept above 1/K so the chosen choice stays the most probable. Without errors c = 1.
+        An answer outside the choices ('other') has no probabilities."""
+        names = [c.strip().lower() for c in choices]
+        query = self.interpret(question, names)
+        out = []
         for image in images:
-            digest, scene = self._read(image)
-            truth = self._truth(scene, query)
-            rng = np.random.default_rng(seed_int("vqa-error", digest, question))
-            wrong = self.error_rate > 0 and rng.random() < self.error_rate
-            if choices:
-                answers.append(self._choose(truth, query, choices, rng if wrong else None))
-            else:
-                if wrong:
-                    truth = self._flip(truth, query, scene, rng)
-                answers.append(self._phrase(truth, query, scene))
-        return answers
+            answer, wrong, digest = self._answer_one(image, question, query, names)
+            if answer not in names:
+                out.append(ClassAnswer(answer))
+                continue
+            confidence = 1.0
+            if self.error_rate > 0:
+                rng = np.random.default_rng(seed_int("vqa-confidence", digest, question))
+                a, b = CONFIDENCE_CONCENTRATION * (1 - self.error_rate), CONFIDENCE_CONCENTRATION * self.error_rate
+                confidence = rng.beta(max(a, 1e-3), b + 1) if wrong else rng.beta(a + 1, max(b, 1e-3))
+                confidence = max(float(confidence), 1 / len(names) + 0.01)
+            rest = (1 - confidence) / max(1, len(names) - 1)
+            out.append(ClassAnswer(answer, {c: confidence if c == answer else rest for c in names}))
+        return out
+
+    def _answer_one(self, image: Image.Image, question: str, query: Query,
+                    choices: list[str] | None) -> tuple[str, bool, str]:
+        """(the answer, whether the planted error changed it, the image's pixel digest)."""
+        digest, scene = self._read(image)
+        truth = self._truth(scene, query)
+        rng = np.random.default_rng(seed_int("vqa-error", digest, question))
+        wrong = self.error_rate > 0 and rng.random() < self.error_rate
+        if choices:
+            return self._choose(truth, query, choices, rng if wrong else None), wrong, digest
+        if wrong:
+            truth = self._flip(truth, query, scene, rng)
+        return self._phrase(truth, query, scene), wrong, digest
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """One caption per image, e.g. 'a young slim light-skinned female doctor in formal
