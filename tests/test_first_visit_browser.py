@@ -141,7 +141,8 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
             page.wait_for_selector("#ic-no-pair", timeout=LONG)
             assert page.locator("#ic-no-edge").count() == 1 and page.locator("#ic-graph-frame").count() == 0
         pruned = len(ic["edges"]) - len(ic["kept_edges"])
-        assert page.locator("#is-matrix [data-faded='true'], #is-matrix .gl-faded").count() >= min(pruned, 1)
+        page.wait_for_selector("#is-matrix[data-rendered] svg", timeout=LONG)
+        assert page.locator("#is-matrix .mark-rect.role-mark path[opacity='0.3']").count() >= min(pruned, 1)
         upload = page.locator("#ic-reference").bounding_box()
         assert upload["height"] >= 110                             # "Click to Upload" has room
 
