@@ -172,13 +172,18 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
 
         # -- Compare models: two generators, one action, side by side
         page.get_by_role("tab", name="Compare models").click()
-        page.locator("#cm-presets label", has_text="synthetic").first.click()
+        # the running preset is ticked already (issue 34)
+        assert page.locator("#cm-presets label", has_text="synthetic").first.locator("input").is_checked()
         page.fill("#cm-more textarea", f"synthetic_generator:{flipped_world}")
         page.fill("#cm-prompt textarea", "a photo of a doctor")
         set_number(page, "#cm-n", 16)
         page.click("#cm-run")
         wait_text(page, "#cm-progress", "Done")          # the page grows model by model until then
         assert page.locator("#cm-page .gl-side").count() >= 2 * 3 and page.locator("#cm-table tr").count() > 5
+        # each model's images side by side
+        page.wait_for_function("[...document.querySelectorAll('#cm-images .gl-side')].map(s => "
+                               "[...s.querySelectorAll('img')].filter(i => i.naturalWidth).length).join() == '16,16'",
+                               timeout=LONG)
         screenshot(page, "first_visit_compare_models")
 
         # -- Runs: readable names; "Deleted" stays after the list refreshes
