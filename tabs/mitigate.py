@@ -15,10 +15,11 @@ from engine.common.errors import InputError
 from engine.common.events import Done, Progress, Table
 from engine.methods import cfsets, intersectional, mitigate
 from engine.report import mitigate as report
+from engine.report.runs import image_columns
 
 from . import axes_table
-from .common import (View, checked, default, distinct_captions, export_dir, gallery_items, gpu, options, streamed,
-                     user_errors)
+from .common import (View, checked, default, distinct_captions, export_dir, gallery_items, gpu, options,
+                     served_url, streamed, user_errors)
 from .intersectional import POLICY_LABELS, reference_text
 from .optional import generation_fields, number_or_none
 
@@ -41,6 +42,32 @@ class Slot:
     shares: gr.Textbox
 
 
+PRIORITY_RANGE = (0.0, 1.0)
+
+
+class PrioritySlider(gr.Slider):
+    """A priority slider that hands a typed value outside its range to the handlers as typed
+    (Gradio's Slider fails the event with "Error" instead): `clamp_priority` clamps it and the
+    normalised priorities beside the sliders say so."""
+
+    def get_block_name(self) -> str:
+        return "slider"   # the frontend draws it as a Slider
+
+    def preprocess(self, payload: float | None) -> float | None:
+        return None if payload is None else float(payload)
+
+
+def clamp_priority(axis: str, value) -> tuple[float, str]:
+    """(the priority used, "" or the sentence saying a typed value outside PRIORITY_RANGE was clamped)."""
+    low, high = PRIORITY_RANGE
+    value = float(value or 0)
+    used = min(max(value, low), high)
+    if used == value:
+        return used, ""
+    return used, (f"{axis}'s priority {value:g} is {'above its maximum' if value > high else 'below its minimum'} "
+                  f"{used:g}, so {used:g} is used")
+
+
 def axes_and_values(prompt: str, rows) -> dict[str, list[str]]:
     """{axis: its values} of the axes table (the choices its counterfactuals name)."""
     axes = cfsets.axes_from_rows(rows)
@@ -48,15 +75,18 @@ def axes_and_values(prompt: str, rows) -> dict[str, list[str]]:
 
 
 def weights_markdown(axes: list[str], bstar: list[str], priorities: list[float]) -> str:
-    """The normalised priorities p over B* (‖p‖₁ = 1), as the sliders stand."""
-    chosen = [(a, float(p or 0)) for a, p in zip(axes, priorities) if a in (bstar or [])]
+    """The normalised priorities p over B* (‖p‖₁ = 1), as the sliders stand (a typed value out
+    of range clamped, and said so)."""
+    clamped = [(a, *clamp_priority(a, p)) for a, p in zip(axes, priorities) if a in (bstar or [])]
+    chosen = [(a, p) for a, p, _ in clamped]
+    notes = "".join(f"\n\n**Note:** {note}." for _, _, note in clamped if note)
     total = sum(p for _, p in chosen)
     if not chosen:
         return "**Normalised priorities:** tick the axes to mitigate (B*)."
     if total <= 0:
-        return "**Normalised priorities:** every priority is 0; raise at least one."
+        return "**Normalised priorities:** every priority is 0; raise at least one." + notes
     parts = " · ".join(f"{a} **{p / total:.2f}**" for a, p in chosen)
-    return f"**Normalised priorities** p (‖p‖₁ = 1): {parts}"
+    return f"**Normalised priorities** p (‖p‖₁ = 1): {parts}" + notes
 
 
 def slot_updates(axes: dict[str, list[str]], kept: dict[str, tuple]) -> list:
@@ -82,7 +112,7 @@ def request_parts(axes: list[str], bstar: list[str], values: list) -> tuple[dict
     for i, axis in enumerate(axes[:MAX_AXES]):
         priority, mode, shares = values[3 * i:3 * i + 3]
         if axis in (bstar or []):
-            priorities[axis] = float(priority or 0)
+            priorities[axis] = clamp_priority(axis, priority)[0]
         if mode != "uniform" and (shares or "").strip():
             ideals.update(parse_targets(f"{axis}: {shares}"))
     return priorities, ideals
@@ -100,7 +130,7 @@ def build(engine) -> list:
     Request = mitigate.MitigateRequest   # noqa: N806 - the widgets start at its defaults
     with gr.Row():
         with gr.Column(scale=2, min_width=360):
-            editor = axes_table.build(engine, "mt", EXAMPLES)
+            editor = axes_table.build(engine, "mt", EXAMPLES, example_axes=True)   # an example fills the axes too
             from_ic = gr.Button("Use the prompt, axes and targets of the latest Intersectional run", size="sm",
                                 elem_id="mt-from-ic")
             # hidden until the table has axes; the known axes are its choices meanwhile, so API
@@ -119,8 +149,8 @@ def build(engine) -> list:
                     with gr.Group(visible=False, elem_id=f"mt-axis-{i}") as group:
                         title = gr.Markdown(elem_id=f"mt-axis-title-{i}")
                         with gr.Row():
-                            priority = gr.Slider(0, 1, value=DEFAULT_PRIORITY, step=0.05, label="priority",
-                                                 elem_id=f"mt-priority-{i}", min_width=140)
+                            priority = PrioritySlider(0, 1, value=DEFAULT_PRIORITY, step=0.05, label="priority",
+                                                      elem_id=f"mt-priority-{i}", min_width=140)
                             mode = gr.Dropdown(MODES, value="uniform", label="ideal distribution D*",
                                                elem_id=f"mt-mode-{i}", min_width=140)
                             shares = gr.Textbox("", label="D* shares (value=percent, …)", lines=1, min_width=160,
@@ -274,6 +304,27 @@ def mitigate_run(engine, preview_only: bool, prompt, table, n, axes_to_mitigate=
     yield from streamed(mitigate.run(request, engine), render, OUTPUTS, view=view)
 
 
+BEFORE_AFTER = 12   # images in each of the before/after grids
+
+
+def before_after(sample: dict[int, list]):
+    """The base prompt's images (step 0) and those of the latest mitigated prompt set side by
+    side, each caption under its image ("" before any image)."""
+    if not sample:
+        return ""
+
+    def column(key: str, title: str, records: list) -> dict:
+        shown = records[:BEFORE_AFTER]
+        return {"key": key, "title": title, "more": len(records) - len(shown),
+                "images": [{"src": served_url(r.path), "caption": c} for r, c in zip(shown, distinct_captions(shown))]}
+
+    first, last = min(sample), max(sample)
+    columns = [column("before", "Before: the initial prompt's images", sample[first])]
+    if last != first:
+        columns.append(column("after", f"After: the prompt set of step {last}", sample[last]))
+    return image_columns(columns, "mt-before-after")   # Markup: the page embeds it as HTML
+
+
 def render(event, view: View) -> dict:
     """{output: value} for one event of a run: a sample of the prompt set in use, the results after every
     measurement, the preview, the prompt set to download at the end."""
@@ -290,13 +341,13 @@ def render(event, view: View) -> dict:
     if isinstance(event, mitigate.PreviewReady):
         return {"preview": report.preview_html(event.preview)}
     if isinstance(event, mitigate.Measured):
-        return {"view": report.page(event.results, with_preview=False)}
+        return {"view": report.page(event.results, with_preview=False, images=before_after(kept["sample"]))}
     if isinstance(event, Done):
         r = event.results
         generated = kept["stats"].images_generated - kept["generated_before"]
         text = (f"**{mitigate.outcome(r)}**. {generated} image(s) generated, the rest from the store; "
                 f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-        return {"progress": text, "view": report.page(r, with_preview=False),
+        return {"progress": text, "view": report.page(r, with_preview=False, images=before_after(kept["sample"])),
                 "preview": report.preview_html(r.get("preview")),
                 "export": None if kept["request"].preview_only else _export_file(r, event.run_id)}
     return {}

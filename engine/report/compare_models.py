@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..common.names import readable
 from . import Markup, counterfactuals, explain, fmt, fmt_ci, intersectional, render
+from .runs import image_columns
 from .single_prompt import axis_html
 
 TITLES = {"single_prompt": "Single Prompt", "counterfactuals": "Counterfactuals (TIBET)",
@@ -68,5 +69,6 @@ def page(results: dict, images: list[list[dict]] | None = None) -> Markup:
              "differences": [_difference(d) for d in row["differences"]]} for row in comparison["rows"]]
     return render("compare_models.html", method=method, title=f"Compare models: {TITLES.get(method, method)}",
                   prompt=(results.get("request") or {}).get("prompt", ""), models=models, sections=sections,
-                  rows=rows, images=[{"letter": _letter(i), "generator": labels[i], "images": ims}
-                                     for i, ims in enumerate(images or []) if i < len(labels)])
+                  rows=rows, images=image_columns([{"key": _letter(i), "title": f"{_letter(i)}: {labels[i]}",
+                                                    "images": ims} for i, ims in enumerate(images or [])
+                                                   if i < len(labels)], "cm-images") if images else "")

@@ -56,6 +56,12 @@ def thumbnail_data_uri(path: str, size: int = 128, quality: int = 82) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def image_columns(columns: list[dict], block_id: str = "") -> Markup:
+    """Image grids side by side, one per column {"key", "title", "images": [{"src", "caption"}],
+    "more"}, each caption under its tile (never over the image)."""
+    return macro("runs.html", "columns")(cols=columns, id=block_id)
+
+
 def thumbnails_html(records: list[tuple[ImageRecord, str]], size: int = 96, limit: int = 48,
                     css_class: str = "gl-thumbs") -> Markup:
     """A grid of inline thumbnails (seed and set label as captions); no external files."""
