@@ -45,18 +45,6 @@ class Slot:
 PRIORITY_RANGE = (0.0, 1.0)
 
 
-class PrioritySlider(gr.Slider):
-    """A priority slider that hands a typed value outside its range to the handlers as typed
-    (Gradio's Slider fails the event with "Error" instead): `clamp_priority` clamps it and the
-    normalised priorities beside the sliders say so."""
-
-    def get_block_name(self) -> str:
-        return "slider"   # the frontend draws it as a Slider
-
-    def preprocess(self, payload: float | None) -> float | None:
-        return None if payload is None else float(payload)
-
-
 def clamp_priority(axis: str, value) -> tuple[float, str]:
     """(the priority used, "" or the sentence saying a typed value outside PRIORITY_RANGE was clamped)."""
     low, high = PRIORITY_RANGE
@@ -139,6 +127,7 @@ def build(engine) -> list:
                                      visible=False,
                                      info="InterMit may still intervene on an axis outside B* when that lowers τ")
             weights = gr.Markdown(weights_markdown([], [], []), elem_id="mt-weights")
+            clamped = gr.Markdown("", elem_id="mt-clamped")   # a priority typed out of range, and what is used
             reference = gr.File(label="Real-world D* from a CSV (columns axis, value, share)", file_types=[".csv"],
                                 elem_id="mt-reference", height=130)
             slots = []
@@ -149,8 +138,8 @@ def build(engine) -> list:
                     with gr.Group(visible=False, elem_id=f"mt-axis-{i}") as group:
                         title = gr.Markdown(elem_id=f"mt-axis-title-{i}")
                         with gr.Row():
-                            priority = PrioritySlider(0, 1, value=DEFAULT_PRIORITY, step=0.05, label="priority",
-                                                      elem_id=f"mt-priority-{i}", min_width=140)
+                            priority = gr.Slider(*PRIORITY_RANGE, value=DEFAULT_PRIORITY, step=0.05, label="priority",
+                                                 elem_id=f"mt-priority-{i}", min_width=140)
                             mode = gr.Dropdown(MODES, value="uniform", label="ideal distribution D*",
                                                elem_id=f"mt-mode-{i}", min_width=140)
                             shares = gr.Textbox("", label="D* shares (value=percent, …)", lines=1, min_width=160,
@@ -200,8 +189,14 @@ def build(engine) -> list:
                                                     chosen=bstar, **slot_inputs),
                         outputs=refresh_outputs, api_name=False)
     for trigger in [bstar, *priorities.values()]:
+        # preprocess=False: a value typed above the slider's maximum reaches the handler (Gradio's
+        # Slider would fail the event with "Error") to be clamped and said so
         trigger.change(show_weights, inputs_kwargs=dict(axes=axes_state, chosen=bstar, **priorities), outputs=[weights],
+                       preprocess=False,
                        api_name=False)
+    for i, priority in enumerate(priorities.values()):   # the box shows what is used; the note stays
+        priority.input(functools.partial(clamp_typed, i), [axes_state, priority], [priority, clamped],
+                       preprocess=False, api_name=False, show_progress="hidden")
     reference.upload(user_errors(load_reference), [reference, axes_state],
                      [s.mode for s in slots] + [s.shares for s in slots], api_name=False)
     from_ic.click(user_errors(functools.partial(latest_intersectional, engine)), None,
@@ -240,6 +235,12 @@ def refresh(prompt, rows, axes, chosen, **slot_form):
     prios = [kept.get(a, (DEFAULT_PRIORITY,))[0] for a in names]
     return (names, gr.update(choices=names, value=chosen, visible=bool(names)),
             *slot_updates({a: found[a] for a in names}, kept), weights_markdown(names, chosen, prios))
+
+
+def clamp_typed(index: int, axes, value) -> tuple[float, str]:
+    """(the slider's value clamped to PRIORITY_RANGE, the note saying so or "") for a typed priority."""
+    used, note = clamp_priority(((axes or [])[index:index + 1] or ["this axis"])[0], value)
+    return used, f"**Note:** {note}." if note else ""
 
 
 def show_weights(axes, chosen, **priority_form):

@@ -127,5 +127,7 @@ def test_compare_models_ticks_the_running_preset_and_mitigate_says_when_it_clamp
         page.get_by_text("Priority and target D* of each axis").click()
         page.wait_for_selector("#mt-axis-1", state="visible", timeout=LONG)
         set_number(page, "#mt-priority-0", 5)
-        wait_text(page, "#mt-weights", "priority 5 is above its maximum 1, so 1 is used")
-        assert "gender 0.67 · age 0.33" in page.inner_text("#mt-weights")   # 1 and 0.5, normalised
+        wait_text(page, "#mt-clamped", "gender's priority 5 is above its maximum 1, so 1 is used")
+        page.wait_for_function("document.querySelector('#mt-priority-0 input[type=number]').value == '1'", timeout=LONG)
+        wait_text(page, "#mt-weights", "gender 0.67 · age 0.33")            # 1 and 0.5, normalised
+        assert "Error" not in page.inner_text("#mt-weights") and "so 1 is used" in page.inner_text("#mt-clamped")
