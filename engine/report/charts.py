@@ -91,8 +91,9 @@ def runtime_head() -> Markup:
     return macro("charts.html", "runtime")(Markup(runtime_js()))
 
 
-def _title(alt, title: str):
-    return alt.TitleParams(title, anchor="start", fontSize=13, limit=640) if title else alt.Undefined
+def _title(alt, title: str) -> dict:
+    """{"title": …} for a chart's properties, {} without a title."""
+    return {"title": alt.TitleParams(title, anchor="start", fontSize=13, limit=640)} if title else {}
 
 
 def _unique(labels: Sequence[Any]) -> list[str]:
@@ -148,7 +149,7 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], *, title: str = ""
     text = base.mark_text(align="left", dx=6, fontSize=FONT).encode(x=alt.value(width), text="text:N")
     layers = [bars] + ([whiskers] if ci is not None else []) + ([ticks] if reference is not None else []) + [text]
     chart = alt.layer(*layers, data=alt.Data(values=rows)).properties(
-        width=width, height=alt.Step(bar_height), title=_title(alt, title))
+        width=width, height=alt.Step(bar_height), **_title(alt, title))
     fallback = f"{title}: " + ", ".join(f"{r['label']} {r['text']}" for r in rows)
     return vega(chart, chart_id=chart_id or title, fallback=fallback)
 
@@ -195,7 +196,7 @@ def heatmap(matrix: Sequence[Sequence[float]], row_labels: Sequence[str], col_la
         layers.append(base.mark_text(fontSize=11).encode(
             text="text:N", tooltip=tips, color=alt.condition(dark, alt.value("#fff"), alt.value("#000"))))
     chart = alt.layer(*layers, data=alt.Data(values=data)).properties(
-        width=alt.Step(cell), height=alt.Step(cell), title=_title(alt, title))
+        width=alt.Step(cell), height=alt.Step(cell), **_title(alt, title))
     return vega(chart, chart_id=table_id or title,
                 fallback=f"{title}: a {len(rows_)} × {len(cols_)} heatmap (needs JavaScript to draw)")
 
@@ -232,7 +233,7 @@ def line_chart(series: dict[str, Sequence[float]], *, title: str = "", x_label: 
         color=alt.Color("series:N", sort=names, scale=alt.Scale(domain=names, range=PALETTE),
                         legend=alt.Legend(orient="bottom", title=None, labelLimit=260)),
         tooltip=[alt.Tooltip("series:N"), alt.Tooltip("x:Q", title=x_label), alt.Tooltip("text:N", title="value")],
-    ).properties(width=width, height=height, title=_title(alt, title))
+    ).properties(width=width, height=height, **_title(alt, title))
     return vega(chart, chart_id=chart_id or title, fallback=f"{title}: " + "; ".join(
         f"{name} {fmt(ys[-1], 4)} at {x_label} {len(ys) - 1}" for name, ys in series.items() if len(ys)))
 
@@ -273,7 +274,7 @@ def grouped_bars(labels: Sequence[str], groups: dict[str, Sequence[float]], *, t
     if reference is not None:
         layers.append(alt.Chart().mark_tick(color="#c00", thickness=2, strokeDash=[3, 2]).encode(
             y=y, x="target:Q", tooltip=tips).transform_filter(alt.datum.group == names[0]).transform_filter("isValid(datum.target)"))
-    chart = alt.layer(*layers, data=alt.Data(values=rows)).properties(width=width, title=_title(alt, title))
+    chart = alt.layer(*layers, data=alt.Data(values=rows)).properties(width=width, **_title(alt, title))
     fallback = f"{title}: " + "; ".join(f"{g}: " + ", ".join(f"{r['label']} {r['text']}" for r in rows
                                                            if r["group"] == g) for g in names)
     return vega(chart, chart_id=chart_id or title, fallback=fallback)

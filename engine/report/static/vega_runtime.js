@@ -4,8 +4,10 @@
    keeps an element whose markup did not change and resets its children). A click on a mark dispatches a bubbling
    CustomEvent("gl-vega-click", {detail: {chart_id, datum}}) from the chart's element. */
 (function () {
-  if (window.glVegaRuntime) return;
-  window.glVegaRuntime = true;
+  // once per document (a page that rewrites its document, e.g. document.write, gets a new root)
+  const roots = window.glVegaRoots = window.glVegaRoots || new WeakSet();
+  if (roots.has(document.documentElement)) return;
+  roots.add(document.documentElement);
   const drawn = new WeakMap();   // element -> {text, pending, result}
 
   function plain(datum) {
@@ -39,7 +41,11 @@
     }).catch((err) => { state.pending = false; el.setAttribute('data-error', String(err)); });
   }
 
-  function scan() { document.querySelectorAll('.gl-vega[data-spec]').forEach(draw); }
+  function scan() {
+    document.querySelectorAll('.gl-vega[data-spec]').forEach((el) => {
+      try { draw(el); } catch (err) { el.setAttribute('data-error', String(err)); }   // one bad chart stops no other
+    });
+  }
 
   let pending = null;
   function later() { if (pending === null) pending = setTimeout(() => { pending = null; scan(); }, 20); }
