@@ -28,11 +28,20 @@ def parse_fill(text: str) -> list[str]:
     return [v.strip() for v in re.split(r"[,\n;]", text or "") if v.strip()]
 
 
-def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
-    """The prompt, fill values, buttons and the axes table, wired; returns the components."""
+def build(engine, prefix: str, examples: list[str], example_axes: bool = False) -> AxesEditor:
+    """The prompt, fill values, buttons and the axes table, wired; returns the components. With
+    `example_axes` an example fills the table too (cfsets.example_axes: gender and age)."""
     prompt = gr.Textbox(label="Prompt", placeholder="a photo of a doctor", elem_id=f"{prefix}-prompt",
                         info="may hold one {placeholder}, e.g. 'A photo of a {occupation}', filled from the values below")
-    gr.Examples(examples, [prompt])
+    table = gr.Dataframe(headers=HEADERS, datatype=["str", "str"], type="array", interactive=True,
+                         column_count=2, label="Bias axes and counterfactual prompts (edit freely; an empty "
+                         "axis cell continues the axis above)", elem_id=f"{prefix}-axes", max_height=360, wrap=True,
+                         render=False)   # drawn below the buttons; an example may fill it
+    if example_axes:
+        gr.Examples(examples, [prompt], outputs=[table], fn=lambda p: cfsets.rows_from_axes(cfsets.example_axes(p)),
+                    run_on_click=True, cache_examples=False, api_name=False)
+    else:
+        gr.Examples(examples, [prompt])
     fill = gr.Textbox(label="Fill values (aggregate mode)", elem_id=f"{prefix}-fill", lines=1,
                       placeholder="doctor, nurse, firefighter",
                       info="comma-separated values for the prompt's {placeholder}; several values = aggregate mode")
@@ -40,9 +49,7 @@ def build(engine, prefix: str, examples: list[str]) -> AxesEditor:
         propose = gr.Button("Propose axes (LLM)", size="sm", elem_id=f"{prefix}-propose")
         preset = gr.Button("Table 6.1 occupation axes", size="sm", elem_id=f"{prefix}-preset")
         all_occupations = gr.Button("Fill all 26 occupations", size="sm", elem_id=f"{prefix}-all")
-    table = gr.Dataframe(headers=HEADERS, datatype=["str", "str"], type="array", interactive=True,
-                         column_count=2, label="Bias axes and counterfactual prompts (edit freely; an empty "
-                         "axis cell continues the axis above)", elem_id=f"{prefix}-axes", max_height=360, wrap=True)
+    table.render()
     notes = gr.Markdown("", elem_id=f"{prefix}-axes-notes")
 
     # TIBET's meta-prompt: three LLM turns (re-asked at most once more each when the output is unusable)

@@ -15,10 +15,11 @@ from engine.common.errors import InputError
 from engine.common.events import Done, Progress, Table
 from engine.methods import cfsets, intersectional, mitigate
 from engine.report import mitigate as report
+from engine.report.runs import image_columns
 
 from . import axes_table
-from .common import (View, checked, default, distinct_captions, export_dir, gallery_items, gpu, options, streamed,
-                     user_errors)
+from .common import (View, checked, default, distinct_captions, export_dir, gallery_items, gpu, options,
+                     served_url, streamed, user_errors)
 from .intersectional import POLICY_LABELS, reference_text
 from .optional import generation_fields, number_or_none
 
@@ -41,6 +42,20 @@ class Slot:
     shares: gr.Textbox
 
 
+PRIORITY_RANGE = (0.0, 1.0)
+
+
+def clamp_priority(axis: str, value) -> tuple[float, str]:
+    """(the priority used, "" or the sentence saying a typed value outside PRIORITY_RANGE was clamped)."""
+    low, high = PRIORITY_RANGE
+    value = float(value or 0)
+    used = min(max(value, low), high)
+    if used == value:
+        return used, ""
+    return used, (f"{axis}'s priority {value:g} is {'above its maximum' if value > high else 'below its minimum'} "
+                  f"{used:g}, so {used:g} is used")
+
+
 def axes_and_values(prompt: str, rows) -> dict[str, list[str]]:
     """{axis: its values} of the axes table (the choices its counterfactuals name)."""
     axes = cfsets.axes_from_rows(rows)
@@ -48,15 +63,18 @@ def axes_and_values(prompt: str, rows) -> dict[str, list[str]]:
 
 
 def weights_markdown(axes: list[str], bstar: list[str], priorities: list[float]) -> str:
-    """The normalised priorities p over B* (‖p‖₁ = 1), as the sliders stand."""
-    chosen = [(a, float(p or 0)) for a, p in zip(axes, priorities) if a in (bstar or [])]
+    """The normalised priorities p over B* (‖p‖₁ = 1), as the sliders stand (a typed value out
+    of range clamped, and said so)."""
+    clamped = [(a, *clamp_priority(a, p)) for a, p in zip(axes, priorities) if a in (bstar or [])]
+    chosen = [(a, p) for a, p, _ in clamped]
+    notes = "".join(f"\n\n**Note:** {note}." for _, _, note in clamped if note)
     total = sum(p for _, p in chosen)
     if not chosen:
         return "**Normalised priorities:** tick the axes to mitigate (B*)."
     if total <= 0:
-        return "**Normalised priorities:** every priority is 0; raise at least one."
+        return "**Normalised priorities:** every priority is 0; raise at least one." + notes
     parts = " · ".join(f"{a} **{p / total:.2f}**" for a, p in chosen)
-    return f"**Normalised priorities** p (‖p‖₁ = 1): {parts}"
+    return f"**Normalised priorities** p (‖p‖₁ = 1): {parts}" + notes
 
 
 def slot_updates(axes: dict[str, list[str]], kept: dict[str, tuple]) -> list:
@@ -82,7 +100,7 @@ def request_parts(axes: list[str], bstar: list[str], values: list) -> tuple[dict
     for i, axis in enumerate(axes[:MAX_AXES]):
         priority, mode, shares = values[3 * i:3 * i + 3]
         if axis in (bstar or []):
-            priorities[axis] = float(priority or 0)
+            priorities[axis] = clamp_priority(axis, priority)[0]
         if mode != "uniform" and (shares or "").strip():
             ideals.update(parse_targets(f"{axis}: {shares}"))
     return priorities, ideals
@@ -100,7 +118,7 @@ def build(engine) -> list:
     Request = mitigate.MitigateRequest   # noqa: N806 - the widgets start at its defaults
     with gr.Row():
         with gr.Column(scale=2, min_width=360):
-            editor = axes_table.build(engine, "mt", EXAMPLES)
+            editor = axes_table.build(engine, "mt", EXAMPLES, example_axes=True)   # an example fills the axes too
             from_ic = gr.Button("Use the prompt, axes and targets of the latest Intersectional run", size="sm",
                                 elem_id="mt-from-ic")
             # hidden until the table has axes; the known axes are its choices meanwhile, so API
@@ -109,6 +127,7 @@ def build(engine) -> list:
                                      visible=False,
                                      info="InterMit may still intervene on an axis outside B* when that lowers τ")
             weights = gr.Markdown(weights_markdown([], [], []), elem_id="mt-weights")
+            clamped = gr.Markdown("", elem_id="mt-clamped")   # a priority typed out of range, and what is used
             reference = gr.File(label="Real-world D* from a CSV (columns axis, value, share)", file_types=[".csv"],
                                 elem_id="mt-reference", height=130)
             slots = []
@@ -119,7 +138,7 @@ def build(engine) -> list:
                     with gr.Group(visible=False, elem_id=f"mt-axis-{i}") as group:
                         title = gr.Markdown(elem_id=f"mt-axis-title-{i}")
                         with gr.Row():
-                            priority = gr.Slider(0, 1, value=DEFAULT_PRIORITY, step=0.05, label="priority",
+                            priority = gr.Slider(*PRIORITY_RANGE, value=DEFAULT_PRIORITY, step=0.05, label="priority",
                                                  elem_id=f"mt-priority-{i}", min_width=140)
                             mode = gr.Dropdown(MODES, value="uniform", label="ideal distribution D*",
                                                elem_id=f"mt-mode-{i}", min_width=140)
@@ -170,8 +189,14 @@ def build(engine) -> list:
                                                     chosen=bstar, **slot_inputs),
                         outputs=refresh_outputs, api_name=False)
     for trigger in [bstar, *priorities.values()]:
+        # preprocess=False: a value typed above the slider's maximum reaches the handler (Gradio's
+        # Slider would fail the event with "Error") to be clamped and said so
         trigger.change(show_weights, inputs_kwargs=dict(axes=axes_state, chosen=bstar, **priorities), outputs=[weights],
+                       preprocess=False,
                        api_name=False)
+    for i, priority in enumerate(priorities.values()):   # the box shows what is used; the note stays
+        priority.input(functools.partial(clamp_typed, i), [axes_state, priority], [priority, clamped],
+                       preprocess=False, api_name=False, show_progress="hidden")
     reference.upload(user_errors(load_reference), [reference, axes_state],
                      [s.mode for s in slots] + [s.shares for s in slots], api_name=False)
     from_ic.click(user_errors(functools.partial(latest_intersectional, engine)), None,
@@ -210,6 +235,12 @@ def refresh(prompt, rows, axes, chosen, **slot_form):
     prios = [kept.get(a, (DEFAULT_PRIORITY,))[0] for a in names]
     return (names, gr.update(choices=names, value=chosen, visible=bool(names)),
             *slot_updates({a: found[a] for a in names}, kept), weights_markdown(names, chosen, prios))
+
+
+def clamp_typed(index: int, axes, value) -> tuple[float, str]:
+    """(the slider's value clamped to PRIORITY_RANGE, the note saying so or "") for a typed priority."""
+    used, note = clamp_priority(((axes or [])[index:index + 1] or ["this axis"])[0], value)
+    return used, f"**Note:** {note}." if note else ""
 
 
 def show_weights(axes, chosen, **priority_form):
@@ -274,6 +305,27 @@ def mitigate_run(engine, preview_only: bool, prompt, table, n, axes_to_mitigate=
     yield from streamed(mitigate.run(request, engine), render, OUTPUTS, view=view)
 
 
+BEFORE_AFTER = 12   # images in each of the before/after grids
+
+
+def before_after(sample: dict[int, list]):
+    """The base prompt's images (step 0) and those of the latest mitigated prompt set side by
+    side, each caption under its image ("" before any image)."""
+    if not sample:
+        return ""
+
+    def column(key: str, title: str, records: list) -> dict:
+        shown = records[:BEFORE_AFTER]
+        return {"key": key, "title": title, "more": len(records) - len(shown),
+                "images": [{"src": served_url(r.path), "caption": c} for r, c in zip(shown, distinct_captions(shown))]}
+
+    first, last = min(sample), max(sample)
+    columns = [column("before", "Before: the initial prompt's images", sample[first])]
+    if last != first:
+        columns.append(column("after", f"After: the prompt set of step {last}", sample[last]))
+    return image_columns(columns, "mt-before-after")   # Markup: the page embeds it as HTML
+
+
 def render(event, view: View) -> dict:
     """{output: value} for one event of a run: a sample of the prompt set in use, the results after every
     measurement, the preview, the prompt set to download at the end."""
@@ -290,13 +342,13 @@ def render(event, view: View) -> dict:
     if isinstance(event, mitigate.PreviewReady):
         return {"preview": report.preview_html(event.preview)}
     if isinstance(event, mitigate.Measured):
-        return {"view": report.page(event.results, with_preview=False)}
+        return {"view": report.page(event.results, with_preview=False, images=before_after(kept["sample"]))}
     if isinstance(event, Done):
         r = event.results
         generated = kept["stats"].images_generated - kept["generated_before"]
         text = (f"**{mitigate.outcome(r)}**. {generated} image(s) generated, the rest from the store; "
                 f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
-        return {"progress": text, "view": report.page(r, with_preview=False),
+        return {"progress": text, "view": report.page(r, with_preview=False, images=before_after(kept["sample"])),
                 "preview": report.preview_html(r.get("preview")),
                 "export": None if kept["request"].preview_only else _export_file(r, event.run_id)}
     return {}

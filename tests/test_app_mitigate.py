@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apphelpers import browser_page, running_app, screenshot
+from apphelpers import browser_page, drawn, running_app, screenshot
 
 AXES = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
         "age": ["a photo of a young doctor", "a photo of a middle-aged doctor", "a photo of an old doctor"]}
@@ -44,7 +44,8 @@ def test_api_previews_then_mitigates_from_the_store_and_exports_the_prompt_set(a
     progress, preview, view, gallery, export, _ = client.predict(**form(), api_name="/mitigate")
     assert engine.stats.images_generated == generated          # step 0 and the gender sets came from the store
     assert "Done" in progress and "reached" in progress
-    assert 'data-chart="mitigate-step-1-after"' in view and "mt-report" in view and gallery
+    assert 'data-chart="mitigate-step-1"' in view and "mt-report" in view and gallery
+    assert 'id="mt-before-after"' in view and 'data-column="after"' in view      # the images side by side
     prompt_set = json.loads(Path(export["path"] if isinstance(export, dict) else export).read_text())
     assert [p["values"] for p in prompt_set["prompts"]] == [{"gender": "male"}, {"gender": "female"}]
     assert prompt_set["ideals"]["age"] == pytest.approx({"young": 0.3, "middle-aged": 0.4, "old": 0.3})
@@ -78,7 +79,7 @@ def test_mitigate_page_priorities_normalise_live_and_a_run_draws_step_bars(app):
         page.click("#mt-preview-btn")
         page.wait_for_selector("#mt-preview tr[data-axis]", timeout=120_000)
         page.click("#mt-run")
-        page.wait_for_selector("svg[data-chart='mitigate-step-1-after']", timeout=120_000)
+        page.wait_for_selector(drawn("mitigate-step-1"), timeout=120_000)
         page.wait_for_function("document.querySelector('#mt-progress').innerText.includes('Done')", timeout=120_000)
         first = page.locator("#mt-view .gl-mit-step").first.get_attribute("data-axis")
         assert first == page.locator("#mt-preview tr[data-axis]").first.get_attribute("data-axis")

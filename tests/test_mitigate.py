@@ -145,8 +145,11 @@ def test_priorities_reach_epsilon_in_fewer_steps_than_mitigating_every_axis(engi
     assert len(everything["prompt_set"]["prompts"]) == 6
 
     html = results_html("mitigate", r)
-    assert page_for("mitigate") is mitigate_page and 'data-chart="mitigate-step-1-after"' in html
-    assert 'data-chart="mitigate-tau"' in html and 'data-chart="mitigate-final-age-final"' in html
+    assert page_for("mitigate") is mitigate_page and 'data-chart="mitigate-step-1"' in html
+    assert 'data-chart="mitigate-tau"' in html and 'data-chart="mitigate-final-age"' in html
+    # τ, one before/after chart per step (no separate "initial" chart: step 1 shows it), one per axis at the end
+    assert html.count("w̄ on the initial images") == 0
+    assert html.count('class="gl-vega"') == 1 + len(r["steps"]) + len(r["report"])
 
 
 @pytest.mark.slow

@@ -97,6 +97,20 @@ def rows_from_axes(axes: dict[str, list[str]]) -> list[list[str]]:
     return [[axis, cf] for axis, cfs in axes.items() for cf in cfs]
 
 
+EXAMPLE_AXES = ("gender", "age")
+
+
+def example_axes(prompt: str, axes=EXAMPLE_AXES) -> dict[str, list[str]]:
+    """Returns counterfactual axes for an example prompt "a photo of a(n) <occupation>": the Table 6.1
+    preset's `axes` with its placeholder filled with that occupation ({} for another prompt)."""
+    match = re.fullmatch(r"\s*an? photo of an? (.+?)\s*", str(prompt), flags=re.IGNORECASE)
+    if not match:
+        return {}
+    data = load_preset("occupations")
+    slot = "{" + data["placeholder"] + "}"
+    return {a: [cf.replace(slot, match.group(1)) for cf in data["axes"][a]] for a in axes if a in data["axes"]}
+
+
 def load_preset(name: str = "occupations") -> dict:
     """A preset axes set from assets/ ({"prompt", "placeholder", "axes", "occupations", ...})."""
     if name not in PRESETS:

@@ -2,7 +2,7 @@
 prompt's gap details (the tab, the Runs view, exported reports). Markup: templates/mine.html."""
 from __future__ import annotations
 
-from . import Markup, charts, macro
+from . import Markup, charts, explain, macro
 from .single_prompt import gap_html
 
 
@@ -16,7 +16,8 @@ MIN_SPAN = 0.05
 
 
 def mine_chart(results: dict, baseline: dict | None = None) -> Markup:
-    """Best gap score per iteration and best so far (and a random baseline's best so far)."""
+    """Best gap score per iteration and best so far (and a random baseline's best so far), with
+    integer iteration ticks, then what the gap score means."""
     series = {"best this iteration": results.get("best_per_iteration") or [],
               "best so far": results.get("best_so_far") or []}
     if baseline and baseline.get("best_so_far"):
@@ -24,7 +25,8 @@ def mine_chart(results: dict, baseline: dict | None = None) -> Markup:
     title = ("random prompts: best gap score" if results.get("strategy") == "random"
              else "genetic search: best gap score")
     return charts.line_chart(series, title=f"{title} (reconstructed; lower = more biased)",
-                             x_label="iteration (from 0)", chart_id="mine-best", width=520, min_span=MIN_SPAN)
+                             x_label="iteration (from 0)", chart_id="mine-best", width=520, min_span=MIN_SPAN,
+                             y_title="gap score") + explain.info(["gap_score"], "mine-meanings")
 
 
 def lineage_html(chain: list[dict]) -> Markup:

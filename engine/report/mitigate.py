@@ -18,13 +18,18 @@ def _nan(x):
     return NAN if x is None else x
 
 
-def w_bar_chart(state: dict, axes: list[str], mitigated: list[str], title: str, chart_id: str) -> Markup:
-    """w̄ per axis with 95% CIs; mitigated axes outlined and ticked."""
-    w, ci = state.get("w_bar", {}), state.get("w_bar_ci", {})
-    intervals = [tuple(_nan(x) for x in (ci.get(a) or (None, None))) for a in axes]
-    labels = [f"✓ {a}" if a in mitigated else a for a in axes]   # outlined bars of w̄ = 0 are invisible
-    return charts.bar_chart(labels, [_nan(w.get(a)) for a in axes], ci=intervals,
-                            highlight=[a in mitigated for a in axes], vmax=1.0, title=title, chart_id=chart_id)
+def w_bar_chart(before: dict, after: dict, axes: list[str], mitigated: list[str], title: str,
+                chart_id: str) -> Markup:
+    """w̄ per axis before and after a step, side by side in one chart with 95% CIs; mitigated
+    axes ticked (✓)."""
+    def values(state):
+        w, ci = state.get("w_bar", {}), state.get("w_bar_ci", {})
+        return [_nan(w.get(a)) for a in axes], [tuple(_nan(x) for x in (ci.get(a) or (None, None))) for a in axes]
+
+    (b, b_ci), (a, a_ci) = values(before), values(after)
+    labels = [f"✓ {x}" if x in mitigated else x for x in axes]
+    return charts.grouped_bars(labels, {"before": b, "after": a}, ci={"before": b_ci, "after": a_ci}, vmax=1.0,
+                               title=title, chart_id=chart_id, x_title="w̄: distance from the target (0 = on it)")
 
 
 def tau_chart(results: dict) -> Markup:
@@ -53,8 +58,7 @@ def step_html(results: dict, step: dict, before: dict, after: dict) -> Markup:
     gammas = sorted((step.get("gamma") or {}).items(), key=lambda kv: -(kv[1] if kv[1] is not None else -9))
     return macro("mitigate.html", "step")(
         step=step, gammas=gammas, prompt_set=prompt_set_table(step.get("prompt_set", [])),
-        before=w_bar_chart(before, axes, mitigated[:-1], f"w̄ before step {t}", f"mitigate-step-{t}-before"),
-        after=w_bar_chart(after, axes, mitigated, f"w̄ after step {t}", f"mitigate-step-{t}-after"))
+        chart=w_bar_chart(before, after, axes, mitigated, f"w̄ before and after step {t}", f"mitigate-step-{t}"))
 
 
 def preview_html(preview: dict | None) -> Markup:
@@ -67,14 +71,13 @@ def report_html(results: dict) -> Markup:
     report = results.get("report") or {}
     cells = []
     for axis, r in report.items():
-        charts_ = []
-        for which in ("initial", "final"):
-            d = r[which]
-            charts_.append(charts.bar_chart(
-                d["values"], [_nan(s) for s in d["shares"]], counts=d["counts"],
-                ci=[(_nan(lo), _nan(hi)) for lo, hi in zip(d["low"], d["high"])], reference=r["ideal"], vmax=1.0,
-                width=360, title=f"{axis}: {which}", chart_id=f"mitigate-final-{axis}-{which}"))
-        cells.append({"axis": axis, "r": r, "charts": charts_})
+        d = {which: r[which] for which in ("initial", "final")}
+        chart = charts.grouped_bars(
+            d["initial"]["values"], {which: [_nan(s) for s in d[which]["shares"]] for which in d},
+            ci={which: [(_nan(lo), _nan(hi)) for lo, hi in zip(d[which]["low"], d[which]["high"])] for which in d},
+            reference=r["ideal"], vmax=1.0, width=260, title=f"{axis}: initial and final shares",
+            chart_id=f"mitigate-final-{axis}", x_title="share of images")
+        cells.append({"axis": axis, "r": r, "chart": chart})
     return macro("mitigate.html", "report")(cells) if cells else Markup("")
 
 
@@ -87,9 +90,10 @@ def quality_html(quality: dict | None) -> Markup:
     return macro("mitigate.html", "quality")(rows, quality.get("warnings", []))
 
 
-def page(results: dict, with_preview: bool = True) -> Markup:
+def page(results: dict, with_preview: bool = True, images: Markup | str = "") -> Markup:
     """A whole Mitigate run (or the part of it finished so far); `with_preview=False` leaves
-    the preview table out (the tab shows it in a box of its own)."""
+    the preview table out (the tab shows it in a box of its own); `images`: the initial and
+    the mitigated images side by side (`image_columns`; the tab has them, a stored run not)."""
     axes = list(results.get("axes", {}))
     ideals = results.get("ideals", {})
     custom = [a for a, d in ideals.items() if d and max(d.values()) - min(d.values()) > 1e-9]   # not uniform
@@ -98,8 +102,7 @@ def page(results: dict, with_preview: bool = True) -> Markup:
     return macro("mitigate.html", "page")(
         results=results, priorities=results.get("priorities", {}), d_star=[(a, ideals[a]) for a in custom],
         stop=stop, states=states, n_steps=len(steps), n_targets=len(results.get("targets", [])) or 1,
-        tau=tau_chart(results) if states else "",
-        initial=w_bar_chart(states[0], axes, [], "w̄ on the initial images", "mitigate-initial") if states else "",
+        tau=tau_chart(results) if states else "", images=images,
         preview=preview_html(results.get("preview")) if with_preview else "",
         steps=[step_html(results, step, states[k], states[k + 1]) for k, step in enumerate(steps) if k + 1 < len(states)],
         report=report_html(results), quality=quality_html(results.get("quality")),

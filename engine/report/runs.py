@@ -42,6 +42,12 @@ def open_run(store: Store, run_id: str) -> dict:
             "records": run_records(store, run)}
 
 
+def image_columns(columns: list[dict], block_id: str = "") -> Markup:
+    """Image grids side by side, one per column {"key", "title", "images": [{"src", "caption"}],
+    "more"}, each caption under its tile (never over the image)."""
+    return macro("runs.html", "columns")(cols=columns, id=block_id)
+
+
 def thumbnails_html(records: list[tuple[ImageRecord, str]], size: int = 96, limit: int = 48,
                     css_class: str = "gl-thumbs") -> Markup:
     """A grid of inline thumbnails (seed and set label as captions); no external files."""

@@ -1,0 +1,60 @@
+/* GapLens chart runtime: draws every <div class="gl-vega" data-spec="..."> with vega-embed (SVG),
+   those in the page now and those added later (Gradio replaces gr.HTML content on each update),
+   once per element and spec (again when an update morphed the element back to its fallback: Gradio
+   keeps an element whose markup did not change and resets its children). A click on a mark dispatches a bubbling
+   CustomEvent("gl-vega-click", {detail: {chart_id, datum}}) from the chart's element. */
+(function () {
+  // once per document (a page that rewrites its document, e.g. document.write, gets a new root)
+  const roots = window.glVegaRoots = window.glVegaRoots || new WeakSet();
+  if (roots.has(document.documentElement)) return;
+  roots.add(document.documentElement);
+  const drawn = new WeakMap();   // element -> {text, pending, result}
+
+  function plain(datum) {
+    const out = {};
+    for (const key of Object.keys(datum || {})) {
+      const v = datum[key];
+      if (v === null || ['string', 'number', 'boolean'].includes(typeof v)) out[key] = v;
+    }
+    return out;
+  }
+
+  function draw(el) {
+    const text = el.getAttribute('data-spec');
+    const last = drawn.get(el);
+    if (!text || (last && last.text === text && (last.pending || el.querySelector('svg.marks')))) return;
+    if (last && last.result) last.result.finalize();
+    const state = {text: text, pending: true, result: null};
+    drawn.set(el, state);
+    let spec;
+    try { spec = JSON.parse(text); } catch (err) { el.setAttribute('data-error', String(err)); return; }
+    const id = el.getAttribute('data-chart') || el.id;
+    window.vegaEmbed(el, spec, {renderer: 'svg', actions: false}).then((result) => {
+      state.pending = false;
+      state.result = result;
+      el.setAttribute('data-rendered', 'true');
+      result.view.addEventListener('click', (event, item) => {
+        if (!item || !item.datum) return;
+        el.dispatchEvent(new CustomEvent('gl-vega-click',
+          {bubbles: true, detail: {chart_id: id, datum: plain(item.datum)}}));
+      });
+    }).catch((err) => { state.pending = false; el.setAttribute('data-error', String(err)); });
+  }
+
+  function scan() {
+    document.querySelectorAll('.gl-vega[data-spec]').forEach((el) => {
+      try { draw(el); } catch (err) { el.setAttribute('data-error', String(err)); }   // one bad chart stops no other
+    });
+  }
+
+  let pending = null;
+  function later() { if (pending === null) pending = setTimeout(() => { pending = null; scan(); }, 20); }
+
+  function start() {
+    new MutationObserver(later).observe(document.documentElement,
+      {childList: true, subtree: true, attributes: true, attributeFilter: ['data-spec']});
+    scan();
+  }
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start);
+  else start();
+})();
