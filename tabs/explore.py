@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from engine.common.errors import InputError
-from engine.common.events import Done, Images, Progress
+from engine.common.events import Done, Progress
 from engine.methods import explore
 from engine.methods.explore import ExploreRequest, StripsMeasured
 from engine.report import explore as report
@@ -70,7 +70,7 @@ def build(engine) -> list:
                 export_json = gr.Button("Export tree (JSON)", size="sm", elem_id="ex-export-json")
                 export_html = gr.Button("Export tree (HTML page)", size="sm", elem_id="ex-export-html")
                 export_zip = gr.Button("Export tree (zip: import it in Runs)", size="sm", elem_id="ex-export-zip")
-            files = gr.File(label="Export", file_count="multiple", elem_id="ex-files")
+            files = gr.File(label="Export", file_count="multiple", height=80, elem_id="ex-files")
     with gr.Accordion("Identity clusters, label-free: cluster stored runs' images (e.g. occupations, or models)",
                       open=False):
         with gr.Row():
@@ -87,13 +87,13 @@ def build(engine) -> list:
     view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress]
     run = gpu(engine, duration=with_engine(step_seconds, engine))(with_engine(step, engine))
     checked(go.click, engine, "explore", explore_request, inputs_kwargs=form).success(
-        run, inputs_kwargs=form, outputs=[progress, strips, state], api_name="explore").then(
+        run, inputs_kwargs=form, outputs=[progress, state], api_name="explore").then(
         user_errors(with_engine(after_step, engine)), [state], view_outputs, api_name=False)
     tree_pick.input(user_errors(with_engine(open_tree, engine)), [tree_pick], view_outputs, api_name=False)
     node_pick.input(user_errors(with_engine(open_node, engine)), [state, node_pick], view_outputs, api_name=False)
     query.change(None, [query], [link], js=LINK_JS, api_name=False)
-    open_image = gpu(engine, duration=lambda state, evt: gpu_seconds_for(engine, 1),
-                     specs=lambda state, evt: [engine.preset.vqa])(with_engine(show_image, engine))
+    open_image = gpu(engine, duration=lambda state, data: gpu_seconds_for(engine, 1),
+                     specs=lambda state, data: [engine.preset.vqa])(with_engine(show_image, engine))
 
     def clicked(state, evt: gr.EventData):   # Gradio passes the event data by this annotation
         return open_image(state, getattr(evt, "_data", None) or {})
@@ -141,23 +141,20 @@ def step_seconds(engine, n=16, inverse="", m=8, steps=None, **rest) -> int:
     return gpu_seconds_for(engine, int(n or 0) + int(m or 0) * len(_lines(inverse)), steps)
 
 
-OUTPUTS = ("progress", "strips", "state")
+OUTPUTS = ("progress", "state")   # the strips follow from the stored node (after_step)
 
 
 def step(engine, prompt="", concepts="", n=16, seed=0, run_id="", inverse="", carrier="", m=8, parent="",
          negative_prompt="", steps=None, guidance=None, width=None, height=None):
-    """Yields (progress, strips, state) as a step's events arrive; the state names its tree and node at Done."""
+    """Yields (progress, state) as a step's events arrive; the state names its tree and node at Done."""
     request = explore_request(prompt, concepts, n, seed, run_id, inverse, carrier, m, parent, negative_prompt,
                               steps, guidance, width, height)
-    view = View(shown={"progress": "", "strips": "", "state": {}}, kept={"images": 0})
+    view = View(shown={"progress": "", "state": {}})
     yield from streamed(explore.run(request, engine), render, OUTPUTS, view=view)
 
 
 def render(event, view: View) -> dict:
     """{output: value} for one event of a step."""
-    if isinstance(event, Images):
-        view.kept["images"] = event.done
-        return {}
     if isinstance(event, Progress):
         return {"progress": view.progress_text(event)}
     if isinstance(event, StripsMeasured):
