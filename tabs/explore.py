@@ -39,6 +39,9 @@ def build(engine) -> list:
             prompt = gr.Textbox(label="Prompt", placeholder="a photo of a doctor", elem_id="ex-prompt")
             concepts = gr.Textbox("\n".join(default(Request, "concepts")), lines=3, elem_id="ex-concepts",
                                   label="Concepts (one per line): each image is placed between them")
+            versus = gr.Textbox(lines=2, elem_id="ex-versus", label="A second axis' concepts (optional, one per "
+                                "line): a 2-D scatter of the first concept of each axis",
+                                placeholder="a photo of a young person\na photo of an old person")
             with gr.Row():
                 n = gr.Slider(1, engine.max_images, value=min(default(Request, "n"), engine.max_images), step=1,
                               label="Images (N)", elem_id="ex-n")
@@ -82,9 +85,9 @@ def build(engine) -> list:
     state = gr.State({})
 
     with_engine = functools.partial
-    form = dict(prompt=prompt, concepts=concepts, n=n, seed=seed, run_id=stored, inverse=inverse, carrier=carrier,
+    form = dict(prompt=prompt, concepts=concepts, versus=versus, n=n, seed=seed, run_id=stored, inverse=inverse, carrier=carrier,
                 m=m, parent=node_pick, negative_prompt=negative, **generation.fields)
-    view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress]
+    view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress, prompt, concepts, versus]
     run = gpu(engine, duration=with_engine(step_seconds, engine))(with_engine(step, engine))
     checked(go.click, engine, "explore", explore_request, inputs_kwargs=form).success(
         run, inputs_kwargs=form, outputs=[progress, state], api_name="explore").then(
@@ -122,10 +125,10 @@ LINK_JS = "(q) => q ? window.location.origin + window.location.pathname + q : ''
 
 
 # -- handlers: (engine, the inputs' values) -> the outputs' values --------------------------------------------
-def explore_request(prompt="", concepts="", n=16, seed=0, run_id="", inverse="", carrier="", m=8, parent="",
+def explore_request(prompt="", concepts="", versus="", n=16, seed=0, run_id="", inverse="", carrier="", m=8, parent="",
                     negative_prompt="", steps=None, guidance=None, width=None, height=None) -> ExploreRequest:
     """The request the form's values make (concepts and test concepts one per line)."""
-    return ExploreRequest(prompt=prompt or "", concepts=_lines(concepts), n=int(n), seed=int(seed or 0),
+    return ExploreRequest(prompt=prompt or "", concepts=_lines(concepts), versus=_lines(versus), n=int(n), seed=int(seed or 0),
                           run=(run_id or "").strip(), inverse=_lines(inverse), carrier=(carrier or "").strip(),
                           m=int(m), parent=(parent or "").strip(), negative_prompt=negative_prompt or "",
                           steps=number_or_none(steps, int), guidance=number_or_none(guidance),
@@ -144,10 +147,10 @@ def step_seconds(engine, n=16, inverse="", m=8, steps=None, **rest) -> int:
 OUTPUTS = ("progress", "state")   # the strips follow from the stored node (after_step)
 
 
-def step(engine, prompt="", concepts="", n=16, seed=0, run_id="", inverse="", carrier="", m=8, parent="",
+def step(engine, prompt="", concepts="", versus="", n=16, seed=0, run_id="", inverse="", carrier="", m=8, parent="",
          negative_prompt="", steps=None, guidance=None, width=None, height=None):
     """Yields (progress, state) as a step's events arrive; the state names its tree and node at Done."""
-    request = explore_request(prompt, concepts, n, seed, run_id, inverse, carrier, m, parent, negative_prompt,
+    request = explore_request(prompt, concepts, versus, n, seed, run_id, inverse, carrier, m, parent, negative_prompt,
                               steps, guidance, width, height)
     view = View(shown={"progress": "", "state": {}})
     yield from streamed(explore.run(request, engine), render, OUTPUTS, view=view)
@@ -169,26 +172,30 @@ def render(event, view: View) -> dict:
 def after_step(engine, state):
     """The view of the node a step just made (its tree, the node selected)."""
     if not (state or {}).get("node"):
-        return (gr.skip(),) * 7
+        return (gr.skip(),) * VIEW
     return view_of(engine, state["tree"], state["node"], keep_progress=True)
 
 
 def open_tree(engine, tree_id):
     """The view of a tree's root ('' : a new tree, nothing selected)."""
     if not tree_id:
-        return (trees_update(engine, ""), gr.Dropdown(choices=[], value=None), "", "", {}, "", "")
+        return (trees_update(engine, ""), gr.Dropdown(choices=[], value=None), "", "", {}, "", "") + (gr.skip(),) * 3
     return view_of(engine, tree_id, tree_id)
 
 
 def open_node(engine, state, node_id):
     """The view of another node of the open tree."""
     if not node_id or not (state or {}).get("tree"):
-        return (gr.skip(),) * 7
+        return (gr.skip(),) * VIEW
     return view_of(engine, state["tree"], node_id)
 
 
+VIEW = 10   # the outputs of a view: build's view_outputs
+
+
 def view_of(engine, tree_id: str, node_id: str, keep_progress: bool = False) -> tuple:
-    """(tree picker, node picker, tree, strips, state, link query, status) of one node of a tree, read from
+    """(tree picker, node picker, tree, strips, state, link query, status, prompt, concepts, second
+    axis) of one node of a tree (the form starts from the node: edit it for a child), read from
     the store (nothing is generated). InputError, reading like a missing id, for a tree or node the
     visitor may not see."""
     nodes = explore.tree_nodes(engine, tree_id)
@@ -202,7 +209,8 @@ def view_of(engine, tree_id: str, node_id: str, keep_progress: bool = False) -> 
     query = "?" + urlencode({"tab": TAB, "tree": tree_id, "run": node_id})
     return (trees_update(engine, tree_id), gr.Dropdown(choices=choices, value=node_id),
             report.tree_html(nodes, node_id), report.page(results, thumbnails(engine, results)), state, query,
-            gr.skip() if keep_progress else f"Opened node `{node_id}` of tree `{tree_id}` from the store.")
+            gr.skip() if keep_progress else f"Opened node `{node_id}` of tree `{tree_id}` from the store.",
+            results.get("prompt", ""), "\n".join(results.get("concepts") or []), "\n".join(results.get("versus") or []))
 
 
 def trees_update(engine, selected: str):
@@ -225,14 +233,14 @@ def open_link(engine, params: dict) -> tuple:
     from the store; a missing id, or one the visitor may not see, reads the same in the status line."""
     tree_id, node_id = (params.get("tree") or "").strip(), (params.get("run") or "").strip()
     if params.get("tab", TAB) != TAB or not (tree_id or node_id):
-        return (trees_update(engine, ""),) + (gr.skip(),) * 6
+        return (trees_update(engine, ""),) + (gr.skip(),) * (VIEW - 1)
     try:
         if not tree_id:
             record = engine.store.require_run(node_id, "explore", what="Explore run")
             tree_id = (record.get("results") or {}).get("tree") or node_id
         return view_of(engine, tree_id, node_id or tree_id)
     except InputError as exc:
-        return (trees_update(engine, ""), gr.skip(), "", "", {}, "", f"**Link**: {exc}.")
+        return (trees_update(engine, ""), gr.skip(), "", "", {}, "", f"**Link**: {exc}.") + (gr.skip(),) * 3
 
 
 def show_image(engine, state, data: dict):

@@ -48,8 +48,14 @@ def test_scores_are_a_softmax_at_clips_logit_scale_and_the_lean_is_the_nearest_s
 
 def test_the_planted_truths_through_the_cli(engine, capsys):
     leans = {}
+    ages = ["a photo of a young person", "a photo of a middle-aged person", "a photo of an old person"]
     for job in ("doctor", "firefighter", "nurse"):
-        printed = cli_json(engine, capsys, "--prompt", f"a photo of a {job}", "--concepts", MAN, WOMAN, "-n", "48")
+        printed = cli_json(engine, capsys, "--prompt", f"a photo of a {job}", "--concepts", MAN, WOMAN, "-n", "48",
+                           *(["--versus", *ages] if job == "doctor" else []))
+        if job == "doctor":   # a second axis: doctor's planted ages .2 / .4 / .4, and the 2-D scatter's scores
+            for concept, p in zip(ages, (0.2, 0.4, 0.4)):
+                assert printed["versus_lean"][concept]["ci"][0] <= p <= printed["versus_lean"][concept]["ci"][1]
+            assert set(printed["images"][0]["versus_scores"]) == set(ages)
         assert len(printed["images"]) == 48
         assert set(printed["images"][0]) >= {"key", "seed", "scores"}
         assert sum(printed["images"][0]["scores"].values()) == pytest.approx(1, abs=1e-5)
@@ -141,8 +147,8 @@ def test_a_visitors_tree_reads_as_missing_to_another_visitor(tmp_path):
             explore.tree_nodes(engine, ids[0])
         with pytest.raises(InputError, match="no tree node"):   # nor grow it
             done_event(explore.run(ExploreRequest("a photo of a doctor", n=2, parent=ids[0]), engine))
-        theirs = tab.open_link(engine, {"tab": "explore", "tree": ids[0], "run": ids[1]})[-1]
-        missing = tab.open_link(engine, {"tab": "explore", "tree": "20990101-000000-abcdef", "run": ids[1]})[-1]
+        theirs = tab.open_link(engine, {"tab": "explore", "tree": ids[0], "run": ids[1]})[6]
+        missing = tab.open_link(engine, {"tab": "explore", "tree": "20990101-000000-abcdef", "run": ids[1]})[6]
         assert theirs.replace(ids[0], "X") == missing.replace("20990101-000000-abcdef", "X")
         assert explore.list_trees(engine) == []
     with access.acting_as(access.HOST):   # the host publishes the tree: now every visitor may open it

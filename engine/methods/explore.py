@@ -53,6 +53,10 @@ class ExploreRequest(GenerationOptions):
     prompt: str = field(default="", metadata={"help": "the prompt whose images are placed (not needed with --run)"})
     concepts: list[str] = field(default_factory=lambda: list(DEFAULT_CONCEPTS), metadata={
         "metavar": "C", "help": "two or more concept texts; each image is placed between them"})
+    versus: list[str] = field(default_factory=list, metadata={
+        "metavar": "C", "help": "a second axis' concepts (two or more, e.g. 'a photo of a young person' 'a photo "
+                                "of an old person'): each image is placed between them too, and the first concept "
+                                "of each axis makes a 2-D scatter"})
     n: int = field(default=16, metadata={"flag": "-n", "help": "images of the prompt"})
     seed: int = field(default=0, metadata={"help": "images use the seeds seed, seed+1, ..., seed+n-1"})
     run: str = field(default="", metadata={"metavar": "RUN_ID",
@@ -87,6 +91,9 @@ class ExploreResults(TypedDict, total=False):
     images: list[dict]       # ImageRecord.to_json + "scores" (concept -> score) and "nearest"
     lean: dict               # concept -> {"share", "ci": [lo, hi], "count"}; "n": images measured
     strips: dict             # concept -> {"median", "ci": [lo, hi]}
+    versus: list[str]        # a second axis' concepts (images carry "versus_scores", "versus_nearest")
+    versus_lean: dict        # as `lean`, on `versus`
+    versus_strips: dict      # as `strips`, on `versus`
     inverse: dict            # test concept -> a lean of the same shape as `lean`
     inverse_sets: dict       # test concept -> {"prompt", "images": [...]}
     tree: str                # the tree's id: its root node's run id
@@ -192,6 +199,11 @@ def check(request: ExploreRequest, engine: Engine) -> None:
         raise InputError(f"{len(concepts)} concepts; at most {MAX_CONCEPTS} strips are shown")
     for c in concepts:
         engine.check_prompt(c, "concept")
+    versus = clean_concepts(request.versus)
+    if versus and (len(versus) < 2 or len(versus) > MAX_CONCEPTS or set(versus) & set(concepts)):
+        raise InputError(f"the second axis needs 2 to {MAX_CONCEPTS} concepts of its own (none of the first axis')")
+    for c in versus:
+        engine.check_prompt(c, "concept")
     if request.run:
         engine.store.require_run(request.run, what="run")
     else:
@@ -245,6 +257,13 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
     yield Progress(len(records), len(records), "embedding", "placing the images on the concepts")
     images, lean, strips, excluded = place(engine, records, concepts)
     results.update(images=images, lean=lean, strips=strips, excluded=excluded)
+    versus = clean_concepts(request.versus)
+    if versus:   # a second axis: the same images placed between its concepts too (the 2-D scatter)
+        placed, v_lean, v_strips, _ = place(engine, records, versus)
+        for item, other in zip(images, placed):
+            if "scores" in other:
+                item.update(versus_scores=other["scores"], versus_nearest=other["nearest"])
+        results.update(versus=versus, versus_lean=v_lean, versus_strips=v_strips)
     if excluded:
         yield Warning(f"{excluded} flagged or refused image(s) left out of the strips and the lean")
     run_record.save(results)

@@ -71,6 +71,35 @@ def strips_chart(rows: list[dict], concepts: list[str], strips: dict | None = No
     return spec
 
 
+def scatter_chart(images: list[dict], concepts: list[str], versus: list[str], thumbs: dict | None = None):
+    """The 2-D view of two axes: each image at (its score for the first axis' first concept, its score
+    for the second axis' first concept); colour: nearest concept of the first axis, shape: of the
+    second. Dots are spread by up to ±0.015 so that equal scores stay visible. Returns the Vega-Lite spec."""
+    alt = _alt()
+    rows = []
+    for item in images:
+        x, y = (item.get("scores") or {}).get(concepts[0]), (item.get("versus_scores") or {}).get(versus[0])
+        if x is None or y is None:
+            continue
+        key = str(item.get("key"))
+        rows.append({"x": x + 0.015 * _jitter(key), "y": y + 0.015 * _jitter(key[::-1]), "seed": item.get("seed"),
+                     "key": key, "nearest": item.get("nearest", ""), "versus_nearest": item.get("versus_nearest", ""),
+                     "image": (thumbs or {}).get(key, ""), "score_x": x, "score_y": y})
+    scale = alt.Scale(domain=[-0.03, 1.03], nice=False)
+    chart = alt.Chart(alt.Data(name="dots")).mark_point(filled=True, size=80, opacity=0.7, cursor="pointer").encode(
+        x=alt.X("x:Q", scale=scale, title=f"score for '{concepts[0]}'"),
+        y=alt.Y("y:Q", scale=scale, title=f"score for '{versus[0]}'"),
+        color=alt.Color("nearest:N", scale=alt.Scale(domain=concepts, range=PALETTE[:len(concepts)]),
+                        legend=alt.Legend(orient="bottom", labelLimit=200)),
+        shape=alt.Shape("versus_nearest:N", scale=alt.Scale(domain=versus), legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("seed:Q"), alt.Tooltip("score_x:Q", title=concepts[0], format=".3f"),
+                 alt.Tooltip("score_y:Q", title=versus[0], format=".3f"), alt.Tooltip("image:N")],
+    ).properties(width=360, height=360, title="two axes: each image by its scores")
+    spec = chart.to_dict()
+    spec["datasets"] = {"dots": rows}
+    return spec
+
+
 def vega_chart(chart, chart_id: str) -> Markup:
     """The chart (Altair, or a Vega-Lite dict) as the pages' `<div class="gl-vega">` (charts.vega)."""
     from . import charts
@@ -115,12 +144,21 @@ def page(results: dict, thumbs: dict | None = None) -> Markup:
         inverse.append({"test": test, "prompt": placed.get("prompt", ""), "rows": lean_rows(lean),
                         "n": lean.get("n", 0), "text": lean_text(lean),
                         "chart": vega_chart(chart, f"explore-inverse-{len(inverse)}")})
+    versus = results.get("versus") or []
+    second = None
+    if versus and concepts:
+        rows = [{**i, "scores": i.get("versus_scores"), "nearest": i.get("versus_nearest", "")} for i in images]
+        second = {"concepts": versus, "lean": lean_rows(results.get("versus_lean")),
+                  "text": lean_text(results.get("versus_lean")),
+                  "strips": vega_chart(strips_chart(strip_rows(rows, versus, thumbs), versus, results.get("versus_strips"),
+                                                    "the second axis"), "explore-versus-strips"),
+                  "scatter": vega_chart(scatter_chart(images, concepts, versus, thumbs), "explore-scatter")}
     norm = results.get("normalisation") or {}
     return macro("explore.html", "page")(
         prompt=results.get("prompt", ""), source_run=results.get("source_run", ""), concepts=concepts,
         lean=lean_rows(results.get("lean")), n=(results.get("lean") or {}).get("n", 0),
         text=lean_text(results.get("lean")), excluded=results.get("excluded", 0),
-        strips=vega_chart(strips, STRIPS_ID) if strips else "", inverse=inverse,
+        strips=vega_chart(strips, STRIPS_ID) if strips else "", inverse=inverse, second=second,
         scale=norm.get("logit_scale", 100), tree=results.get("tree", ""), parent=results.get("parent", ""))
 
 
