@@ -23,7 +23,7 @@ from engine.hosting.limits import Budget  # noqa: E402
 from engine.hosting.storage import upload_limit  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
 from tabs import BUILDERS, fair_queue, model_panel  # noqa: E402
-from tabs.common import LoadHook, bind_visitors, linked_tab  # noqa: E402
+from tabs.common import LoadHook, bind_visitors  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
 HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure with confidence "
@@ -47,6 +47,19 @@ if (!window.glToastRule) {
 }
 """
 
+# A shared view's link names its tab (`?tab=explore&tree=…`): select it once the tabs exist.
+LINKED_TAB = """
+if (!window.glLinkedTab) {
+  window.glLinkedTab = true;
+  const tab = new URLSearchParams(window.location.search).get('tab');
+  const pick = (tries) => {
+    const b = document.querySelector(`button[role=tab][data-tab-id="${CSS.escape(tab)}"]`);
+    if (b) b.click(); else if (tries > 0) setTimeout(() => pick(tries - 1), 100);
+  };
+  if (tab) pick(100);
+}
+"""
+
 
 def build_app(engine: Engine) -> gr.Blocks:
     # public mode: uploads and downloads in Gradio's cache are kept an hour (removed every 15 minutes)
@@ -54,14 +67,14 @@ def build_app(engine: Engine) -> gr.Blocks:
         gr.Markdown(HEADER)
         if os.environ.get("OAUTH_CLIENT_ID"):   # a Space with `hf_oauth: true`: its owner signs in to be host
             gr.LoginButton(size="sm", elem_id="login")
-        gr.HTML("", js_on_load=DISMISS_STALE_TOASTS, elem_id="gl-toast-rule", container=False, padding=False)
+        gr.HTML("", js_on_load=DISMISS_STALE_TOASTS + LINKED_TAB, elem_id="gl-toast-rule", container=False,
+                padding=False)
         model_status = model_panel.build(engine)
         load_hooks = []
-        with gr.Tabs() as tab_set:
+        with gr.Tabs():
             for title, tab in [(m.title, m.tab) for m in METHODS.values() if m.tab] + [("Runs", "runs")]:
                 with gr.Tab(title, id=tab):
                     load_hooks += BUILDERS[tab](engine)
-        demo.load(linked_tab, None, tab_set, api_name=False)   # a view's link names its tab (?tab=explore)
         for hook in load_hooks:
             hook = LoadHook(*hook)
             demo.load(hook.fn, None, hook.outputs, api_name=False)

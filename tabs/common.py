@@ -121,13 +121,6 @@ class LoadHook(NamedTuple):
     after_model_change: Callable | None = None
 
 
-def linked_tab(request: gr.Request):
-    """The tab a link names (`?tab=<id>`, e.g. a shared Explore view), selected when the page opens."""
-    tab = dict(getattr(request, "query_params", None) or {}).get("tab", "")
-    ids = {m.tab for m in METHODS.values() if m.tab} | {"runs"}
-    return gr.Tabs(selected=tab) if tab in ids else gr.skip()
-
-
 def default(request_class, name: str):
     """The default of the field `name` of a method's request dataclass: a tab's widget starts
     where the CLI and the API start."""

@@ -19,7 +19,7 @@ from engine.report import explore as report
 from engine.report.explore import tree_document
 
 from .common import View, checked, default, export_dir, gpu, gpu_seconds_for, served, served_url, streamed
-from .common import user_errors
+from .common import LoadHook, user_errors
 from .optional import generation_fields, number_or_none
 
 TAB = "explore"
@@ -75,7 +75,7 @@ def build(engine) -> list:
                 export_zip = gr.Button("Export tree (zip: import it in Runs)", size="sm", elem_id="ex-export-zip")
             files = gr.File(label="Export", file_count="multiple", height=80, elem_id="ex-files")
     with gr.Accordion("Identity clusters, label-free: cluster stored runs' images (e.g. occupations, or models)",
-                      open=False):
+                      open=False) as clusters_panel:
         with gr.Row():
             cluster_runs = gr.Dropdown([], value=[], multiselect=True, label="Runs", elem_id="ex-cluster-runs",
                                        allow_custom_value=True)
@@ -107,10 +107,15 @@ def build(engine) -> list:
     cluster_go.click(user_errors(with_engine(cluster, engine)), [cluster_runs, k], [clusters_out],
                      api_name="explore_clusters")
 
-    def linked(request: gr.Request):   # Gradio passes the page's request (its ?query) by this annotation
-        return open_link(engine, dict(getattr(request, "query_params", {}) or {}))
+    clusters_panel.expand(user_errors(with_engine(run_choices, engine)), None, [cluster_runs], api_name=False)
+    defaults = generation.hook(engine)
 
-    return [(linked, view_outputs), (with_engine(run_choices, engine), [cluster_runs]), generation.hook(engine)]
+    def linked(request: gr.Request):   # Gradio passes the page's request (its ?query) by this annotation
+        return (*open_link(engine, dict(getattr(request, "query_params", {}) or {})), *defaults.fn())
+
+    # one page-load event for the tab (a public GapLens bounds each visitor's events at once)
+    return [LoadHook(linked, view_outputs + defaults.outputs, lambda: (gr.skip(),) * VIEW + tuple(
+        defaults.after_model_change()))]
 
 
 # Strips: a click on a dot (static/vega_runtime.js: gl-vega-click) selects its image.

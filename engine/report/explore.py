@@ -55,7 +55,7 @@ def strips_chart(rows: list[dict], concepts: list[str], strips: dict | None = No
         y=y, yOffset=alt.YOffset("jitter:Q", scale=alt.Scale(domain=[-3, 3])), color=colour,
         tooltip=[alt.Tooltip("seed:Q"), alt.Tooltip("concept:N"), alt.Tooltip("score:Q", format=".3f"),
                  alt.Tooltip("image:N")])
-    layers = [dots]
+    layers = []   # the median and its interval under the dots: a dot on them still takes the pointer
     summary = [{"concept": c, "median": v.get("median"), "lo": v["ci"][0], "hi": v["ci"][1]}
                for c, v in (strips or {}).items() if v.get("median") is not None]
     if summary:
@@ -66,7 +66,7 @@ def strips_chart(rows: list[dict], concepts: list[str], strips: dict | None = No
                        tooltip=[alt.Tooltip("concept:N"), alt.Tooltip("median:Q", format=".3f"),
                                 alt.Tooltip("lo:Q", title="95% CI low", format=".3f"),
                                 alt.Tooltip("hi:Q", title="95% CI high", format=".3f")])]
-    spec = alt.layer(*layers).properties(width=560, height=alt.Step(56), title=title or alt.Undefined).to_dict()
+    spec = alt.layer(*layers, dots).properties(width=560, height=alt.Step(56), title=title or alt.Undefined).to_dict()
     spec["datasets"] = {"dots": rows, "summary": summary}
     return spec
 
