@@ -22,6 +22,7 @@ from engine.common.errors import GapLensError  # noqa: E402
 from engine.hosting.limits import Budget  # noqa: E402
 from engine.hosting.storage import upload_limit  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
+from engine.report import charts  # noqa: E402
 from tabs import BUILDERS, fair_queue, model_panel  # noqa: E402
 from tabs.common import LoadHook, bind_visitors  # noqa: E402
 
@@ -97,7 +98,8 @@ def build_app(engine: Engine) -> gr.Blocks:
 def launch_options(engine: Engine, demo: gr.Blocks) -> dict:
     """What `demo.launch` takes besides the address: looks, the paths Gradio may serve, and in
     public mode the upload limit and the fair queue's HTTP side."""
-    options = dict(css=CSS, theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"])
+    options = dict(css=CSS, theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"],
+                   head=charts.runtime_head())   # draws every chart (engine/report/static/vega_runtime.js)
     if engine.public:  # uploads: exports to import, study packs, answer CSVs
         options.update(max_file_size=upload_limit(engine.budget), **fair_queue.launch_kwargs(demo.fair_queue))
     return options

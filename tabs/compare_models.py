@@ -11,11 +11,12 @@ from engine.common.events import Done, Progress, Table
 from engine.common.errors import GapLensError
 from engine.methods import compare_models, single_prompt
 from engine.models.presets import PRESETS
+from engine.runs.history import run_records
 from engine.report.compare_models import page
 from engine.hosting.space import GPU_MAX_SECONDS
 
 from . import axes_table
-from .common import View, checked, gpu, gpu_seconds_for, streamed
+from .common import View, checked, gpu, gpu_seconds_for, served_url, streamed
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher"]
 METHODS = [("Single Prompt (distributions, T2I-BiasBench)", "single_prompt"),
@@ -32,7 +33,8 @@ def build(engine) -> list:
             method = gr.Radio(METHODS, value="single_prompt", label="Audit", elem_id="cm-method")
             # public mode: visitors pick from the generators the host offers, never type one
             offered = backend_choices.offered(engine, "generator") if engine.public else PRESETS
-            presets = gr.CheckboxGroup(list(offered), value=[], label="Generators" if engine.public else
+            running = [p for p in offered if p == engine.preset.name]   # the generator in use, ticked
+            presets = gr.CheckboxGroup(list(offered), value=running, label="Generators" if engine.public else
                                        "Generators: presets", elem_id="cm-presets")
             more = gr.Textbox(label="More generators (BACKEND:MODEL, comma-separated)", elem_id="cm-more",
                               placeholder="diffusers:/models/my-sd, synthetic_generator:/path/world.json",
@@ -67,7 +69,8 @@ def build(engine) -> list:
         request = compare_request(method, presets, more, prompt, fill, rows, n, seed, axes)
         partial = {"method": method, "generators": list(dict.fromkeys(request.generators)), "runs": [], "results": [],
                    "request": request.request}   # the page grows model by model
-        yield from streamed(compare_models.run(request, engine), render, OUTPUTS, view=View(kept=partial))
+        yield from streamed(compare_models.run(request, engine), lambda event, view: render(event, view, engine),
+                            OUTPUTS, view=View(kept=partial))
 
     inputs = [method, presets, more, editor.prompt, editor.fill, editor.table, n, seed, axes]
     checked(go.click, engine, "compare_models", compare_request, inputs=inputs).success(
@@ -78,8 +81,21 @@ def build(engine) -> list:
 OUTPUTS = ("progress", "view", "axes")   # a run's outputs, in order
 
 
-def render(event, view: View) -> dict:
-    """{output: value} for one event of a run: the page grows model by model (`view.kept`)."""
+IMAGES_PER_MODEL = 16
+
+
+def model_images(engine, run_id: str) -> list[dict]:
+    """The first IMAGES_PER_MODEL images of a model's run (its initial set for a counterfactual or
+    intersectional audit), each {"src", "caption"}, for the side-by-side grid."""
+    records = run_records(engine.store, engine.store.get_run(run_id))
+    initial = [r for r, label in records if not label or label.endswith("initial")] or [r for r, _ in records]
+    return [{"src": served_url(r.path), "caption": f"seed {r.seed}"} for r in initial[:IMAGES_PER_MODEL]]
+
+
+def render(event, view: View, engine=None) -> dict:
+    """{output: value} for one event of a run: the page grows model by model (`view.kept`), each
+    model's images side by side."""
+    images = view.kept.setdefault("images", [])
     if isinstance(event, Progress):
         return {"progress": view.progress_text(event)}
     if isinstance(event, Table) and event.name == "axes":
@@ -87,11 +103,12 @@ def render(event, view: View) -> dict:
     if isinstance(event, compare_models.ModelDone):
         view.kept["runs"].append(event.run_id)
         view.kept["results"].append(event.results)
-        return {"view": str(page(view.kept))}
+        images.append(model_images(engine, event.run_id) if engine else [])
+        return {"view": str(page({k: v for k, v in view.kept.items() if k != "images"}, images))}
     if isinstance(event, Done):
         return {"progress": f"**Done**: {len(event.results['runs'])} generators compared in "
                             f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`; each model's audit is a "
-                            f"run of its own in Runs).", "view": str(page(event.results))}
+                            f"run of its own in Runs).", "view": str(page(event.results, images))}
     return {}
 
 

@@ -50,9 +50,6 @@ def build(engine) -> list:
                 negative = gr.Textbox(label="Negative prompt")
                 generation = generation_fields("cf")
             with gr.Accordion("TIBET options (choices the thesis leaves open)", open=False):
-                mode = gr.Radio(options(Request, "mode"), value=default(Request, "mode"), elem_id="cf-mode",
-                                label="CAS and MAD as in", info="paper: the thesis's TIBET with the options below; "
-                                "reference: the authors' released code, number for number (a run stores both)")
                 caption = gr.Checkbox(default(Request, "caption"),
                                       label="Add each image's caption to its concepts (thesis; the released "
                                       "code leaves it out)")
@@ -70,6 +67,12 @@ def build(engine) -> list:
                 top_k = gr.Slider(1, 20, value=default(Request, "top_k"), step=1, label="Top-K concepts")
             go = gr.Button("Generate and compare", variant="primary", elem_id="cf-run")
         with gr.Column(scale=3):
+            # a view switch as much as an option: every run stores both modes, so switching rescores
+            # the shown run at once (nothing generated); the next run is scored in this mode first
+            mode = gr.Radio(options(Request, "mode"), value=default(Request, "mode"), elem_id="cf-mode",
+                            label="CAS and MAD as in", info="paper: the thesis's TIBET with the TIBET options; "
+                            "reference: the authors' released code, number for number. Switching rescores the run "
+                            "shown from its stored answers")
             progress = gr.Markdown("", elem_id="cf-progress")
             mad = gr.HTML(elem_id="cf-mad")
             cas = gr.HTML(elem_id="cf-cas")
@@ -93,6 +96,7 @@ def build(engine) -> list:
         lambda view: spotcheck.checked_html(engine.store, view["run_id"]) if (view or {}).get("run_id") else "",
         [state], [spot["result"]], api_name=False)  # labels of these images checked before: raw beside corrected
     pick.change(show_set, [state, pick], [drill, gallery], api_name=False)
+    mode.change(rescore, [state, mode], [mad, cas, table], api_name=False)
     return [generation.hook(engine)]
 
 
@@ -140,6 +144,16 @@ def render(event, view: View) -> dict:
                 "table": report.counterfactual_rows(r), "pick": gr.update(choices=choices, value=first_cf),
                 "state": {"results": r, "run_id": event.run_id}}
     return {}
+
+
+def rescore(view, mode):
+    """(MAD, CAS, table) of the shown run as `mode` scores it (counterfactuals.in_mode: from its
+    stored answers, nothing generated); no change when no run is shown."""
+    results = (view or {}).get("results")
+    if not results:
+        return gr.update(), gr.update(), gr.update()
+    r = counterfactuals.in_mode(results, mode)
+    return report.mad_html(r), report.cas_html(report.by_axis(r)), report.counterfactual_rows(r)
 
 
 def show_set(view, label):

@@ -34,6 +34,19 @@ def running_app(engine):
         demo.close()
 
 
+def chart_rows(page, chart_id: str) -> list[dict]:
+    """The rows (one per mark) of the chart `chart_id` on the page: the data of its Vega-Lite spec."""
+    import json
+
+    spec = json.loads(page.locator(f".gl-vega[data-chart='{chart_id}']").first.get_attribute("data-spec"))
+    return spec["data"]["values"]
+
+
+def drawn(chart_id: str) -> str:
+    """The selector of the chart `chart_id` once the runtime has drawn it (an SVG with its marks)."""
+    return f".gl-vega[data-chart='{chart_id}'][data-rendered] svg"
+
+
 def http_get(url: str) -> tuple[int, bytes]:
     """(status, body) of a plain GET with no session, error statuses included."""
     import urllib.error

@@ -60,7 +60,7 @@ def test_single_prompt_page_shows_images_scores_and_missed_interpretations(app_u
         page.wait_for_selector("#gap-score", timeout=60_000)
         page.wait_for_function("document.querySelector('#sp-progress').innerText.includes('Done')", timeout=60_000)
         assert page.locator("#sp-gallery img").count() == 16
-        assert page.locator("svg[data-chart='axis-gender']").count() == 1
+        assert page.locator(".gl-vega[data-chart='axis-gender']").count() == 1
         gender_text = page.inner_text("[data-axis='gender']")
         assert "male" in gender_text and "Composite Bias Score" in gender_text
         gap = float(page.inner_text("#gap-score").split()[0])

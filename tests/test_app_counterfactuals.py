@@ -2,7 +2,7 @@
 API, headless Chromium for the page (edit the axes table, run, read the views)."""
 import pytest
 
-from apphelpers import browser_page, running_app, screenshot
+from apphelpers import browser_page, chart_rows, drawn, running_app, screenshot
 
 # prompt, fill, axes table, n, seed, negative, steps, guidance, then each tab's own options
 CF_OPTIONS = [True, True, True, True, 0.01, 100, 5]          # caption .. top-k
@@ -74,10 +74,10 @@ def test_counterfactuals_page_edit_a_counterfactual_run_and_drill_down(app_url):
                                ".includes('teenage')")
         page.click("#cf-run")
         page.wait_for_function("document.querySelector('#cf-progress').innerText.includes('Done')", timeout=120_000)
-        bars = page.locator("svg[data-chart='mad'] rect")
-        assert bars.count() == 7                                        # one MAD bar per axis
-        values = [float(t.text_content()) for t in page.locator("svg[data-chart='mad'] text.gl-value").all()]
-        assert values == sorted(values, reverse=True)                   # most biased axis first
+        page.wait_for_selector(drawn("mad"), timeout=30_000)
+        assert page.locator(".gl-vega[data-chart='mad'] .mark-rect.role-mark path").count() == 7   # one MAD bar per axis
+        values = [r["value"] for r in chart_rows(page, "mad")]
+        assert len(values) == 7 and values == sorted(values, reverse=True)   # most biased axis first
         assert edited in page.inner_text("#cf-table")
         page.wait_for_selector("#cf-drill-panel [data-side='counterfactual']", timeout=30_000)
         page.locator("#cf-gallery").scroll_into_view_if_needed()
@@ -94,11 +94,14 @@ def test_intersectional_page_renders_the_matrix_and_the_graph(app_url):
         page.locator("#ic-n input[type='number']").fill("48")
         page.click("#ic-run")
         page.wait_for_function("document.querySelector('#ic-progress').innerText.includes('Done')", timeout=180_000)
-        page.wait_for_selector("#is-matrix td[title*='Making']", timeout=30_000)
-        cells = page.locator("#is-matrix td")
+        page.wait_for_selector(drawn("is-matrix"), timeout=30_000)
+        cells = page.locator("#is-matrix .mark-rect.role-mark path")
         assert cells.count() == 49                                      # 7 axes the LLM proposed
-        assert "its target" in cells.first.get_attribute("title")
+        cells.nth(1).hover(force=True)                                  # each cell explains itself on hover
+        page.wait_for_selector("#vg-tooltip-element.visible", timeout=10_000)
+        assert "its target" in page.inner_text("#vg-tooltip-element")
         frame = page.frame_locator("#ic-graph iframe")
         frame.locator("canvas").wait_for(timeout=30_000)                # vis-network drew, offline
-        assert page.locator("#ic-pair-panel svg").count() == 2
+        page.wait_for_function("document.querySelectorAll('#ic-pair-panel .gl-vega[data-rendered] svg').length == 2",
+                               timeout=30_000)
         screenshot(page, "intersectional")

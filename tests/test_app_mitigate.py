@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apphelpers import browser_page, running_app, screenshot
+from apphelpers import browser_page, drawn, running_app, screenshot
 
 AXES = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
         "age": ["a photo of a young doctor", "a photo of a middle-aged doctor", "a photo of an old doctor"]}
@@ -78,7 +78,7 @@ def test_mitigate_page_priorities_normalise_live_and_a_run_draws_step_bars(app):
         page.click("#mt-preview-btn")
         page.wait_for_selector("#mt-preview tr[data-axis]", timeout=120_000)
         page.click("#mt-run")
-        page.wait_for_selector("svg[data-chart='mitigate-step-1-after']", timeout=120_000)
+        page.wait_for_selector(drawn("mitigate-step-1-after"), timeout=120_000)
         page.wait_for_function("document.querySelector('#mt-progress').innerText.includes('Done')", timeout=120_000)
         first = page.locator("#mt-view .gl-mit-step").first.get_attribute("data-axis")
         assert first == page.locator("#mt-preview tr[data-axis]").first.get_attribute("data-axis")

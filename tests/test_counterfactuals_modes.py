@@ -12,7 +12,7 @@ import pytest
 from engine.common.events import Warning
 from engine.methods import cfsets
 from engine.methods.cfsets import SetSpec
-from engine.methods.counterfactuals import (CounterfactualsRequest, concept_set, mode_scores, pair_cas,
+from engine.methods.counterfactuals import (CounterfactualsRequest, concept_set, in_mode, mode_scores, pair_cas,
                                             resampled_cas, run, scores)
 from engine.metrics import tibet_reference
 from engine.metrics.wordnet import DEFAULT_WORDNET_DIR
@@ -112,6 +112,21 @@ def test_the_page_says_when_the_modes_rank_the_axes_differently(engine):
     assert 'id="cf-modes-differ"' not in str(page.mad_html(results))
     full = str(page.page(results))
     assert 'id="cf-modes"' in full and "reference mode (the authors&#39; released code)" in full
+
+
+def test_switching_the_mode_rescores_the_shown_run_from_its_stored_answers(engine):
+    results = measure(engine)[0].results          # paper mode, with intervals and a headline
+    shown = in_mode(results, "reference")
+    other = results["modes"]["reference"]
+    assert shown["mode"] == "reference" and shown["rescored_from"] == "paper"
+    assert shown["mad"] == other["mad"] and shown["mad_order"] == other["mad_order"]
+    assert {(c["axis"], c["prompt"]): c["cas"] for c in shown["counterfactuals"]} == {
+        (a, cf): v for a, cas in other["cas"].items() for cf, v in cas.items()}
+    # point values only: the intervals and the headline are the paper run's
+    assert all(ci == [None, None] for ci in shown["mad_ci"].values()) and shown["headline"] is None
+    html = str(page.mad_html(shown))
+    assert 'id="cf-rescored"' in html and "(reference mode)" in html and 'data-metric="mad"' in html
+    assert in_mode(results, "paper") is results and "rescored_from" not in results   # the stored run is untouched
 
 
 def test_runs_compare_and_export_show_both_modes_of_each_run(engine):

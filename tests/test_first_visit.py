@@ -98,11 +98,11 @@ def test_chart_axis_does_not_magnify_a_tiny_change():
     assert value_range([0.0, 1.0], 0.05) == (0.0, 1.0) and value_range([2.0, 2.0]) == (1.5, 2.5)
     from engine.report.mine import mine_chart
 
-    svg = str(mine_chart({"best_per_iteration": [-0.675, -0.676], "best_so_far": [-0.675, -0.676]}))
-    import re
+    from engine.report.charts import spec_in
 
-    labels = [float(x.replace("−", "-")) for x in re.findall(r'text-anchor="end">([^<]*)<', svg)]
-    assert max(labels) - min(labels) == pytest.approx(0.05, abs=0.002)   # not −0.675 … −0.676
+    spec = spec_in(mine_chart({"best_per_iteration": [-0.675, -0.676], "best_so_far": [-0.675, -0.676]}))
+    low, high = spec["encoding"]["y"]["scale"]["domain"]
+    assert high - low == pytest.approx(0.05, abs=0.002)   # not −0.675 … −0.676
 
 
 def test_missing_wordnet_is_said_beside_the_option(tmp_path):

@@ -141,7 +141,8 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
             page.wait_for_selector("#ic-no-pair", timeout=LONG)
             assert page.locator("#ic-no-edge").count() == 1 and page.locator("#ic-graph-frame").count() == 0
         pruned = len(ic["edges"]) - len(ic["kept_edges"])
-        assert page.locator("#is-matrix [data-faded='true'], #is-matrix .gl-faded").count() >= min(pruned, 1)
+        page.wait_for_selector("#is-matrix[data-rendered] svg", timeout=LONG)
+        assert page.locator("#is-matrix .mark-rect.role-mark path[opacity='0.3']").count() >= min(pruned, 1)
         upload = page.locator("#ic-reference").bounding_box()
         assert upload["height"] >= 110                             # "Click to Upload" has room
 
@@ -171,13 +172,18 @@ def test_a_first_visit_without_contradictions(engine, flipped_world, monkeypatch
 
         # -- Compare models: two generators, one action, side by side
         page.get_by_role("tab", name="Compare models").click()
-        page.locator("#cm-presets label", has_text="synthetic").first.click()
+        # the running preset is ticked already (issue 34)
+        assert page.locator("#cm-presets label", has_text="synthetic").first.locator("input").is_checked()
         page.fill("#cm-more textarea", f"synthetic_generator:{flipped_world}")
         page.fill("#cm-prompt textarea", "a photo of a doctor")
         set_number(page, "#cm-n", 16)
         page.click("#cm-run")
         wait_text(page, "#cm-progress", "Done")          # the page grows model by model until then
         assert page.locator("#cm-page .gl-side").count() >= 2 * 3 and page.locator("#cm-table tr").count() > 5
+        # each model's images side by side
+        page.wait_for_function("[...document.querySelectorAll('#cm-images .gl-side')].map(s => "
+                               "[...s.querySelectorAll('img')].filter(i => i.naturalWidth).length).join() == '16,16'",
+                               timeout=LONG)
         screenshot(page, "first_visit_compare_models")
 
         # -- Runs: readable names; "Deleted" stays after the list refreshes

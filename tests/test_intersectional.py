@@ -1,6 +1,7 @@
 """Intersectional Matrix (BiasConnect): IS by hand from answers, the graph and matrix views,
 a planted interaction recovered with its sign and χ² edge, and images reused from the store."""
 import json
+import math
 import re
 
 import numpy as np
@@ -12,6 +13,7 @@ from engine.metrics import biasconnect as bc
 from engine.methods import cfsets, counterfactuals, intersectional as ic
 from engine.methods.cfsets import SetSpec
 from engine.models.presets import SYNTHETIC_TABLE
+from engine.report import charts
 from engine.report import intersectional as biasgraph
 
 from runhelpers import done_event
@@ -95,7 +97,8 @@ RESULTS["kept_edges"] = [e for e in RESULTS["edges"] if e["kept"]]
 def test_matrix_cells_explain_themselves_and_fade_when_the_ci_spans_zero():
     page = biasgraph.matrix_html(RESULTS)
     assert "moves gender 0.40 further from its target" in page
-    assert page.count("gl-faded") == 1                     # only gender -> age spans 0
+    faded = [(c["row"], c["col"]) for c in charts.spec_in(page)["data"]["values"] if c.get("faded")]
+    assert faded == [("gender", "age")]                    # only gender -> age spans 0
     assert biasgraph.cell_text("gender", "gender", 0.2, 0.2, 0.0).startswith("Making gender diverse")
     unanswered = json.loads(json.dumps(RESULTS))       # an axis whose answers all fell outside its choices
     unanswered["sensitivity"]["matrix"][0][1] = unanswered["sensitivity"]["ci_low"][0][1] = None
@@ -197,3 +200,33 @@ def test_cli_prints_the_matrix_p_values_and_kept_edges(tmp_path):
     axes = result["sensitivity"]["axes"]
     assert len(result["sensitivity"]["matrix"]) == len(axes) >= 3
     assert set(result["p_values"][axes[0]]) == set(axes) - {axes[0]}
+
+
+def test_when_no_edge_passes_the_page_says_what_was_tested_and_the_n_that_would_pass_the_strongest_cell():
+    table = np.array([[10, 6], [6, 10]])                 # two counterfactual sets of 16, a mild dependence
+    p, statistic, dof = bc.chi2_test(table)
+    assert p > 1e-4
+    results = json.loads(json.dumps(RESULTS))
+    results.update(n=16, level="prompt", p_threshold=1e-4, min_abs_is=0.0, kept_edges=[], edges=[
+        {"source": "age", "target": "gender", "is": -0.4, "p_value": p, "statistic": statistic, "dof": dof, "kept": False},
+        {"source": "gender", "target": "age", "is": 0.01, "p_value": 0.9, "statistic": 0.01, "dof": 1, "kept": False}])
+    note = ic.no_edge_note(results)
+    assert note["tested"] == 2 and note["cells"] == 2 and note["strongest"]["source"] == "age"
+    # a run stored before n_to_pass: N·χ²_crit/χ² by hand, χ²_crit = chi2.isf(1e-4, 1) = 15.137
+    from scipy.stats import chi2
+
+    assert note["n_needed"] == math.ceil(16 * chi2.isf(1e-4, 1) / statistic)
+    # the run's own N: the same shares pass the real test at that N and not one image below
+    n_needed = bc.n_to_pass(table, 16, 1e-4)
+    assert bc.chi2_test(table * n_needed / 16)[0] < 1e-4 < bc.chi2_test(table * (n_needed - 1) / 16)[0]
+    assert bc.n_to_pass(np.array([[8, 8], [8, 8]]), 16, 1e-4) is None            # no dependence: no N
+    results["edges"][0]["n_to_pass"] = n_needed
+    note = ic.no_edge_note(results)
+    assert note["n_needed"] == n_needed
+    assert f"about {note['n_needed']} images per set (now 16)" in note["text"] and "all 2 of the 2 ordered pairs" in note["text"]
+    html = str(biasgraph.summary_html(results))
+    assert 'id="ic-no-edge-note"' in html and f'data-n-needed="{note["n_needed"]}"' in html and 'data-metric="is"' in html
+    # an |IS| minimum more images cannot reach is said as such; a kept edge needs no note
+    results["min_abs_is"] = 0.5
+    assert ic.no_edge_note(results)["n_needed"] is None and "more images do not change" in ic.no_edge_note(results)["text"]
+    assert ic.no_edge_note(RESULTS) is None

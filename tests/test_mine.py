@@ -330,7 +330,7 @@ def test_mining_streams_through_the_api(app_url, engine):
 
 @pytest.mark.browser
 def test_mine_page_streams_iterations_stops_and_reopens_an_archived_prompt(app_url, engine):
-    from apphelpers import browser_page, screenshot
+    from apphelpers import browser_page, chart_rows, drawn, screenshot
 
     with browser_page() as page:
         page.goto(app_url, wait_until="load")
@@ -346,7 +346,8 @@ def test_mine_page_streams_iterations_stops_and_reopens_an_archived_prompt(app_u
         page.click("#mine-start")
         page.wait_for_function("Number((document.querySelector('#mine-iterations') || {}).innerText) >= 2",
                                timeout=60_000)
-        assert page.locator("svg[data-chart='mine-best'] circle").count() >= 2
+        page.wait_for_selector(drawn("mine-best"), timeout=30_000)
+        assert len(chart_rows(page, "mine-best")) >= 4   # two iterations, best and best so far
         page.locator("#mine-stop").dispatch_event("click")   # no wait for a busy page to settle
         page.wait_for_function("document.querySelector('#mine-progress').innerText.includes('Stopped')",
                                timeout=30_000)

@@ -21,7 +21,7 @@ def test_spot_check_flow_with_buttons_and_keys(data_dir):
     run_id = [e for e in single_prompt.run(request, engine) if isinstance(e, Done)][0].run_id
     with running_app(engine) as url, browser_page() as page:
         page.goto(url, wait_until="load")
-        open_in_runs_tab(page, "firefighter", "a photo of a firefighter", "#runs-view svg[data-chart='axis-gender']")
+        open_in_runs_tab(page, "firefighter", "a photo of a firefighter", "#runs-view .gl-vega[data-chart='axis-gender']")
         # the view states the N and how many images a ±0.1 interval needs, and how sure its headline is
         assert page.locator("#runs-view .gl-trust-n [data-need='width']").count() == 2
         assert page.locator("#runs-view .gl-headline").count() == 1
@@ -80,4 +80,4 @@ def test_spot_check_flow_with_buttons_and_keys(data_dir):
         page.locator("#sp-distribution").get_by_text("corrected", exact=True).click()
         page.wait_for_function("document.querySelector('#sp-axes').innerText.includes('corrected for the "
                                "evaluator')", timeout=30_000)
-        assert page.locator("#sp-axes svg[data-chart='axis-gender']").count() == 1
+        assert page.locator("#sp-axes .gl-vega[data-chart='axis-gender']").count() == 1

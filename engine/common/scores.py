@@ -10,6 +10,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from .meanings import clip_interval, difference_range
+
 
 @dataclass
 class Score:
@@ -101,13 +103,15 @@ def _se(s: Score) -> float | None:
 
 def difference(a: Score | None, b: Score | None) -> dict | None:
     """b − a with an approximate 95% interval: the two runs' intervals read as normal ones from
-    independent image sets, se = sqrt(se_a² + se_b²). `significant` when it excludes 0."""
+    independent image sets, se = sqrt(se_a² + se_b²), clipped to the range a difference of the
+    metric can take (±(high − low), engine.common.meanings). `significant` when it excludes 0."""
     if a is None or b is None or math.isnan(a.value) or math.isnan(b.value):
         return None
     d = {"value": b.value - a.value, "low": None, "high": None, "significant": None}
     se_a, se_b = _se(a), _se(b)
     if se_a is not None and se_b is not None:
         se = math.hypot(se_a, se_b)
-        d.update(low=d["value"] - Z95 * se, high=d["value"] + Z95 * se)
+        low, high = clip_interval(d["value"] - Z95 * se, d["value"] + Z95 * se, *difference_range(b.metric))
+        d.update(low=low, high=high)
         d["significant"] = bool(d["low"] > 0 or d["high"] < 0)
     return d

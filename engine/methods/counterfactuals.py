@@ -543,6 +543,29 @@ def mode_scores(results: dict, mode: str) -> dict:
     return out
 
 
+def in_mode(results: dict, mode: str) -> dict:
+    """Returns a stored run's results as `mode` scores them, generating and asking nothing: the
+    run's own results for its own mode; else its CAS per counterfactual, MAD per axis (and per
+    prompt) and the axis order of that mode (`results["modes"]`, or `mode_scores` for a run
+    stored without them), point values only (intervals and the headline belong to the run's
+    own mode), with "rescored_from" naming the run's mode. A stopped run without every set
+    stays as it is."""
+    own = results.get("mode", DEFAULT_MODE)
+    if mode == own or mode not in MODES:
+        return results
+    other = (results.get("modes") or {}).get(mode) or mode_scores(results, mode)
+    if not other:
+        return results
+    cas = other.get("cas") or {}
+    out = {**results, "mode": mode, "rescored_from": own, "headline": None, "mad": other["mad"],
+           "mad_order": other["mad_order"], "mad_ci": {a: [None, None] for a in other["mad"]},
+           "cas": cas, "counterfactuals": [{**c, "cas": (cas.get(c["axis"]) or {}).get(c["prompt"], c["cas"]),
+                                            "cas_ci": [None, None]} for c in results.get("counterfactuals", [])]}
+    if results.get("aggregate") and other.get("per_prompt"):
+        out["per_prompt"] = {p: {**v, **other["per_prompt"].get(p, {})} for p, v in results["per_prompt"].items()}
+    return out
+
+
 def scores(results: dict, summary: dict) -> list[Score]:
     """Score rows of a stored run (Runs, comparison, export), each metric named by its mode:
     per axis MAD in both modes (the run's own with its interval) and MAD of CAS^CLIP; per

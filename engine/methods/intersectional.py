@@ -113,7 +113,7 @@ def _matrix(values) -> list:
 
 # One tested edge x → y ("is" is IS_xy; kept: it passed the χ² test and the |IS| threshold).
 Edge = TypedDict("Edge", {"source": str, "target": str, "is": float, "p_value": float, "statistic": float,
-                          "dof": int, "kept": bool})
+                          "dof": int, "kept": bool, "n_to_pass": int | None})   # N per set at which it would pass
 
 
 class IntersectionalResults(TypedDict, total=False):
@@ -277,13 +277,16 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
     edges = bc.chi2_edges(point_tables, matrix, level, request.p_threshold, request.min_abs_is)
     draws = bootstrap_draws(request, specs, axes, ideals, answers)
     low, high = percentile_bounds(draws)
+    p_threshold = bc.EDGE_THRESHOLDS[level][0] if request.p_threshold is None else request.p_threshold
     edge_rows = [{"source": e.source, "target": e.target, "is": e.sensitivity, "p_value": e.p_value,
-                  "statistic": e.statistic, "dof": e.dof, "kept": e.kept} for e in edges]
+                  "statistic": e.statistic, "dof": e.dof, "kept": e.kept,
+                  "n_to_pass": None if e.kept else bc.n_to_pass(point_tables[e.source][e.target], request.n, p_threshold)}
+                 for e in edges]
     results: IntersectionalResults = {
         "prompt": request.prompt.strip(), "prompts": prompts, "aggregate": len(prompts) > 1, "n": request.n,
         "axes": axes, "values": values, "questions": questions,
         "other_policy": policy, "ideals": {y: dict(zip(categories[y], ideals[y].tolist())) for y in axes},
-        "level": level, "p_threshold": bc.EDGE_THRESHOLDS[level][0] if request.p_threshold is None else request.p_threshold,
+        "level": level, "p_threshold": p_threshold,
         "min_abs_is": bc.EDGE_THRESHOLDS[level][1] if request.min_abs_is is None else request.min_abs_is,
         "importance": request.importance,
         "sensitivity": {"axes": matrix.axes, "matrix": _matrix(matrix.matrix), "w_bar_init": _floats(matrix.w_bar_init),
@@ -363,14 +366,55 @@ def cell_claims(axes: list[str], matrix, draws: np.ndarray, n: int) -> tuple[dic
         positive = np.nanmean(np.where(np.isfinite(draws), draws > 0, np.nan), axis=0)
     clear = sum(1 for i in range(k) for j in range(k)
                 if i != j and math.isfinite(positive[i, j]) and (positive[i, j] >= 0.975 or positive[i, j] <= 0.025))
-    claim = headline_claim(values, cell_draws, n, what="strongest intersectional effect (|IS|)")
+    claim = headline_claim(values, cell_draws, n, what="strongest intersectional effect (|IS|)",
+                           question="which cell is the strongest")
     claim["clear_signs"] = clear
     claim["cells"] = k * (k - 1)
-    claim["text"] += f"; {clear} of {k * (k - 1)} cells have a sign the 95% interval is sure of"
+    claim["text"] += (f"; {clear} of {k * (k - 1)} cells have a sign (IS above or below 0) the 95% interval is sure "
+                      f"of, which is weaker evidence than a kept χ² edge")
     return claim, _matrix(positive)
 
 
 # -- reading a run: which pairs are kept (the views mark the others) ------------------------------
+
+def no_edge_note(results: dict) -> dict | None:
+    """When a finished run keeps no edge: what was tested and the N per set at which the edge of
+    the strongest cell (largest |IS|) would pass, its shares staying as measured. Returns {"tested", "cells", "level", "p_threshold", "min_abs_is",
+    "strongest": {source, target, is, p_value, statistic, dof}, "n", "n_needed" (None when no N
+    helps: |IS| below the minimum, or nothing testable), "text"}; None when an edge is kept. The
+    run stores each pruned edge's N (`n_to_pass`: the same shares, the real test, bisection on N);
+    for a run stored before, N·χ²_crit/χ² estimates it."""
+    from scipy.stats import chi2
+
+    edges = results.get("edges") or []
+    if results.get("kept_edges") or not edges:
+        return None
+    p, min_is, n = results.get("p_threshold", 0.0), results.get("min_abs_is") or 0.0, results.get("n")
+    axes = len(results.get("axes") or (results.get("sensitivity") or {}).get("axes") or [])
+    cells = axes * (axes - 1)
+    tested = [e for e in edges if e.get("dof") and number(e.get("is")) is not None and math.isfinite(e["is"])]
+    what = (f"No edge passes: all {len(edges)} of the {cells} ordered pairs (off the diagonal) were tested with a χ² "
+            f"test of independence between the row axis' counterfactual sets and the column axis' answers, "
+            f"needing p < {p:g}" + (f" and |IS| ≥ {min_is:g}" if min_is else "") + f" ({results.get('level')} level)")
+    out = {"tested": len(edges), "cells": cells, "level": results.get("level"), "p_threshold": p,
+           "min_abs_is": min_is, "strongest": None, "n": n, "n_needed": None}
+    if not tested or not 0 < p < 1:
+        return {**out, "text": what + "."}
+    e = max(tested, key=lambda e: abs(e["is"]))
+    out["strongest"] = {k: e.get(k) for k in ("source", "target", "is", "p_value", "statistic", "dof")}
+    cell = f"the strongest cell, {e['source']} → {e['target']} (IS {e['is']:+.2f}, χ² p = {e['p_value']:.1e})"
+    if abs(e["is"]) < min_is:
+        return {**out, "text": f"{what}. Even {cell} has |IS| below {min_is:g}, which more images do not change."}
+    if "n_to_pass" in e:
+        out["n_needed"] = e["n_to_pass"]
+    elif e.get("statistic") and n:
+        out["n_needed"] = max(int(n) + 1, math.ceil(int(n) * float(chi2.isf(p, e["dof"])) / e["statistic"]))
+    if not out["n_needed"]:
+        return {**out, "text": f"{what}. {cell[0].upper()}{cell[1:]} shows no dependence that more images would "
+                               f"bring below p < {p:g}."}
+    return {**out, "text": f"{what}. For {cell}, about {out['n_needed']} images per set (now {n}) would make its edge "
+                           f"pass, if its shares stay as measured."}
+
 
 def edge_status(results: dict, intervened: str, affected: str) -> dict:
     """Returns {"kept": bool, "diagonal": bool, "reason": sentence} for one ordered pair of a

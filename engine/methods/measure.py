@@ -5,7 +5,6 @@ images (Single Prompt, Mine Prompts), the answer tallies behind a sensitivity ma
 Intersectional, Mitigate)."""
 from __future__ import annotations
 
-import math
 import warnings
 
 import numpy as np
@@ -14,6 +13,7 @@ from scipy import stats
 from ..backends.llm_json import as_string_list
 from ..common.llm_prompts import variations_prompt
 from ..common.scores import finite_or_none
+from ..common.meanings import metric_range
 from ..core.engine import Engine
 from ..metrics import biasbench
 from ..metrics import biasconnect as bc
@@ -43,10 +43,16 @@ SCALAR_METRICS = ("parity_difference", "normalised_entropy", "kl_divergence", "b
                   "composite_bias_score")
 
 
-# each metric's range: bounds are clipped to it (never a bound outside it, never "-0.0")
-METRIC_RANGES = {"parity_difference": (0.0, 1.0), "normalised_entropy": (0.0, 1.0),
-                 "kl_divergence": (0.0, math.inf), "bias_amplification": (0.0, 2.0),
-                 "composite_bias_score": (0.0, 1.0)}
+def metric_ranges(classes=None, reference: dict | None = None) -> dict[str, tuple[float, float]]:
+    """Returns each metric's range for an axis of `classes` (engine.common.meanings): bounds are
+    clipped to it (never a bound outside it, never "-0.0"); bias amplification's maximum
+    depends on the number of classes and the target shares."""
+    k = len(classes) if classes else None
+    target = [float(reference.get(c, 0.0)) for c in classes] if reference and classes else None
+    return {name: metric_range(name, k, target) for name in SCALAR_METRICS}
+
+
+METRIC_RANGES = metric_ranges()
 
 
 def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, mode: str,
@@ -58,6 +64,7 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
     `_draws` holds the composite score's posterior/bootstrap draws for headline claims (not stored)."""
     point = axis_metrics(labels, axis, reference, mode)
     classes = point["classes"]
+    ranges = metric_ranges(classes, reference if mode == "paper" else None)
     counts = {c: int(point["counts"].get(c, 0)) for c in classes}
     n = sum(counts.values())
     point["n"] = n
@@ -83,9 +90,9 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
             lows, highs = result.confidence_interval
             draws["composite_bias_score"] = result.bootstrap_distribution[-1]
             point["ci"] = {name: list(bounded(finite_or_none(point[name]), finite_or_none(lows[j]), finite_or_none(highs[j]),
-                                              *METRIC_RANGES[name])) for j, name in enumerate(SCALAR_METRICS)}
+                                              *ranges[name])) for j, name in enumerate(SCALAR_METRICS)}
     if "ci" not in point:
-        point["ci"] = {name: list(posterior_interval(draws[name], finite_or_none(point[name]), 0.05, *METRIC_RANGES[name]))
+        point["ci"] = {name: list(posterior_interval(draws[name], finite_or_none(point[name]), 0.05, *ranges[name]))
                        if name in draws else [None, None] for name in SCALAR_METRICS}
     point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if mode == "paper" and axis.values
                                 else "Jeffreys shares; BCa bootstrap metrics")

@@ -32,7 +32,7 @@ from ..metrics.agreement import agreement, corrected_distribution
 from ..metrics.intervals import posterior_interval, tidy
 from ..store.store import Store
 from .axes import axis_for, normalise_free_answer
-from .measure import METRIC_RANGES
+from .measure import METRIC_RANGES, metric_ranges
 
 CANT_TELL = "can't tell"
 OTHER = "other"
@@ -197,7 +197,7 @@ def corrected_metrics(raw: dict, corrected: dict, draws: np.ndarray, classes: li
     cor_b = batch(np.array([corrected[c] for c in classes]))
     all_b = batch(draws)
     out = {"raw": {}, "corrected": {}, "corrected_ci": {}}
-    for name, (lo, hi) in METRIC_RANGES.items():
+    for name, (lo, hi) in metric_ranges(classes, reference).items():
         out["raw"][name] = tidy(raw_b[name][0], lo, hi)
         out["corrected"][name] = tidy(cor_b[name][0], lo, hi)
         out["corrected_ci"][name] = list(posterior_interval(all_b[name], float(cor_b[name][0]), 0.05, lo, hi))

@@ -235,6 +235,27 @@ def chi2_test(table: np.ndarray, correction: bool = True) -> tuple[float, float,
     return float(result.pvalue), float(result.statistic), int(result.dof)
 
 
+def n_to_pass(table: np.ndarray, n: int, p_threshold: float, correction: bool = True,
+              n_max: int = 100_000) -> int | None:
+    """Return the smallest N per set at which `table` (counts at `n` per set) scaled to N, i.e. the
+    same shares measured on N images, gets χ² p < `p_threshold`; None when no N up to `n_max`
+    does (no dependence, or nothing to test). Bisection on N (p falls as N grows)."""
+    counts = np.asarray(table, dtype=float)
+
+    def passes(size: int) -> bool:
+        return chi2_test(counts * (size / n), correction)[0] < p_threshold
+
+    if n <= 0 or not 0 < p_threshold < 1 or not passes(n_max):
+        return None
+    low, high = n, n_max          # passes(high); low is where the run stood (it did not pass, or N itself)
+    if passes(low):
+        return n
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if passes(mid) else (mid, high)
+    return high
+
+
 def chi2_edges(
     tables: Mapping[str, Mapping[str, np.ndarray]],
     sensitivity: SensitivityMatrix | None = None,

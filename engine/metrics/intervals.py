@@ -199,10 +199,11 @@ def top_probability(draws: dict[str, Sequence[float]], largest: bool = True) -> 
 
 def headline_claim(values: dict[str, float], draws: dict[str, Sequence[float]], n: int,
                    largest: bool = True, what: str = "most biased axis", fmt: str = "{:.2f}",
-                   clear: float = CLEAR, max_n: int = 100_000, unit: str = "images per set") -> dict:
+                   clear: float = CLEAR, max_n: int = 100_000, unit: str = "images per set",
+                   question: str = "it") -> dict:
     """Return a headline that matches its statistics: the top candidate, the probability that it
     is the top one over the aligned `draws`, and either a clear claim (probability ≥ `clear`) or
-    "no clear winner" with the N that would settle it.
+    "no clear winner" with the N that would settle it (`question`: what it is, in words).
 
     N to settle: the top-two difference d over its draw spread s shrinks like 1/√N, so
     N' = N·(z·s/d)² with z = Φ⁻¹(clear) makes d significant at one-sided level 1 − clear.
@@ -233,8 +234,8 @@ def headline_claim(values: dict[str, float], draws: dict[str, Sequence[float]], 
     if is_clear:
         text = f"{what}: {top} ({fmt.format(value)}; the top one with probability {pct}, N = {n})"
     else:
-        settle = (f"about {n_settle} {unit} would settle it" if n_settle and n_settle < max_n
-                  else f"even {max_n} {unit} would not settle it: the top two are as good as tied")
+        settle = (f"about {n_settle} {unit} would settle {question}" if n_settle and n_settle < max_n
+                  else f"even {max_n} {unit} would not settle {question}: the top two are as good as tied")
         text = (f"no clear winner for {what}: {top} ({fmt.format(value)}) is the top one with probability {pct} only, "
                 f"{runner_up} ({fmt.format(values[runner_up])}) is next (N = {n}); {settle}")
     return {"top": top, "value": value, "probability": probability, "clear": is_clear, "n": n,

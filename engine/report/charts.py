@@ -1,92 +1,203 @@
-"""Self-contained SVG/HTML charts: bars with confidence intervals, heatmaps, lines.
+"""Charts drawn with Altair (Vega-Lite): bars with confidence intervals, heatmaps with a colour
+legend, lines with x ticks, grouped before/after bars.
 
-No JavaScript and no network, so the same chart renders in the app, in an exported HTML
-report opened offline, and in a printed page; its numbers are in the DOM (a browser test can
-read them). Python computes the geometry; the markup is `templates/charts.html`, where every
-label is escaped and every attribute quoted.
+Every helper builds an Altair chart from a tidy table (one dict per mark) with axis titles,
+ticks, legends, colour scales and tooltips, and returns `vega(chart)`: a `<div class="gl-vega">`
+carrying the Vega-Lite spec as JSON in its `data-spec` attribute (autoescaped by
+`templates/charts.html`) and a one-line text fallback for readers without JavaScript.
+`static/vega_runtime.js` draws every such element (SVG renderer, hover tooltips) in the app and
+in an exported report; `runtime_js()` is the vega/vega-lite/vega-embed bundle of
+`vl-convert-python` plus that loader, so both render offline, with the same spec.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import hashlib
+import json
+import math
+from functools import lru_cache
+from typing import Any, Sequence
 
 from ..common.scores import is_finite
-from . import Markup, fmt, macro
+from . import Markup, fmt, macro, static
 
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac"]
+FONT = 12
+
+
+def _alt():
+    import altair as alt  # imported on first chart: pages without charts never pay for it
+
+    return alt
+
+
+def _number(x) -> float | None:
+    """`x` as a float, None when missing or not finite (JSON has no NaN)."""
+    return float(x) if is_finite(x) else None
+
+
+def _clean(obj):
+    """`obj` with every non-finite float replaced by None, so that it is valid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def spec_of(chart) -> dict:
+    """The Vega-Lite spec (a dict) of an Altair chart or of a spec given as a dict."""
+    return _clean(chart if isinstance(chart, dict) else chart.to_dict())
+
+
+def spec_in(markup: str, chart_id: str = "") -> dict:
+    """The Vega-Lite spec of the (first, or `chart_id`'s) chart in `markup` made by `vega`."""
+    import html
+    import re
+
+    pattern = (r'data-chart="%s" data-spec="([^"]*)"' % re.escape(str(html.escape(chart_id))) if chart_id
+               else r'data-spec="([^"]*)"')
+    return json.loads(html.unescape(re.search(pattern, str(markup)).group(1)))
+
+
+def vega(chart, *, chart_id: str = "", fallback: str = "") -> Markup:
+    """Returns `<div class="gl-vega" id=chart_id data-chart=chart_id data-spec="…json…">` with
+    `fallback` (or the chart's title) as the text shown until the runtime draws the chart."""
+    spec = spec_of(chart)
+    text = json.dumps(spec, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    chart_id = chart_id or "gl-chart-" + hashlib.sha1(text.encode()).hexdigest()[:10]
+    title = spec.get("title")
+    title = title.get("text", "") if isinstance(title, dict) else title or ""
+    return macro("charts.html", "vega")(id=chart_id, spec=text,
+                                        fallback=fallback or (f"Chart: {title}" if title else "Chart"))
+
+
+@lru_cache(maxsize=1)
+def runtime_js() -> str:
+    """The vega, vega-lite and vega-embed bundle (from vl-convert-python, no network; it sets
+    window.vegaEmbed) followed by `static/vega_runtime.js`, safe to inline in a `<script>`
+    element. Computed once."""
+    import vl_convert
+
+    # in a function: the bundle's top-level names would clash with the page's other classic scripts
+    text = "(function () {\n" + vl_convert.javascript_bundle() + "\n})();\n" + static("vega_runtime.js")
+    return text.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
+
+
+def runtime_head() -> Markup:
+    """`<script>` with `runtime_js()`, for a page's head (the app's and an exported report's)."""
+    return macro("charts.html", "runtime")(Markup(runtime_js()))
+
+
+def _title(alt, title: str):
+    return alt.TitleParams(title, anchor="start", fontSize=13, limit=640) if title else alt.Undefined
+
+
+def _unique(labels: Sequence[Any]) -> list[str]:
+    """`labels` as strings, a repeated one suffixed " (2)", " (3)"… (a scale would merge them)."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in map(str, labels):
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return out
 
 
 def bar_chart(labels: Sequence[str], values: Sequence[float], *, title: str = "",
               counts: Sequence[int] | None = None, ci: Sequence[tuple[float, float]] | None = None,
               reference: Sequence[float] | None = None, highlight: Sequence[bool] | None = None,
-              vmax: float | None = None, value_digits: int = 2, width: int = 420,
-              bar_height: int = 22, chart_id: str = "") -> Markup:
-    """An SVG of horizontal bars, one per label, with the value (and count) written next to
-    each bar, optional CI whiskers and a dashed reference tick (e.g. the target share)."""
-    n = len(labels)
-    label_w, pad, top = 120, 8, 26 if title else 6
-    plot_w = width - label_w - 110
-    vmax = vmax or max([*(v for v in values if is_finite(v)), *(hi for _, hi in (ci or []) if is_finite(hi)),
-                        *(r for r in (reference or []) if is_finite(r)), 1e-9])
-    bars = []
+              vmax: float | None = None, value_digits: int = 2, width: int = 300,
+              bar_height: int = 22, chart_id: str = "", x_title: str = "",
+              tooltip: Sequence[str] | None = None) -> Markup:
+    """Horizontal bars, one per label, with the value (and count) written next to each bar,
+    optional 95% CI whiskers, a red reference tick (e.g. the target share), highlighted bars
+    outlined; the x axis runs from min(0, values) to `vmax` (else the largest value or bound).
+    `tooltip`: one extra line per bar (e.g. what the metric means)."""
+    alt = _alt()
+    labels = _unique(labels)
+    rows = []
     for i, (label, value) in enumerate(zip(labels, values)):
-        y = top + i * (bar_height + pad)
-        value = value if is_finite(value) else 0.0
-        bar = {"label": str(label), "y": y, "text_y": round(y + bar_height * 0.7, 1),
-               "w": round(max(0.0, plot_w * value / vmax), 1), "color": PALETTE[i % len(PALETTE)],
-               "highlight": bool(highlight and highlight[i]),
-               "text": fmt(value, value_digits) + (f" (n={counts[i]})" if counts is not None else ""),
-               "ci": None, "ref": None}
-        if ci is not None and is_finite(ci[i][0]) and is_finite(ci[i][1]):
-            bar["ci"] = {"x1": round(label_w + plot_w * ci[i][0] / vmax, 1),
-                         "x2": round(label_w + plot_w * ci[i][1] / vmax, 1), "ym": y + bar_height / 2}
-        if reference is not None and i < len(reference) and is_finite(reference[i]):
-            bar["ref"] = {"x": round(label_w + plot_w * reference[i] / vmax, 1),
-                          "title": fmt(reference[i], value_digits)}
-        bars.append(bar)
-    return macro("charts.html", "bar_chart")(
-        {"width": width, "height": top + n * (bar_height + pad) + 4, "id": chart_id or title, "title": title,
-         "label_x": label_w - 6, "bar_x": label_w, "value_x": label_w + plot_w + 6, "bar_height": bar_height,
-         "bars": bars})
-
-
-def _diverging_color(value: float, vmax: float) -> str:
-    """White at 0, blue for positive, red for negative."""
-    if not is_finite(value):
-        return "#eeeeee"
-    t = max(-1.0, min(1.0, value / (vmax or 1.0)))
-    if t >= 0:
-        r, g, b = int(255 - 180 * t), int(255 - 120 * t), 255
-    else:
-        r, g, b = 255, int(255 + 150 * t), int(255 + 150 * t)
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def _sequential_color(value: float, vmin: float, vmax: float) -> str:
-    if not is_finite(value):
-        return "#eeeeee"
-    t = max(0.0, min(1.0, (value - vmin) / ((vmax - vmin) or 1.0)))
-    r, g, b = int(247 - 200 * t), int(251 - 150 * t), int(255 - 60 * t)
-    return f"#{r:02x}{g:02x}{b:02x}"
+        lo, hi = (ci[i] if ci is not None else (None, None))
+        target = reference[i] if reference is not None and i < len(reference) else None
+        rows.append({"label": label, "value": _number(value), "low": _number(lo), "high": _number(hi),
+                     "target": _number(target), "highlight": bool(highlight and highlight[i]),
+                     "text": fmt(value, value_digits) + (f" (n={counts[i]})" if counts is not None else ""),
+                     "ci": f"[{fmt(lo, value_digits)}, {fmt(hi, value_digits)}]" if _number(lo) is not None else "",
+                     "note": str(tooltip[i]) if tooltip else ""})
+    numbers = [x for r in rows for x in (r["value"], r["low"], r["high"], r["target"]) if x is not None]
+    top = vmax if vmax is not None else max(numbers + [1e-9])
+    bottom = min(numbers + [0.0])
+    x = alt.X("value:Q", title=x_title or None, scale=alt.Scale(domain=[bottom, top], clamp=True, nice=False),
+              axis=alt.Axis(tickCount=5, grid=True))
+    y = alt.Y("label:N", sort=labels, title=None, axis=alt.Axis(labelLimit=200, labelFontSize=FONT))
+    tips = [alt.Tooltip("label:N", title="class"), alt.Tooltip("text:N", title="value"),
+            alt.Tooltip("ci:N", title="95% CI"), alt.Tooltip("target:Q", title="target", format=".3f")]
+    if tooltip:
+        tips.append(alt.Tooltip("note:N", title="meaning"))
+    base = alt.Chart().encode(y=y)
+    bars = base.mark_bar(height=max(6, bar_height - 6)).encode(
+        x=x, color=alt.Color("label:N", scale=alt.Scale(domain=labels, range=PALETTE), legend=None),
+        stroke=alt.condition(alt.datum.highlight, alt.value("#222"), alt.value(None)),
+        strokeWidth=alt.condition(alt.datum.highlight, alt.value(2), alt.value(0)), tooltip=tips)
+    whiskers = base.mark_rule(color="#222", strokeWidth=1.5).encode(x="low:Q", x2="high:Q", tooltip=tips) \
+        .transform_filter("isValid(datum.low) && isValid(datum.high)")
+    ticks = base.mark_tick(color="#c00", thickness=2, size=max(8, bar_height - 2), strokeDash=[3, 2]) \
+        .encode(x="target:Q", tooltip=tips).transform_filter("isValid(datum.target)")
+    text = base.mark_text(align="left", dx=6, fontSize=FONT).encode(x=alt.value(width), text="text:N")
+    layers = [bars] + ([whiskers] if ci is not None else []) + ([ticks] if reference is not None else []) + [text]
+    chart = alt.layer(*layers, data=alt.Data(values=rows)).properties(
+        width=width, height=alt.Step(bar_height), title=_title(alt, title))
+    fallback = f"{title}: " + ", ".join(f"{r['label']} {r['text']}" for r in rows)
+    return vega(chart, chart_id=chart_id or title, fallback=fallback)
 
 
 def heatmap(matrix: Sequence[Sequence[float]], row_labels: Sequence[str], col_labels: Sequence[str], *,
             title: str = "", diverging: bool = True, digits: int = 2,
             hover: Sequence[Sequence[str]] | None = None, faded: Sequence[Sequence[bool]] | None = None,
-            row_title: str = "", col_title: str = "", table_id: str = "") -> Markup:
-    """An HTML table heatmap with the value in every cell and hover text (title attribute)."""
-    values = [v for row in matrix for v in row if is_finite(v)]
-    vmax = max([abs(v) for v in values] or [1.0])
-    vmin = min(values or [0.0])
-    rows = []
-    for i, (label, row) in enumerate(zip(row_labels, matrix)):
-        cells = [{"color": _diverging_color(v, vmax) if diverging else _sequential_color(v, vmin, vmax),
-                  "tip": hover[i][j] if hover else f"{label} / {col_labels[j]}: {fmt(v, digits)}",
-                  "faded": bool(faded and faded[i][j]), "text": fmt(v, digits)} for j, v in enumerate(row)]
-        rows.append({"label": str(label), "cells": cells})
-    return macro("charts.html", "heatmap")(
-        {"id": table_id, "title": title, "row_title": row_title, "col_title": col_title,
-         "cols": [str(c) for c in col_labels], "rows": rows})
+            row_title: str = "", col_title: str = "", table_id: str = "", legend: str = "value",
+            domain: tuple[float, float] | None = None, max_size: int = 520) -> Markup:
+    """A heatmap of `matrix` (rows × columns) with a colour legend titled `legend`: diverging
+    (red below 0, blue above, white at 0) or sequential; the value written in each cell when the
+    matrix is small; `hover[i][j]` as the cell's tooltip; faded cells drawn pale. Cells shrink
+    so that the matrix fits in `max_size` pixels each way (at least 9 px a cell)."""
+    alt = _alt()
+    rows_, cols_ = _unique(row_labels), _unique(col_labels)
+    data = []
+    for i, (label, row) in enumerate(zip(rows_, matrix)):
+        for j, v in enumerate(row):
+            data.append({"row": label, "col": cols_[j], "value": _number(v), "text": fmt(v, digits)}
+                        | ({"tip": str(hover[i][j])} if hover else {}) | ({"faded": True} if faded and faded[i][j] else {}))
+    values = [d["value"] for d in data if d["value"] is not None]
+    cell = int(max(9, min(34, max_size // max(1, len(rows_), len(cols_)))))
+    tips = (alt.Tooltip("tip:N", title=" ") if hover else
+            [alt.Tooltip("row:N", title=row_title or "row"), alt.Tooltip("col:N", title=col_title or "column"),
+             alt.Tooltip("text:N", title=legend)])
+    if domain is None:
+        top = max([abs(v) for v in values] or [1.0]) or 1.0
+        domain = (-top, top) if diverging else (min(values or [0.0]), max(values or [1.0]))
+    scale = (alt.Scale(scheme="redblue", domain=list(domain), domainMid=0) if diverging
+             else alt.Scale(scheme="blues", domain=list(domain)))
+    x = alt.X("col:N", sort=cols_, title=col_title or None,
+              axis=alt.Axis(orient="top", labelAngle=-60, labelLimit=160, labelFontSize=min(FONT, cell)))
+    y = alt.Y("row:N", sort=rows_, title=row_title or None,
+              axis=alt.Axis(labelLimit=320, labelFontSize=min(FONT, max(9, cell - 2))))
+    base = alt.Chart().encode(x=x, y=y)
+    rects = base.mark_rect(stroke="#fff", strokeWidth=0.5).encode(
+        color=alt.Color("value:Q", scale=scale, title=legend,
+                        legend=alt.Legend(orient="right", gradientLength=min(200, max(80, cell * len(rows_))))),
+        opacity=alt.condition(alt.datum.faded, alt.value(0.3), alt.value(1.0)), tooltip=tips)
+    layers = [rects]
+    if cell >= 28:
+        dark = f"abs(datum.value) > {0.6 * max(abs(domain[0]), abs(domain[1])):.6g}" if diverging else \
+            f"datum.value > {domain[0] + 0.6 * (domain[1] - domain[0]):.6g}"
+        layers.append(base.mark_text(fontSize=11).encode(
+            text="text:N", tooltip=tips, color=alt.condition(dark, alt.value("#fff"), alt.value("#000"))))
+    chart = alt.layer(*layers, data=alt.Data(values=data)).properties(
+        width=alt.Step(cell), height=alt.Step(cell), title=_title(alt, title))
+    return vega(chart, chart_id=table_id or title,
+                fallback=f"{title}: a {len(rows_)} × {len(cols_)} heatmap (needs JavaScript to draw)")
 
 
 def value_range(values: Sequence[float], min_span: float = 0.0) -> tuple[float, float]:
@@ -102,25 +213,67 @@ def value_range(values: Sequence[float], min_span: float = 0.0) -> tuple[float, 
 
 
 def line_chart(series: dict[str, Sequence[float]], *, title: str = "", x_label: str = "iteration",
-               width: int = 420, height: int = 220, chart_id: str = "", min_span: float = 0.0) -> Markup:
-    """An SVG of lines over x = 0, 1, 2, ... with dots and values on hover; the y axis spans at
-    least `min_span` (value_range)."""
-    pts = [v for ys in series.values() for v in ys if is_finite(v)]
-    chart = {"width": width, "height": height, "id": chart_id or title, "title": title, "x_label": x_label,
-             "empty": not pts, "series": []}
-    if pts:
-        lo, hi = value_range(pts, min_span)
-        n = max(len(ys) for ys in series.values())
-        left, right, top, bottom = 48, 10, 24, 30
-        pw, ph = width - left - right, height - top - bottom
-        sx = lambda i: round(left + (pw * i / max(1, n - 1)), 1)  # noqa: E731
-        sy = lambda v: round(top + ph * (1 - (v - lo) / (hi - lo)), 1)  # noqa: E731
-        chart.update(left=left, top=top, right_x=left + pw, bottom_y=top + ph, hi=fmt(hi, 3), lo=fmt(lo, 3),
-                     x_mid=left + pw / 2)
-        for k, (name, ys) in enumerate(series.items()):
-            dots = [{"x": sx(i), "y": sy(v), "title": f"{name} @ {i}: {fmt(v, 4)}"}
-                    for i, v in enumerate(ys) if is_finite(v)]
-            chart["series"].append({"name": str(name), "color": PALETTE[k % len(PALETTE)], "dots": dots,
-                                    "points": " ".join(f"{d['x']},{d['y']}" for d in dots) if len(dots) > 1 else "",
-                                    "legend_x": left + 6 + 110 * k, "legend_y": top + ph + 22})
-    return macro("charts.html", "line_chart")(chart)
+               width: int = 420, height: int = 220, chart_id: str = "", min_span: float = 0.0,
+               y_title: str = "") -> Markup:
+    """Lines over x = 0, 1, 2, … (integer ticks), a dot per value with its value on hover, a
+    legend of the series below; the y axis spans at least `min_span` (value_range)."""
+    alt = _alt()
+    names = [str(n) for n in series]
+    data = [{"series": str(name), "x": i, "y": _number(v), "text": fmt(v, 4)}
+            for name, ys in series.items() for i, v in enumerate(ys) if is_finite(v)]
+    if not data:
+        return macro("charts.html", "empty")(id=chart_id or title, text=f"{title}: no data yet")
+    lo, hi = value_range([d["y"] for d in data], min_span)
+    n = max(len(ys) for ys in series.values())
+    chart = alt.Chart(alt.Data(values=data)).mark_line(point=alt.OverlayMarkDef(size=40)).encode(
+        x=alt.X("x:Q", title=x_label, scale=alt.Scale(domain=[0, max(1, n - 1)], nice=False),
+                axis=alt.Axis(tickMinStep=1, format="d", values=list(range(n)) if n <= 30 else alt.Undefined)),
+        y=alt.Y("y:Q", title=y_title or None, scale=alt.Scale(domain=[lo, hi], nice=False, zero=False)),
+        color=alt.Color("series:N", sort=names, scale=alt.Scale(domain=names, range=PALETTE),
+                        legend=alt.Legend(orient="bottom", title=None, labelLimit=260)),
+        tooltip=[alt.Tooltip("series:N"), alt.Tooltip("x:Q", title=x_label), alt.Tooltip("text:N", title="value")],
+    ).properties(width=width, height=height, title=_title(alt, title))
+    return vega(chart, chart_id=chart_id or title, fallback=f"{title}: " + "; ".join(
+        f"{name} {fmt(ys[-1], 4)} at {x_label} {len(ys) - 1}" for name, ys in series.items() if len(ys)))
+
+
+def grouped_bars(labels: Sequence[str], groups: dict[str, Sequence[float]], *, title: str = "",
+                 ci: dict[str, Sequence[tuple[float, float]]] | None = None,
+                 reference: Sequence[float] | None = None, vmax: float | None = None, width: int = 300,
+                 chart_id: str = "", x_title: str = "", digits: int = 2) -> Markup:
+    """Bars of several groups (e.g. "before" and "after") side by side for each label, each
+    group in its colour (legend below), with optional 95% CI whiskers and reference ticks."""
+    alt = _alt()
+    labels = _unique(labels)
+    names = [str(g) for g in groups]
+    rows = []
+    for g, values in groups.items():
+        for i, (label, value) in enumerate(zip(labels, values)):
+            lo, hi = (ci[g][i] if ci and g in ci else (None, None))
+            target = reference[i] if reference is not None and i < len(reference) else None
+            rows.append({"label": label, "group": str(g), "value": _number(value), "low": _number(lo),
+                         "high": _number(hi), "target": _number(target), "text": fmt(value, digits),
+                         "ci": f"[{fmt(lo, digits)}, {fmt(hi, digits)}]" if _number(lo) is not None else ""})
+    numbers = [x for r in rows for x in (r["value"], r["low"], r["high"], r["target"]) if x is not None]
+    top = vmax if vmax is not None else max(numbers + [1e-9])
+    x = alt.X("value:Q", title=x_title or None, scale=alt.Scale(domain=[min(numbers + [0.0]), top], nice=False,
+                                                                   clamp=True))
+    y = alt.Y("label:N", sort=labels, title=None, axis=alt.Axis(labelLimit=200))
+    offset = alt.YOffset("group:N", sort=names)
+    tips = [alt.Tooltip("label:N", title="class"), alt.Tooltip("group:N"), alt.Tooltip("text:N", title="value"),
+            alt.Tooltip("ci:N", title="95% CI"), alt.Tooltip("target:Q", title="target", format=".3f")]
+    base = alt.Chart().encode(y=y, yOffset=offset)
+    bars = base.mark_bar().encode(x=x, color=alt.Color("group:N", sort=names, scale=alt.Scale(domain=names,
+                                                                                             range=PALETTE),
+                                                       legend=alt.Legend(orient="bottom", title=None)),
+                                  tooltip=tips)
+    whiskers = base.mark_rule(color="#222").encode(x="low:Q", x2="high:Q", tooltip=tips) \
+        .transform_filter("isValid(datum.low) && isValid(datum.high)")
+    layers = [bars, whiskers]
+    if reference is not None:
+        layers.append(alt.Chart().mark_tick(color="#c00", thickness=2, strokeDash=[3, 2]).encode(
+            y=y, x="target:Q", tooltip=tips).transform_filter(alt.datum.group == names[0]).transform_filter("isValid(datum.target)"))
+    chart = alt.layer(*layers, data=alt.Data(values=rows)).properties(width=width, title=_title(alt, title))
+    fallback = f"{title}: " + "; ".join(f"{g}: " + ", ".join(f"{r['label']} {r['text']}" for r in rows
+                                                           if r["group"] == g) for g in names)
+    return vega(chart, chart_id=chart_id or title, fallback=fallback)

@@ -4,7 +4,7 @@ from the first model and their intervals."""
 from __future__ import annotations
 
 from ..common.names import readable
-from . import Markup, counterfactuals, fmt, fmt_ci, intersectional, render
+from . import Markup, counterfactuals, explain, fmt, fmt_ci, intersectional, render
 from .single_prompt import axis_html
 
 TITLES = {"single_prompt": "Single Prompt", "counterfactuals": "Counterfactuals (TIBET)",
@@ -49,8 +49,9 @@ def _difference(d: dict | None) -> dict:
     return {"text": sign + text, "significant": {True: "true", False: "false"}.get(d.get("significant"), "none")}
 
 
-def page(results: dict) -> Markup:
-    """Returns the HTML of a finished (or partial) compare_models run's results."""
+def page(results: dict, images: list[list[dict]] | None = None) -> Markup:
+    """Returns the HTML of a finished (or partial) compare_models run's results; `images`: each
+    model's images ({"src", "caption"}) shown side by side (the tab has them; a stored run does not)."""
     method, labels = results["method"], results["generators"]
     done = results.get("results") or []
     models = [{"letter": _letter(i), "generator": g, "model": (results.get("models") or labels)[i],
@@ -61,9 +62,11 @@ def page(results: dict) -> Markup:
                 for title, views in _views(method, done)]
     comparison = results.get("comparison") or {"rows": []}
     rows = [{"group": row["group"], "metric": row["metric"], "name": readable(row["metric"]),
+             "tip": explain.tip(row["metric"]),
              "cells": [{"text": _cell(v), "pruned": p} for v, p in zip(row["values"], row.get("pruned") or
                                                                       [False] * len(row["values"]))],
              "differences": [_difference(d) for d in row["differences"]]} for row in comparison["rows"]]
     return render("compare_models.html", method=method, title=f"Compare models: {TITLES.get(method, method)}",
                   prompt=(results.get("request") or {}).get("prompt", ""), models=models, sections=sections,
-                  rows=rows)
+                  rows=rows, images=[{"letter": _letter(i), "generator": labels[i], "images": ims}
+                                     for i, ims in enumerate(images or []) if i < len(labels)])

@@ -3,7 +3,7 @@ initial set next to a counterfactual's, and the grid of generated sets (the tab,
 view, reports). Markup: templates/counterfactuals.html."""
 from __future__ import annotations
 
-from . import Markup, charts, fmt, fmt_ci, macro, trust
+from . import Markup, charts, explain, fmt, fmt_ci, macro, trust
 
 CAS_NOTE = ("CAS: how similar the concepts in a counterfactual's images are to those of the initial prompt's "
             "images (1 = identical); the initial images lean toward the high-CAS counterfactuals. Intervals "
@@ -28,7 +28,8 @@ def mad_html(results: dict) -> Markup:
     mode = " (reference mode)" if results.get("mode") == "reference" else ""
     chart = charts.bar_chart(order, [results["mad"][a] for a in order], ci=[tuple(results["mad_ci"][a]) for a in order],
                              vmax=1.0, title=f"Bias strength: normalised MAD per axis{mode} (most biased first)",
-                             chart_id="mad", width=520)
+                             chart_id="mad", width=420, x_title="MAD (0 = even, 1 = one counterfactual only)",
+                             tooltip=[explain.tip("mad")] * len(order))
     heat = ""
     if results.get("aggregate"):
         prompts = list(results["per_prompt"])
@@ -36,7 +37,10 @@ def mad_html(results: dict) -> Markup:
         heat = charts.heatmap(matrix, prompts, order, diverging=False, title="MAD per prompt", table_id="mad-per-prompt")
     return macro("counterfactuals.html", "mad")(chart=chart, clip=[(a, results["mad_clip"][a]) for a in order],
                                                 heat=heat, headline=trust.headline_html(results.get("headline")),
-                                                rankings=rankings_differ(results))
+                                                rankings=rankings_differ(results),
+                                                rescored=MODE_NAMES.get(results.get("rescored_from", ""), ""),
+                                                mode=MODE_NAMES.get(results.get("mode", ""), ""),
+                                                meanings=explain.info(["mad", "cas"], "cf-meanings"))
 
 
 def cas_html(axes: dict[str, dict]) -> Markup:
@@ -46,7 +50,8 @@ def cas_html(axes: dict[str, dict]) -> Markup:
         cfs = a["counterfactuals"]
         blocks.append((axis, charts.bar_chart(
             [c["value"] for c in cfs], [c["cas"] for c in cfs], ci=[tuple(c["cas_ci"]) for c in cfs], vmax=1.0,
-            width=400, title=f"{axis}: CAS per counterfactual (MAD {fmt(a['mad'], 2)})", chart_id=f"cas-{axis}")))
+            width=300, title=f"{axis}: CAS per counterfactual (MAD {fmt(a['mad'], 2)})", chart_id=f"cas-{axis}",
+            x_title="CAS", tooltip=[explain.tip("cas")] * len(cfs))))
     return macro("counterfactuals.html", "cas")(blocks=blocks, note=CAS_NOTE)
 
 

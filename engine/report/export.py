@@ -17,8 +17,8 @@ Three forms (DESIGN.md "The store"; issue 8):
     images with the metadata columns and ignores the other files; `import_zip` puts the runs,
     images (checked against their sha256), VQA answers and embeddings into another store, so
     the run reopens identical.
-(c) a one-page HTML report: self-contained (charts as inline SVG, images as base64 JPEG
-    thumbnails, no script, no network), printable.
+(c) a one-page HTML report: self-contained (charts as Vega-Lite specs drawn by the inlined
+    vega runtime, images as base64 JPEG thumbnails, no network), printable.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from engine.methods.validate import validate_run
 from engine.runs.history import compare_runs, get_run, headline, run_prompt, run_records, scores, short_model
 from engine.store.store import Store, is_key
 
-from . import Markup, clip, macro, render, static
+from . import Markup, charts, clip, macro, render, static
 from .runs import compare_html, results_html, run_header_html, thumbnails_html
 
 CSV_COLUMNS = ["run_id", "method", "status", "prompt", "generator", "group", "metric", "value", "ci_low", "ci_high"]
@@ -106,10 +106,11 @@ def _csv_number(x) -> str:
 
 # -- (c) HTML report -------------------------------------------------------------------------
 def page(title: str, body: Markup) -> Markup:
-    """A standalone HTML document (no script, no external resource) around `body` (Markup from
-    this package; a plain string is escaped, i.e. shown as text)."""
+    """A standalone HTML document (no external resource; the chart runtime inlined, so the charts
+    are the tab's, offline) around `body` (Markup from this package; a plain string is escaped,
+    i.e. shown as text)."""
     return render("report.html", title=title, body=body, css=Markup(static("report.css")),
-                  version=__version__, date=time.strftime("%Y-%m-%d %H:%M"))
+                  runtime=charts.runtime_head(), version=__version__, date=time.strftime("%Y-%m-%d %H:%M"))
 
 
 def report_html(store: Store, run_ids, thumbnail_size: int = 128, max_images: int = 48) -> Markup:

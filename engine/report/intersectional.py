@@ -16,8 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..common.scores import is_missing
-from ..methods.intersectional import edge_status, threshold_notes
-from . import Markup, charts, fmt, macro, signed, trust
+from ..methods.intersectional import edge_status, no_edge_note, threshold_notes
+from . import Markup, charts, explain, fmt, macro, signed, trust
 
 POSITIVE, NEGATIVE = "#2b6cb0", "#c53030"
 MARKS = {"MaxImp": "MaxImp: most impact on other axes (outgoing edges)",
@@ -66,7 +66,8 @@ def matrix_html(results: dict, table_id: str = "is-matrix") -> Markup:
     values = [[math.nan if v is None else v for v in row] for row in matrix]   # None: no answers to measure
     return charts.heatmap(values, axes, axes, diverging=True, hover=hover, faded=faded, digits=2,
                           title="Intersectional Sensitivity IS (row made diverse → column's distance from its target)",
-                          row_title="made diverse", col_title="affected", table_id=table_id)
+                          row_title="made diverse", col_title="affected", table_id=table_id,
+                          legend="IS (+ closer to target)")
 
 
 @lru_cache(maxsize=1)
@@ -83,20 +84,21 @@ def _vis() -> tuple[Markup, Markup]:
 
 def graph_data(axes: list[str], edges: list[dict], max_impact: str | None = None,
                max_influenced: str | None = None) -> tuple[list[dict], list[dict]]:
-    """(vis nodes, vis edges): the axes on a fixed circle (the same picture every time), the
-    kept edges coloured by the sign of IS and as wide as |IS|."""
+    """(vis nodes, vis edges): the axes on a fixed ellipse twice as wide as tall (the same picture
+    every time; the frame is wide, so a circle would leave its sides blank and shrink the labels
+    to fit its height), the kept edges coloured by the sign of IS and as wide as |IS|."""
     from pyvis.network import Network
 
     net = Network(directed=True)
-    radius = 60 + 30 * len(axes)
+    radius = 40 + 22 * len(axes)
     for k, axis in enumerate(axes):
         angle = 2 * math.pi * k / max(1, len(axes)) - math.pi / 2
         marks = [m for m, node in (("MaxImp", max_impact), ("MaxInf", max_influenced)) if node == axis]
         net.add_node(str(axis), label=str(axis) + (f"\n({', '.join(marks)})" if marks else ""),
                      title="; ".join(MARKS[m] for m in marks) or str(axis),
-                     x=radius * math.cos(angle), y=radius * math.sin(angle), physics=False, shape="box",
+                     x=2.2 * radius * math.cos(angle), y=radius * math.sin(angle), physics=False, shape="box",
                      color="#f6ad55" if "MaxImp" in marks else "#b794f4" if marks else "#e2e8f0",
-                     borderWidth=3 if marks else 1, font={"size": 16})
+                     borderWidth=3 if marks else 1, font={"size": 18})
     for e in edges:
         if not e.get("kept"):
             continue
@@ -119,10 +121,17 @@ def graph_html(axes: list[str], edges: list[dict], max_impact: str | None = None
         positive=POSITIVE, negative=NEGATIVE, any_kept=any(e.get("kept") for e in edges))
 
 
-def graph_from_results(results: dict, height: int = 460) -> Markup:
+def graph_height(axes) -> int:
+    """The height of a BiasGraph frame: room for its ellipse of axes, no more (a fixed 460 px left
+    a few axes small in a mostly blank frame)."""
+    return min(460, 220 + 30 * len(axes))
+
+
+def graph_from_results(results: dict, height: int | None = None) -> Markup:
     """`graph_html` of a run's results."""
-    return graph_html(results["sensitivity"]["axes"], results["edges"], results.get("max_impact"),
-                      results.get("max_influenced"), height)
+    axes = results["sensitivity"]["axes"]
+    return graph_html(axes, results["edges"], results.get("max_impact"), results.get("max_influenced"),
+                      height or graph_height(axes))
 
 
 def iframe(document: str, height: int = 480, elem_id: str = "") -> Markup:
@@ -138,7 +147,8 @@ def summary_html(results: dict) -> Markup:
                                                                                    results["other_policy"])
     return macro("intersectional.html", "summary")(r=results, policy=policy,
                                                    headline=trust.headline_html(results.get("headline")),
-                                                   notes=threshold_notes(results))
+                                                   notes=threshold_notes(results), no_edge=no_edge_note(results),
+                                                   meanings=explain.info(["is"], "ic-meanings"))
 
 
 def pair_html(results: dict, intervened: str, affected: str) -> Markup:
@@ -161,4 +171,4 @@ def page(results: dict) -> Markup:
     """A whole Intersectional run: summary, questions, matrix, kept edges and the graph."""
     return macro("intersectional.html", "page")(
         r=results, summary=summary_html(results), matrix=matrix_html(results),
-        graph=iframe(graph_from_results(results)))
+        graph=iframe(graph_from_results(results), graph_height(results["sensitivity"]["axes"]) + 20))

@@ -2,7 +2,8 @@
 Top-K concepts (the tab, the Runs view, exported reports). Markup: templates/single_prompt.html."""
 from __future__ import annotations
 
-from . import Markup, charts, clip, fmt, macro, trust
+from ..common.meanings import equal_by_construction, meaning
+from . import Markup, charts, clip, explain, fmt, macro, trust
 
 METRICS = [("Composite Bias Score", "composite_bias_score"), ("Parity Difference", "parity_difference"),
            ("Normalised entropy", "normalised_entropy"), ("KL from reference", "kl_divergence"),
@@ -21,9 +22,12 @@ def axis_html(name: str, m: dict) -> Markup:
     corrected = m.get("distribution") == "corrected"   # issue 16: the spot-check-corrected shares
     title = f"{name} (corrected for the evaluator's errors)" if corrected else str(name)
     chart = charts.bar_chart(classes, shares, title=title, counts=[counts.get(c, 0) for c in classes],
-                             ci=share_ci, reference=targets, vmax=1.0, chart_id=f"axis-{name}")
+                             ci=share_ci, reference=targets, vmax=1.0, chart_id=f"axis-{name}", x_title="share of images")
     ci = m.get("ci", {})
-    rows = [{"label": label + (f" ({m.get('kl_unit', '')})" if key == "kl_divergence" else ""), "key": key,
+    same = equal_by_construction(len(classes), ref if isinstance(ref, dict) and m.get("mode") == "paper" else None)
+    rows = [{"label": label + (f" ({m.get('kl_unit', '')})" if key == "kl_divergence" else "")
+             + (" (= parity difference: two classes)" if same and key == "bias_amplification" else ""),
+             "key": key, "tip": meaning(key).line() + (f" {same}" if same and key == "bias_amplification" else ""),
              "value": m.get(key), "ci": ci.get(key)} for label, key in METRICS]
     return macro("single_prompt.html", "axis")(name=name, chart=chart, mode=m.get("mode", ""), rows=rows,
                                                 n_excluded=m.get("n_excluded"),
@@ -31,8 +35,10 @@ def axis_html(name: str, m: dict) -> Markup:
 
 
 def axes_html(blocks) -> Markup:
-    """Axis blocks (from `axis_html`) side by side."""
-    return macro("single_prompt.html", "axes")(list(blocks))
+    """Axis blocks (from `axis_html`) side by side, then what their metrics mean."""
+    blocks = list(blocks)
+    return macro("single_prompt.html", "axes")(blocks, explain.info([key for _, key in METRICS], "sp-meanings")
+                                               if blocks else "")
 
 
 def gap_reading(gap: dict) -> dict:
@@ -58,18 +64,22 @@ def gap_reading(gap: dict) -> dict:
 def gap_html(gap: dict) -> Markup:
     """Gap score, its terms, the missed interpretations, the least-aligned images and the heatmap."""
     order = sorted(range(len(gap["variations"])), key=lambda i: gap["coverage"][i])
-    heat = charts.heatmap([gap["similarity"][i] for i in order], [clip(gap["variations"][i], 60) for i in order],
-                          [f"s{s}" for s in gap["image_seeds"]], diverging=False, digits=2,
+    variations = [clip(gap["variations"][i], 60) for i in order]
+    seeds = [f"seed {s}" for s in gap["image_seeds"]]
+    hover = [[f"{gap['variations'][i]} × image of seed {s}: similarity {fmt(gap['similarity'][i][j], 3)}"
+              for j, s in enumerate(gap["image_seeds"])] for i in order]
+    heat = charts.heatmap([gap["similarity"][i] for i in order], variations, seeds, diverging=False, digits=2,
                           title="CLIP similarity: text variations (rows, worst covered first) × images (columns)",
-                          table_id="gap-heatmap")
-    return macro("single_prompt.html", "gap")(gap=gap, heat=heat, reading=gap_reading(gap))
+                          row_title="LLM text variation", col_title="image", legend="CLIP similarity", hover=hover,
+                          table_id="gap-heatmap", max_size=420)
+    return macro("single_prompt.html", "gap")(gap=gap, heat=heat, reading=gap_reading(gap), meaning=explain.tip("gap_score"))
 
 
 def diversity_text(d: dict) -> str:
     """The diversity sentence as Markdown (for a gr.Markdown); numbers only, nothing to escape."""
     return (f"**Diversity** (CLIP image embeddings, N = {d['n']}): Vendi score **{fmt(d['vendi'], 2)}** of at most "
             f"{d['n']} (normalised {fmt(d['vendi_normalised'])}); mean pairwise similarity "
-            f"{fmt(d['mean_pairwise_similarity'])}.")
+            f"{fmt(d['mean_pairwise_similarity'])}. *{explain.tip('vendi')}*")
 
 
 def page(results: dict) -> Markup:
@@ -79,4 +89,4 @@ def page(results: dict) -> Markup:
         prompt=results.get("prompt", ""), headline=trust.headline_html(results.get("headline")),
         axes=axes_html(axis_html(n, m) for n, m in axes.items()) if axes else "",
         diversity=results.get("diversity"), gap=gap_html(results["gap"]) if results.get("gap") else "",
-        top_concepts=results.get("top_concepts") or [])
+        top_concepts=results.get("top_concepts") or [], vendi_meaning=explain.tip("vendi"))
