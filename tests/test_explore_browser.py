@@ -1,14 +1,16 @@
 """The Explore tab in headless Chromium, on one public GapLens (issue 33): the host builds a 3-node
 tree, hovers a dot (its thumbnail appears), clicks it (the image opens), copies the view's link and
 opens it in a new page (the same view, no image generated); another visitor's page opening that link
-reads exactly as a missing id."""
+reads exactly as a missing id; the tree's HTML export opens offline with its charts."""
 import os
 
 import pytest
 
 from apphelpers import browser_page, running_app, screenshot
+from engine.common import access
 from engine.core.engine import Engine
 from engine.hosting.limits import Budget
+from engine.report.explore import tree_document
 
 pytestmark = pytest.mark.browser
 
@@ -42,7 +44,7 @@ def step(page, prompt: str, nodes: int) -> str:
     return page.eval_on_selector("#ex-tree-view li.gl-selected", "e => e.dataset.node")
 
 
-def test_a_tree_its_dots_and_its_link(app):
+def test_a_tree_its_dots_and_its_link(app, tmp_path):
     engine, url = app
     with browser_page() as page:
         page.context.set_extra_http_headers({"x-gaplens-host-token": HOST_TOKEN})
@@ -96,3 +98,12 @@ def test_a_tree_its_dots_and_its_link(app):
         assert visitor.locator("#ex-tree-view li").count() == 0 and "old doctor" not in visitor.inner_text("body")
         screenshot(visitor, "explore_link_other_visitor")
         assert engine.store.count("images") == images
+        # the tree's HTML export opens offline with its charts drawn
+        with access.acting_as(access.HOST):
+            path = tmp_path / "tree.html"
+            path.write_text(str(tree_document(engine, root)), encoding="utf-8")
+        requests = []
+        other.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+        other.goto(path.as_uri(), wait_until="load")
+        other.wait_for_function("document.querySelectorAll('.gl-vega[data-rendered]').length === 3", timeout=30_000)
+        assert other.locator(".gl-tree li[data-node]").count() == 3 and requests == []

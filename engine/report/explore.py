@@ -9,7 +9,7 @@ import hashlib
 import time
 
 from .. import __version__
-from . import Markup, macro, render, static
+from . import Markup, charts, macro, render, static
 from .charts import PALETTE
 
 STRIPS_ID = "explore-strips"
@@ -102,14 +102,7 @@ def scatter_chart(images: list[dict], concepts: list[str], versus: list[str], th
 
 def vega_chart(chart, chart_id: str) -> Markup:
     """The chart (Altair, or a Vega-Lite dict) as the pages' `<div class="gl-vega">` (charts.vega)."""
-    from . import charts
-
-    spec = chart if isinstance(chart, dict) else chart.to_dict()
-    if hasattr(charts, "vega"):
-        return charts.vega(spec, chart_id=chart_id)
-    import json
-
-    return macro("explore.html", "vega_div")(chart_id, json.dumps(spec, separators=(",", ":")))
+    return charts.vega(chart, chart_id=chart_id)
 
 
 def lean_rows(lean: dict) -> list[dict]:
@@ -177,14 +170,11 @@ def tree_page(tree: dict, pages: dict, thumbs: dict | None = None) -> Markup:
     """The tree as one self-contained HTML document (opens offline): the tree, then every node's
     page. `tree`: engine.methods.explore.tree_json; `pages`: node id -> its run's results;
     `thumbs`: image key -> data: URL."""
-    from . import charts
-
-    runtime = Markup(charts.runtime_js()) if hasattr(charts, "runtime_js") else ""
     sections = [{"id": n["id"], "prompt": n["prompt"], "html": page(pages[n["id"]], thumbs)}
                 for n in tree["nodes"] if n["id"] in pages]
     return render("explore_tree.html", title=f"GapLens tree: {tree['nodes'][0]['prompt'] if tree['nodes'] else ''}",
                   tree=tree_html(tree["nodes"]), sections=sections, css=Markup(static("report.css")),
-                  runtime=runtime, version=__version__, date=time.strftime("%Y-%m-%d %H:%M"))
+                  runtime=charts.runtime_head(), version=__version__, date=time.strftime("%Y-%m-%d %H:%M"))
 
 
 def tree_document(engine, tree_id: str) -> Markup:
