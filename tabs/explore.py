@@ -64,7 +64,7 @@ def build(engine) -> list:
             link = gr.Textbox(label="Link to this view (reopens it from the store)", buttons=["copy"],
                               interactive=False, elem_id="ex-link")
             query = gr.Textbox(visible="hidden", elem_id="ex-query")
-            tree_view = gr.HTML(elem_id="ex-tree-view")
+            tree_view = gr.HTML(elem_id="ex-tree-view", js_on_load=NODE_JS)
             strips = gr.HTML(elem_id="ex-strips", js_on_load=CLICK_JS)
             with gr.Row():
                 image = gr.Image(label="Image", interactive=False, height=256, elem_id="ex-image")
@@ -94,6 +94,11 @@ def build(engine) -> list:
         user_errors(with_engine(after_step, engine)), [state], view_outputs, api_name=False)
     tree_pick.input(user_errors(with_engine(open_tree, engine)), [tree_pick], view_outputs, api_name=False)
     node_pick.input(user_errors(with_engine(open_node, engine)), [state, node_pick], view_outputs, api_name=False)
+
+    def node_clicked(state, evt: gr.EventData):   # a click on a node of the tree selects it
+        return open_node(engine, state, (getattr(evt, "_data", None) or {}).get("node"))
+
+    tree_view.select(user_errors(node_clicked), [state], view_outputs, api_name=False)
     query.change(None, [query], [link], js=LINK_JS, api_name=False)
     open_image = gpu(engine, duration=lambda state, data: gpu_seconds_for(engine, 1),
                      specs=lambda state, data: [engine.preset.vqa])(with_engine(show_image, engine))
@@ -104,8 +109,9 @@ def build(engine) -> list:
     strips.select(clicked, [state], [image, details], api_name=False)
     for fmt, button in (("json", export_json), ("html", export_html), ("zip", export_zip)):
         button.click(user_errors(with_engine(export_tree, engine, fmt)), [state], [files], api_name=False)
-    cluster_go.click(user_errors(with_engine(cluster, engine)), [cluster_runs, k], [clusters_out],
-                     api_name="explore_clusters")
+    clustered = gpu(engine, duration=lambda run_ids, k: gpu_seconds_for(engine, 1),
+                    specs=lambda run_ids, k: [engine.preset.embedder])(with_engine(cluster, engine))
+    cluster_go.click(clustered, [cluster_runs, k], [clusters_out], api_name="explore_clusters")
 
     clusters_panel.expand(user_errors(with_engine(run_choices, engine)), None, [cluster_runs], api_name=False)
     defaults = generation.hook(engine)
@@ -123,6 +129,13 @@ CLICK_JS = """
 element.addEventListener('gl-vega-click', (e) => {
   const d = (e.detail || {}).datum || {};
   if (d.key) trigger('select', {key: d.key, chart: (e.detail || {}).chart_id || ''});
+});
+"""
+# The tree: a click on a node selects it.
+NODE_JS = """
+element.addEventListener('click', (e) => {
+  const li = e.target.closest && e.target.closest('li[data-node]');
+  if (li) { e.stopPropagation(); trigger('select', {node: li.dataset.node}); }
 });
 """
 # The link: this page's address with the view's query.

@@ -46,6 +46,7 @@ NOUN_CARRIER = "a photo of {}"
 MAX_CONCEPTS = 8
 MAX_INVERSE = 8
 MAX_CLUSTER_RUNS = 64
+INVERSE_LABEL = "inverse: "   # the set label of an inverse query's images in its run
 
 
 @dataclass
@@ -274,7 +275,7 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
         settings = settings or (yield from settle_settings(request, engine))
         carrier = carrier_prompt(concept, request.carrier)
         made = yield from stream_image_set(engine, run_record, carrier, list(range(request.seed, request.seed + request.m)),
-                                           settings, f"inverse: {concept}", (0 if request.run else request.n) + i * request.m,
+                                           settings, INVERSE_LABEL + concept, (0 if request.run else request.n) + i * request.m,
                                            (0 if request.run else request.n) + len(request.inverse) * request.m)
         placed, inverse[concept], _, _ = place(engine, made, concepts)
         sets[concept] = {"prompt": carrier, "images": placed}
@@ -288,7 +289,8 @@ def stored_images(engine: Engine, run_id: str) -> tuple[list[ImageRecord], str]:
     """(records in the run's order, its prompt) of a stored run the visitor may see; InputError
     when there is none or it has no stored image left."""
     source = engine.store.require_run(run_id, what="run")
-    keys = list(dict.fromkeys(r["image_key"] for r in source["images"]))
+    keys = list(dict.fromkeys(r["image_key"] for r in source["images"]   # an Explore node: not its inverse sets
+                              if not (source["method"] == "explore" and r["label"].startswith(INVERSE_LABEL))))
     found = engine.store.get_images(keys, verify=False)
     records = [found[k] for k in keys if k in found]
     if not records:
