@@ -93,6 +93,7 @@ def build(engine) -> list:
         run, inputs_kwargs=form, outputs=[progress, state], api_name="explore").then(
         user_errors(with_engine(after_step, engine)), [state], view_outputs, api_name=False)
     tree_pick.input(user_errors(with_engine(open_tree, engine)), [tree_pick], view_outputs, api_name=False)
+    tree_pick.focus(user_errors(with_engine(trees_update, engine)), [tree_pick], [tree_pick], api_name=False)  # new imports
     node_pick.input(user_errors(with_engine(open_node, engine)), [state, node_pick], view_outputs, api_name=False)
 
     def node_clicked(state, evt: gr.EventData):   # a click on a node of the tree selects it

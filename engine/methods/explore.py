@@ -90,7 +90,7 @@ class ExploreResults(TypedDict, total=False):
     concepts: list[str]
     normalisation: dict      # {"kind": "softmax", "logit_scale": 100.0}
     images: list[dict]       # ImageRecord.to_json + "scores" (concept -> score) and "nearest"
-    lean: dict               # concept -> {"share", "ci": [lo, hi], "count"}; "n": images measured
+    lean: dict               # concept -> {"share", "ci": [lo, hi], "count"} (the counts sum to the images measured)
     strips: dict             # concept -> {"median", "ci": [lo, hi]}
     versus: list[str]        # a second axis' concepts (images carry "versus_scores", "versus_nearest")
     versus_lean: dict        # as `lean`, on `versus`
@@ -113,7 +113,7 @@ def concept_scores(image_vectors: np.ndarray, text_vectors: np.ndarray, scale: f
 
 
 def lean_of(scores: np.ndarray, concepts: list[str]) -> dict:
-    """{concept: {"share", "ci": [lo, hi], "count"}, "n": n}: the share of rows whose largest score
+    """{concept: {"share", "ci": [lo, hi], "count"}}: the share of rows whose largest score
     is the concept's, with its Jeffreys 95% interval."""
     n = int(len(scores))
     nearest = np.argmax(scores, axis=1) if n else np.zeros(0, int)
@@ -122,8 +122,12 @@ def lean_of(scores: np.ndarray, concepts: list[str]) -> dict:
     for c, k in zip(concepts, counts):
         lo, hi = share_interval(int(k), n)
         lean[c] = {"share": tidy(k / n) if n else None, "ci": [lo, hi], "count": int(k)}
-    lean["n"] = n
     return lean
+
+
+def measured(lean: dict) -> int:
+    """How many images a lean counts."""
+    return sum(int(v.get("count", 0)) for v in (lean or {}).values() if isinstance(v, dict))
 
 
 def strip_summary(scores: np.ndarray, concepts: list[str]) -> dict:
@@ -303,7 +307,7 @@ def stored_images(engine: Engine, run_id: str) -> tuple[list[ImageRecord], str]:
 def summary_of(results: dict) -> dict:
     """The leading concept, its share and interval, N, the tree and parent (the Runs table's numbers)."""
     top = leading(results.get("lean") or {})
-    summary = {"n": (results.get("lean") or {}).get("n", 0), "tree": results.get("tree", ""),
+    summary = {"n": measured(results.get("lean")), "tree": results.get("tree", ""),
                "parent": results.get("parent", "")}
     if top:
         summary.update(leans_to=top[0], lean_share=top[1]["share"], lean_low=top[1]["ci"][0],
@@ -318,7 +322,7 @@ def lean_sentence(lean: dict, what: str = "images") -> str:
         return ""
     concept, v = top
     lo, hi = v["ci"]
-    return f"{what} lean to '{concept}': {v['share']:.2f} [{lo:.2f}, {hi:.2f}] (N = {lean.get('n', 0)})"
+    return f"{what} lean to '{concept}': {v['share']:.2f} [{lo:.2f}, {hi:.2f}] (N = {measured(lean)})"
 
 
 def scores(results: dict, summary: dict) -> list[Score]:
@@ -366,7 +370,7 @@ def tree_nodes(engine: Engine, tree_id: str) -> list[dict]:
                       "concepts": results.get("concepts") or record["request"].get("concepts", []),
                       "lean": results.get("lean") or {}, "inverse": results.get("inverse") or {},
                       "source_run": results.get("source_run", ""), "status": record["status"],
-                      "n": (results.get("lean") or {}).get("n", 0)})
+                      "n": measured(results.get("lean"))})
     return nodes
 
 

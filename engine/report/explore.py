@@ -135,7 +135,7 @@ def page(results: dict, thumbs: dict | None = None) -> Markup:
         chart = strips_chart(strip_rows(placed.get("images") or [], concepts, thumbs), concepts, None,
                              f"images of '{placed.get('prompt', test)}'")
         inverse.append({"test": test, "prompt": placed.get("prompt", ""), "rows": lean_rows(lean),
-                        "n": lean.get("n", 0), "text": lean_text(lean),
+                        "n": sum(r["count"] for r in lean_rows(lean)), "text": lean_text(lean),
                         "chart": vega_chart(chart, f"explore-inverse-{len(inverse)}")})
     versus = results.get("versus") or []
     second = None
@@ -149,7 +149,7 @@ def page(results: dict, thumbs: dict | None = None) -> Markup:
     norm = results.get("normalisation") or {}
     return macro("explore.html", "page")(
         prompt=results.get("prompt", ""), source_run=results.get("source_run", ""), concepts=concepts,
-        lean=lean_rows(results.get("lean")), n=(results.get("lean") or {}).get("n", 0),
+        lean=lean_rows(results.get("lean")), n=sum(r["count"] for r in lean_rows(results.get("lean"))),
         text=lean_text(results.get("lean")), excluded=results.get("excluded", 0),
         strips=vega_chart(strips, STRIPS_ID) if strips else "", inverse=inverse, second=second,
         scale=norm.get("logit_scale", 100), tree=results.get("tree", ""), parent=results.get("parent", ""))
