@@ -48,8 +48,8 @@ def build(engine) -> list:
                 seed = gr.Number(default(Request, "seed"), label="First seed", precision=0, elem_id="ex-seed")
             stored = gr.Textbox(label="Or score a stored run (its id): nothing is generated", elem_id="ex-run")
             with gr.Accordion("Inverse queries: which concept do images of a test concept lean to?", open=False):
-                inverse = gr.Textbox(lines=2, label="Test concepts (one per line)", placeholder="smiling\nan old doctor",
-                                     elem_id="ex-inverse")
+                inverse = gr.Textbox(lines=2, label="Test concepts (one per line)", elem_id="ex-inverse",
+                                     placeholder="smiling\nan old doctor")
                 carrier = gr.Textbox(label="Carrier prompt ({} is the test concept)", elem_id="ex-carrier",
                                      placeholder="empty: 'a photo of a person who is {}', or 'a photo of {}' for "
                                                  "'a …' / 'an …' / 'the …'")
@@ -85,15 +85,16 @@ def build(engine) -> list:
     state = gr.State({})
 
     with_engine = functools.partial
-    form = dict(prompt=prompt, concepts=concepts, versus=versus, n=n, seed=seed, run_id=stored, inverse=inverse, carrier=carrier,
-                m=m, parent=node_pick, negative_prompt=negative, **generation.fields)
+    form = dict(prompt=prompt, concepts=concepts, versus=versus, n=n, seed=seed, run_id=stored, inverse=inverse,
+                carrier=carrier, m=m, parent=node_pick, negative_prompt=negative, **generation.fields)
     view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress, prompt, concepts, versus]
     run = gpu(engine, duration=with_engine(step_seconds, engine))(with_engine(step, engine))
     checked(go.click, engine, "explore", explore_request, inputs_kwargs=form).success(
         run, inputs_kwargs=form, outputs=[progress, state], api_name="explore").then(
         user_errors(with_engine(after_step, engine)), [state], view_outputs, api_name=False)
     tree_pick.input(user_errors(with_engine(open_tree, engine)), [tree_pick], view_outputs, api_name=False)
-    tree_pick.focus(user_errors(with_engine(trees_update, engine)), [tree_pick], [tree_pick], api_name=False)  # new imports
+    # the trees again when the picker opens (one imported in Runs meanwhile)
+    tree_pick.focus(user_errors(with_engine(trees_update, engine)), [tree_pick], [tree_pick], api_name=False)
     node_pick.input(user_errors(with_engine(open_node, engine)), [state, node_pick], view_outputs, api_name=False)
 
     def node_clicked(state, evt: gr.EventData):   # a click on a node of the tree selects it
@@ -147,7 +148,8 @@ LINK_JS = "(q) => q ? window.location.origin + window.location.pathname + q : ''
 def explore_request(prompt="", concepts="", versus="", n=16, seed=0, run_id="", inverse="", carrier="", m=8, parent="",
                     negative_prompt="", steps=None, guidance=None, width=None, height=None) -> ExploreRequest:
     """The request the form's values make (concepts and test concepts one per line)."""
-    return ExploreRequest(prompt=prompt or "", concepts=_lines(concepts), versus=_lines(versus), n=int(n), seed=int(seed or 0),
+    return ExploreRequest(prompt=prompt or "", concepts=_lines(concepts), versus=_lines(versus), n=int(n),
+                          seed=int(seed or 0),
                           run=(run_id or "").strip(), inverse=_lines(inverse), carrier=(carrier or "").strip(),
                           m=int(m), parent=(parent or "").strip(), negative_prompt=negative_prompt or "",
                           steps=number_or_none(steps, int), guidance=number_or_none(guidance),

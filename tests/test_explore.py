@@ -163,7 +163,8 @@ def test_identity_clusters_separate_the_planted_attributes(engine):
     clusters = explore.identity_clusters(engine, list(runs.values()), k=2)
     world = engine.models.get(engine.preset.generator).world
     # with no label, each cluster is one gender (the embedding's heaviest person attribute)
-    assert sum(c["size"] for c in clusters["clusters"]) == 96 and all(len(c["central"]) == 4 for c in clusters["clusters"])
+    assert sum(c["size"] for c in clusters["clusters"]) == 96
+    assert all(len(c["central"]) == 4 for c in clusters["clusters"])
     by_key = {}
     for r in runs.values():
         records = engine.store.get_images([i["key"] for i in engine.store.get_run(r)["results"]["images"]])

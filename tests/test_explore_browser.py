@@ -15,6 +15,7 @@ from engine.report.explore import tree_document
 pytestmark = pytest.mark.browser
 
 HOST_TOKEN = "test-host-token-explore-0123456789"
+PARENTS = "els => els.map(e => (e.parentElement.closest('li[data-node]') || {dataset: {}}).dataset.node || '')"
 DOT = "#ex-strips .gl-vega[data-chart='explore-strips'][data-rendered] svg g.mark-symbol.role-mark path"
 
 
@@ -55,8 +56,7 @@ def test_a_tree_its_dots_and_its_link(app, tmp_path):
         root = step(page, "a photo of a doctor", 1)
         child = step(page, "a photo of an old doctor", 2)               # a child of the selected node
         leaf = step(page, "a photo of an old female doctor", 3)
-        parents = page.eval_on_selector_all("#ex-tree-view li[data-node]", "els => els.map(e => "
-                                            "(e.parentElement.closest('li[data-node]') || {dataset: {}}).dataset.node || '')")
+        parents = page.eval_on_selector_all("#ex-tree-view li[data-node]", PARENTS)
         assert parents == ["", root, child]
         assert page.inner_text("#ex-strips h3") == "Explore: a photo of an old female doctor"
         assert page.inner_text("#explore-lean-text").startswith("This set leans 'a photo of a woman' 1.00")
@@ -91,8 +91,8 @@ def test_a_tree_its_dots_and_its_link(app, tmp_path):
         # another visitor (no host token): the host's unpublished tree reads as a missing id
         visitor = page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
         visitor.goto(link, wait_until="load")
-        visitor.wait_for_function("(document.querySelector('#ex-progress') || {innerText: ''}).innerText.includes('Link')",
-                                  timeout=60_000)
+        visitor.wait_for_function("(document.querySelector('#ex-progress') || {innerText: ''})"
+                                  ".innerText.includes('Link')", timeout=60_000)
         text = visitor.inner_text("#ex-progress")
         assert text == f"Link: no tree '{root}' in the store."
         assert visitor.locator("#ex-tree-view li").count() == 0 and "old doctor" not in visitor.inner_text("body")

@@ -24,7 +24,8 @@ from typing import Callable, Iterator
 
 from ..common.scores import Score
 from ..hosting.limits import Estimate
-from . import compare_models, counterfactuals, explore, generate, intersectional, mine, mitigate, single_prompt, validate
+from . import (compare_models, counterfactuals, explore, generate, intersectional, mine, mitigate, single_prompt,
+               validate)
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,9 @@ class ExploreRequest(GenerationOptions):
         "metavar": "CONCEPT", "help": "test concepts: m images of each one's carrier prompt are placed on the "
                                       "concepts' strips (which concept do images of 'smiling' lean to?)"})
     carrier: str = field(default="", metadata={
-        "metavar": "TEMPLATE", "help": "the inverse queries' prompt, {} is the test concept (default: 'a photo of "
-                                       "a person who is {}'; 'a photo of {}' for a concept starting with a, an or the)"})
+        "metavar": "TEMPLATE", "help": "the inverse queries' prompt, {} is the test concept (default: 'a photo "
+                                       "of a person who is {}'; 'a photo of {}' for a concept starting with a, an "
+                                       "or the)"})
     m: int = field(default=8, metadata={"flag": "-m", "help": "images per inverse query"})
     parent: str = field(default="", metadata={"metavar": "RUN_ID",
                                               "help": "the tree node (an Explore run) this step is a child of"})
@@ -246,7 +247,9 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
     results: ExploreResults = {"concepts": concepts, "parent": request.parent or "",
                                "tree": (parent["results"].get("tree") or parent["id"]) if parent else run_record.id,
                                "normalisation": {"kind": "softmax", "logit_scale": LOGIT_SCALE}}
-    settings = None
+    settings, tests = None, clean_concepts(request.inverse)
+    own = 0 if request.run else request.n          # images this step generates for the prompt
+    total = own + len(tests) * request.m
     if request.run:
         records, prompt = stored_images(engine, request.run)
         run_record.add_images(records)
@@ -255,8 +258,7 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
         prompt = engine.check_prompt(request.prompt)
         settings = yield from settle_settings(request, engine)
         seeds = list(range(request.seed, request.seed + request.n))
-        records = yield from stream_image_set(engine, run_record, prompt, seeds, settings,
-                                              progress_total=request.n + request.m * len(clean_concepts(request.inverse)))
+        records = yield from stream_image_set(engine, run_record, prompt, seeds, settings, progress_total=total)
     results["prompt"] = prompt
     # 2. The strips and the lean.
     yield Progress(len(records), len(records), "embedding", "placing the images on the concepts")
@@ -275,12 +277,12 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
     yield StripsMeasured(strips, lean)
     # 3. Inverse queries: which concept do images of each test concept lean to?
     inverse, sets = {}, {}
-    for i, concept in enumerate(clean_concepts(request.inverse)):
+    seeds = list(range(request.seed, request.seed + request.m))
+    for i, concept in enumerate(tests):
         settings = settings or (yield from settle_settings(request, engine))
         carrier = carrier_prompt(concept, request.carrier)
-        made = yield from stream_image_set(engine, run_record, carrier, list(range(request.seed, request.seed + request.m)),
-                                           settings, INVERSE_LABEL + concept, (0 if request.run else request.n) + i * request.m,
-                                           (0 if request.run else request.n) + len(request.inverse) * request.m)
+        made = yield from stream_image_set(engine, run_record, carrier, seeds, settings, INVERSE_LABEL + concept,
+                                           own + i * request.m, total)
         placed, inverse[concept], _, _ = place(engine, made, concepts)
         sets[concept] = {"prompt": carrier, "images": placed}
         results.update(inverse=inverse, inverse_sets=sets)

@@ -143,8 +143,9 @@ def page(results: dict, thumbs: dict | None = None) -> Markup:
         rows = [{**i, "scores": i.get("versus_scores"), "nearest": i.get("versus_nearest", "")} for i in images]
         second = {"concepts": versus, "lean": lean_rows(results.get("versus_lean")),
                   "text": lean_text(results.get("versus_lean")),
-                  "strips": vega_chart(strips_chart(strip_rows(rows, versus, thumbs), versus, results.get("versus_strips"),
-                                                    "the second axis"), "explore-versus-strips"),
+                  "strips": vega_chart(strips_chart(strip_rows(rows, versus, thumbs), versus,
+                                                    results.get("versus_strips"), "the second axis"),
+                                       "explore-versus-strips"),
                   "scatter": vega_chart(scatter_chart(images, concepts, versus, thumbs), "explore-scatter")}
     norm = results.get("normalisation") or {}
     return macro("explore.html", "page")(
