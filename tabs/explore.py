@@ -14,6 +14,7 @@ import gradio as gr
 from engine.common.errors import InputError
 from engine.common.events import Done, Progress
 from engine.methods import explore
+from engine.methods.axes import known_axes
 from engine.methods.explore import ExploreRequest, StripsMeasured
 from engine.report import explore as report
 from engine.report.explore import tree_document
@@ -47,6 +48,9 @@ def build(engine) -> list:
                               label="Images (N)", elem_id="ex-n")
                 seed = gr.Number(default(Request, "seed"), label="First seed", precision=0, elem_id="ex-seed")
             stored = gr.Textbox(label="Or score a stored run (its id): nothing is generated", elem_id="ex-run")
+            axes = gr.CheckboxGroup(list(known_axes()), value=default(Request, "axes"), elem_id="ex-axes",
+                                    label="Also measure attributes with VQA (optional; cached answers reused): "
+                                          "the node shows their distributions")
             with gr.Accordion("Inverse queries: which concept do images of a test concept lean to?", open=False):
                 inverse = gr.Textbox(lines=2, label="Test concepts (one per line)", elem_id="ex-inverse",
                                      placeholder="smiling\nan old doctor")
@@ -86,7 +90,7 @@ def build(engine) -> list:
 
     with_engine = functools.partial
     form = dict(prompt=prompt, concepts=concepts, versus=versus, n=n, seed=seed, run_id=stored, inverse=inverse,
-                carrier=carrier, m=m, parent=node_pick, negative_prompt=negative, **generation.fields)
+                carrier=carrier, m=m, parent=node_pick, negative_prompt=negative, **generation.fields, axes=axes)
     view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress, prompt, concepts, versus]
     run = gpu(engine, duration=with_engine(step_seconds, engine))(with_engine(step, engine))
     checked(go.click, engine, "explore", explore_request, inputs_kwargs=form).success(
@@ -146,33 +150,35 @@ LINK_JS = "(q) => q ? window.location.origin + window.location.pathname + q : ''
 
 # -- handlers: (engine, the inputs' values) -> the outputs' values --------------------------------------------
 def explore_request(prompt="", concepts="", versus="", n=16, seed=0, run_id="", inverse="", carrier="", m=8, parent="",
-                    negative_prompt="", steps=None, guidance=None, width=None, height=None) -> ExploreRequest:
+                    negative_prompt="", steps=None, guidance=None, width=None, height=None, axes=()) -> ExploreRequest:
     """The request the form's values make (concepts and test concepts one per line)."""
     return ExploreRequest(prompt=prompt or "", concepts=_lines(concepts), versus=_lines(versus), n=int(n),
                           seed=int(seed or 0),
                           run=(run_id or "").strip(), inverse=_lines(inverse), carrier=(carrier or "").strip(),
                           m=int(m), parent=(parent or "").strip(), negative_prompt=negative_prompt or "",
                           steps=number_or_none(steps, int), guidance=number_or_none(guidance),
-                          width=number_or_none(width, int), height=number_or_none(height, int))
+                          width=number_or_none(width, int), height=number_or_none(height, int),
+                          axes=list(axes or []))
 
 
 def _lines(text) -> list[str]:
     return [t.strip() for t in (text or "").splitlines() if t.strip()]
 
 
-def step_seconds(engine, n=16, inverse="", m=8, steps=None, **rest) -> int:
-    """ZeroGPU seconds of a step (called with `step`'s arguments): N images and m per test concept."""
-    return gpu_seconds_for(engine, int(n or 0) + int(m or 0) * len(_lines(inverse)), steps)
+def step_seconds(engine, n=16, inverse="", m=8, steps=None, axes=(), **rest) -> int:
+    """ZeroGPU seconds of a step (called with `step`'s arguments): N images and m per test concept,
+    and a VQA question per axis."""
+    return gpu_seconds_for(engine, int(n or 0) + int(m or 0) * len(_lines(inverse)), steps, questions=len(axes or ()))
 
 
 OUTPUTS = ("progress", "state")   # the strips follow from the stored node (after_step)
 
 
 def step(engine, prompt="", concepts="", versus="", n=16, seed=0, run_id="", inverse="", carrier="", m=8, parent="",
-         negative_prompt="", steps=None, guidance=None, width=None, height=None):
+         negative_prompt="", steps=None, guidance=None, width=None, height=None, axes=()):
     """Yields (progress, state) as a step's events arrive; the state names its tree and node at Done."""
     request = explore_request(prompt, concepts, versus, n, seed, run_id, inverse, carrier, m, parent, negative_prompt,
-                              steps, guidance, width, height)
+                              steps, guidance, width, height, axes)
     view = View(shown={"progress": "", "state": {}})
     yield from streamed(explore.run(request, engine), render, OUTPUTS, view=view)
 

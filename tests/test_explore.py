@@ -18,6 +18,7 @@ from engine.methods import explore
 from engine.methods.explore import ExploreRequest, concept_scores, lean_of
 from engine.report import explore as report
 from engine.report.export import export_zip
+from engine.runs.history import run_prompt
 from engine.runs.imports import import_zip
 from runhelpers import done_event
 
@@ -87,6 +88,32 @@ def test_run_scores_a_stored_run_from_cached_embeddings_and_generates_nothing(en
     assert main(["explore", "--preset", "synthetic", "--data-dir", str(engine.store.data_dir), "--quiet",
                  "--run", "no-such-run"]) == 2
     assert "no run 'no-such-run'" in capsys.readouterr().err
+
+
+def test_a_node_measures_its_attribute_distribution_with_vqa_from_cached_answers(engine, capsys):
+    printed = cli_json(engine, capsys, "--prompt", "a photo of a doctor", "-n", "48", "--axes", "gender")
+    gender = printed["axes"]["gender"]          # the key and shape of Single Prompt's JSON
+    assert gender["n"] == 48 and sum(gender["counts"].values()) == 48
+    lo, hi = gender["share_ci"]["male"]
+    assert lo <= planted(engine, "a photo of a doctor") <= hi and lo > 0.5    # planted 80% male
+    assert "composite_bias_score" in gender["ci"]
+    answers = engine.store.count("answers")
+    assert answers >= 48
+    # the same images scored again with VQA: every answer comes from the cache
+    again = cli_json(engine, capsys, "--run", printed["run_id"], "--axes", "gender", "--parent", printed["run_id"])
+    assert engine.store.count("answers") == answers and again["axes"]["gender"]["counts"] == gender["counts"]
+    # the tree lists the distribution beside the lean; the node's page draws Single Prompt's chart
+    nodes = explore.tree_nodes(engine, printed["run_id"])
+    assert nodes[1]["axes"]["gender"]["male"] == {"share": gender["representation_parity"]["male"],
+                                                   "ci": [lo, hi], "count": gender["counts"]["male"]}
+    tree = str(report.tree_html(nodes))
+    assert f"gender: &#39;male&#39; {gender['representation_parity']['male']:.2f} [{lo:.2f}, {hi:.2f}]" in tree
+    page = str(report.page(again))
+    assert 'id="explore-axes"' in page and "axis-gender" in page
+    assert "explore-axes" not in str(report.page(cli_json(engine, capsys, "--run", printed["run_id"])))  # off: no VQA
+    # a scored run's prompt in the Runs table (list_runs carries no results)
+    row = next(r for r in engine.store.list_runs("explore") if r["id"] == again["run_id"])
+    assert run_prompt(row) == f"scores of run {printed['run_id']}: a photo of a doctor"
 
 
 def grow_tree(engine) -> list[str]:

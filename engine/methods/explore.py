@@ -34,7 +34,10 @@ from ..common.scores import Score, number
 from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..hosting.limits import Estimate
 from ..metrics.intervals import share_interval, tidy
+from ..metrics import biasbench
 from ..store.store import ImageRecord
+from .axes import axis_for
+from .measure import measure_axes
 from .options import GenerationOptions, settle_settings
 
 # CLIP's logit scale: exp(learned log-temperature), clamped at 100 in training; every released
@@ -73,6 +76,13 @@ class ExploreRequest(GenerationOptions):
     m: int = field(default=8, metadata={"flag": "-m", "help": "images per inverse query"})
     parent: str = field(default="", metadata={"metavar": "RUN_ID",
                                               "help": "the tree node (an Explore run) this step is a child of"})
+    axes: list[str] = field(default_factory=list, metadata={
+        "help": "attribute axes to measure with VQA too (off by default; known ones have fixed choices, others "
+                "are free answers): the node shows each one's distribution with intervals"})
+    mode: str = field(default=biasbench.DEFAULT_MODE, metadata={
+        "help": "T2I-BiasBench (with --axes): the paper's equations, or bit-exact with the authors' code",
+        "choices": ("paper", "reference")})
+    n_boot: int = field(default=1000, metadata={"help": "posterior draws / bootstrap resamples per interval (--axes)"})
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,7 @@ class ExploreResults(TypedDict, total=False):
     versus_strips: dict      # as `strips`, on `versus`
     inverse: dict            # test concept -> a lean of the same shape as `lean`
     inverse_sets: dict       # test concept -> {"prompt", "images": [...]}
+    axes: dict               # with `axes`: as Single Prompt's, axis -> its distribution and metrics with intervals
     tree: str                # the tree's id: its root node's run id
     parent: str              # the parent node's run id ('' for a root)
     excluded: int            # flagged or refused images left out
@@ -224,6 +235,7 @@ def check(request: ExploreRequest, engine: Engine) -> None:
         engine.check_n(request.m, "number of images per inverse query")
     if request.parent:
         engine.store.require_run(request.parent, "explore", what="tree node")
+    engine.check_questions([axis_for(a).question for a in clean_concepts(request.axes)])
 
 
 def estimate(request: ExploreRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
@@ -238,7 +250,8 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
 
     Request: ExploreRequest (prompt or a stored run, concepts, N, inverse test concepts and their
     carrier, the parent tree node).
-    Yields: Images and Progress while generating; StripsMeasured; Warning for excluded images; one Done.
+    Yields: Images and Progress while generating; StripsMeasured; Warning for excluded images; with
+    `axes`, Progress("vqa") and AxisScores per axis; one Done.
     Results: ExploreResults.
     """
     # 1. The images: a stored run's (nothing generated) or the prompt's.
@@ -275,7 +288,14 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
         yield Warning(f"{excluded} flagged or refused image(s) left out of the strips and the lean")
     run_record.save(results)
     yield StripsMeasured(strips, lean)
-    # 3. Inverse queries: which concept do images of each test concept lean to?
+    # 3. The node's attribute distributions (VQA, cached answers reused), when asked for.
+    axes = [axis_for(a) for a in clean_concepts(request.axes)]
+    if axes:
+        results["axes"] = {}
+        yield from measure_axes(engine, [r for r in records if not r.nsfw and not r.refused], axes, results["axes"],
+                                mode=request.mode, n_boot=request.n_boot)
+        run_record.save(results)
+    # 4. Inverse queries: which concept do images of each test concept lean to?
     inverse, sets = {}, {}
     seeds = list(range(request.seed, request.seed + request.m))
     for i, concept in enumerate(tests):
@@ -287,7 +307,7 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
         sets[concept] = {"prompt": carrier, "images": placed}
         results.update(inverse=inverse, inverse_sets=sets)
         run_record.save(results)
-    # 4. Record.
+    # 5. Record.
     yield run_record.finish(results, summary_of(results))
 
 
@@ -307,10 +327,13 @@ def stored_images(engine: Engine, run_id: str) -> tuple[list[ImageRecord], str]:
 
 
 def summary_of(results: dict) -> dict:
-    """The leading concept, its share and interval, N, the tree and parent (the Runs table's numbers)."""
+    """The leading concept, its share and interval, N, the tree and parent (the Runs table's numbers);
+    with a scored run, "prompt": "scores of run <id>: <its prompt>" (the request names no prompt)."""
     top = leading(results.get("lean") or {})
     summary = {"n": measured(results.get("lean")), "tree": results.get("tree", ""),
                "parent": results.get("parent", "")}
+    if results.get("source_run"):
+        summary["prompt"] = f"scores of run {results['source_run']}: {results.get('prompt', '')}"
     if top:
         summary.update(leans_to=top[0], lean_share=top[1]["share"], lean_low=top[1]["ci"][0],
                        lean_high=top[1]["ci"][1])
@@ -372,8 +395,16 @@ def tree_nodes(engine: Engine, tree_id: str) -> list[dict]:
                       "concepts": results.get("concepts") or record["request"].get("concepts", []),
                       "lean": results.get("lean") or {}, "inverse": results.get("inverse") or {},
                       "source_run": results.get("source_run", ""), "status": record["status"],
-                      "n": measured(results.get("lean"))})
+                      "n": measured(results.get("lean")),
+                      "axes": {a: distribution(m) for a, m in (results.get("axes") or {}).items()}})
     return nodes
+
+
+def distribution(metrics: dict) -> dict:
+    """An axis' distribution (of results["axes"][axis]) in a lean's shape: {class: {"share", "ci", "count"}}."""
+    shares, cis, counts = (metrics.get(k) or {} for k in ("representation_parity", "share_ci", "counts"))
+    return {c: {"share": shares.get(c), "ci": list(cis.get(c) or [None, None]), "count": int(counts.get(c, 0))}
+            for c in metrics.get("classes") or []}
 
 
 def node_images(results: dict) -> list[dict]:
@@ -402,7 +433,8 @@ def list_trees(engine: Engine) -> list[dict]:
     for r in rows:
         tree = (r["summary"] or {}).get("tree") or r["id"]
         sizes[tree] = sizes.get(tree, 0) + 1
-    return [{"id": r["id"], "prompt": (r["request"] or {}).get("prompt") or (r["request"] or {}).get("run", ""),
+    return [{"id": r["id"], "prompt": (r["request"] or {}).get("prompt") or (r["summary"] or {}).get("prompt")
+             or (r["request"] or {}).get("run", ""),
              "nodes": sizes.get(r["id"], 1), "created": r["created"]}
             for r in rows if not (r["request"] or {}).get("parent") or (r["request"] or {}).get("parent") not in ids]
 

@@ -20,7 +20,8 @@ from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import resample_indices
 from ..metrics.gap import gap_score_from_similarity
 from ..metrics.intervals import bounded, dirichlet_draws, posterior_interval, sample_size_advice, share_interval
-from .axes import Axis
+from ..common.events import AxisScores, Progress
+from .axes import Axis, normalise_free_answer
 
 
 # -- one axis' metrics ----------------------------------------------------------------------------
@@ -98,6 +99,29 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
                                 else "Jeffreys shares; BCa bootstrap metrics")
     point["_draws"] = draws.get("composite_bias_score")
     return point
+
+
+
+def measure_axes(engine: Engine, records: list, axes: list[Axis], out: dict, references: dict | None = None,
+                 mode: str = biasbench.DEFAULT_MODE, n_boot: int = 1000, half_width: float = 0.1):
+    """Ask every axis' question of the images (VQA answers come from the store's cache when there),
+    put each axis' `axis_metrics_with_ci` (+ question, labels, reference) in `out[axis]` and stream
+    it (`yield from`: Progress("vqa"), AxisScores); returns ({axis: answers}, {axis: composite-score
+    draws}). Shared by Single Prompt and Explore."""
+    answers_by_axis: dict[str, list[str]] = {}
+    draws: dict[str, np.ndarray | None] = {}
+    for i, axis in enumerate(axes):
+        yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
+        answers = engine.ask(records, axis.question, list(axis.values) or None)
+        labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
+        answers_by_axis[axis.name] = answers
+        reference = (references or {}).get(axis.name) or None
+        metrics = axis_metrics_with_ci(labels, axis, reference, mode, n_boot, half_width=half_width)
+        metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")
+        draws[axis.name] = metrics.pop("_draws")
+        out[axis.name] = metrics
+        yield AxisScores(axis.name, metrics)
+    return answers_by_axis, draws
 
 
 

@@ -15,18 +15,18 @@ from typing import TypedDict
 import numpy as np
 
 from ..common.errors import InputError
-from ..common.events import AxisScores, Event, Headline, Progress, Table, Warning
+from ..common.events import Event, Headline, Progress, Table, Warning
 from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..hosting.limits import Estimate
 from ..metrics import biasbench
 from ..metrics.concepts import top_phrases
-from .axes import Axis, axis_for, normalise_free_answer
+from .axes import axis_for
 from ..metrics.intervals import headline_claim
 from ..common.names import readable
 from ..common.scores import Score, as_interval, finite_or_none, is_missing, number
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS
-from .measure import SCALAR_METRICS, axis_metrics_with_ci, gap_for_images
+from .measure import SCALAR_METRICS, gap_for_images, measure_axes
 from .options import GenerationOptions, settle_settings
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -103,26 +103,6 @@ class SinglePromptResults(TypedDict, total=False):
     top_concepts: list[list]             # [concept, share of images], most frequent first
     all_flagged: bool                    # every image flagged: nothing measured (then `message` says so)
     message: str
-
-
-def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis], valid: list, results: dict):
-    """Ask every axis' question of the images, store and stream its metrics (`yield from`);
-    returns ({axis: answers}, {axis: composite-score draws})."""
-    answers_by_axis: dict[str, list[str]] = {}
-    draws: dict[str, np.ndarray | None] = {}
-    for i, axis in enumerate(axes):
-        yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
-        answers = engine.ask(valid, axis.question, list(axis.values) or None)
-        labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
-        answers_by_axis[axis.name] = answers
-        reference = request.references.get(axis.name) or None
-        metrics = axis_metrics_with_ci(labels, axis, reference, request.mode, request.n_boot,
-                                       half_width=request.half_width)
-        metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")
-        draws[axis.name] = metrics.pop("_draws")
-        results["axes"][axis.name] = metrics
-        yield AxisScores(axis.name, metrics)
-    return answers_by_axis, draws
 
 
 def _more_images(request: SinglePromptRequest, axes: dict, n: int, max_images: int) -> int | None:
@@ -213,7 +193,8 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
         if flagged:
             yield Warning(f"{flagged} image(s) flagged by the safety checker are excluded from every metric")
         run_record.save(results)
-        answers_by_axis, draws = yield from _measure_axes(engine, request, axes, valid, results)
+        answers_by_axis, draws = yield from measure_axes(engine, valid, axes, results["axes"], request.references,
+                                                           request.mode, request.n_boot, request.half_width)
         more = _more_images(request, results["axes"], n, engine.max_set_images())  # what admission charged
         if more is None:
             break

@@ -11,6 +11,7 @@ import time
 from .. import __version__
 from . import Markup, charts, macro, render, static
 from .charts import PALETTE
+from .single_prompt import axes_html, axis_html
 
 STRIPS_ID = "explore-strips"
 
@@ -112,6 +113,15 @@ def lean_rows(lean: dict) -> list[dict]:
     return sorted(rows, key=lambda r: -(r["share"] or 0))
 
 
+def distribution_text(axis: str, dist: dict) -> str:
+    """"gender: 'male' 0.75 [0.62, 0.86]": an axis' most frequent answer with its interval ('' when none)."""
+    rows = lean_rows(dist)
+    if not rows or rows[0]["share"] is None:
+        return ""
+    lo, hi = rows[0]["ci"]
+    return f"{axis}: '{rows[0]['concept']}' {rows[0]['share']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
 def lean_text(lean: dict) -> str:
     """"leans 'a photo of a man' 0.71 [0.62, 0.80]" ('' when nothing was measured)."""
     rows = lean_rows(lean)
@@ -153,7 +163,9 @@ def page(results: dict, thumbs: dict | None = None) -> Markup:
         lean=lean_rows(results.get("lean")), n=sum(r["count"] for r in lean_rows(results.get("lean"))),
         text=lean_text(results.get("lean")), excluded=results.get("excluded", 0),
         strips=vega_chart(strips, STRIPS_ID) if strips else "", inverse=inverse, second=second,
-        scale=norm.get("logit_scale", 100), tree=results.get("tree", ""), parent=results.get("parent", ""))
+        scale=norm.get("logit_scale", 100), tree=results.get("tree", ""), parent=results.get("parent", ""),
+        axes=axes_html(axis_html(name, m) for name, m in (results.get("axes") or {}).items())
+        if results.get("axes") else "")
 
 
 def tree_html(nodes: list[dict], selected: str = "") -> Markup:
@@ -163,7 +175,8 @@ def tree_html(nodes: list[dict], selected: str = "") -> Markup:
     for n in nodes:
         children.setdefault(n["parent"] if n["parent"] in ids else "", []).append(
             {**n, "text": lean_text(n.get("lean")),
-             "inverse_text": [(t, lean_text(lean)) for t, lean in (n.get("inverse") or {}).items()]})
+             "inverse_text": [(t, lean_text(lean)) for t, lean in (n.get("inverse") or {}).items()],
+             "axes_text": [distribution_text(a, d) for a, d in (n.get("axes") or {}).items()]})
     return macro("explore.html", "tree")(children=children, selected=selected)
 
 
