@@ -48,6 +48,19 @@ if (!window.glToastRule) {
 }
 """
 
+# A shared view's link names its tab (`?tab=explore&tree=…`): select it once the tabs exist.
+LINKED_TAB = """
+if (!window.glLinkedTab) {
+  window.glLinkedTab = true;
+  const tab = new URLSearchParams(window.location.search).get('tab');
+  const pick = (tries) => {
+    const b = document.querySelector(`button[role=tab][data-tab-id="${CSS.escape(tab)}"]`);
+    if (b) b.click(); else if (tries > 0) setTimeout(() => pick(tries - 1), 100);
+  };
+  if (tab) pick(100);
+}
+"""
+
 
 def build_app(engine: Engine) -> gr.Blocks:
     # public mode: uploads and downloads in Gradio's cache are kept an hour (removed every 15 minutes)
@@ -55,7 +68,8 @@ def build_app(engine: Engine) -> gr.Blocks:
         gr.Markdown(HEADER)
         if os.environ.get("OAUTH_CLIENT_ID"):   # a Space with `hf_oauth: true`: its owner signs in to be host
             gr.LoginButton(size="sm", elem_id="login")
-        gr.HTML("", js_on_load=DISMISS_STALE_TOASTS, elem_id="gl-toast-rule", container=False, padding=False)
+        gr.HTML("", js_on_load=DISMISS_STALE_TOASTS + LINKED_TAB, elem_id="gl-toast-rule", container=False,
+                padding=False)
         model_status = model_panel.build(engine)
         load_hooks = []
         with gr.Tabs():

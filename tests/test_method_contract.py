@@ -40,6 +40,10 @@ CASES = {
              ["-T", "1", "-b", "4", "-s", "1", "-m", "2", "-n", "4", "--bias", f"hair {HOSTILE}"]),
     "mitigate": ({"prompt": PROMPT, "axes": AXES, "n": 8, "n_boot": 100},
                  ["--prompt", PROMPT, "--axes", json.dumps(AXES), "-n", "8", "--n-boot", "100"]),
+    "explore": ({"prompt": PROMPT, "n": 4, "concepts": [f"a photo of a man, {HOSTILE}", "a photo of a woman"],
+                 "inverse": [f"smiling, {HOSTILE}"], "m": 2},
+                ["--prompt", PROMPT, "-n", "4", "--concepts", f"a photo of a man, {HOSTILE}", "a photo of a woman",
+                 "--inverse", f"smiling, {HOSTILE}", "-m", "2"]),
     # two generators: the preset's, and the same world named by a relative path (another spec)
     "compare_models": ({"method": "single_prompt",
                         "generators": ["synthetic", f"synthetic_generator:{os.path.relpath(SYNTHETIC_TABLE)}"],

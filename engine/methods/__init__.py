@@ -24,7 +24,8 @@ from typing import Callable, Iterator
 
 from ..common.scores import Score
 from ..hosting.limits import Estimate
-from . import compare_models, counterfactuals, generate, intersectional, mine, mitigate, single_prompt, validate
+from . import (compare_models, counterfactuals, explore, generate, intersectional, mine, mitigate, single_prompt,
+               validate)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("mine", "Mine Prompts", mine.MineRequest, mine.run, mine.headline, cli="mine", tab="mine"),
     Method("mitigate", "Mitigate", mitigate.MitigateRequest, mitigate.run, mitigate.headline, cli="mitigate",
            tab="mitigate"),
+    Method("explore", "Explore", explore.ExploreRequest, explore.run, explore.headline, explore.scores, cli="explore",
+           tab="explore"),
     # no command of its own: `--generators A B` on the audits' commands (engine/cli/compare.py)
     Method("compare_models", "Compare models", compare_models.CompareModelsRequest, compare_models.run,
            compare_models.headline, tab="compare-models"),

@@ -23,6 +23,7 @@ from ..metrics import biasconnect as bc
 from ..metrics.bootstrap import resample_indices
 from ..metrics.gap import gap_score_from_similarity
 from ..metrics.intervals import bounded, dirichlet_draws, posterior_interval, sample_size_advice, share_interval
+from ..common.events import AxisScores, Progress
 from .axes import Axis, normalise_free_answer
 
 OTHER_ANSWER = "other"
@@ -170,6 +171,35 @@ def compare_evaluators_on(engine: Engine, others: list, questions: dict[str, tup
         axes[axis] = {**stats, "question": question,
                       "distributions": {n: dict(Counter(got)) for n, got in labels.items()}}
     return {"evaluators": names, "axes": axes}
+
+
+def measure_axes(engine: Engine, records: list, axes: list[Axis], out: dict, references: dict | None = None,
+                 mode: str = biasbench.DEFAULT_MODE, n_boot: int = 1000, half_width: float = 0.1,
+                 answer_probs: dict | None = None):
+    """Ask every axis' question of the images (VQA answers come from the store's cache when there),
+    put each axis' `axis_metrics_with_ci` (+ question, labels, reference) in `out[axis]` and stream
+    it (`yield from`: Progress("vqa"), AxisScores); returns ({axis: answers}, {axis: composite-score
+    draws}). `answer_probs`, when given, receives image key -> axis -> class -> probability for the
+    axes whose evaluator scored the classes (issue 35). Shared by Single Prompt and Explore."""
+    answers_by_axis: dict[str, list[str]] = {}
+    draws: dict[str, np.ndarray | None] = {}
+    for i, axis in enumerate(axes):
+        yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
+        answers = engine.ask(records, axis.question, list(axis.values) or None)
+        labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
+        answers_by_axis[axis.name] = answers
+        if answer_probs is not None and axis.values:
+            for record, probs in zip(records, engine.answer_probs(records, axis.question, list(axis.values))):
+                if probs:
+                    answer_probs.setdefault(record.key, {})[axis.name] = probs
+        reference = (references or {}).get(axis.name) or None
+        metrics = axis_metrics_with_ci(labels, axis, reference, mode, n_boot, half_width=half_width)
+        metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")
+        draws[axis.name] = metrics.pop("_draws")
+        out[axis.name] = metrics
+        yield AxisScores(axis.name, metrics)
+    return answers_by_axis, draws
+
 
 
 # -- the gap score -------------------------------------------------------------------------------

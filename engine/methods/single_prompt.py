@@ -15,19 +15,19 @@ from typing import TypedDict
 import numpy as np
 
 from ..common.errors import InputError
-from ..common.events import AxisScores, Event, Headline, Progress, Table, Warning
+from ..common.events import Event, Headline, Progress, Table, Warning
 from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..hosting import backend_choices
 from ..hosting.limits import Estimate
 from ..metrics import biasbench
 from ..metrics.concepts import top_phrases
-from .axes import Axis, axis_for, normalise_free_answer
+from .axes import Axis, axis_for
 from ..metrics.intervals import headline_claim
 from ..common.names import readable
 from ..common.scores import Score, as_interval, finite_or_none, is_missing, number
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS
-from .measure import SCALAR_METRICS, axis_metrics_with_ci, compare_evaluators_on, gap_for_images
+from .measure import SCALAR_METRICS, compare_evaluators_on, gap_for_images, measure_axes
 from .options import GenerationOptions, settle_settings
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -117,31 +117,6 @@ class SinglePromptResults(TypedDict, total=False):
     notes: list[dict]                    # optional parts missing ({"part", "note"}: why), when a step failed
     all_flagged: bool                    # every image flagged: nothing measured (then `message` says so)
     message: str
-
-
-def _measure_axes(engine: Engine, request: SinglePromptRequest, axes: list[Axis], valid: list, results: dict):
-    """Ask every axis' question of the images, store and stream its metrics (`yield from`);
-    returns ({axis: answers}, {axis: composite-score draws})."""
-    answers_by_axis: dict[str, list[str]] = {}
-    probs_by_axis: dict[str, list[dict | None]] = {}
-    draws: dict[str, np.ndarray | None] = {}
-    for i, axis in enumerate(axes):
-        yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
-        answers = engine.ask(valid, axis.question, list(axis.values) or None)
-        labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
-        answers_by_axis[axis.name] = answers
-        if axis.values:
-            probs_by_axis[axis.name] = engine.answer_probs(valid, axis.question, list(axis.values))
-        reference = request.references.get(axis.name) or None
-        metrics = axis_metrics_with_ci(labels, axis, reference, request.mode, request.n_boot,
-                                       half_width=request.half_width)
-        metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")
-        draws[axis.name] = metrics.pop("_draws")
-        results["axes"][axis.name] = metrics
-        yield AxisScores(axis.name, metrics)
-    # image key -> axis -> class -> probability, beside results["answers"] (axes whose evaluator scored the classes)
-    results["answer_probs"] = {r.key: {a: p[j] for a, p in probs_by_axis.items() if p[j]} for j, r in enumerate(valid)}
-    return answers_by_axis, draws
 
 
 def several_evaluators(engine: Engine, request: SinglePromptRequest, axes: list[Axis], valid: list,
@@ -246,7 +221,10 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
         if flagged:
             yield Warning(f"{flagged} image(s) flagged by the safety checker are excluded from every metric")
         run_record.save(results)
-        answers_by_axis, draws = yield from _measure_axes(engine, request, axes, valid, results)
+        results["answer_probs"] = {}
+        answers_by_axis, draws = yield from measure_axes(engine, valid, axes, results["axes"], request.references,
+                                                           request.mode, request.n_boot, request.half_width,
+                                                           answer_probs=results["answer_probs"])
         more = _more_images(request, results["axes"], n, engine.max_set_images())  # what admission charged
         if more is None:
             break

@@ -11,12 +11,11 @@ and engine.metrics.intervals (Jeffreys, BCa, posterior intervals).
 """
 from __future__ import annotations
 
-import copy
 import csv
 import io
 import math
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np

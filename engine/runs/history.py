@@ -120,8 +120,8 @@ def scores(run: dict) -> list[Score]:
 
 # -- listing ---------------------------------------------------------------------------------
 def run_prompt(run: dict) -> str:
-    """The prompt a run is about (request or results), or a short description of its prompts."""
-    for source in (run.get("request") or {}, run.get("results") or {}):
+    """The prompt a run is about (request, summary or results), or a short description of its prompts."""
+    for source in (run.get("request") or {}, run.get("summary") or {}, run.get("results") or {}):
         for key in ("prompt", "base_prompt", "seed_prompt", "initial_prompt"):
             if isinstance(source.get(key), str) and source[key].strip():
                 return source[key]

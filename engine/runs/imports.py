@@ -389,11 +389,17 @@ def _write(store: Store, plan: dict, trust: bool, zf: zipfile.ZipFile) -> dict:
             written.append(key)
             image_rows.append({**row, "key": key, "path": new_path, "bytes": len(data),
                                "provenance": "local" if trust else "imported"})
-        for run in plan["runs"]:  # results name images by key and path: point them at this store's copies
-            results = json.loads(run["results"])
-            rewritten = replace_strings(results, {**aliases, **moved, **{k: v for k, v in keymap.items() if k != v}})
-            if rewritten != results:
-                run["results"] = json.dumps(rewritten, default=json_default)
+        # results name images by key and path: point them at this store's copies; a run naming
+        # another run of the archive (an Explore tree's parent) follows it to its new id
+        renamed = plan["renamed"]
+        mappings = {"results": {**aliases, **moved, **{k: v for k, v in keymap.items() if k != v}, **renamed},
+                    "request": renamed}
+        for run in plan["runs"]:
+            for column, mapping in mappings.items():
+                value = json.loads(run[column])
+                rewritten = replace_strings(value, mapping) if mapping else value
+                if rewritten != value:
+                    run[column] = json.dumps(rewritten, default=json_default)
         store.import_rows(images=image_rows, runs=plan["runs"], run_images=plan["links"], answers=plan["answers"],
                           embeddings=plan["embeddings"], labels=plan["labels"])  # with the spot-check answers
     except BaseException:

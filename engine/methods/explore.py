@@ -1,0 +1,489 @@
+"""Explore: where every image of a prompt (or of a stored run) sits between two or more concept
+texts, which concept the set leans to (with its interval), what images of a test concept lean
+to (inverse queries), a hypothesis tree of such steps, and label-free identity clusters.
+
+Placement (the strips): image i's score for concept c is the softmax over the concepts of the
+embedder's cosine similarities at CLIP's logit scale,
+
+    s_ic = exp(100 · cos(x_i, t_c)) / Σ_c' exp(100 · cos(x_i, t_c')),
+
+which is CLIP's own zero-shot classification probability (Radford et al. 2021, §3.1.2; the
+learned temperature of every released CLIP and OpenCLIP model sits at its clamp, 100). Raw
+cosines would put the dots of different prompts and embedders on incomparable ranges (CLIP's
+cosines crowd into 0.2–0.35); the softmax reads as "how much more like c than like the other
+concepts", is in [0, 1] and sums to 1 over the concepts. The **lean** is the share of images
+whose nearest concept (largest cosine, the same as the largest score) is c, with its Jeffreys
+interval (engine/metrics/intervals.py); each strip's median score has the distribution-free
+95% interval of a quantile (scipy.stats.quantile_test, order statistics).
+
+The tree: a node is an Explore run; a child names its parent's run id (`parent`), and every
+node records its tree's id (the root's run id) in its results. A tree is therefore stored,
+listed, owned, published, exported and imported exactly as its runs are (`tree_nodes`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+import numpy as np
+
+from ..common.errors import InputError
+from ..common.events import Event, Progress, Warning
+from ..common.scores import Score, number
+from ..core.engine import Engine, Run, recorded, stream_image_set
+from ..hosting.limits import Estimate
+from ..metrics.intervals import share_interval, tidy
+from ..metrics import biasbench
+from ..store.store import ImageRecord
+from .axes import axis_for
+from .measure import measure_axes
+from .options import GenerationOptions, settle_settings
+
+# CLIP's logit scale: exp(learned log-temperature), clamped at 100 in training; every released
+# CLIP/OpenCLIP checkpoint sits at the clamp (the synthetic embedder has none, so it uses the same).
+LOGIT_SCALE = 100.0
+DEFAULT_CONCEPTS = ["a photo of a man", "a photo of a woman"]
+PERSON_CARRIER = "a photo of a person who is {}"
+NOUN_CARRIER = "a photo of {}"
+MAX_CONCEPTS = 8
+MAX_INVERSE = 8
+MAX_CLUSTER_RUNS = 64
+INVERSE_LABEL = "inverse: "   # the set label of an inverse query's images in its run
+
+
+@dataclass
+class ExploreRequest(GenerationOptions):
+    prompt: str = field(default="", metadata={"help": "the prompt whose images are placed (not needed with --run)"})
+    concepts: list[str] = field(default_factory=lambda: list(DEFAULT_CONCEPTS), metadata={
+        "metavar": "C", "help": "two or more concept texts; each image is placed between them"})
+    versus: list[str] = field(default_factory=list, metadata={
+        "metavar": "C", "help": "a second axis' concepts (two or more, e.g. 'a photo of a young person' 'a photo "
+                                "of an old person'): each image is placed between them too, and the first concept "
+                                "of each axis makes a 2-D scatter"})
+    n: int = field(default=16, metadata={"flag": "-n", "help": "images of the prompt"})
+    seed: int = field(default=0, metadata={"help": "images use the seeds seed, seed+1, ..., seed+n-1"})
+    run: str = field(default="", metadata={"metavar": "RUN_ID",
+                                           "help": "score this stored run's images instead (from cached embeddings; "
+                                                   "generates nothing)"})
+    inverse: list[str] = field(default_factory=list, metadata={
+        "metavar": "CONCEPT", "help": "test concepts: m images of each one's carrier prompt are placed on the "
+                                      "concepts' strips (which concept do images of 'smiling' lean to?)"})
+    carrier: str = field(default="", metadata={
+        "metavar": "TEMPLATE", "help": "the inverse queries' prompt, {} is the test concept (default: 'a photo "
+                                       "of a person who is {}'; 'a photo of {}' for a concept starting with a, an "
+                                       "or the)"})
+    m: int = field(default=8, metadata={"flag": "-m", "help": "images per inverse query"})
+    parent: str = field(default="", metadata={"metavar": "RUN_ID",
+                                              "help": "the tree node (an Explore run) this step is a child of"})
+    axes: list[str] = field(default_factory=list, metadata={
+        "help": "attribute axes to measure with VQA too (off by default; known ones have fixed choices, others "
+                "are free answers): the node shows each one's distribution with intervals"})
+    mode: str = field(default=biasbench.DEFAULT_MODE, metadata={
+        "help": "T2I-BiasBench (with --axes): the paper's equations, or bit-exact with the authors' code",
+        "choices": ("paper", "reference")})
+    n_boot: int = field(default=1000, metadata={"help": "posterior draws / bootstrap resamples per interval (--axes)"})
+
+
+@dataclass(frozen=True)
+class StripsMeasured(Event):
+    """The strips and lean of the prompt's images (results["strips"], results["lean"])."""
+
+    strips: dict
+    lean: dict
+
+
+class ExploreResults(TypedDict, total=False):
+    """What an Explore run stores (`Done.results`)."""
+
+    prompt: str              # the prompt (or the stored run's) whose images are placed
+    source_run: str          # with `run`: the stored run scored
+    concepts: list[str]
+    normalisation: dict      # {"kind": "softmax", "logit_scale": 100.0}
+    images: list[dict]       # ImageRecord.to_json + "scores" (concept -> score) and "nearest"
+    lean: dict               # concept -> {"share", "ci": [lo, hi], "count"} (the counts sum to the images measured)
+    strips: dict             # concept -> {"median", "ci": [lo, hi]}
+    versus: list[str]        # a second axis' concepts (images carry "versus_scores", "versus_nearest")
+    versus_lean: dict        # as `lean`, on `versus`
+    versus_strips: dict      # as `strips`, on `versus`
+    inverse: dict            # test concept -> a lean of the same shape as `lean`
+    inverse_sets: dict       # test concept -> {"prompt", "images": [...]}
+    axes: dict               # with `axes`: as Single Prompt's, axis -> its distribution and metrics with intervals
+    tree: str                # the tree's id: its root node's run id
+    parent: str              # the parent node's run id ('' for a root)
+    excluded: int            # flagged or refused images left out
+
+
+# -- measuring -------------------------------------------------------------------------------------------
+def concept_scores(image_vectors: np.ndarray, text_vectors: np.ndarray, scale: float = LOGIT_SCALE) -> np.ndarray:
+    """(n, c) softmax over the concepts of `scale` · cosine (rows sum to 1; module docstring).
+    Both inputs are L2-normalised rows."""
+    logits = scale * (np.asarray(image_vectors, np.float64) @ np.asarray(text_vectors, np.float64).T)
+    logits -= logits.max(axis=1, keepdims=True)
+    weights = np.exp(logits)
+    return weights / weights.sum(axis=1, keepdims=True)
+
+
+def lean_of(scores: np.ndarray, concepts: list[str]) -> dict:
+    """{concept: {"share", "ci": [lo, hi], "count"}}: the share of rows whose largest score
+    is the concept's, with its Jeffreys 95% interval."""
+    n = int(len(scores))
+    nearest = np.argmax(scores, axis=1) if n else np.zeros(0, int)
+    counts = np.bincount(nearest, minlength=len(concepts))
+    lean: dict = {}
+    for c, k in zip(concepts, counts):
+        lo, hi = share_interval(int(k), n)
+        lean[c] = {"share": tidy(k / n) if n else None, "ci": [lo, hi], "count": int(k)}
+    return lean
+
+
+def measured(lean: dict) -> int:
+    """How many images a lean counts."""
+    return sum(int(v.get("count", 0)) for v in (lean or {}).values() if isinstance(v, dict))
+
+
+def strip_summary(scores: np.ndarray, concepts: list[str]) -> dict:
+    """{concept: {"median", "ci": [lo, hi]}}: each strip's median score and its distribution-free 95%
+    interval (scipy.stats.quantile_test: order statistics; the whole range [0, 1] when N is too small
+    for one)."""
+    from scipy.stats import quantile_test
+
+    out = {}
+    for j, c in enumerate(concepts):
+        column = np.asarray(scores[:, j], float)
+        if not len(column):
+            out[c] = {"median": None, "ci": [None, None]}
+            continue
+        ci = quantile_test(column, q=float(np.median(column)), p=0.5).confidence_interval(0.95)
+        lo = 0.0 if not np.isfinite(ci.low) else float(ci.low)
+        hi = 1.0 if not np.isfinite(ci.high) else float(ci.high)
+        out[c] = {"median": tidy(float(np.median(column)), 0, 1), "ci": [tidy(lo, 0, 1), tidy(hi, 0, 1)]}
+    return out
+
+
+def place(engine: Engine, records: list[ImageRecord], concepts: list[str]) -> tuple[list[dict], dict, dict, int]:
+    """(images, lean, strips, excluded) of `records` on `concepts`: every image's scores (flagged
+    and refused images are listed without scores and left out of the lean and strips). Embeddings
+    come from the store's cache when they are there."""
+    usable = [r for r in records if not r.nsfw and not r.refused]
+    texts = engine.embed_texts(concepts)
+    scores = concept_scores(engine.embed_images(usable), texts) if usable else np.zeros((0, len(concepts)))
+    by_key = {r.key: row for r, row in zip(usable, scores)}
+    images = []
+    for r in records:
+        item = r.to_json()
+        row = by_key.get(r.key)
+        if row is not None:
+            item["scores"] = {c: round(tidy(float(s), 0, 1), 6) for c, s in zip(concepts, row)}
+            item["nearest"] = concepts[int(np.argmax(row))]
+        images.append(item)
+    return images, lean_of(scores, concepts), strip_summary(scores, concepts), len(records) - len(usable)
+
+
+def leading(lean: dict) -> tuple[str, dict] | None:
+    """(concept, its lean) of the concept with the largest share, None when nothing was measured."""
+    entries = [(c, v) for c, v in lean.items() if isinstance(v, dict) and v.get("share") is not None]
+    return max(entries, key=lambda e: e[1]["share"]) if entries else None
+
+
+def carrier_prompt(concept: str, template: str = "") -> str:
+    """The inverse query's prompt for a test concept: `template` with {} (or {concept}) replaced by
+    it; by default 'a photo of a person who is <concept>', or 'a photo of <concept>' when the
+    concept is a noun phrase (starts with a, an or the: 'an old doctor')."""
+    concept = concept.strip()
+    if not template:
+        template = NOUN_CARRIER if re.match(r"(a|an|the)\s", concept, re.I) else PERSON_CARRIER
+    if "{concept}" in template:
+        return template.replace("{concept}", concept)
+    if "{}" not in template:
+        raise InputError("the carrier template must contain {} where the test concept goes, e.g. "
+                         "'a photo of a person who is {}'")
+    return template.replace("{}", concept)
+
+
+# -- the request -----------------------------------------------------------------------------------------
+def clean_concepts(concepts) -> list[str]:
+    """The concept texts stripped, without blanks and repeats."""
+    return list(dict.fromkeys(c.strip() for c in (concepts or []) if c and c.strip()))
+
+
+def check(request: ExploreRequest, engine: Engine) -> None:
+    """Raises InputError for a request that cannot run (before any run record exists)."""
+    concepts = clean_concepts(request.concepts)
+    if len(concepts) < 2:
+        raise InputError("give two or more different concepts (e.g. 'a photo of a man' and 'a photo of a woman')")
+    if len(concepts) > MAX_CONCEPTS:
+        raise InputError(f"{len(concepts)} concepts; at most {MAX_CONCEPTS} strips are shown")
+    for c in concepts:
+        engine.check_prompt(c, "concept")
+    versus = clean_concepts(request.versus)
+    if versus and (len(versus) < 2 or len(versus) > MAX_CONCEPTS or set(versus) & set(concepts)):
+        raise InputError(f"the second axis needs 2 to {MAX_CONCEPTS} concepts of its own (none of the first axis')")
+    for c in versus:
+        engine.check_prompt(c, "concept")
+    if request.run:
+        engine.store.require_run(request.run, what="run")
+    else:
+        engine.check_prompt(request.prompt)
+        engine.check_n(request.n)
+    inverse = clean_concepts(request.inverse)
+    if len(inverse) > MAX_INVERSE:
+        raise InputError(f"{len(inverse)} inverse queries; at most {MAX_INVERSE} in one step")
+    for concept in inverse:
+        engine.check_prompt(carrier_prompt(concept, request.carrier), "inverse query's prompt")
+    if inverse:
+        engine.check_n(request.m, "number of images per inverse query")
+    if request.parent:
+        engine.store.require_run(request.parent, "explore", what="tree node")
+    engine.check_questions([axis_for(a).question for a in clean_concepts(request.axes)])
+
+
+def estimate(request: ExploreRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
+    """N images of the prompt (none with a stored run) and m per inverse query; no LLM call."""
+    own = 0 if request.run else int(request.n)
+    return Estimate(own + int(request.m) * len(clean_concepts(request.inverse)))
+
+
+@recorded("explore", check, estimate)
+def run(request: ExploreRequest, engine: Engine, run_record: Run):
+    """Place a prompt's images (or a stored run's) on concept strips, with the lean and inverse queries.
+
+    Request: ExploreRequest (prompt or a stored run, concepts, N, inverse test concepts and their
+    carrier, the parent tree node).
+    Yields: Images and Progress while generating; StripsMeasured; Warning for excluded images; with
+    `axes`, Progress("vqa") and AxisScores per axis; one Done.
+    Results: ExploreResults.
+    """
+    # 1. The images: a stored run's (nothing generated) or the prompt's.
+    concepts = clean_concepts(request.concepts)
+    parent = engine.store.require_run(request.parent, "explore", what="tree node") if request.parent else None
+    results: ExploreResults = {"concepts": concepts, "parent": request.parent or "",
+                               "tree": (parent["results"].get("tree") or parent["id"]) if parent else run_record.id,
+                               "normalisation": {"kind": "softmax", "logit_scale": LOGIT_SCALE}}
+    settings, tests = None, clean_concepts(request.inverse)
+    own = 0 if request.run else request.n          # images this step generates for the prompt
+    total = own + len(tests) * request.m
+    if request.run:
+        records, prompt = stored_images(engine, request.run)
+        run_record.add_images(records)
+        results["source_run"] = request.run
+    else:
+        prompt = engine.check_prompt(request.prompt)
+        settings = yield from settle_settings(request, engine)
+        seeds = list(range(request.seed, request.seed + request.n))
+        records = yield from stream_image_set(engine, run_record, prompt, seeds, settings, progress_total=total)
+    results["prompt"] = prompt
+    # 2. The strips and the lean.
+    yield Progress(len(records), len(records), "embedding", "placing the images on the concepts")
+    images, lean, strips, excluded = place(engine, records, concepts)
+    results.update(images=images, lean=lean, strips=strips, excluded=excluded)
+    versus = clean_concepts(request.versus)
+    if versus:   # a second axis: the same images placed between its concepts too (the 2-D scatter)
+        placed, v_lean, v_strips, _ = place(engine, records, versus)
+        for item, other in zip(images, placed):
+            if "scores" in other:
+                item.update(versus_scores=other["scores"], versus_nearest=other["nearest"])
+        results.update(versus=versus, versus_lean=v_lean, versus_strips=v_strips)
+    if excluded:
+        yield Warning(f"{excluded} flagged or refused image(s) left out of the strips and the lean")
+    run_record.save(results)
+    yield StripsMeasured(strips, lean)
+    # 3. The node's attribute distributions (VQA, cached answers reused), when asked for.
+    axes = [axis_for(a) for a in clean_concepts(request.axes)]
+    if axes:
+        results["axes"] = {}
+        yield from measure_axes(engine, [r for r in records if not r.nsfw and not r.refused], axes, results["axes"],
+                                mode=request.mode, n_boot=request.n_boot)
+        run_record.save(results)
+    # 4. Inverse queries: which concept do images of each test concept lean to?
+    inverse, sets = {}, {}
+    seeds = list(range(request.seed, request.seed + request.m))
+    for i, concept in enumerate(tests):
+        settings = settings or (yield from settle_settings(request, engine))
+        carrier = carrier_prompt(concept, request.carrier)
+        made = yield from stream_image_set(engine, run_record, carrier, seeds, settings, INVERSE_LABEL + concept,
+                                           own + i * request.m, total)
+        placed, inverse[concept], _, _ = place(engine, made, concepts)
+        sets[concept] = {"prompt": carrier, "images": placed}
+        results.update(inverse=inverse, inverse_sets=sets)
+        run_record.save(results)
+    # 5. Record.
+    yield run_record.finish(results, summary_of(results))
+
+
+def stored_images(engine: Engine, run_id: str) -> tuple[list[ImageRecord], str]:
+    """(records in the run's order, its prompt) of a stored run the visitor may see; InputError
+    when there is none or it has no stored image left."""
+    source = engine.store.require_run(run_id, what="run")
+    keys = list(dict.fromkeys(r["image_key"] for r in source["images"]   # an Explore node: not its inverse sets
+                              if not (source["method"] == "explore" and r["label"].startswith(INVERSE_LABEL))))
+    found = engine.store.get_images(keys, verify=False)
+    records = [found[k] for k in keys if k in found]
+    if not records:
+        raise InputError(f"run '{run_id[:80]}' has no stored image left to place")
+    results = source.get("results") or {}
+    prompt = results.get("prompt") or source["request"].get("prompt") or records[0].prompt
+    return records, str(prompt)
+
+
+def summary_of(results: dict) -> dict:
+    """The leading concept, its share and interval, N, the tree and parent (the Runs table's numbers);
+    with a scored run, "prompt": "scores of run <id>: <its prompt>" (the request names no prompt)."""
+    top = leading(results.get("lean") or {})
+    summary = {"n": measured(results.get("lean")), "tree": results.get("tree", ""),
+               "parent": results.get("parent", "")}
+    if results.get("source_run"):
+        summary["prompt"] = f"scores of run {results['source_run']}: {results.get('prompt', '')}"
+    if top:
+        summary.update(leans_to=top[0], lean_share=top[1]["share"], lean_low=top[1]["ci"][0],
+                       lean_high=top[1]["ci"][1])
+    return summary
+
+
+def lean_sentence(lean: dict, what: str = "images") -> str:
+    """"images lean to 'a photo of a man': 0.71 [0.62, 0.80] (N = 16)", '' when nothing was measured."""
+    top = leading(lean)
+    if not top:
+        return ""
+    concept, v = top
+    lo, hi = v["ci"]
+    return f"{what} lean to '{concept}': {v['share']:.2f} [{lo:.2f}, {hi:.2f}] (N = {measured(lean)})"
+
+
+def scores(results: dict, summary: dict) -> list[Score]:
+    """Each concept's lean share with its interval, and each inverse query's."""
+    out = [Score("lean", c, v["share"], *v["ci"]) for c, v in (results.get("lean") or {}).items()
+           if isinstance(v, dict) and v.get("share") is not None]
+    for test, lean in (results.get("inverse") or {}).items():
+        out += [Score(f"inverse {test}", c, v["share"], *v["ci"]) for c, v in lean.items()
+                if isinstance(v, dict) and v.get("share") is not None]
+    return out
+
+
+def headline(record: dict) -> tuple[str, float | None]:
+    """("leans 'a photo of a man' 0.71 [0.62, 0.80]", 0.71) of a stored run."""
+    s = record.get("summary") or {}
+    share = number(s.get("lean_share"))
+    if share is None:
+        return "", None
+    lo, hi = number(s.get("lean_low")), number(s.get("lean_high"))
+    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
+    return f"leans '{s.get('leans_to', '')}' {share:.2f}{ci}", share
+
+
+# -- the tree --------------------------------------------------------------------------------------------
+def tree_nodes(engine: Engine, tree_id: str) -> list[dict]:
+    """The tree's nodes the current visitor may see (root first, then each parent before its
+    children, oldest first): {"id", "parent", "prompt", "concepts", "lean", "inverse", "status",
+    "source_run", "n"}. InputError, reading like a missing id, when the visitor may not see the root."""
+    root = engine.store.require_run(tree_id, "explore", what="tree")
+    rows = [r for r in engine.store.list_runs("explore", oldest_first=True)]
+    children: dict[str, list[str]] = {}
+    for r in rows:
+        children.setdefault((r["request"] or {}).get("parent") or "", []).append(r["id"])
+    order, todo = [], [root["id"]]
+    while todo:
+        node = todo.pop(0)
+        order.append(node)
+        todo += children.get(node, [])
+    nodes = []
+    for run_id in order:
+        record = root if run_id == root["id"] else engine.store.get_run(run_id)
+        results = record.get("results") or {}
+        nodes.append({"id": run_id, "parent": "" if run_id == root["id"] else (record["request"].get("parent") or ""),
+                      "prompt": results.get("prompt") or record["request"].get("prompt", ""),
+                      "concepts": results.get("concepts") or record["request"].get("concepts", []),
+                      "lean": results.get("lean") or {}, "inverse": results.get("inverse") or {},
+                      "source_run": results.get("source_run", ""), "status": record["status"],
+                      "n": measured(results.get("lean")),
+                      "axes": {a: distribution(m) for a, m in (results.get("axes") or {}).items()}})
+    return nodes
+
+
+def distribution(metrics: dict) -> dict:
+    """An axis' distribution (of results["axes"][axis]) in a lean's shape: {class: {"share", "ci", "count"}}."""
+    shares, cis, counts = (metrics.get(k) or {} for k in ("representation_parity", "share_ci", "counts"))
+    return {c: {"share": shares.get(c), "ci": list(cis.get(c) or [None, None]), "count": int(counts.get(c, 0))}
+            for c in metrics.get("classes") or []}
+
+
+def node_images(results: dict) -> list[dict]:
+    """Every image a node shows: its own, then each inverse query's (stored image json with scores)."""
+    return [i for images in [results.get("images") or []] + [s.get("images") or [] for s in
+                                                            (results.get("inverse_sets") or {}).values()]
+            for i in images if i.get("key")]
+
+
+def tree_json(engine: Engine, tree_id: str) -> dict:
+    """The tree as a JSON document: {"format": "gaplens-explore-tree", "tree": id, "nodes": [...]},
+    each node with its images (key, seed, scores) too."""
+    nodes = tree_nodes(engine, tree_id)
+    for node in nodes:
+        results = engine.store.get_run(node["id"])["results"] or {}
+        node["images"] = [{"key": i["key"], "seed": i["seed"], "scores": i.get("scores")}
+                          for i in results.get("images", [])]
+    return {"format": "gaplens-explore-tree", "version": 1, "tree": tree_id, "nodes": nodes}
+
+
+def list_trees(engine: Engine) -> list[dict]:
+    """The trees the current visitor may see, newest first: {"id", "prompt", "nodes", "created"}."""
+    rows = engine.store.list_runs("explore")
+    ids = {r["id"] for r in rows}
+    sizes: dict[str, int] = {}
+    for r in rows:
+        tree = (r["summary"] or {}).get("tree") or r["id"]
+        sizes[tree] = sizes.get(tree, 0) + 1
+    return [{"id": r["id"], "prompt": (r["request"] or {}).get("prompt") or (r["summary"] or {}).get("prompt")
+             or (r["request"] or {}).get("run", ""),
+             "nodes": sizes.get(r["id"], 1), "created": r["created"]}
+            for r in rows if not (r["request"] or {}).get("parent") or (r["request"] or {}).get("parent") not in ids]
+
+
+# -- label-free identity clusters ------------------------------------------------------------------------
+def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: int = 4, seed: int = 0) -> dict:
+    """KMeans (scikit-learn) on the image embeddings of stored runs: no labels, no VQA.
+
+    Returns {"k", "groups": [{"run_id", "label", "n"}], "clusters": [{"size", "central": [image
+    json of the `central` images nearest its centre], "shares": {group label: {"share", "ci",
+    "count"}}}]}: each group's (run's prompt, or model when prompts repeat) share of every cluster
+    with its Jeffreys interval. Embeddings come from the store's cache."""
+    from sklearn.cluster import KMeans
+
+    run_ids = list(dict.fromkeys(r.strip() for r in run_ids if r and r.strip()))
+    if not run_ids:
+        raise InputError("pick one or more stored runs to cluster")
+    if len(run_ids) > MAX_CLUSTER_RUNS:
+        raise InputError(f"{len(run_ids)} runs; at most {MAX_CLUSTER_RUNS} are clustered at once")
+    groups, records, owner = [], [], []
+    for run_id in run_ids:
+        found, prompt = stored_images(engine, run_id)
+        found = [r for r in found if not r.nsfw and not r.refused]
+        models = (engine.store.get_run(run_id) or {}).get("models", {})
+        groups.append({"run_id": run_id, "label": prompt, "model": models.get("generator", ""), "n": len(found)})
+        records += found
+        owner += [len(groups) - 1] * len(found)
+    labels = [g["label"] for g in groups]
+    for g in groups:   # the same prompt twice: the runs differ by their model
+        if labels.count(g["label"]) > 1:
+            g["label"] = f"{g['label']} ({g['model'] or g['run_id']})"
+    k = int(k)
+    if not 2 <= k <= min(20, len(records)):
+        raise InputError(f"k must be between 2 and {min(20, len(records))} (the images to cluster)")
+    vectors = engine.embed_images(records).astype(np.float64)
+    model = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(vectors)
+    assign, owner = model.labels_, np.asarray(owner)
+    distance = np.linalg.norm(vectors - model.cluster_centers_[assign], axis=1)
+    clusters = []
+    for j in range(k):
+        members = np.flatnonzero(assign == j)
+        nearest = members[np.argsort(distance[members])][:central]
+        shares = {}
+        for gi, g in enumerate(groups):
+            n_group = int((owner == gi).sum())
+            count = int(((owner == gi) & (assign == j)).sum())
+            lo, hi = share_interval(count, n_group)
+            shares[g["label"]] = {"share": tidy(count / n_group) if n_group else None, "ci": [lo, hi], "count": count}
+        clusters.append({"size": int(len(members)), "central": [records[i].to_json() for i in nearest],
+                         "shares": shares})
+    clusters.sort(key=lambda c: -c["size"])
+    return {"k": k, "groups": groups, "clusters": clusters}
