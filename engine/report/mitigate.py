@@ -94,7 +94,6 @@ def page(results: dict, with_preview: bool = True, images: Markup | str = "") ->
     """A whole Mitigate run (or the part of it finished so far); `with_preview=False` leaves
     the preview table out (the tab shows it in a box of its own); `images`: the initial and
     the mitigated images side by side (`image_columns`; the tab has them, a stored run not)."""
-    axes = list(results.get("axes", {}))
     ideals = results.get("ideals", {})
     custom = [a for a, d in ideals.items() if d and max(d.values()) - min(d.values()) > 1e-9]   # not uniform
     states, steps = results.get("states", []), results.get("steps", [])
