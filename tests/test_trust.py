@@ -67,7 +67,7 @@ def test_share_intervals_cover_the_planted_share_95_percent_of_the_time(n):
 
 def test_single_prompt_shows_these_intervals_in_range_with_their_n():
     axis = axis_for("gender")
-    m = single_prompt.axis_metrics_with_ci(["male"] * 8, axis, None, "paper", n_boot=500)
+    m = measure.axis_metrics_with_ci(["male"] * 8, axis, None, "paper", n_boot=500)
     assert m["n"] == 8
     assert m["share_ci"]["male"] == list(share_interval(8, 8))
     for name, (lo, hi) in m["ci"].items():
@@ -312,7 +312,7 @@ def test_add_images_until_every_interval_is_narrow_enough(tmp_path):
 def test_reference_mode_metrics_get_bca_intervals():
     axis = axis_for("age")
     labels = ["young"] * 5 + ["old"] * 2 + ["middle-aged"]
-    m = single_prompt.axis_metrics_with_ci(labels, axis, None, "reference", n_boot=200)
+    m = measure.axis_metrics_with_ci(labels, axis, None, "reference", n_boot=200)
     assert "BCa" in m["interval_method"]
     for name, (lo, hi) in m["ci"].items():
         assert lo <= m[name] <= hi, name
@@ -405,8 +405,8 @@ def test_the_pooled_confusion_corrects_each_image_set():
 def test_headline_over_a_fixed_and_a_free_text_axis():
     """Posterior draws (paper mode) and BCa resamples (a free-text axis) differ in number; the
     headline still compares them (they are independent across axes)."""
-    fixed = single_prompt.axis_metrics_with_ci(["male"] * 7 + ["female"], axis_for("gender"), None, "paper", 400)
-    free = single_prompt.axis_metrics_with_ci(["red", "blue", "red", "green"] * 2, axis_for("hair colour"), None,
+    fixed = measure.axis_metrics_with_ci(["male"] * 7 + ["female"], axis_for("gender"), None, "paper", 400)
+    free = measure.axis_metrics_with_ci(["red", "blue", "red", "green"] * 2, axis_for("hair colour"), None,
                                               "paper", 400)
     assert len(fixed["_draws"]) != len(free["_draws"])
     claim = single_prompt.most_biased_axis({"gender": fixed, "hair colour": free},
