@@ -17,7 +17,7 @@ if os.environ.get("SPACES_ZERO_GPU"):
 import gradio as gr  # noqa: E402
 
 from engine.cli import make_engine  # noqa: E402
-from engine.core.engine import DEFAULT_MAX_IMAGES, Engine  # noqa: E402
+from engine.core.engine import DEFAULT_MAX_IMAGES, Engine, default_data_dir  # noqa: E402
 from engine.common.errors import GapLensError  # noqa: E402
 from engine.hosting.limits import Budget  # noqa: E402
 from engine.hosting.storage import upload_limit  # noqa: E402
@@ -141,6 +141,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(raise it for a class behind one address)")
     p.add_argument("--visitor-storage-mb", type=int, default=Budget.storage_mb,
                    help="public mode: each visitor's share of the store (runs, results, images)")
+    p.add_argument("--forwarded-allow-ips", default=os.environ.get("FORWARDED_ALLOW_IPS", ""), metavar="IPS",
+                   help="comma-separated proxy addresses (or networks) whose X-Forwarded-For is believed for the "
+                        "client's address (default $FORWARDED_ALLOW_IPS, else none: uvicorn's own default would "
+                        "believe any local peer); on a Space the Space's proxy's last entry counts")
+    p.add_argument("--allow-empty-database", action="store_true",
+                   help="start even when the data directory's gaplens.sqlite is an empty (0-byte) file, with an "
+                        "empty store and ledger (refused by default: an empty database usually means a lost one)")
     p.add_argument("--gallery", default=os.environ.get("GAPLENS_GALLERY"), metavar="PATH_OR_DATASET",
                    help="browse a published export (zip, folder or HF dataset id) read-only")
     for role in ("generator", "embedder", "llm", "vqa"):
@@ -164,6 +171,11 @@ def main(argv=None) -> None:
                     visitors_per_address=args.visitors_per_address,
                     storage_mb=args.visitor_storage_mb) if args.public else None
     quota = args.quota_gb if args.quota_gb is not None else (20.0 if args.public else None)
+    database = Path(args.data_dir or default_data_dir()).expanduser() / "gaplens.sqlite"
+    if database.is_file() and database.stat().st_size == 0 and not args.allow_empty_database:
+        raise SystemExit("error: the GapLens database (gaplens.sqlite in the data directory) is an empty file, so "
+                         "its runs and the visitors' hourly ledger are gone: restore it from a backup, or start with "
+                         "--allow-empty-database to begin with an empty store")
     try:
         engine = make_engine(args, public=args.public, budget=budget, quota_gb=quota,
                              public_generators=args.public_generators, public_evaluators=args.public_evaluators,
@@ -184,6 +196,8 @@ def main(argv=None) -> None:
 
         print(f"GapLens: {start_up(engine)}")   # preloads a real preset; never fatal (the status line says why)
     demo = build_app(engine)
+    # uvicorn reads this when Gradio starts it; its default believes X-Forwarded-For from any local peer
+    os.environ["FORWARDED_ALLOW_IPS"] = args.forwarded_allow_ips
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options(engine, demo))
 
 

@@ -193,8 +193,10 @@ def visitor_of(request: gr.Request | None) -> access.Visitor:
     sent = headers.get(HOST_TOKEN_HEADER, "")
     if token and sent and hmac.compare_digest(token.encode(), str(sent).encode()):
         return access.HOST
-    address = access.client_address(getattr(getattr(request, "client", None), "host", None),
-                                    headers.get("x-forwarded-for"), behind_proxy=bool(os.environ.get("SPACE_ID")))
+    forwarded = (headers.getlist("x-forwarded-for") if hasattr(headers, "getlist")   # every line, not the first
+                 else headers.get("x-forwarded-for"))
+    address = access.client_address(getattr(getattr(request, "client", None), "host", None), forwarded,
+                                    behind_proxy=bool(os.environ.get("SPACE_ID")))
     username = None
     try:
         info = request.session.get("oauth_info") or {}
@@ -403,7 +405,9 @@ def status_markdown(status: dict) -> str:
             f"| role | model |\n|---|---|\n{models}\n\n"
             f"**Loaded:** {loaded}  \n**Device:** {status['device']}; {status['memory']}  \n"
             + (f"**Memory:** {status['resident']}  \n" if status.get("resident") else "")
-            + f"**Store:** `{status['data_dir']}`: {status['stored_images']} images, {status['runs']} runs; "
+            + f"**Store:** `{status['data_dir']}`: "
+            + (f"{status['stored_images']} images, " if status.get("stored_images") is not None else "")
+            + f"{status['runs']} runs; "
             f"at most {status['max_images']} images per set" + _source_note(status)
             + (f"  \n**This hour you may still** generate {status['left']['images']} images and make "
                f"{status['left']['llm_calls']} LLM calls" if status.get("left") else ""))

@@ -9,8 +9,9 @@ ran though nobody listened. In public mode `install` puts this in front of it:
   them `gpu_per_visitor` / `gpu_per_address` generating (the GPU concurrency group). New sessions
   are rationed per address, and those without an open page (a heartbeat) for everyone
   (`new_sessions`, `new_sessions_total`: each costs Gradio ~0.2 s of its event loop and ~0.8 MB
-  of state). Refusals are HTTP 429 with a sentence
-  the page shows.
+  of state); a session counts as having an open page when it holds a heartbeat and its address
+  loaded the page for it (a heartbeat alone proves nothing: anyone may open one for any session).
+  Refusals are HTTP 429 with a sentence the page shows.
 - Fairness: every concurrency group keeps its own queue of at most `waiting` events (reads
   such as Runs and status never wait behind generation), new events are queued round-robin
   by address, those of clients with an open page (a heartbeat) or stream ahead of those nobody
@@ -24,10 +25,13 @@ ran though nobody listened. In public mode `install` puts this in front of it:
 - HTTP (`FairQueueMiddleware`): API posts of at most `max_body_bytes`; page loads (the page, its
   config, the API info: ~0.5 s each) rationed per address (`page_loads`); uploads only from an
   address with a live session (heartbeat or queue stream), at most `uploads_per_address` at a
-  time and `upload_bytes_per_hour` an hour.
+  time and `upload_bytes_per_hour` an hour; open streams (heartbeats, queue and call streams) at
+  most `streams_per_address` per address, `streams_per_session` per session and `streams_total` in
+  all (429 past them).
 
 The client address is `engine.common.access.client_address`: on a Space, the last X-Forwarded-For
-entry (the one the Space's proxy appended); elsewhere the socket peer.
+entry of all its lines (the one the Space's proxy appended); elsewhere the socket peer, which uvicorn
+rewrites only for the proxies the host names (app.py's --forwarded-allow-ips).
 """
 from __future__ import annotations
 
@@ -73,6 +77,10 @@ class QueuePolicy:
     uploads_per_address: int = 2    # at a time
     upload_bytes_per_hour: int = 1 << 30   # per address (set from max_file_size by `install`)
     session_seen_s: float = 600.0   # a session stream closed this recently still counts as live for uploads
+    # open streams (heartbeats, queue/data and call/ streams: each holds a socket, a task and buffers)
+    streams_per_address: int = 32
+    streams_per_session: int = 4    # a page holds one heartbeat and one queue stream
+    streams_total: int = 1024
 
 
 @dataclass
@@ -96,6 +104,8 @@ class FairQueue:
         self.streams: Counter = Counter()                         # session hash -> open heartbeat and queue streams
         self.call_streams: Counter = Counter()                    # event id -> open call/ streams
         self.live: dict[str, list] = defaultdict(lambda: [0, -math.inf])  # address -> [open streams, last seen]
+        self.open_streams = 0
+        self.page_credits: dict[str, list] = {}                   # address -> [page loads not yet used, last load]
         self.uploads: Counter = Counter()                         # address -> uploads in progress
         self.uploaded: dict[str, deque] = defaultdict(deque)      # address -> (time, bytes)
         self.middleware_active = False
@@ -111,6 +121,9 @@ class FairQueue:
         fn = self.demo.fns.get(body.fn_index) if body.fn_index is not None else None   # creates no session state
         if fn is None:
             return await original(body=body, request=request, username=username)
+        if not _finite(body.data):   # Gradio's own components would fail on them with a blank error
+            raise HTTPException(status_code=422, detail="a number in this request is NaN or infinite; GapLens takes "
+                                                        "finite numbers only")
         visitor = visitor_of(gr.Request(request=request, username=username, session_hash=body.session_hash))
         if visitor.host:
             return await original(body=body, request=request, username=username)
@@ -145,12 +158,40 @@ class FairQueue:
             if not self.session_buckets.setdefault(visitor.address, _Bucket(burst, rate)).take():
                 raise _refuse(f"too many new sessions from your network (client address): at most {burst} at once and "
                               f"one every {1 / rate:.0f} s; keep using an open page")
-            if not self.streams[session] and not self.all_sessions.take():   # an open page is not rationed
+            if not (self.streams[session] and self._page_credit(visitor.address)) and not self.all_sessions.take():
                 raise _refuse("many new visitors are arriving at this public GapLens right now; try again in a minute")
             if len(self.known_sessions) > 10 * p.sessions:   # Gradio keeps `sessions` states: forget the oldest
                 for old in sorted(self.known_sessions, key=self.known_sessions.get)[:p.sessions]:
                     del self.known_sessions[old]
             self.known_sessions[session] = time.monotonic()
+
+    def _page_credit(self, address: str) -> bool:
+        """Whether `address` loaded a page whose session is not yet known (and use that load up): a
+        new session with an open page (a heartbeat) is spared the rationing of everyone's new
+        sessions only then, as anyone can open a heartbeat for a session of their choice."""
+        credit = self.page_credits.get(address)
+        if not credit or credit[0] < 1:
+            return False
+        credit[0] -= 1
+        return True
+
+    def page_loaded(self, address: str) -> None:
+        """A page (or its config) was served to `address`: its next new session may have an open page."""
+        credit = self.page_credits.setdefault(address, [0, 0.0])
+        credit[0], credit[1] = min(credit[0] + 1, self.policy.page_loads[0]), time.monotonic()
+
+    def stream_refusal(self, address: str, session: str | None) -> str | None:
+        """Why another stream from `address` (for `session`, a heartbeat or queue stream) is refused now, or None."""
+        p = self.policy
+        if self.open_streams >= p.streams_total:
+            return f"this public GapLens holds {self.open_streams} open streams, its most; try again in a minute"
+        if self.live[address][0] >= p.streams_per_address:
+            return (f"your network (client address) holds {self.live[address][0]} open streams; at most "
+                    f"{p.streams_per_address} are accepted: close some GapLens pages")
+        if session is not None and self.streams[session] >= p.streams_per_session:
+            return (f"this session holds {self.streams[session]} open streams; at most {p.streams_per_session} are "
+                    "accepted: reload the page")
+        return None
 
     async def _make_room(self, group, address: str) -> None:
         """A full group drops its newest event nobody listens for (no open page or stream); else
@@ -214,6 +255,8 @@ class FairQueue:
             for address in [a for a, (opened, seen) in self.live.items()
                             if not opened and now - seen > self.policy.session_seen_s]:
                 del self.live[address]
+            for address in [a for a, (_, at) in self.page_credits.items() if now - at > self.policy.session_seen_s]:
+                del self.page_credits[address]
             for address in [a for a, sent in self.uploaded.items() if not sent or now - sent[-1][0] > 3600]:
                 del self.uploaded[address]
             for event_id, info in list(self.events.items()):
@@ -265,6 +308,20 @@ class _Bucket:
     def full(self) -> bool:
         self._refill()
         return self.tokens >= self.burst
+
+
+def _finite(value) -> bool:
+    """Whether every number in `value` (a request's JSON data, walked without recursion) is finite."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+    return True
 
 
 def _refuse(message: str) -> HTTPException:
@@ -328,8 +385,10 @@ class FairQueueMiddleware:
         fair = self.fair
         fair.middleware_active = True
         path = scope["path"]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        address = access.client_address((scope.get("client") or ("",))[0], headers.get("x-forwarded-for"),
+        lines = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        headers = dict(lines)
+        address = access.client_address((scope.get("client") or ("",))[0],
+                                        [v for k, v in lines if k == "x-forwarded-for"],
                                         behind_proxy=bool(os.environ.get("SPACE_ID")))
         if scope["method"] == "GET" and (path.rstrip("/").rsplit("/", 1)[-1] in PAGES or path == "/"):
             burst, rate = fair.policy.page_loads
@@ -337,6 +396,7 @@ class FairQueueMiddleware:
                 return await JSONResponse({"detail": f"too many page loads from your network (client address): at "
                                                      f"most {burst} at once and one every {1 / rate:.0f} s"},
                                           429)(scope, receive, send)
+            fair.page_loaded(address)
         if API not in path:   # the page and its assets
             return await self.app(scope, receive, send)
         route = path.split(API, 1)[1]
@@ -392,11 +452,16 @@ class FairQueueMiddleware:
             counter, key = fair.streams, route.rstrip("/").rsplit("/", 1)[-1]
         else:
             counter, key = fair.call_streams, route.rstrip("/").rsplit("/", 1)[-1]
+        refusal = fair.stream_refusal(address, key if counter is fair.streams else None)
+        if refusal:
+            return await JSONResponse({"detail": refusal}, 429)(scope, receive, send)
         counter[key] += 1
         fair.live[address][0] += 1
+        fair.open_streams += 1
         try:
             return await self.app(scope, receive, send)
         finally:
+            fair.open_streams -= 1
             counter[key] -= 1
             if counter[key] <= 0:
                 del counter[key]

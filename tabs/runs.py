@@ -12,7 +12,7 @@ import gradio as gr
 from engine.runs import history as runs
 from engine.tools import study
 from engine.methods.axes import known_axes
-from engine.common.errors import InputError
+from engine.common.errors import GapLensError, InputError
 from engine.runs.imports import import_zip
 from engine.common.names import safe_stem
 from engine.report import export
@@ -100,8 +100,8 @@ def build(engine) -> list:
         with gr.Row():
             per_set = gr.Slider(1, 32, value=10, step=1, label="Images shown per set", elem_id="study-images")
             seed = gr.Number(0, precision=0, label="Seed", elem_id="study-seed")
-            raters = gr.Number(0, precision=0, label="Raters / forms (0 = one full counterbalancing cycle)",
-                               elem_id="study-raters")
+            raters = gr.Number(0, precision=0, minimum=0, maximum=study.MAX_FORMS,
+                               label="Raters / forms (0 = one full counterbalancing cycle)", elem_id="study-raters")
             checks = gr.Slider(0, 6, value=2, step=1, label="Attention checks per form", elem_id="study-checks")
         build_btn = gr.Button("Build study pack", elem_id="study-build")
         pack_info = gr.Markdown(elem_id="study-info")
@@ -240,11 +240,15 @@ def build_study(engine, selected, question, axis, per_set, seed, raters, checks)
     ids = _ids(selected)
     if not ids:
         raise InputError("select the runs whose image sets the study compares")
-    pack = study.build_pack(engine, ids, question=question, axis=axis or "overall",
-                            images_per_set=int(per_set), seed=int(seed or 0),
-                            n_raters=int(raters) if raters else None, n_attention=int(checks))
+    pack = study.build_pack(engine, ids, question=question, axis=axis or "overall", images_per_set=per_set,
+                            seed=int(seed or 0), n_raters=raters or None, n_attention=checks)
     path = study.write_pack(pack, export_dir() / f"study-{safe_stem(question)}-seed{int(seed or 0)}.zip",
                             study_page.form_page(pack))
+    try:   # public: a pack is a download, charged its bytes like an export
+        engine.charge(what="study pack", export_bytes=Path(path).stat().st_size)
+    except GapLensError:
+        Path(path).unlink(missing_ok=True)
+        raise
     summary = study.pack_summary(pack)
     missing = summary["sets"] - summary["sets_with_automatic_score"]
     note = (f"\n\n{missing} set(s) have no automatic score for this question; Spearman will leave them out."

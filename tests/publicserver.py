@@ -89,11 +89,14 @@ def endpoint(url: str, api_name: str, **values) -> tuple[int, list]:
     return dep["id"], data
 
 
-def join(http: httpx.Client, url: str, fn_index: int, data: list, session: str | None = None) -> httpx.Response:
-    """One raw post to queue/join (nobody listens unless `listen` is called for its session)."""
-    return http.post(url + "gradio_api/queue/join",
-                     json={"data": data, "fn_index": fn_index, "session_hash": session or uuid.uuid4().hex,
-                           "event_data": None, "trigger_id": None})
+def join(http: httpx.Client, url: str, fn_index: int, data: list, session: str | None = None,
+         headers: list | None = None) -> httpx.Response:
+    """One raw post to queue/join (nobody listens unless `listen` is called for its session);
+    `headers`: (name, value) pairs sent as they are, a name possibly more than once."""
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session or uuid.uuid4().hex,
+                       "event_data": None, "trigger_id": None})   # NaN and Infinity as a script may send them
+    return http.post(url + "gradio_api/queue/join", content=body,
+                     headers=[("content-type", "application/json"), *(headers or [])])
 
 
 def listen(http: httpx.Client, url: str, session: str, event_id: str) -> dict:
@@ -109,13 +112,14 @@ def listen(http: httpx.Client, url: str, session: str, event_id: str) -> dict:
     raise AssertionError(f"the stream closed before event {event_id} completed")
 
 
-def call(url: str, api_name: str, source: str = "127.0.0.1", session: str | None = None, **values) -> dict:
-    """Call `api_name` the way a page does (join, then listen) from `source`: the completion
-    message, or {"refused": status, "detail": ...} when the join was refused."""
+def call(url: str, api_name: str, source: str = "127.0.0.1", session: str | None = None, headers: list | None = None,
+         **values) -> dict:
+    """Call `api_name` the way a page does (join, then listen) from `source` (with `headers`, see
+    `join`): the completion message, or {"refused": status, "detail": ...} when the join was refused."""
     fn_index, data = endpoint(url, api_name, **values)
     session = session or uuid.uuid4().hex
     with client(source) as http:
-        response = join(http, url, fn_index, data, session)
+        response = join(http, url, fn_index, data, session, headers)
         if response.status_code != 200:
             return {"refused": response.status_code, "detail": response.json().get("detail", "")}
         return listen(http, url, session, response.json()["event_id"])

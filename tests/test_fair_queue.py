@@ -67,8 +67,8 @@ def test_fresh_sessions_and_addresses_cannot_spend_past_the_apps_hour(tmp_path):
     flags = ["--hourly-images", "8", "--hourly-images-total", "20", "--hourly-llm-calls", "2",
              "--visitors-per-address", "2"]
     with public_server(tmp_path, *flags) as (url, proc):
-        def measure(address, n, prompt="a photo of a cook", **values):
-            done = call(url, "single_prompt", source=address, prompt=prompt, n=n, **values)
+        def measure(address, n, prompt="a photo of a cook", headers=None, **values):
+            done = call(url, "single_prompt", source=address, headers=headers, prompt=prompt, n=n, **values)
             return done.get("success"), str(done.get("output", {}).get("error") or "")
 
         # `until` is charged the largest set it may grow to: more than a visitor's hour
@@ -86,6 +86,9 @@ def test_fresh_sessions_and_addresses_cannot_spend_past_the_apps_hour(tmp_path):
         ok, error = measure("127.0.0.2", 8)
         assert not ok and "the visitors from one client address may generate 16 images per hour together; " \
                           "4 are left" in error
+        # without SPACE_ID, X-Forwarded-For is believed from no peer unless the host names it (issue 36)
+        ok, error = measure("127.0.0.2", 8, headers=[("X-Forwarded-For", "10.9.9.9")])
+        assert not ok and "4 are left" in error
         assert measure("127.0.0.3", 8)[0]                                # the app: 20 of 20
         ok, error = measure("127.0.0.4", 1)
         assert not ok and "all visitors of this GapLens together may generate 20 images per hour; 0 are left" in error

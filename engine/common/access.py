@@ -56,13 +56,16 @@ def visitor_for(public: bool) -> Visitor:
     return current() or ANONYMOUS
 
 
-def client_address(peer: str | None, forwarded_for: str | None, behind_proxy: bool) -> str:
-    """The address a request came from: behind a proxy that appends the client's address to
-    X-Forwarded-For (a Hugging Face Space's), that header's last entry, the one no client can
-    write; otherwise the socket peer (uvicorn already resolved a trusted local proxy's header
-    into it, see FORWARDED_ALLOW_IPS). '' when neither is known."""
+def client_address(peer: str | None, forwarded_for, behind_proxy: bool) -> str:
+    """The address a request came from, decided here for every use (budgets, queue admission, the
+    fair queue's HTTP side): behind a proxy that appends the client's address to X-Forwarded-For (a
+    Hugging Face Space's), the last entry of all of that header's lines joined (`forwarded_for`: a
+    line or the list of lines; a client may send lines of its own, but the proxy's entry comes
+    last); otherwise the socket peer (which uvicorn rewrites only for the proxies a host names in
+    FORWARDED_ALLOW_IPS, app.py's --forwarded-allow-ips). '' when neither is known."""
     if behind_proxy and forwarded_for:
-        last = forwarded_for.split(",")[-1].strip()
+        lines = [forwarded_for] if isinstance(forwarded_for, str) else list(forwarded_for)
+        last = ",".join(lines).split(",")[-1].strip()
         if last:
             return last[:64]
     return (peer or "")[:64]

@@ -58,6 +58,7 @@ class Engine(ImageMaking, Evaluation, RunLifecycle):
         comma-separated or a list; engine/hosting/backend_choices.py)."""
         self.preset, self.preset_reason = resolve_preset(preset, options, **model_overrides)
         self.started_with = self.preset.specs()
+        self.hardware_note: str | None = None   # a Space without a GPU: why visitors get no device model
         self.public_choices = {"generator": backend_choices.parse_allow_list(public_generators, "generator"),
                                "vqa": backend_choices.parse_allow_list(public_evaluators, "vqa")}
         self.public = bool(public)
@@ -151,7 +152,8 @@ class Engine(ImageMaking, Evaluation, RunLifecycle):
             "memory": _memory_summary(self.models._device),
             "resident": self.models.summary(),
             "data_dir": short_label(str(self.store.data_dir)) if not self.public else "(hidden in public mode)",
-            "stored_images": self.store.count("images"),
+            # a visitor sees their own runs only: the store-wide count would tell them everyone's activity
+            "stored_images": self.store.count("images") if not self.public or access.visitor_for(True).host else None,
             "runs": self.store.count_runs() if self.public else self.store.count("runs"),
             "max_images": self.max_images,
             "max_api_calls": self.max_api_calls,

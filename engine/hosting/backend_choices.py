@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
 
+from ..backends import uses_device
 from ..backends.base import ModelSpec
 from ..common import access
 from ..common.errors import InputError, NotAllowedError
@@ -41,9 +42,11 @@ def parse_allow_list(items, role: str) -> list[tuple[str, ModelSpec]]:
     return out
 
 
-def offered(engine, role: str) -> dict[str, ModelSpec]:
+def offered(engine, role: str, *, runnable: bool = True) -> dict[str, ModelSpec]:
     """{label: spec} a visitor may pick for `role` (generator or vqa): each preset's (generators
-    under the preset's name), the engine's own at start and now, then the host's allow-list."""
+    under the preset's name), the engine's own at start and now, then the host's allow-list; with
+    `runnable`, on hardware without a GPU (a CPU Space: `engine.hardware_note`) only those that
+    need none or are loaded or preloaded already."""
     choices: dict[str, ModelSpec] = {}
     named = [(name if role == "generator" else "", preset.specs()[role]) for name, preset in PRESETS.items()]
     named += [("", engine.started_with[role]), ("", engine.preset.specs()[role]), *engine.public_choices[role]]
@@ -54,6 +57,8 @@ def offered(engine, role: str) -> dict[str, ModelSpec]:
         if label in choices:   # the same model with other options
             label = short_label(spec.full_label)
         choices.setdefault(label, spec)
+    if runnable and engine.hardware_note:
+        choices = {label: spec for label, spec in choices.items() if not uses_device(spec) or engine.models.holds(spec)}
     return choices
 
 
@@ -82,6 +87,9 @@ def resolve(engine, role: str, name: str | ModelSpec) -> ModelSpec:
     choices = offered(engine, role)
     if name in choices:
         return choices[name]
+    if engine.hardware_note and name in offered(engine, role, runnable=False):   # offered on a GPU
+        raise NotAllowedError(f"{engine.hardware_note}: this public GapLens offers these {ROLES[role]}: "
+                              f"{', '.join(choices)}")
     raise NotAllowedError(f"this public GapLens offers these {ROLES[role]}: {', '.join(choices)}; pick one of "
                           f"them (GapLens on your own machine takes any model)")
 

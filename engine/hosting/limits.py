@@ -115,6 +115,9 @@ def check(request, preset_name: str) -> None:
         if len(text) > MAX_TEXT_CHARS:
             raise InputError(f"{where.removeprefix('request.')} is {len(text)} characters long; the maximum is "
                              f"{MAX_TEXT_CHARS}")
+    for name, value in fields.items():   # NaN or ±Infinity: never a setting (json lets them through)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"{name.replace('_', ' ')} must be a finite number; got {value}")
     n = fields.get("n")
     for name in SEED_FIELDS:
         if fields.get(name) is None:

@@ -25,6 +25,7 @@ from ..models.plan import plan
 from ..models.presets import PRESETS, REAL_PRESET_ORDER, Preset
 
 GATED = {"black-forest-labs/FLUX.1-schnell"}
+NO_GPU = "no GPU on this Space: the synthetic world only"   # the model panel's line; visitors' refusals repeat it
 
 
 def space_gpu_memory_gb() -> float | None:
@@ -72,13 +73,16 @@ def preload(engine, preset: Preset) -> list[str]:
 
 def start_up(engine) -> str:
     """On a Space: preloads the engine's preset when it uses device models, else the largest real preset
-    the hardware holds. When that fails, the engine serves the synthetic world and its status line
+    the hardware holds; without a GPU, sets `engine.hardware_note`, so visitors are offered only
+    models that run here (engine.hosting.backend_choices.offered). When a preload fails, the engine serves the synthetic world and its status line
     (`preset_reason`) says why; nothing raises. Returns the line to print."""
     preset = engine.preset if needs_gpu(engine.preset.specs().values()) else None
     if preset is None:
         name = real_preset_for(space_gpu_memory_gb())
-        if name is None:
-            return "no GPU on this Space: the synthetic world only"
+        if name is None:   # visitors are offered only what runs here (backend_choices.offered)
+            engine.hardware_note = NO_GPU
+            engine.preset_reason = f"{engine.preset_reason}; {NO_GPU}"
+            return NO_GPU
         preset = PRESETS[name]
     try:
         loaded = preload(engine, preset)

@@ -110,6 +110,8 @@ def check(request: CounterfactualsRequest, engine: Engine) -> None:
     """Raises InputError for a request that cannot run (cfsets.check, and the mode)."""
     if request.mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, not '{request.mode}'")
+    if not 0 <= request.min_frequency <= 1:   # a share of the images (NaN fails this too)
+        raise InputError(f"min frequency (a share of the images) must be between 0 and 1; got {request.min_frequency}")
     cfsets.check(request, engine)
 
 

@@ -66,6 +66,10 @@ class ModelManager:
         (`unload_unpinned`); eviction may still take it."""
         self._pinned.add(spec)
 
+    def holds(self, spec: ModelSpec) -> bool:
+        """Whether `spec` is loaded or pinned (preloaded) here."""
+        return spec in self._models or spec in self._pinned
+
     def unload_unpinned(self, spec: ModelSpec) -> list[str]:
         """Unloads `spec` unless it is pinned: a preloaded model stays (on ZeroGPU `spaces` removed its
         cached files when it packed its weights, so it could not be loaded again without the hub)."""

@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from ..common.encoding import json_default
+from ..common.encoding import json_default, parse_json
 from ..common.errors import InputError
 from ..hosting.storage import import_room
 from ..store.store import MAX_PUBLIC_RESULTS_BYTES, Store, content_key, is_key, is_run_id
@@ -105,7 +105,7 @@ def _json_text(limit: int, kind: type) -> Callable:
     def check(v):
         if not isinstance(v, str) or len(v) > limit:
             raise ValueError(f"expected JSON text of at most {limit} characters")
-        if not isinstance(json.loads(v), kind):
+        if not isinstance(parse_json(v, "the value"), kind):
             raise ValueError(f"expected a JSON {kind.__name__}")
         return v
     return check
@@ -116,23 +116,25 @@ def _class_probs(v):
     if v == "":
         return v
     _json_text(64 * 1024, dict)(v)
-    if not all(isinstance(k, str) and isinstance(p, (int, float)) and 0 <= p <= 1 for k, p in json.loads(v).items()):
+    if not all(isinstance(k, str) and isinstance(p, (int, float)) and 0 <= p <= 1 for k, p in parse_json(v, "class probabilities").items()):
         raise ValueError("expected {class: probability}")
     return v
 
 
 def _models(v):
     _json_text(20_000, dict)(v)
-    if not all(isinstance(k, str) and isinstance(x, str) and len(x) < 2000 for k, x in json.loads(v).items()):
+    if not all(isinstance(k, str) and isinstance(x, str) and len(x) < 2000 for k, x in parse_json(v, "models").items()):
         raise ValueError("expected {role: model label}")
     return v
 
 
 SEED_RANGE = _integer(0, 2**63 - 1)
+SCHEMA_RESULTS_BYTES = 64 * 2**20       # a run's results (the schema's limit)
+LINE_OVERHEAD_BYTES = 2 * 2**20         # the rest of a run's row: request (64 KiB), summary (1 MiB), ...
 # column -> check (returns the value to store); every column listed is required
 SCHEMAS: dict[str, dict[str, Callable]] = {
     "runs": {"id": _text(200), "method": _method, "status": _text(20, STATUSES), "request": _json_text(64 * 1024, dict),
-             "results": _json_text(64 * 2**20, dict), "summary": _json_text(2**20, dict), "models": _models,
+             "results": _json_text(SCHEMA_RESULTS_BYTES, dict), "summary": _json_text(2**20, dict), "models": _models,
              "version": _text(40), "error": _text(20_000, optional=True), "created": _number, "updated": _number},
     "run_images": {"run_id": _text(200), "image_key": _key, "label": _text(1000), "position": _integer(0, 10**7)},
     "images": {"key": _key, "generator": _text(2000), "prompt": _text(10_000), "negative_prompt": _text(10_000),
@@ -257,27 +259,29 @@ def import_zip(store: Store, path: str | os.PathLike, replace: bool = False, tru
     except (OSError, zipfile.BadZipFile) as exc:
         raise InputError(f"{name} is not a readable zip file ({exc})") from None
     limits = import_limits(store)
+    results_limit = MAX_PUBLIC_RESULTS_BYTES if limits is not ARCHIVE_LIMITS else None
     with zf:
         check_archive(zf, name, limits)
         try:
-            plan = _read(zf, name, store, replace, trust)
+            plan = _read(zf, name, store, replace, trust, results_limit)
         except (KeyError, ValueError, TypeError, UnicodeDecodeError, zipfile.BadZipFile, binascii.Error) as exc:
             raise InputError(f"{name} is not a valid GapLens export: {exc}") from None
-        if limits is not ARCHIVE_LIMITS:
-            for run in plan["runs"]:
-                if len(run["results"]) > MAX_PUBLIC_RESULTS_BYTES:
-                    raise InputError(f"{name}: the results of run {run['id'][:80]} are {_size(len(run['results']))}; "
-                                     f"a public GapLens keeps at most {_size(MAX_PUBLIC_RESULTS_BYTES)} per run")
         return _write(store, plan, trust, zf)
 
 
-def _read(zf: zipfile.ZipFile, name: str, store: Store, replace: bool, trust: bool) -> dict:
+def _read(zf: zipfile.ZipFile, name: str, store: Store, replace: bool, trust: bool,
+          results_limit: int | None = None) -> dict:
     """Everything to write, checked: rows, image members, key and id maps. Writes nothing
-    (images are read and decoded here, and read again when written, so memory holds one)."""
+    (images are read and decoded here, and read again when written, so memory holds one). A
+    line of the archive's tables is read only when its size fits (`results_limit`: the most
+    bytes of a run's results, a public GapLens' cap) and parsed only when its nesting does."""
     names = set(zf.namelist())
     if "gaplens/manifest.json" not in names:
         raise InputError(f"{name} is not a GapLens export (it has no gaplens/manifest.json)")
-    manifest = json.loads(zf.read("gaplens/manifest.json"))
+    if zf.getinfo("gaplens/manifest.json").file_size > 2**20:
+        raise ValueError("gaplens/manifest.json is larger than 1 MiB")
+    manifest = parse_json(zf.read("gaplens/manifest.json"), "gaplens/manifest.json")
+    line_limit = (results_limit or SCHEMA_RESULTS_BYTES) + LINE_OVERHEAD_BYTES
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or \
             not isinstance(manifest.get("format_version"), int) or manifest["format_version"] > FORMAT_VERSION:
         raise InputError(f"{name}: unsupported export format (GapLens reads '{FORMAT}' up to v{FORMAT_VERSION})")
@@ -286,8 +290,22 @@ def _read(zf: zipfile.ZipFile, name: str, store: Store, replace: bool, trust: bo
         member = f"gaplens/{table}.jsonl"
         if member not in names:
             return []
-        lines = zf.read(member).decode("utf-8").splitlines()
-        return [_checked(table, json.loads(line), f"{member} line {i + 1}") for i, line in enumerate(lines) if line.strip()]
+        out = []
+        with zf.open(member) as f:
+            for i, line in enumerate(iter(lambda: f.readline(line_limit + 1), b"")):
+                where = f"{member} line {i + 1}"
+                if len(line) > line_limit:
+                    raise InputError(f"{name}: {where} is longer than {_size(line_limit)}"
+                                     + (f" (a public GapLens keeps at most {_size(results_limit)} of results per run)"
+                                        if results_limit else ""))
+                if line.strip():
+                    row = parse_json(line, where)
+                    if results_limit and isinstance(row, dict) and len(str(row.get("results", ""))) > results_limit:
+                        raise InputError(f"{name}: the results of run {str(row.get('id'))[:80]} are "
+                                         f"{_size(len(str(row['results'])))}; a public GapLens keeps at most "
+                                         f"{_size(results_limit)} per run")
+                    out.append(_checked(table, row, where))
+        return out
 
     run_rows = rows("runs")
     if len({r["id"] for r in run_rows}) != len(run_rows):
@@ -396,7 +414,7 @@ def _write(store: Store, plan: dict, trust: bool, zf: zipfile.ZipFile) -> dict:
                     "request": renamed}
         for run in plan["runs"]:
             for column, mapping in mappings.items():
-                value = json.loads(run[column])
+                value = parse_json(run[column], f"the {column} of run {run['id'][:80]}")
                 rewritten = replace_strings(value, mapping) if mapping else value
                 if rewritten != value:
                     run[column] = json.dumps(rewritten, default=json_default)

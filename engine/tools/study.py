@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
+from ..common.encoding import parse_json
 from ..common.errors import InputError
 from ..common.scores import is_finite, is_missing
 from ..hosting.limits import MAX_TEXT_CHARS
@@ -166,6 +167,32 @@ def automatic_score(engine, run: dict, label: str, records: list, kind: str, axi
 # into blocks, one block per form. SECONDS_PER_ITEM is a rough reading+answering time per item.
 MAX_ITEMS_PER_FORM = 40
 SECONDS_PER_ITEM = {"rating": 12, "pair": 15}
+# What a study needs, and no more (a request may ask for anything): forms are handed out in turn, so
+# 200 serve any number of raters; the key of the largest pack stays under MAX_KEY_BYTES, so its
+# answers can be analysed.
+MAX_FORMS = 200
+MAX_SETS = 40
+MAX_IMAGES_PER_SET = 32
+MAX_ATTENTION_CHECKS = 6
+MAX_THUMBNAIL = 512
+
+
+def check_design(*, images_per_set, n_raters, n_attention, thumbnail_size=256, max_items=MAX_ITEMS_PER_FORM) -> None:
+    """InputError (one sentence) when a study's numbers are outside what a study needs (MAX_FORMS,
+    MAX_IMAGES_PER_SET, MAX_ATTENTION_CHECKS, MAX_ITEMS_PER_FORM, MAX_THUMBNAIL); checked before
+    anything is read. Returns None."""
+    for what, value, low, high in (("raters (forms)", n_raters or 0, 0, MAX_FORMS),
+                                   ("images shown per set", images_per_set, 1, MAX_IMAGES_PER_SET),
+                                   ("attention checks per form", n_attention, 0, MAX_ATTENTION_CHECKS),
+                                   ("items per form", max_items, 1, MAX_ITEMS_PER_FORM),
+                                   ("the thumbnail size", thumbnail_size, 32, MAX_THUMBNAIL)):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{what} must be a whole number, not {str(value)[:40]!r}") from None
+        if not (low <= number <= high and number.is_integer()):
+            raise InputError(f"{what} must be a whole number from {low} to {high}; got {str(value)[:40]}"
+                             + (": a form can be given to several raters" if what.startswith("raters") else ""))
 
 
 def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender", images_per_set: int = 10,
@@ -181,15 +208,19 @@ def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender
     number of forms is the number of blocks (every trial answered once); the key's design says
     so, with the minutes a form takes."""
     question_text(question, axis)  # validates the question type
+    check_design(images_per_set=images_per_set, n_raters=n_raters, n_attention=n_attention,
+                 thumbnail_size=thumbnail_size, max_items=max_items)
     run_ids = [r for r in dict.fromkeys(x.strip() for x in run_ids if x and x.strip())]
+    if len(run_ids) > MAX_SETS:
+        raise InputError(f"a study compares at most {MAX_SETS} image sets; {len(run_ids)} runs are selected")
     conditions = _conditions(engine, run_ids)
     if len(conditions) < 2:
         raise InputError(f"a study needs at least two image sets; the chosen runs have {len(conditions)} "
                          "(pick more runs, or runs with images)")
-    images_per_set = int(images_per_set)
-    if images_per_set < 1:
-        raise InputError("show at least one image per set")
-    n_attention = max(0, int(n_attention))
+    if len(conditions) > MAX_SETS:
+        raise InputError(f"a study compares at most {MAX_SETS} image sets; the chosen runs have {len(conditions)} "
+                         "(pick fewer runs)")
+    images_per_set, n_attention = int(float(images_per_set)), int(float(n_attention))
     rng = np.random.default_rng(int(seed))
     used: set = set()
 
@@ -216,7 +247,7 @@ def build_pack(engine, run_ids, *, question: str = "rating", axis: str = "gender
     max_items = max(1, int(max_items))
     n_blocks = -(-len(base) // max_items)
     block = -(-len(base) // n_blocks)          # blocks of (nearly) equal size
-    n_forms = int(n_raters) if n_raters else (len(rows) if n_blocks == 1 else n_blocks)
+    n_forms = int(float(n_raters)) if n_raters else (len(rows) if n_blocks == 1 else n_blocks)
     if n_forms < 1:
         raise InputError("a study needs at least one rater (form)")
     options = RATING_OPTIONS if question == "rating" else PAIR_OPTIONS
@@ -456,9 +487,9 @@ def load_key(source) -> dict:
     if len(data) > MAX_KEY_BYTES:
         raise InputError(f"the answer key is more than {MAX_KEY_BYTES // 2**20} MiB; a GapLens key is smaller")
     try:
-        key = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise InputError(f"the answer key is not valid JSON (give the pack zip or {KEY_MEMBER})") from None
+        key = parse_json(data, "the answer key")
+    except ValueError as exc:
+        raise InputError(f"{exc} (give the pack zip or {KEY_MEMBER})") from None
     return check_key(key)
 
 
