@@ -38,7 +38,7 @@ from ..common.scores import number
 from ..core.distributed import distributed_image_sets
 from ..core.engine import Engine, EngineStats, Run, recorded
 from ..hosting.limits import Estimate
-from ..metrics.gap import COMBINATIONS, gap_score_from_similarity
+from ..metrics.gap import COMBINATIONS, resampled_gap_scores
 from ..metrics.intervals import headline_claim
 from ..models import sources
 from ..store.store import ImageRecord, image_key
@@ -547,8 +547,7 @@ def best_prompt_claim(archive: list[dict], details: dict, request, n_draws: int 
         sim = np.asarray(details[a["id"]]["similarity"], float)
         r, c = rows[sim.shape], cols[sim.shape]
         values[a["prompt"]] = float(a["score"])
-        draws[a["prompt"]] = np.array([gap_score_from_similarity(sim[np.ix_(r[b], c[b])], request.alpha,
-                                                                 request.combine).score for b in range(n_draws)])
+        draws[a["prompt"]] = resampled_gap_scores(sim, r, c, request.alpha, request.combine)
     return headline_claim(values, draws, request.n, largest=False, what="most biased prompt (lowest gap score)",
                           fmt="{:.3f}")
 

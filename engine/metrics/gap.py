@@ -79,14 +79,11 @@ def gap_score_from_similarity(
         raise ValueError(f"similarity must be a non-empty (n_texts, n_images) matrix, got shape {s.shape}")
     if not 0 <= alpha <= 100:
         raise ValueError(f"alpha is a percentile in [0, 100], got {alpha}")
-    coverage = s.max(axis=1)
-    alignment = s.max(axis=0)
-    coverage_term = float(np.percentile(coverage, alpha))
-    alignment_term = float(np.percentile(alignment, alpha))
+    coverage, alignment, coverage_term, alignment_term = _terms(s, alpha)
     return GapScore(
-        score=combine_terms(coverage_term, alignment_term, combine),
-        coverage_term=coverage_term,
-        alignment_term=alignment_term,
+        score=float(combine_terms(coverage_term, alignment_term, combine)),
+        coverage_term=float(coverage_term),
+        alignment_term=float(alignment_term),
         similarity=s,
         coverage=coverage,
         alignment=alignment,
@@ -95,6 +92,24 @@ def gap_score_from_similarity(
         alpha=alpha,
         combine=combine,
     )
+
+
+def _terms(s: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return c, a, M and A of one matrix S or of a stack of them (over the last two axes)."""
+    coverage = s.max(axis=-1)
+    alignment = s.max(axis=-2)
+    return coverage, alignment, np.percentile(coverage, alpha, axis=-1), np.percentile(alignment, alpha, axis=-1)
+
+
+def resampled_gap_scores(similarity: np.ndarray, rows: np.ndarray, cols: np.ndarray, alpha: float = 25.0,
+                         combine: str = "diff") -> np.ndarray:
+    """Return B of every resample b of S: the score of S[rows[b]][:, cols[b]], for `rows` (draws × n_texts)
+    and `cols` (draws × n_images) index arrays; equal, draw by draw, to `gap_score_from_similarity` of
+    each resampled matrix, but computed on the whole stack at once (a bootstrap's hot path)."""
+    s = np.asarray(similarity, dtype=np.float64)
+    stack = s[rows[:, :, None], cols[:, None, :]]
+    _, _, coverage_term, alignment_term = _terms(stack, alpha)
+    return combine_terms(coverage_term, alignment_term, combine)
 
 
 def gap_score(
