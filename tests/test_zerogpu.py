@@ -113,7 +113,9 @@ def space(tmp_path_factory):
     scheduler = Scheduler()
     process, url = start_space(
         tmp, scheduler,
-        ["--preset", "sd-turbo", "--generator", "diffusers:gaplens-test/tiny-sd", "--embedder",
+        ["--preset", "sd-turbo", "--generator", "diffusers:gaplens-test/tiny-sd",
+         "--generator-option", "size=32",     # 32x32 images: the fp16 UNet's 30 default steps, on a CPU, in seconds
+         "--embedder",
          "hf_clip:gaplens-test/tiny-clip", "--llm", "hf_chat:gaplens-test/tiny-chat", "--vqa",
          "clip_vqa:gaplens-test/tiny-clip"],   # zero-shot over the choices: tiny weights still answer within them
         HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1",
