@@ -36,7 +36,9 @@ def test_two_evaluators_in_the_single_prompt_tab(data_dir):
         assert answers.count() == 2 and "clip_vqa:synthetic:" in answers.nth(1).inner_text()
         assert answers.nth(0).inner_text().split(": ")[-1] != answers.nth(1).inner_text().split(": ")[-1]
         # every distribution has its "can't tell" bar, apart from the classes
-        assert "can't tell" in page.locator("#sp-axes svg[data-chart='axis-gender']").text_content()
+        chart = "#sp-axes .gl-vega[data-chart='axis-gender'] svg"
+        page.wait_for_selector(chart, timeout=30_000)                   # drawn by the Vega runtime
+        assert "can't tell" in page.locator(chart).text_content()
         screenshot(page, "two_evaluators")
 
         run = engine.store.list_runs("single_prompt")[0]

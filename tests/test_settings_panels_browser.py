@@ -50,7 +50,7 @@ class Form:
 
 def compare_models_form(world: str) -> Form:
     def fill(page):
-        page.locator("#cm-presets label", has_text="synthetic").first.click()
+        page.locator("#cm-presets label", has_text="synthetic").first.locator("input").check()   # ticked by default
         page.fill("#cm-more textarea", f"synthetic_generator:{world}")
         page.fill("#cm-prompt textarea", PROMPT)
     return Form("Compare models", "compare_models", "cm-run", fill, {"cm-n": 2})

@@ -17,7 +17,7 @@ def test_spot_check_flow_with_buttons_and_keys(data_dir):
     # an evaluator with a planted 30% error, so the check has something to find
     engine = Engine("synthetic", data_dir=data_dir, vqa=ModelSpec("synthetic_vqa", SYNTHETIC_TABLE, {"error": 0.3}))
     request = single_prompt.SinglePromptRequest("a photo of a firefighter", n=24, axes=["gender", "age"], gap=False,
-                                                n_boot=100)
+                                                n_boot=100, cant_tell_below=0)   # the check measures every answer
     run_id = [e for e in single_prompt.run(request, engine) if isinstance(e, Done)][0].run_id
     with running_app(engine) as url, browser_page() as page:
         page.goto(url, wait_until="load")
