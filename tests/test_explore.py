@@ -157,6 +157,9 @@ def test_a_three_node_tree_is_stored_exported_imported_and_reopened(engine, tmp_
         assert [n["id"] for n in reopened] == [renamed[i] for i in ids]
         assert [n["parent"] for n in reopened] == ["", renamed[ids[0]], renamed[ids[1]]]
         assert public.store.get_run(renamed[ids[2]])["results"]["tree"] == renamed[ids[0]]
+        from tabs import explore as tab   # the imported tree reopens through its link
+        view = tab.open_link(public, {"tab": "explore", "tree": renamed[ids[0]]})
+        assert view[2].count("data-node=") == 3 and view[4]["node"] == view[4]["tree"] == renamed[ids[0]]
     with zipfile.ZipFile(path) as zf:
         assert sum(1 for line in zf.read("gaplens/runs.jsonl").splitlines() if line.strip()) == 3
 
