@@ -26,6 +26,7 @@ from ..common.names import readable
 from ..common.scores import Score, as_interval, finite_or_none, is_missing, number
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS
+from .measure import axis_metrics_with_ci  # noqa: F401 - tests read it here
 from .measure import SCALAR_METRICS, gap_for_images, measure_axes
 from .options import GenerationOptions, settle_settings
 
