@@ -97,6 +97,9 @@ def test_a_node_measures_its_attribute_distribution_with_vqa_from_cached_answers
     lo, hi = gender["share_ci"]["male"]
     assert lo <= planted(engine, "a photo of a doctor") <= hi and lo > 0.5    # planted 80% male
     assert "composite_bias_score" in gender["ci"]
+    summary = engine.store.get_run(printed["run_id"])["summary"]
+    assert summary["axes"]["gender"] == {"top": "male", "share": gender["representation_parity"]["male"], "ci": [lo, hi]}
+    assert summary["leans_to"] == MAN and summary["lean_share"] == printed["lean"][MAN]["share"]
     answers = engine.store.count("answers")
     assert answers >= 48
     # the same images scored again with VQA: every answer comes from the cache
