@@ -91,7 +91,7 @@ def build(engine) -> list:
     with_engine = functools.partial
     form = dict(prompt=prompt, concepts=concepts, versus=versus, n=n, seed=seed, run_id=stored, inverse=inverse,
                 carrier=carrier, m=m, parent=node_pick, negative_prompt=negative, **generation.fields, axes=axes)
-    view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress, prompt, concepts, versus]
+    view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress, prompt, concepts, versus, axes]
     run = gpu(engine, duration=with_engine(step_seconds, engine))(with_engine(step, engine))
     checked(go.click, engine, "explore", explore_request, inputs_kwargs=form).success(
         run, inputs_kwargs=form, outputs=[progress, state], api_name="explore").then(
@@ -206,7 +206,7 @@ def after_step(engine, state):
 def open_tree(engine, tree_id):
     """The view of a tree's root ('' : a new tree, nothing selected)."""
     if not tree_id:
-        return (trees_update(engine, ""), gr.Dropdown(choices=[], value=None), "", "", {}, "", "") + (gr.skip(),) * 3
+        return (trees_update(engine, ""), gr.Dropdown(choices=[], value=None), "", "", {}, "", "") + (gr.skip(),) * 4
     return view_of(engine, tree_id, tree_id)
 
 
@@ -217,12 +217,12 @@ def open_node(engine, state, node_id):
     return view_of(engine, state["tree"], node_id)
 
 
-VIEW = 10   # the outputs of a view: build's view_outputs
+VIEW = 11   # the outputs of a view: build's view_outputs
 
 
 def view_of(engine, tree_id: str, node_id: str, keep_progress: bool = False) -> tuple:
     """(tree picker, node picker, tree, strips, state, link query, status, prompt, concepts, second
-    axis) of one node of a tree (the form starts from the node: edit it for a child), read from
+    axis, VQA axes) of one node of a tree (the form starts from the node: edit it for a child), read from
     the store (nothing is generated). InputError, reading like a missing id, for a tree or node the
     visitor may not see."""
     nodes = explore.tree_nodes(engine, tree_id)
@@ -237,7 +237,8 @@ def view_of(engine, tree_id: str, node_id: str, keep_progress: bool = False) -> 
     return (trees_update(engine, tree_id), gr.Dropdown(choices=choices, value=node_id),
             report.tree_html(nodes, node_id), report.page(results, thumbnails(engine, results)), state, query,
             gr.skip() if keep_progress else f"Opened node `{node_id}` of tree `{tree_id}` from the store.",
-            results.get("prompt", ""), "\n".join(results.get("concepts") or []), "\n".join(results.get("versus") or []))
+            results.get("prompt", ""), "\n".join(results.get("concepts") or []), "\n".join(results.get("versus") or []),
+            [a for a in results.get("axes") or {} if a in known_axes()])
 
 
 def trees_update(engine, selected: str):
@@ -267,7 +268,7 @@ def open_link(engine, params: dict) -> tuple:
             tree_id = (record.get("results") or {}).get("tree") or node_id
         return view_of(engine, tree_id, node_id or tree_id)
     except InputError as exc:
-        return (trees_update(engine, ""), gr.skip(), "", "", {}, "", f"**Link**: {exc}.") + (gr.skip(),) * 3
+        return (trees_update(engine, ""), gr.skip(), "", "", {}, "", f"**Link**: {exc}.") + (gr.skip(),) * 4
 
 
 def show_image(engine, state, data: dict):

@@ -97,6 +97,9 @@ def test_a_node_measures_its_attribute_distribution_with_vqa_from_cached_answers
     lo, hi = gender["share_ci"]["male"]
     assert lo <= planted(engine, "a photo of a doctor") <= hi and lo > 0.5    # planted 80% male
     assert "composite_bias_score" in gender["ci"]
+    summary = engine.store.get_run(printed["run_id"])["summary"]
+    assert summary["axes"]["gender"] == {"top": "male", "share": gender["representation_parity"]["male"], "ci": [lo, hi]}
+    assert summary["leans_to"] == MAN and summary["lean_share"] == printed["lean"][MAN]["share"]
     answers = engine.store.count("answers")
     assert answers >= 48
     # the same images scored again with VQA: every answer comes from the cache
@@ -157,6 +160,9 @@ def test_a_three_node_tree_is_stored_exported_imported_and_reopened(engine, tmp_
         assert [n["id"] for n in reopened] == [renamed[i] for i in ids]
         assert [n["parent"] for n in reopened] == ["", renamed[ids[0]], renamed[ids[1]]]
         assert public.store.get_run(renamed[ids[2]])["results"]["tree"] == renamed[ids[0]]
+        from tabs import explore as tab   # the imported tree reopens through its link
+        view = tab.open_link(public, {"tab": "explore", "tree": renamed[ids[0]]})
+        assert view[2].count("data-node=") == 3 and view[4]["node"] == view[4]["tree"] == renamed[ids[0]]
     with zipfile.ZipFile(path) as zf:
         assert sum(1 for line in zf.read("gaplens/runs.jsonl").splitlines() if line.strip()) == 3
 

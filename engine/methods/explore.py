@@ -328,12 +328,18 @@ def stored_images(engine: Engine, run_id: str) -> tuple[list[ImageRecord], str]:
 
 def summary_of(results: dict) -> dict:
     """The leading concept, its share and interval, N, the tree and parent (the Runs table's numbers);
-    with a scored run, "prompt": "scores of run <id>: <its prompt>" (the request names no prompt)."""
+    with a scored run, "prompt": "scores of run <id>: <its prompt>" (the request names no prompt); when VQA
+    ran, "axes": {axis: {"top", "share", "ci"}} (its most frequent answer)."""
     top = leading(results.get("lean") or {})
     summary = {"n": measured(results.get("lean")), "tree": results.get("tree", ""),
                "parent": results.get("parent", "")}
     if results.get("source_run"):
         summary["prompt"] = f"scores of run {results['source_run']}: {results.get('prompt', '')}"
+    for axis, m in (results.get("axes") or {}).items():   # VQA ran: each axis' most frequent answer
+        answer = leading(distribution(m))
+        if answer:
+            summary.setdefault("axes", {})[axis] = {"top": answer[0], "share": answer[1]["share"],
+                                                    "ci": answer[1]["ci"]}
     if top:
         summary.update(leans_to=top[0], lean_share=top[1]["share"], lean_low=top[1]["ci"][0],
                        lean_high=top[1]["ci"][1])
@@ -351,12 +357,14 @@ def lean_sentence(lean: dict, what: str = "images") -> str:
 
 
 def scores(results: dict, summary: dict) -> list[Score]:
-    """Each concept's lean share with its interval, and each inverse query's."""
+    """Each concept's lean share with its interval, each inverse query's, and (VQA) each axis' shares."""
     out = [Score("lean", c, v["share"], *v["ci"]) for c, v in (results.get("lean") or {}).items()
            if isinstance(v, dict) and v.get("share") is not None]
     for test, lean in (results.get("inverse") or {}).items():
         out += [Score(f"inverse {test}", c, v["share"], *v["ci"]) for c, v in lean.items()
                 if isinstance(v, dict) and v.get("share") is not None]
+    for axis, m in (results.get("axes") or {}).items():
+        out += [Score(axis, c, v["share"], *v["ci"]) for c, v in distribution(m).items() if v["share"] is not None]
     return out
 
 
