@@ -118,3 +118,16 @@ def test_colour_task_ranks_objects_by_bias():
     for combine in ("missed_only", "mean"):
         scores = [mean_colour_score(obj, combine) for obj in ("apple", "truck", "balloon")]
         assert scores == sorted(scores)
+
+
+@pytest.mark.parametrize("shape", [(16, 16), (5, 9), (1, 3), (4, 1)])
+def test_resampled_scores_equal_the_score_of_each_resampled_matrix(shape):
+    """The bootstrap's stacked scores are, draw by draw and bit for bit, the scores of the resampled matrices
+    (rows and columns drawn with replacement, repeats included)."""
+    rng = np.random.default_rng(sum(shape))
+    s = np.round(rng.normal(size=shape), 2)      # rounded: ties in the maxima and percentiles
+    rows, cols = rng.integers(0, shape[0], (50, shape[0])), rng.integers(0, shape[1], (50, shape[1]))
+    for combine in COMBINATIONS:
+        for alpha in (0, 25, 33.3, 100):
+            expected = [gap_score_from_similarity(s[np.ix_(r, c)], alpha, combine).score for r, c in zip(rows, cols)]
+            assert resampled_gap_scores(s, rows, cols, alpha, combine).tolist() == expected, (combine, alpha)
