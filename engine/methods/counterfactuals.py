@@ -38,6 +38,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from ..backends.base import CANT_TELL
 from ..common.errors import InputError
 from ..common.events import AxisScores, Event, Headline, Progress, Table, Warning
 from ..common.scores import Score, as_interval, finite_or_none, number
@@ -182,8 +183,9 @@ def concept_set(spec: SetSpec, records, answers: list[list[str]], captions: list
     if mode == "reference":
         words = [tibet_reference.image_concepts(image) for image in per_image]
     else:
-        words = [[w for answer in image + ([captions[i]] if captions else []) for w in tibet.concept_words(answer)]
-                 for i, image in enumerate(per_image)]
+        # a "can't tell" answer names no concept (issue 35: counted apart, `cant_tell`, never measured)
+        words = [[w for answer in image + ([captions[i]] if captions else []) if answer != CANT_TELL
+                  for w in tibet.concept_words(answer)] for i, image in enumerate(per_image)]
     counters = [Counter(image_words) for image_words in words]
     vocabulary = sorted(set().union(*counters))
     counts = np.array([[c[w] for w in vocabulary] for c in counters], float).reshape(n, len(vocabulary))
@@ -428,7 +430,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
         s = concept_set(spec, records, answers, captions, engine.embed_images(records),
                         resample_weights(len(records), request.n_boot, request.seed, i), request.mode)
         for a, q in questions.items():
-            asked.record(engine, a, records, by_question[q], q)
+            asked.record(engine, spec.label, a, records, by_question[q], q)
         results["sets"][spec.label] = _set_json(s, {a: by_question[q] for a, q in questions.items()}, captions, request,
                                                 asked)
         return s

@@ -44,7 +44,7 @@ from ..metrics.bootstrap import percentile_interval
 from ..metrics.intervals import headline_claim
 from . import cfsets
 from .cfsets import SetSpec, SetsRequest, choices, generate_set, prepare, settle_questions_and_ideals
-from .measure import AskedAnswers, one_hot, outside_count, resample_weights, tally
+from .measure import AskedAnswers, cant_tell_counts, one_hot, outside_count, resample_weights, tally
 from .options import settle_settings
 
 LEVELS = ("auto", "prompt", "aggregated")
@@ -257,7 +257,7 @@ def answer_sets(request: IntersectionalRequest, engine: Engine, run_record: Run,
             labels = engine.ask(records, questions[y], values[y])
             answers.onehot[spec.label][y] = one_hot(labels, values[y], request.other_policy)
             answers.outside[y] += outside_count(labels, values[y])
-            answers.asked.record(engine, y, records, labels, questions[y], values[y])
+            answers.asked.record(engine, spec.label, y, records, labels, questions[y], values[y])
         answers.weights[spec.label] = resample_weights(len(records), request.n_boot, request.seed, i)
     total = len(specs) * request.n
     for y, count in answers.outside.items():
@@ -281,6 +281,8 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
     point_tables = {x: {y: t[0] for y, t in ys.items()} for x, ys in tables.items()}
     edges = bc.chi2_edges(point_tables, matrix, level, request.p_threshold, request.min_abs_is)
     draws = bootstrap_draws(request, specs, axes, ideals, answers)
+    initial = [s.label for s in specs if s.axis is None]
+    of_axis = {x: [s.label for s in specs if s.axis == x] for x in axes}
     low, high = percentile_bounds(draws)
     edge_rows = [{"source": e.source, "target": e.target, "is": e.sensitivity, "p_value": e.p_value,
                   "statistic": e.statistic, "dof": e.dof, "kept": e.kept} for e in edges]
@@ -301,7 +303,11 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
         "distortion": bc.intersectional_distortion(matrix),
         "distributions": {y: {"values": categories[y], "ideal": ideals[y].tolist(),
                               "initial": _floats(bc.mixed_distribution(init[y][0])),
-                              "mixed": {x: _floats(bc.mixed_distribution(tables[x][y][0])) for x in axes}}
+                              "mixed": {x: _floats(bc.mixed_distribution(tables[x][y][0])) for x in axes},
+                              # "can't tell" on the initial images and on each axis' counterfactual sets
+                              "cant_tell": {"initial": answers.asked.cant_tell(initial).get(y, cant_tell_counts([])),
+                                            "mixed": {x: answers.asked.cant_tell(of_axis[x]).get(y, cant_tell_counts([]))
+                                                      for x in axes}}}
                           for y in axes},
         "outside_choices": answers.outside,
         "cant_tell": answers.asked.cant_tell(),

@@ -121,14 +121,15 @@ class AskedAnswers:
     def __init__(self):
         self.answers: dict[str, dict[str, str]] = {}   # image key -> axis -> answer
         self.probs: dict[str, dict[str, dict]] = {}    # image key -> axis -> class -> probability
-        self.labels: dict[str, list[str]] = {}         # axis -> every answer asked (one per image and set)
+        self.labels: dict[str, dict[str, list[str]]] = {}   # set label -> axis -> its answers
 
-    def record(self, engine: Engine, axis: str, records: list, labels: list[str], question: str,
+    def record(self, engine: Engine, set_label: str, axis: str, records: list, labels: list[str], question: str,
                choices: list[str] | None = None) -> None:
-        """Keeps `labels` (engine.ask's answers to `question` about `records`) and their class
-        probabilities (engine.answer_probs, from the cache the same question filled)."""
+        """Keeps `labels` (engine.ask's answers to `question` about the images `records` of set
+        `set_label`) and their class probabilities (engine.answer_probs, from the cache the same
+        question filled)."""
         probs = engine.answer_probs(records, question, choices) if records else []
-        self.labels.setdefault(axis, []).extend(labels)
+        self.labels.setdefault(set_label, {})[axis] = list(labels)
         for r, label, p in zip(records, labels, probs):
             self.answers.setdefault(r.key, {})[axis] = label
             self.probs.setdefault(r.key, {})
@@ -139,9 +140,18 @@ class AskedAnswers:
         """Returns {"answers": image key -> axis -> answer, "answer_probs": image key -> axis -> class -> p}."""
         return {"answers": self.answers, "answer_probs": self.probs}
 
-    def cant_tell(self) -> dict[str, dict]:
-        """Returns {axis: cant_tell_counts of its answers}."""
-        return {axis: cant_tell_counts(labels) for axis, labels in self.labels.items()}
+    def cant_tell(self, set_labels=None) -> dict[str, dict]:
+        """Returns {axis: cant_tell_counts of its answers} over the sets `set_labels`, or (None) over
+        every image once (an image in several sets, as Mitigate's steps share some, counts once)."""
+        by_axis: dict[str, list[str]] = {}
+        if set_labels is None:
+            for answers in self.answers.values():
+                for axis, label in answers.items():
+                    by_axis.setdefault(axis, []).append(label)
+        for label in set_labels or ():
+            for axis, labels in self.labels.get(label, {}).items():
+                by_axis.setdefault(axis, []).extend(labels)
+        return {axis: cant_tell_counts(labels) for axis, labels in by_axis.items()}
 
 
 # -- several evaluators on the same images (issue 35) ------------------------------------------

@@ -88,7 +88,7 @@ from . import cfsets
 from .axes import parse_shares
 from .cfsets import (SetSpec, SetsRequest, axis_name, choices, counterfactual_value, prepare,
                      settle_questions_and_ideals)
-from .measure import AskedAnswers, one_hot, outside_count, resample_weights, tally
+from .measure import AskedAnswers, cant_tell_counts, one_hot, outside_count, resample_weights, tally
 from .options import settle_settings
 from .prompt_set import allocate, compose
 
@@ -299,7 +299,7 @@ class Measurer:
                 labels = self.engine.ask(valid, self.setup.questions[y], self.setup.values[y]) if valid else []
                 self.answers[spec.label][y] = one_hot(labels, self.setup.values[y], self.setup.policy)
                 self.outside[y] += outside_count(labels, self.setup.values[y])
-                self.asked.record(self.engine, y, valid, labels, self.setup.questions[y], self.setup.values[y])
+                self.asked.record(self.engine, spec.label, y, valid, labels, self.setup.questions[y], self.setup.values[y])
             if self.request.n_boot:
                 self.weights[spec.label] = resample_weights(len(valid), self.request.n_boot, self.request.seed,
                                                             len(self.weights))
@@ -338,7 +338,8 @@ class Measurer:
                          for k in range(len(names))]
             dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [finite_or_none(s) for s in shares],
                         "low": [finite_or_none(lo) for lo, _ in intervals], "high": [finite_or_none(hi) for _, hi in intervals],
-                        "ideal": setup.ideals[y].tolist()}
+                        "ideal": setup.ideals[y].tolist(),
+                        **self.asked.cant_tell([s.label for s in specs]).get(y, cant_tell_counts([]))}
         unmeasured = [a for a in setup.priorities if math.isnan(w_bar[a])]
         if unmeasured:
             raise InputError(f"no VQA answer about {', '.join(unmeasured)} fell within its choices on the images of "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from . import Markup, charts, macro
+from . import Markup, cant_tell_note, charts, macro, with_cant_tell
 
 NAN = float("nan")
 QUALITY_NAMES = {"is_person": "IsP? (VQA finds a person)", "quality": "CLIP-IQA quality", "real": "CLIP-IQA real",
@@ -68,13 +68,17 @@ def report_html(results: dict) -> Markup:
     cells = []
     for axis, r in report.items():
         charts_ = []
+        notes = []
         for which in ("initial", "final"):
             d = r[which]
+            # issue 35: "can't tell" is a bar of its own (share of all the images), outside the distribution
+            names, shares, counts, ci = with_cant_tell(d, d["values"], [_nan(s) for s in d["shares"]], d["counts"],
+                                                       [(_nan(lo), _nan(hi)) for lo, hi in zip(d["low"], d["high"])])
             charts_.append(charts.bar_chart(
-                d["values"], [_nan(s) for s in d["shares"]], counts=d["counts"],
-                ci=[(_nan(lo), _nan(hi)) for lo, hi in zip(d["low"], d["high"])], reference=r["ideal"], vmax=1.0,
-                width=360, title=f"{axis}: {which}", chart_id=f"mitigate-final-{axis}-{which}"))
-        cells.append({"axis": axis, "r": r, "charts": charts_})
+                names, shares, counts=counts, ci=ci, reference=r["ideal"],
+                vmax=1.0, width=360, title=f"{axis}: {which}", chart_id=f"mitigate-final-{axis}-{which}"))
+            notes.append(cant_tell_note(d))
+        cells.append({"axis": axis, "r": r, "charts": charts_, "notes": notes})
     return macro("mitigate.html", "report")(cells) if cells else Markup("")
 
 
