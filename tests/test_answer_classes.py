@@ -33,6 +33,9 @@ QUESTION = "What is the skin tone (light, medium, dark) of the person in the ima
     ("fair-skinned", SKIN, "light"), ("a pale person", SKIN, "light"),
     ("tan", SKIN, "medium"), ("tanned", SKIN, "medium"), ("brown", SKIN, "medium"), ("olive", SKIN, "medium"),
     ("Olive-skinned.", SKIN, "medium"), ("a tan person", SKIN, "medium"),
+    # the longest phrase first: "light" inside "light brown" is not the class light
+    ("light brown", SKIN, "medium"), ("Light brown skin.", SKIN, "medium"), ("a light-brown-skinned man", SKIN, "medium"),
+    ("light", SKIN, "light"), ("light skin", SKIN, "light"), ("deep brown", SKIN, "dark"),
     ("black", SKIN, "dark"), ("dark-skinned", SKIN, "dark"), ("dark brown", SKIN, "dark"), ("a black person", SKIN, "dark"),
     ("Caucasian", ETHNICITY, "white"), ("The person appears to be Caucasian", ETHNICITY, "white"),
     ("caucasians", ETHNICITY, "white"), ("European", ETHNICITY, "white"),
@@ -343,3 +346,36 @@ def test_parking_an_fp16_pipeline_in_host_ram_logs_no_warning(tiny):
         assert not any("cannot run with" in r.getMessage() for r in records)
     finally:
         logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("name", ["intersectional", "mitigate"])
+def test_sets_count_cant_tell_apart_in_every_distribution(name, tmp_path):
+    """Intersectional and Mitigate: "can't tell" is neither a class nor 'other' (the in-class counts plus
+    the "can't tell" ones are every image), is counted per distribution, and is its own bar on the page."""
+    from engine.methods import METHODS
+    from engine.report import page_for
+
+    engine = Engine("synthetic", data_dir=str(tmp_path), options={"vqa": {"error_rate": 0.4}})
+    axes = {"gender": ["a photo of a male doctor", "a photo of a female doctor"],
+            "age": ["a photo of a young doctor", "a photo of an old doctor"]}
+    method = METHODS[name]
+    results = list(method.run(method.request(prompt="a photo of a doctor", axes=axes, n=12, n_boot=0), engine))[-1].results
+    for y in axes:
+        told = [a[y] for a in results["answers"].values()]
+        assert results["cant_tell"][y]["cant_tell"] == told.count(CANT_TELL) > 0
+        # "can't tell" is not 'other': outside the choices are only the answers neither a class nor "can't tell"
+        assert results["outside_choices"][y] == sum(a not in (*results["values"][y], CANT_TELL) for a in told)
+        if name == "intersectional":
+            ct = results["distributions"][y]["cant_tell"]
+            assert ct["initial"]["cant_tell"] + sum(m["cant_tell"] for m in ct["mixed"].values()) == told.count(CANT_TELL)
+        else:
+            d, state = results["report"][y]["initial"], results["states"][0]
+            outside = sum(a not in (*d["values"], CANT_TELL) for a in told[:state["n_images"]])
+            assert sum(d["counts"]) + d["cant_tell"] + outside == state["n_images"] and CANT_TELL not in d["values"]
+            assert (d["cant_tell_share"] > 0.2) == bool(d["cant_tell_note"])
+    if name == "intersectional":   # the distributions are the pair panel's (a matrix cell clicked)
+        from engine.report.intersectional import pair_html
+        html = str(pair_html(results, "gender", "age"))
+    else:
+        html = str(page_for(name)(results))
+    assert "can&#39;t tell" in html

@@ -15,6 +15,7 @@ import pytest
 
 import tabs
 from engine.cli import build_parser, main
+from engine.backends.base import CANT_TELL
 from engine.common import access
 from engine.common.errors import InputError, OverBudgetError
 from engine.core.engine import Engine, recorded
@@ -115,6 +116,49 @@ def test_hostile_strings_render_escaped_in_the_methods_page(name, engine):
     assert html.strip()
     assert HOSTILE not in html and "onerror=alert(1)>" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html     # shown, as text
+
+
+# -- answers beside their class probabilities (issue 35) ---------------------------------------------
+ASKS = {"single_prompt", "counterfactuals", "intersectional", "mitigate", "compare_models"}   # rows asking the VQA
+
+
+def per_image_answers(results) -> list[tuple[dict, dict]]:
+    """Every image's (axis -> answer, axis -> class -> p) found anywhere in `results`: beside each
+    `answers` (image key -> axis -> answer, or one image's axis -> answer) its `answer_probs`."""
+    found = []
+    if isinstance(results, dict):
+        answers = results.get("answers")
+        if isinstance(answers, dict) and answers:
+            assert "answer_probs" in results, f"answers without answer_probs beside them: {list(results)}"
+            probs = results["answer_probs"]
+            if all(isinstance(v, str) for v in answers.values()):
+                found.append((answers, probs))
+            else:
+                assert set(probs) == set(answers)
+                found += [(answers[key], probs[key]) for key in answers]
+        for value in results.values():
+            found += per_image_answers(value)
+    elif isinstance(results, list):
+        for value in results:
+            found += per_image_answers(value)
+    return found
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_every_asked_answer_has_its_class_probabilities_beside_it(name, engine):
+    images = per_image_answers(done_event(events_of(name, engine)).results)
+    assert bool(images) == (name in ASKS), f"{name}: per-image answers {'missing' if name in ASKS else 'unexpected'}"
+    scored = 0
+    for answers, probs in images:
+        assert set(probs) <= set(answers)
+        for axis, p in probs.items():       # the synthetic evaluator scores every question asked with classes
+            scored += 1
+            assert math.isclose(sum(p.values()), 1.0, abs_tol=1e-6)
+            best = max(p, key=p.get)
+            # the answer is the most probable class, or "can't tell" where that class is below the threshold
+            assert answers[axis] == (best if p[best] >= engine.cant_tell_below else CANT_TELL), (name, axis, p)
+    if name in ASKS - {"counterfactuals"}:   # Counterfactuals asks free questions: no classes to score
+        assert scored, f"{name}: no answer carries class probabilities"
 
 
 # -- rows: check, estimate, tab or command; budgets read the row's estimate --------------------------

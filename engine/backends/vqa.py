@@ -80,8 +80,9 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     # skin tone and ethnicity: what evaluators say instead of the classes (issue 35); plurals, "fair-skinned"
     # and "a fair person" match through match_choice's whole-word and plural rules
     "light": ("fair", "pale", "white", "caucasian", "porcelain", "ivory", "pinkish"),
-    "medium": ("tan", "tanned", "olive", "brown", "brownish", "beige", "golden", "caramel", "bronze", "moderate"),
-    "dark": ("black", "deep", "ebony", "chocolate"),
+    "medium": ("tan", "tanned", "olive", "brown", "brownish", "beige", "golden", "caramel", "bronze", "moderate",
+               "light brown", "light olive"),
+    "dark": ("black", "deep", "ebony", "chocolate", "dark brown", "deep brown"),
     "white": ("caucasian", "european", "anglo", "fair", "pale"),
     "black": ("african american", "african", "afro american", "afro caribbean", "dark skinned"),
     "asian": ("east asian", "chinese", "japanese", "korean", "vietnamese", "filipino", "thai"),
@@ -124,8 +125,8 @@ def match_choice(answer: str, choices: Sequence[str], synonyms: dict | None = No
     """Returns the choice (lower-case) a free-form answer names, or "other".
 
     In order: exact match; an age in years for young/middle/old choices (<30, 30-59, 60+); a
-    choice appearing as whole words in the answer (the earliest, then the longest), also after
-    dropping plural "s"; the answer appearing inside exactly one choice; a synonym of a choice
+    choice appearing as whole words in the answer (the earliest, then the longest; not one inside a
+    longer synonym phrase, so "light brown" is medium, not light), also after dropping plural "s"; the answer appearing inside exactly one choice; a synonym of a choice
     (SYNONYMS plus `synonyms`)."""
     text = _normalise(answer)
     options = [(str(c).lower().strip(), _normalise(c)) for c in choices]
@@ -140,15 +141,19 @@ def match_choice(answer: str, choices: Sequence[str], synonyms: dict | None = No
         for choice, norm in options:
             if any(norm == bucket and low <= years < high for bucket, low, high in _AGE_BUCKETS):
                 return choice
+    extra = {_normalise(k): tuple(_normalise(v) for v in vs) for k, vs in (synonyms or {}).items()}
+    # the longest phrase first: a choice inside a longer synonym ("light" in "light brown") is that synonym's
+    phrases = [(pos, pos + len(word)) for _, norm in options for word in SYNONYMS.get(norm, ()) + extra.get(norm, ())
+               if (pos := _find_word(text, word)) >= 0]
     for haystack, transform in ((text, lambda s: s), (_singular(text), _singular)):
         hits = [(pos, -len(norm), i) for i, (_, norm) in enumerate(options)
-                if (pos := _find_word(haystack, transform(norm))) >= 0]
+                if (pos := _find_word(haystack, transform(norm))) >= 0
+                and not any(a <= pos and pos + len(norm) <= b and b - a > len(norm) for a, b in phrases)]
         if hits:
             return options[min(hits)[2]][0]
     inside = [choice for choice, norm in options if _find_word(norm, text) >= 0]
     if len(inside) == 1:
         return inside[0]
-    extra = {_normalise(k): tuple(_normalise(v) for v in vs) for k, vs in (synonyms or {}).items()}
     hits = []
     for i, (_, norm) in enumerate(options):
         for word in SYNONYMS.get(norm, ()) + extra.get(norm, ()):

@@ -38,6 +38,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from ..backends.base import CANT_TELL
 from ..common.errors import InputError
 from ..common.events import AxisScores, Event, Headline, Progress, Table, Warning
 from ..common.scores import Score, as_interval, finite_or_none, number
@@ -53,7 +54,7 @@ from ..metrics.wordnet import missing_note, released_synonyms, wordnet_synonyms
 from ..models.presets import ASSETS
 from . import cfsets
 from .cfsets import SetSpec, SetsRequest, generate_set, prepare, set_label
-from .measure import resample_weights
+from .measure import AskedAnswers, resample_weights
 from .options import settle_settings
 
 MODES = ("paper", "reference")   # the same words as the T2I-BiasBench metrics' modes
@@ -184,8 +185,9 @@ def concept_set(spec: SetSpec, records, answers: list[list[str]], captions: list
     if mode == "reference":
         words = [tibet_reference.image_concepts(image) for image in per_image]
     else:
-        words = [[w for answer in image + ([captions[i]] if captions else []) for w in tibet.concept_words(answer)]
-                 for i, image in enumerate(per_image)]
+        # a "can't tell" answer names no concept (issue 35: counted apart, `cant_tell`, never measured)
+        words = [[w for answer in image + ([captions[i]] if captions else []) if answer != CANT_TELL
+                  for w in tibet.concept_words(answer)] for i, image in enumerate(per_image)]
     counters = [Counter(image_words) for image_words in words]
     vocabulary = sorted(set().union(*counters))
     counts = np.array([[c[w] for w in vocabulary] for c in counters], float).reshape(n, len(vocabulary))
@@ -305,7 +307,7 @@ def _public(cf: dict) -> dict:
     return {k: v for k, v in cf.items() if not k.startswith("_")}
 
 
-def _set_json(s: ConceptSet, answers: dict[str, list[str]], captions: list[str], request) -> dict:
+def _set_json(s: ConceptSet, answers: dict[str, list[str]], captions: list[str], request, asked: AskedAnswers) -> dict:
     histogram = s.histogram(request.min_frequency)   # TIBET's unigrams: what CAS compares
     # Top-K as read by a person: whole phrases, variants merged (metrics.concepts)
     axis_top = {a: top_phrases([[x] for x in got], None, request.top_k) for a, got in answers.items()}
@@ -314,6 +316,7 @@ def _set_json(s: ConceptSet, answers: dict[str, list[str]], captions: list[str],
     return {"prompt": s.spec.prompt, "axis": s.spec.axis, "cf": s.spec.cf, "value": s.spec.value,
             "histogram": histogram, "top_k": top, "axis_top_k": axis_top,
             "images": [{"key": r.key, "seed": r.seed, "path": r.path, "answers": {a: answers[a][i] for a in answers},
+                        "answer_probs": asked.probs.get(r.key, {}),
                         **({"caption": captions[i]} if captions else {})} for i, r in enumerate(s.records)]}
 
 
@@ -355,6 +358,8 @@ class CounterfactualsResults(TypedDict, total=False):
     mode: str                                # "paper" or "reference": how CAS and MAD were computed
     options: dict                            # caption, synonyms, min_frequency, renormalise, sum_normalise, n_boot
     sets: dict[str, dict]                    # per set label: prompt, histogram, Top-K, images with answers
+                                             # and answer_probs (image -> axis -> class -> p; free questions: {})
+    cant_tell: dict[str, dict]               # per axis: measure.cant_tell_counts over every set's answers
     per_prompt: dict[str, dict]              # per prompt: the score part below
     counterfactuals: list[dict]              # per counterfactual: axis, prompt, value, CAS, CAS^CLIP (+ _ci)
     cas: dict[str, dict[str, float]]         # axis -> counterfactual -> CAS
@@ -409,6 +414,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
         yield Warning(f"reference mode computes as the released code does, so {', '.join(changed)} "
                       "apply to the paper-mode numbers only")
     position = {spec.label: i for i, spec in enumerate(specs)}
+    asked = AskedAnswers()   # every set's answers, for the "can't tell" counts
 
     def measure(spec: SetSpec):
         i = position[spec.label]
@@ -427,7 +433,10 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
         answers = [by_question[questions[a]] for a in axes] if reference else list(by_question.values())
         s = concept_set(spec, records, answers, captions, engine.embed_images(records),
                         resample_weights(len(records), request.n_boot, request.seed, i), request.mode)
-        results["sets"][spec.label] = _set_json(s, {a: by_question[q] for a, q in questions.items()}, captions, request)
+        for a, q in questions.items():
+            asked.record(engine, spec.label, a, records, by_question[q], q)
+        results["sets"][spec.label] = _set_json(s, {a: by_question[q] for a, q in questions.items()}, captions, request,
+                                                asked)
         return s
 
     # 2. Per prompt: the initial set, then every counterfactual set, CAS against the initial
@@ -469,6 +478,7 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     if results.get("headline"):
         yield Headline(results["headline"])
     other = MODES[1 - MODES.index(request.mode)]
+    results["cant_tell"] = asked.cant_tell()
     results["modes"] = {request.mode: own_mode_scores(results), other: mode_scores(results, other)}
     summary = {"prompts": len(prompts), "sets": len(specs), "n": request.n, "mode": request.mode,
                **{f"mad_{a}": round(results["mad"][a], 3) for a in results["mad_order"]

@@ -44,7 +44,7 @@ from ..metrics.bootstrap import percentile_interval
 from ..metrics.intervals import headline_claim
 from . import cfsets
 from .cfsets import SetSpec, SetsRequest, choices, generate_set, prepare, settle_questions_and_ideals
-from .measure import one_hot, resample_weights, tally
+from .measure import AskedAnswers, cant_tell_counts, one_hot, outside_count, resample_weights, tally
 from .options import settle_settings
 
 LEVELS = ("auto", "prompt", "aggregated")
@@ -143,7 +143,10 @@ class IntersectionalResults(TypedDict, total=False):
     max_influenced: str | None
     distortion: float                   # 𝓘
     distributions: dict[str, dict]      # per axis: values, ideal, initial and mixed (per x) distributions
-    outside_choices: dict[str, int]     # answers outside each axis' choices
+    outside_choices: dict[str, int]     # answers outside each axis' choices ("can't tell" not among them)
+    cant_tell: dict[str, dict]          # per axis: measure.cant_tell_counts (left out of every distribution)
+    answers: dict[str, dict[str, str]]  # image key -> axis -> VQA answer
+    answer_probs: dict[str, dict]       # image key -> axis -> class -> probability (evaluators that score classes)
     per_prompt: dict[str, list]         # aggregate mode: each prompt's own matrix
     headline: dict                      # the strongest effect and how sure the bootstrap is of it
 
@@ -156,6 +159,7 @@ class Answers:
     onehot: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)   # set label -> axis -> (n, K)
     weights: dict[str, np.ndarray] = field(default_factory=dict)             # set label -> (n_boot, n)
     outside: dict[str, int] = field(default_factory=dict)
+    asked: AskedAnswers = field(default_factory=AskedAnswers)                 # per image, for the JSON
 
 
 def check(request: IntersectionalRequest, engine: Engine) -> None:
@@ -254,7 +258,8 @@ def answer_sets(request: IntersectionalRequest, engine: Engine, run_record: Run,
         for y in questions:
             labels = engine.ask(records, questions[y], values[y])
             answers.onehot[spec.label][y] = one_hot(labels, values[y], request.other_policy)
-            answers.outside[y] += len(labels) - int(bc.value_counts(labels, values[y], "drop").sum())
+            answers.outside[y] += outside_count(labels, values[y])
+            answers.asked.record(engine, spec.label, y, records, labels, questions[y], values[y])
         answers.weights[spec.label] = resample_weights(len(records), request.n_boot, request.seed, i)
     total = len(specs) * request.n
     for y, count in answers.outside.items():
@@ -278,6 +283,8 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
     point_tables = {x: {y: t[0] for y, t in ys.items()} for x, ys in tables.items()}
     edges = bc.chi2_edges(point_tables, matrix, level, request.p_threshold, request.min_abs_is)
     draws = bootstrap_draws(request, specs, axes, ideals, answers)
+    initial = [s.label for s in specs if s.axis is None]
+    of_axis = {x: [s.label for s in specs if s.axis == x] for x in axes}
     low, high = percentile_bounds(draws)
     p_threshold = bc.EDGE_THRESHOLDS[level][0] if request.p_threshold is None else request.p_threshold
     edge_rows = [{"source": e.source, "target": e.target, "is": e.sensitivity, "p_value": e.p_value,
@@ -301,9 +308,15 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
         "distortion": bc.intersectional_distortion(matrix),
         "distributions": {y: {"values": categories[y], "ideal": ideals[y].tolist(),
                               "initial": _floats(bc.mixed_distribution(init[y][0])),
-                              "mixed": {x: _floats(bc.mixed_distribution(tables[x][y][0])) for x in axes}}
+                              "mixed": {x: _floats(bc.mixed_distribution(tables[x][y][0])) for x in axes},
+                              # "can't tell" on the initial images and on each axis' counterfactual sets
+                              "cant_tell": {"initial": answers.asked.cant_tell(initial).get(y, cant_tell_counts([])),
+                                            "mixed": {x: answers.asked.cant_tell(of_axis[x]).get(y, cant_tell_counts([]))
+                                                      for x in axes}}}
                           for y in axes},
         "outside_choices": answers.outside,
+        "cant_tell": answers.asked.cant_tell(),
+        **answers.asked.json(),
     }
     if draws is not None:
         results["headline"], results["sensitivity"]["p_positive"] = cell_claims(

@@ -122,6 +122,46 @@ def cant_tell_counts(labels: list[str]) -> dict:
     return {"cant_tell": k, "cant_tell_share": share, "cant_tell_note": note}
 
 
+class AskedAnswers:
+    """Per-image answers of the questions a method asks with classes, for its JSON, and each axis'
+    labels for the "can't tell" counts: `record` as the method asks, then `json()` and `cant_tell()`."""
+
+    def __init__(self):
+        self.answers: dict[str, dict[str, str]] = {}   # image key -> axis -> answer
+        self.probs: dict[str, dict[str, dict]] = {}    # image key -> axis -> class -> probability
+        self.labels: dict[str, dict[str, list[str]]] = {}   # set label -> axis -> its answers
+
+    def record(self, engine: Engine, set_label: str, axis: str, records: list, labels: list[str], question: str,
+               choices: list[str] | None = None) -> None:
+        """Keeps `labels` (engine.ask's answers to `question` about the images `records` of set
+        `set_label`) and their class probabilities (engine.answer_probs, from the cache the same
+        question filled)."""
+        probs = engine.answer_probs(records, question, choices) if records else []
+        self.labels.setdefault(set_label, {})[axis] = list(labels)
+        for r, label, p in zip(records, labels, probs):
+            self.answers.setdefault(r.key, {})[axis] = label
+            self.probs.setdefault(r.key, {})
+            if p:
+                self.probs[r.key][axis] = p
+
+    def json(self) -> dict:
+        """Returns {"answers": image key -> axis -> answer, "answer_probs": image key -> axis -> class -> p}."""
+        return {"answers": self.answers, "answer_probs": self.probs}
+
+    def cant_tell(self, set_labels=None) -> dict[str, dict]:
+        """Returns {axis: cant_tell_counts of its answers} over the sets `set_labels`, or (None) over
+        every image once (an image in several sets, as Mitigate's steps share some, counts once)."""
+        by_axis: dict[str, list[str]] = {}
+        if set_labels is None:
+            for answers in self.answers.values():
+                for axis, label in answers.items():
+                    by_axis.setdefault(axis, []).append(label)
+        for label in set_labels or ():
+            for axis, labels in self.labels.get(label, {}).items():
+                by_axis.setdefault(axis, []).extend(labels)
+        return {axis: cant_tell_counts(labels) for axis, labels in by_axis.items()}
+
+
 # -- several evaluators on the same images (issue 35) ------------------------------------------
 
 def evaluator_names(first: str, others: list) -> list[str]:
@@ -259,11 +299,17 @@ def gap_for_images(engine: Engine, prompt: str, records: list, image_emb: np.nda
 
 def one_hot(labels: list[str], values: list[str], other_policy: str) -> np.ndarray:
     """(n, K) rows of biasconnect.value_counts for each image's answer (K counts the 'other' bin
-    under that policy; no labels: (0, K))."""
+    under that policy; no labels: (0, K)). A "can't tell" row is all zero: neither a class nor
+    'other', it is counted apart (cant_tell_counts)."""
     if not labels:
         return np.zeros((0, len(values) + (other_policy == "other_bin")))
-    return np.array([bc.value_counts([label], values, other_policy) for label in labels])
+    return np.array([bc.value_counts([] if label == CANT_TELL else [label], values, other_policy) for label in labels])
 
+
+
+def outside_count(labels: list[str], values: list[str]) -> int:
+    """Returns how many labels are outside `values`, "can't tell" not among them (counted apart)."""
+    return len(labels) - int(bc.value_counts(labels, values, "drop").sum()) - labels.count(CANT_TELL)
 
 
 def tally(specs: list, axes: dict[str, list[str]], answers: dict, weights: dict | None = None,

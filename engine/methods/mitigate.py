@@ -88,7 +88,7 @@ from . import cfsets
 from .axes import parse_shares
 from .cfsets import (SetSpec, SetsRequest, axis_name, choices, counterfactual_value, prepare,
                      settle_questions_and_ideals)
-from .measure import one_hot, resample_weights, tally
+from .measure import AskedAnswers, cant_tell_counts, one_hot, outside_count, resample_weights, tally
 from .options import settle_settings
 from .prompt_set import allocate, compose
 
@@ -272,6 +272,7 @@ class Measurer:
         self.weights: dict[str, np.ndarray] = {}
         self.records: dict[str, list] = {}
         self.outside = dict.fromkeys(setup.axes, 0)
+        self.asked = AskedAnswers()   # per image, for the JSON
 
     def sets(self, specs: list[tuple[SetSpec, int]], stage: str, step: int | None = None):
         """Generate and answer every (spec, number of images) (use `yield from`); the images of the
@@ -299,7 +300,8 @@ class Measurer:
             for y in self.setup.axes:
                 labels = self.engine.ask(valid, self.setup.questions[y], self.setup.values[y]) if valid else []
                 self.answers[spec.label][y] = one_hot(labels, self.setup.values[y], self.setup.policy)
-                self.outside[y] += len(labels) - int(bc.value_counts(labels, self.setup.values[y], "drop").sum())
+                self.outside[y] += outside_count(labels, self.setup.values[y])
+                self.asked.record(self.engine, spec.label, y, valid, labels, self.setup.questions[y], self.setup.values[y])
             if self.request.n_boot:
                 self.weights[spec.label] = resample_weights(len(valid), self.request.n_boot, self.request.seed,
                                                             len(self.weights))
@@ -338,7 +340,8 @@ class Measurer:
                          for k in range(len(names))]
             dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [finite_or_none(s) for s in shares],
                         "low": [finite_or_none(lo) for lo, _ in intervals], "high": [finite_or_none(hi) for _, hi in intervals],
-                        "ideal": setup.ideals[y].tolist()}
+                        "ideal": setup.ideals[y].tolist(),
+                        **self.asked.cant_tell([s.label for s in specs]).get(y, cant_tell_counts([]))}
         unmeasured = [a for a in setup.priorities if math.isnan(w_bar[a])]
         if unmeasured:
             raise InputError(f"no VQA answer about {', '.join(unmeasured)} fell within its choices on the images of "
@@ -629,7 +632,10 @@ class MitigateResults(TypedDict, total=False):
     mit_steps: float                            # MitSteps: steps / |B*|
     quality: dict                               # IsP? and CLIP-IQA-style scores, initial vs final
     prompt_set: dict                            # export_prompt_set
-    outside_choices: dict[str, int]
+    outside_choices: dict[str, int]             # answers outside each axis' choices ("can't tell" not among them)
+    cant_tell: dict[str, dict]                  # per axis: measure.cant_tell_counts (left out of every distribution)
+    answers: dict[str, dict[str, str]]          # image key -> axis -> VQA answer
+    answer_probs: dict[str, dict]               # image key -> axis -> class -> probability
 
 
 def estimate(request: MitigateRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
@@ -844,6 +850,8 @@ class Mitigation:
             yield Warning("answers outside the axes' choices (" + ", ".join(f"{y}: {c}" for y, c in outside.items())
                           + f"), {'dropped' if setup.policy == 'drop' else 'counted as other'}")
         results["outside_choices"] = self.measurer.outside
+        results["cant_tell"] = self.measurer.asked.cant_tell()
+        results.update(self.measurer.asked.json())
 
     def _quality(self):
         """IsP? and CLIP-IQA-style scores of the initial vs the final images (spec §4.5)."""

@@ -20,6 +20,7 @@ from typing import Callable
 
 from markupsafe import Markup, escape
 
+from ..backends.base import CANT_TELL
 from ..common.scores import is_missing
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -109,6 +110,21 @@ def thumbnail_data_uri(path: str, size: int = 128, quality: int = 82) -> str:
         buf = io.BytesIO()
         im.save(buf, format="JPEG", quality=quality)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def with_cant_tell(m: dict, classes: list, shares: list, counts: list | None = None, ci: list | None = None):
+    """Returns (classes, shares, counts, ci) with "can't tell" as one more bar when the distribution
+    `m` counts it (issue 35: its share of all images, no interval; never a class of the metrics),
+    else as given."""
+    if "cant_tell" not in m:
+        return classes, shares, counts, ci
+    return ([*classes, CANT_TELL], [*shares, m["cant_tell_share"]],
+            None if counts is None else [*counts, m["cant_tell"]], None if ci is None else [*ci, (None, None)])
+
+
+def cant_tell_note(m: dict) -> Markup:
+    """The sentence under a distribution where more than 20% of the answers are "can't tell" (else empty)."""
+    return render("note.html", text=m["cant_tell_note"]) if m.get("cant_tell_note") else Markup("")
 
 
 def page_for(method: str) -> Callable[[dict], Markup]:

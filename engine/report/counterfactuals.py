@@ -115,6 +115,6 @@ def page(results: dict) -> Markup:
     return macro("counterfactuals.html", "page")(
         prompt=results.get("prompt", ""), n_prompts=len(results.get("prompts", [])), n=results.get("n"),
         mode=MODE_NAMES.get(results.get("mode", "paper"), ""), modes=modes_rows(results),
-        questions=results.get("questions", {}), mad=mad_html(results), cas=cas_html(by_axis(results)),
+        questions=results.get("questions", {}), cant_tell=results.get("cant_tell", {}), mad=mad_html(results), cas=cas_html(by_axis(results)),
         rows=counterfactual_rows(results),
         top=[(label, [w for w, _ in s["top_k"]]) for label, s in results.get("sets", {}).items()])

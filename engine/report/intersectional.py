@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..common.scores import is_missing
 from ..methods.intersectional import edge_status, no_edge_note, threshold_notes
-from . import Markup, charts, explain, fmt, macro, signed, trust
+from . import Markup, cant_tell_note, charts, explain, fmt, macro, signed, trust, with_cant_tell
 
 POSITIVE, NEGATIVE = "#2b6cb0", "#c53030"
 MARKS = {"MaxImp": "MaxImp: most impact on other axes (outgoing edges)",
@@ -157,14 +157,20 @@ def pair_html(results: dict, intervened: str, affected: str) -> Markup:
     d = results["distributions"][affected]
     s = results["sensitivity"]
     i, j = s["axes"].index(intervened), s["axes"].index(affected)
-    charts_ = [charts.bar_chart(d["values"], [0.0 if v is None else v for v in values], reference=d["ideal"],
-                                vmax=1.0, width=360, title=title, chart_id=f"pair-{key}")
-               for key, title, values in (("initial", f"{affected}: initial images", d["initial"]),
-                                          ("mixed", f"{affected}: {intervened} made diverse", d["mixed"][intervened]))]
+    cant_tell = d.get("cant_tell", {})
+    charts_, notes = [], []
+    for key, title, values, m in (("initial", f"{affected}: initial images", d["initial"], cant_tell.get("initial", {})),
+                                  ("mixed", f"{affected}: {intervened} made diverse", d["mixed"][intervened],
+                                   cant_tell.get("mixed", {}).get(intervened, {}))):
+        # issue 35: "can't tell" is a bar of its own (share of all the images), outside the distribution
+        names, shares, _, _ = with_cant_tell(m, d["values"], [0.0 if v is None else v for v in values])
+        charts_.append(charts.bar_chart(names, shares, reference=d["ideal"],
+                                        vmax=1.0, width=360, title=title, chart_id=f"pair-{key}"))
+        notes.append(cant_tell_note(m))
     text = cell_text(intervened, affected, s["matrix"][i][j], s["w_bar_init"][j], s["w_bar_mixed"][i][j],
                      (s["ci_low"][i][j], s["ci_high"][i][j]) if s.get("ci_low") else None)
     status = edge_status(results, intervened, affected)
-    return macro("intersectional.html", "pair")(text=text, charts=charts_, status=status)
+    return macro("intersectional.html", "pair")(text=text, charts=charts_, status=status, notes=notes)
 
 
 def page(results: dict) -> Markup:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from . import Markup, charts, macro
+from ..backends.base import CANT_TELL
+from . import Markup, cant_tell_note, charts, macro
 
 NAN = float("nan")
 QUALITY_NAMES = {"is_person": "IsP? (VQA finds a person)", "quality": "CLIP-IQA quality", "real": "CLIP-IQA real",
@@ -72,12 +73,18 @@ def report_html(results: dict) -> Markup:
     cells = []
     for axis, r in report.items():
         d = {which: r[which] for which in ("initial", "final")}
-        chart = charts.grouped_bars(
-            d["initial"]["values"], {which: [_nan(s) for s in d[which]["shares"]] for which in d},
-            ci={which: [(_nan(lo), _nan(hi)) for lo, hi in zip(d[which]["low"], d[which]["high"])] for which in d},
-            reference=r["ideal"], vmax=1.0, width=260, title=f"{axis}: initial and final shares",
-            chart_id=f"mitigate-final-{axis}", x_title="share of images")
-        cells.append({"axis": axis, "r": r, "chart": chart})
+        labels = list(d["initial"]["values"])
+        shares = {which: [_nan(s) for s in d[which]["shares"]] for which in d}
+        ci = {which: [(_nan(lo), _nan(hi)) for lo, hi in zip(d[which]["low"], d[which]["high"])] for which in d}
+        if any("cant_tell" in d[which] for which in d):   # issue 35: a bar of its own, outside the distribution
+            labels.append(CANT_TELL)
+            for which in d:
+                shares[which].append(d[which].get("cant_tell_share", 0.0))
+                ci[which].append((float("nan"), float("nan")))
+        chart = charts.grouped_bars(labels, shares, ci=ci, reference=r["ideal"], vmax=1.0, width=260,
+                                    title=f"{axis}: initial and final shares", chart_id=f"mitigate-final-{axis}",
+                                    x_title="share of images")
+        cells.append({"axis": axis, "r": r, "chart": chart, "notes": [cant_tell_note(d[which]) for which in d]})
     return macro("mitigate.html", "report")(cells) if cells else Markup("")
 
 

@@ -2,9 +2,8 @@
 Top-K concepts (the tab, the Runs view, exported reports). Markup: templates/single_prompt.html."""
 from __future__ import annotations
 
-from ..backends.base import CANT_TELL
 from ..common.meanings import equal_by_construction, meaning
-from . import Markup, charts, clip, explain, fmt, macro, trust
+from . import Markup, charts, clip, explain, fmt, macro, trust, with_cant_tell
 
 METRICS = [("Composite Bias Score", "composite_bias_score"), ("Parity Difference", "parity_difference"),
            ("Normalised entropy", "normalised_entropy"), ("KL from reference", "kl_divergence"),
@@ -24,9 +23,7 @@ def axis_html(name: str, m: dict) -> Markup:
     title = f"{name} (corrected for the evaluator's errors)" if corrected else str(name)
     bar_counts = [counts.get(c, 0) for c in classes]
     n_classes = len(classes)
-    if "cant_tell" in m:   # issue 35: its own bar (share of all images), never part of a class or the metrics
-        classes, shares, bar_counts = [*classes, CANT_TELL], [*shares, m["cant_tell_share"]], [*bar_counts, m["cant_tell"]]
-        share_ci = [*share_ci, (None, None)] if share_ci else None
+    classes, shares, bar_counts, share_ci = with_cant_tell(m, classes, shares, bar_counts, share_ci)
     chart = charts.bar_chart(classes, shares, title=title, counts=bar_counts,
                              ci=share_ci, reference=targets, vmax=1.0, chart_id=f"axis-{name}", x_title="share of images")
     ci = m.get("ci", {})
