@@ -291,9 +291,12 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
     # 3. The node's attribute distributions (VQA, cached answers reused), when asked for.
     axes = [axis_for(a) for a in clean_concepts(request.axes)]
     if axes:
-        results["axes"] = {}
-        yield from measure_axes(engine, [r for r in records if not r.nsfw and not r.refused], axes, results["axes"],
-                                mode=request.mode, n_boot=request.n_boot)
+        results["axes"], results["answer_probs"] = {}, {}
+        measured = [r for r in records if not r.nsfw and not r.refused]
+        answers_by_axis, _ = yield from measure_axes(engine, measured, axes, results["axes"], mode=request.mode,
+                                                     n_boot=request.n_boot, answer_probs=results["answer_probs"])
+        # image key -> axis -> answer, beside answer_probs (issue 35), as Single Prompt's JSON has them
+        results["answers"] = {r.key: {a: got[j] for a, got in answers_by_axis.items()} for j, r in enumerate(measured)}
         run_record.save(results)
     # 4. Inverse queries: which concept do images of each test concept lean to?
     inverse, sets = {}, {}
