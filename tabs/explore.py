@@ -40,7 +40,7 @@ def build(engine) -> list:
             prompt = gr.Textbox(label="Prompt", placeholder="a photo of a doctor", elem_id="ex-prompt")
             concepts = gr.Textbox("\n".join(default(Request, "concepts")), lines=3, elem_id="ex-concepts",
                                   label="Concepts (one per line): each image is placed between them")
-            versus = gr.Textbox(lines=2, elem_id="ex-versus", label="A second axis' concepts (optional, one per "
+            versus = gr.Textbox(lines=2, elem_id="ex-versus", label="A second axis' concepts (may be empty; one per "
                                 "line): a 2-D scatter of the first concept of each axis",
                                 placeholder="a photo of a young person\na photo of an old person")
             with gr.Row():

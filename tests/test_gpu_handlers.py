@@ -42,6 +42,10 @@ def inputs(api_name: str, made: dict):
                              (("priority", 0.5), ("mode", "uniform"), ("shares", ""))}}),
         "compare_models": (("single_prompt", ["synthetic", "colour"], "", PROMPT, "", ROWS, 4, 0, ["gender"]), {}),
         "runs_spot_compare": ((made.get("single_prompt_run"), f"synthetic_vqa:{SYNTHETIC_TABLE}"), {}),
+        "explore": ((), dict(prompt=PROMPT, concepts="a photo of a man\na photo of a woman", versus="", n=4, seed=0,
+                             run_id="", inverse="an old doctor", carrier="", m=2, parent="", negative_prompt="",
+                             steps=None, guidance=None, width=None, height=None, axes=["gender"])),
+        "explore_clusters": (([made.get("single_prompt_run"), made.get("explore_run")], 2), {}),
     }
     table["mitigate_preview"] = table["mitigate"]
     for prefix in ("cf", "ic", "mt", "cm"):
@@ -51,7 +55,8 @@ def inputs(api_name: str, made: dict):
 
 # the order the requests run in: a later one uses what an earlier one made
 ORDER = ["single_prompt", "regenerate", "sp_spot_compare", "runs_spot_compare", "counterfactuals", "cf_spot_compare",
-         "intersectional", "mine_budget", "mine", "mine_resume", "mitigate", "mitigate_preview", "compare_models"]
+         "intersectional", "mine_budget", "mine", "mine_resume", "mitigate", "mitigate_preview", "compare_models",
+         "explore", "explore_clusters"]
 
 
 @pytest.mark.slow
@@ -89,6 +94,8 @@ def test_every_gpu_handler_yields_values_that_pickle_in_output_order(data_dir):
         if name == "mine":
             made["mine_run"] = last[block_fn.outputs.index(next(c for c in block_fn.outputs
                                                                 if isinstance(c, gr.State)))]["run_id"]
+        if name == "explore":
+            made["explore_run"] = last[-1]["node"]
         if name == "single_prompt":
             made["single_prompt_state"] = {**last[-1], "selected": next(iter(last[-1]["records"].values()))}
 
