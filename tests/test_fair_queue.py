@@ -57,8 +57,8 @@ def test_a_flood_from_other_addresses_leaves_a_visitor_served_and_its_events_are
             for t in threads:
                 t.join(10)
         # nobody listened: the flood's events are dropped, the queued ones and the running one
-        wait_until(lambda: _queue_size(url) == 0, 60, "the flood's events to be dropped")
-        wait_until(lambda: _runs_in(tmp_path, "running") == 0, 60, "the flood's running event to stop")
+        wait_until(lambda: _queue_size(url) == 0, 180, "the flood's events to be dropped")
+        wait_until(lambda: _runs_in(tmp_path, "running") == 0, 180, "the flood's running event to stop")
         result = visitor.predict(prompt="a photo of a nurse", n=4, api_name="/single_prompt")
         assert "Done" in result[1]
 
