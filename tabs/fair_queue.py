@@ -6,7 +6,9 @@ ran though nobody listened. In public mode `install` puts this in front of it:
 
 - Admission (wrapped around `Queue.push`, before Gradio creates any per-session state): at most
   `per_visitor` queued or running events per visitor and `per_address` per client address, of
-  them `gpu_per_visitor` / `gpu_per_address` generating (the GPU concurrency group). New sessions
+  them `gpu_per_visitor` / `gpu_per_address` generating (the GPU concurrency group). A page's own
+  start-up (its ~18 load events, sent at once) does not count: a visitor may have at most one of each
+  load event waiting or running instead, so a fresh page is never refused by itself. New sessions
   are rationed per address, and those without an open page (a heartbeat) for everyone
   (`new_sessions`, `new_sessions_total`: each costs Gradio ~0.2 s of its event loop and ~0.8 MB
   of state); a session counts as having an open page when it holds a heartbeat and its address
@@ -88,6 +90,7 @@ class _Event:
     visitor: str
     address: str
     gpu: bool
+    load: bool = False   # one of the page's load events
     joined: float = field(default_factory=time.monotonic)
 
 
@@ -111,6 +114,11 @@ class FairQueue:
         self.middleware_active = False
         self._sweeper: asyncio.Task | None = None
 
+    @functools.cached_property
+    def load_fns(self) -> int:
+        """Returns how many load events a page sends when it opens."""
+        return sum(_is_load(fn) for fn in self.demo.fns.values())
+
     @property
     def queue(self):
         return self.demo._queue
@@ -129,19 +137,26 @@ class FairQueue:
             return await original(body=body, request=request, username=username)
         self._start_sweeper()
         gpu = fn.concurrency_id == GPU_QUEUE
-        self._admit(visitor, body.session_hash, gpu)
+        load = _is_load(fn) and visitor.id != access.ANONYMOUS.id
+        self._admit(visitor, body.session_hash, gpu, load)
         group = self.queue.event_queue_per_concurrency_id.get(fn.concurrency_id)
         if group is not None and len(group.queue) >= self.policy.waiting:
             await self._make_room(group, visitor.address)
         success, event_id, state = await original(body=body, request=request, username=username)
         if success and state == "success":
-            self.events[event_id] = _Event(visitor.id, visitor.address, gpu)
+            self.events[event_id] = _Event(visitor.id, visitor.address, gpu, load)
             self._round_robin(fn.concurrency_id, event_id)
         return success, event_id, state
 
-    def _admit(self, visitor: access.Visitor, session: str, gpu: bool) -> None:
+    def _admit(self, visitor: access.Visitor, session: str, gpu: bool, load: bool = False) -> None:
         p = self.policy
         live = [e for i, e in self.events.items() if i in self.queue.event_ids_to_events]
+        if load:   # a page's start-up: at most one of each load event per visitor, apart from its requests
+            waiting = sum(e.load and e.visitor == visitor.id for e in live)
+            if waiting >= self.load_fns:
+                raise _refuse(f"you have {waiting} page-load requests waiting or running on this public GapLens; "
+                              "wait for your page to finish loading")
+        live = [e for e in live if not e.load]
         anonymous = visitor.id == access.ANONYMOUS.id   # no session (an API call): its address counts
         for key, attr, who, most, most_gpu in (("" if anonymous else visitor.id, "visitor", "you have",
                                                 p.per_visitor, p.gpu_per_visitor),
@@ -467,3 +482,8 @@ class FairQueueMiddleware:
                 del counter[key]
             fair.live[address][0] -= 1
             fair.live[address][1] = time.monotonic()
+
+
+def _is_load(fn) -> bool:
+    """Whether Gradio function `fn` runs when a page loads (demo.load)."""
+    return any(event == "load" for _, event in fn.targets)

@@ -5,12 +5,14 @@ import asyncio
 import json
 import sqlite3
 import threading
+import time
 import uuid
 import zipfile
 from types import SimpleNamespace
 
 import gradio as gr
 import pytest
+from fastapi import HTTPException
 
 from engine.common import access
 from tabs import fair_queue
@@ -174,6 +176,25 @@ def test_new_events_queue_round_robin_by_address():
     assert [e._id for e in group.queue] == ["A0", "B3", "C4", "A1", "B5", "A2"]   # one turn per address per round
 
 
+def test_a_pages_load_events_do_not_count_against_its_visitors_requests():
+    fair, _, _ = _fake_queue()
+    fair.__dict__["load_fns"] = 18   # what GapLens' page sends at once when it opens
+    visitor, session = access.Visitor("v", address="A"), "v"
+    fair.known_sessions[session] = 0.0
+    for i in range(18):
+        fair._admit(visitor, session, gpu=False, load=True)
+        fair.events[f"l{i}"] = fair_queue._Event("v", "A", False, load=True)
+        fair.queue.event_ids_to_events[f"l{i}"] = object()
+    with pytest.raises(HTTPException, match="you have 18 page-load requests waiting"):   # one of each load, no more
+        fair._admit(visitor, session, gpu=False, load=True)
+    for i in range(8):   # the visitor's own requests are still per_visitor
+        fair._admit(visitor, session, gpu=False)
+        fair.events[f"r{i}"] = fair_queue._Event("v", "A", False)
+        fair.queue.event_ids_to_events[f"r{i}"] = object()
+    with pytest.raises(HTTPException, match="you have 8 requests waiting"):
+        fair._admit(visitor, session, gpu=False)
+
+
 def test_a_full_group_drops_the_newest_event_of_the_address_waiting_most():
     fair, group, dropped = _fake_queue("A", "A", "A", "B")
     fair.policy.waiting = 4
@@ -213,7 +234,7 @@ LOADED_MS = 300_000
 
 @pytest.mark.browser
 def test_a_visitors_page_works_behind_the_fair_queue_and_refusals_are_one_sentence(tmp_path):
-    from apphelpers import browser_page, running_app
+    from apphelpers import browser_page, http_get, running_app
     from engine.core.engine import Engine
     from engine.hosting.limits import Budget
 
@@ -225,8 +246,16 @@ def test_a_visitors_page_works_behind_the_fair_queue_and_refusals_are_one_senten
     answers.write_text("participant,form,position,item,set_a,set_b,answer,rt_ms\nP1,1,1,Q1,S1,,3,100\n")
     with running_app(engine) as url, browser_page() as page:
         page.set_default_timeout(LOADED_MS)   # clicks and fills too wait on state, as long as the machine needs
+        loads = sum(any(event == "load" for _, event in dep["targets"])
+                    for dep in json.loads(http_get(url.rstrip("/") + "/config")[1])["dependencies"])
+        joins = []   # the page's start-up sends all its load events at once (~18, more than per_visitor)
+        page.on("response", lambda r: joins.append(r.status) if "/queue/join" in r.url else None)
         page.goto(url, wait_until="load")
         page.wait_for_selector("#sp-prompt textarea", timeout=LOADED_MS)
+        deadline = time.monotonic() + LOADED_MS / 1000
+        while len(joins) < loads and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert loads > 8 and joins == [200] * loads and page.locator(".toast-body").count() == 0
         for prompt in ("a photo of a doctor", "a photo of a nurse"):
             page.fill("#sp-prompt textarea", prompt)
             page.fill("#sp-n input[type=number]", "4")
