@@ -250,6 +250,10 @@ class FairQueue:
         self.queue.send_message(event, ProcessCompletedMessage(output=error_payload(gr.Error(message), True),
                                                                success=False, title="Queue"))
         await self.queue.clean_events(event_id=event._id)
+        # a running generator is only left, not closed, by Gradio's loop (it returns when no event is
+        # alive): close it as Gradio's /cancel does, so the run ends "stopped" now rather than whenever
+        # the session state lets go of it
+        await self.queue.reset_iterators(event._id)
         self.events.pop(event._id, None)
 
     def _listened(self, event) -> bool:

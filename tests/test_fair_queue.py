@@ -160,8 +160,12 @@ def _fake_queue(*addresses):
         group.queue[:] = [e for e in group.queue if e._id != event_id]
         dropped.append(event_id)
 
+    async def reset_iterators(event_id):   # Gradio closes a running event's generator here (as /cancel does)
+        pass
+
     queue = SimpleNamespace(event_queue_per_concurrency_id={"g": group}, event_ids_to_events={e._id: e for e in events},
-                            send_message=lambda event, message: None, clean_events=clean_events)
+                            send_message=lambda event, message: None, clean_events=clean_events,
+                            reset_iterators=reset_iterators)
     fair = fair_queue.FairQueue(SimpleNamespace(_queue=queue), fair_queue.QueuePolicy())
     fair.events = {e._id: fair_queue._Event("v", a, True) for e, a in zip(events, addresses)}
     return fair, group, dropped
