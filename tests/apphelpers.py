@@ -20,11 +20,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_app(engine):
-    """The GapLens app built exactly as `python app.py` builds it, served on 127.0.0.1."""
+def running_app(engine, demo=None):
+    """The GapLens app built exactly as `python app.py` builds it (or `demo`, built so by the
+    caller), served on 127.0.0.1."""
     import app
 
-    demo = app.build_app(engine)
+    demo = demo or app.build_app(engine)
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
                 **app.launch_options(engine, demo))

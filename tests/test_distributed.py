@@ -428,3 +428,16 @@ def test_gpu_cost_model_reads_the_table_and_changes_no_output(tmp_path):
     a, b = (e.image_set("a photo of a nurse", range(3)) for e in (plain, timed))
     assert [r.key for r in a] == [r.key for r in b]
     assert timed.ask(b, "what is the gender?", ["male", "female"]) == plain.ask(a, "what is the gender?", ["male", "female"])
+
+
+def test_the_synthetic_generator_takes_a_gpus_batch_size_and_changes_no_output(tmp_path):
+    plain = Engine("synthetic", data_dir=str(tmp_path / "plain"))
+    batched = Engine("synthetic", data_dir=str(tmp_path / "batched"), options={"generator": {"batch_size": "4"}})
+    assert batched.model_id("generator") == plain.model_id("generator")
+    a, b = (e.image_set("a photo of a nurse", range(10)) for e in (plain, batched))
+    assert [Path(r.path).read_bytes() for r in a] == [Path(r.path).read_bytes() for r in b]
+    assert (plain.stats.generator_calls, batched.stats.generator_calls) == (1, 3)
+    for bad in ("0", "65", "2.5", "four"):
+        with pytest.raises(ModelLoadError, match="batch_size"):
+            Engine("synthetic", data_dir=str(tmp_path / bad), options={"generator": {"batch_size": bad}}).image_set(
+                "a photo of a nurse", range(1))

@@ -4,8 +4,10 @@ bias table (assets/synthetic_world.json) with planted, known biases. numpy and P
 `load(spec, device)` is the backend factory's entry point; `spec.backend` picks the
 component, `spec.model` names the table (a JSON path, or "default"), `spec.options` may
 carry {"table": dict} instead of a file and, for the VQA, {"error_rate": float} (uniform
-confusion) or {"error": float} (the planted "shift" confusion, see vqa.py). Every component but the
-LLM takes the cost model's options (`gpu`, `seconds_per_*`: engine/backends/gpu_costs.py).
+confusion) or {"error": float} (the planted "shift" confusion, see vqa.py), and for the generator
+{"batch_size": int} (images per call; 64 by default). Every component but the LLM takes the cost
+model's options (`gpu`, `seconds_per_*`: engine/backends/gpu_costs.py): with them and a GPU's batch
+size, the synthetic world generates at a GPU's pace and granularity.
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ def load(spec: ModelSpec, device: str = "cpu", **context):
 def _component(spec: ModelSpec):
     world = load_world(spec.options.get("table") or spec.model)
     if spec.backend == "synthetic_generator":
-        return SyntheticGenerator(world)
+        generator = SyntheticGenerator(world)
+        generator.batch_size = _batch_size(spec.options.get("batch_size", generator.batch_size))
+        return generator
     if spec.backend == "synthetic_embedder":
         return SyntheticEmbedder(world)
     if spec.backend == "synthetic_llm":
@@ -46,6 +50,14 @@ def _component(spec: ModelSpec):
         return SyntheticVQA(world, error_rate=_rate(spec.options.get("error_rate", 0.0)))
     raise ModelLoadError(f"unknown synthetic backend '{spec.backend}'; expected synthetic_generator, "
                          "synthetic_embedder, synthetic_llm or synthetic_vqa")
+
+
+def _batch_size(value) -> int:
+    size = int(value) if str(value).isdigit() else 0
+    if not 1 <= size <= SyntheticGenerator.batch_size:
+        raise ModelLoadError(f"the synthetic generator's batch_size must be a whole number from 1 to "
+                             f"{SyntheticGenerator.batch_size}, not {value!r}")
+    return size
 
 
 def _rate(value) -> float:
