@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -61,6 +62,18 @@ def memory_kib(pid: int, field: str = "VmHWM") -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def queue_size(url: str) -> int:
+    """How many events wait in the server's queue (Gradio's queue/status)."""
+    with client() as http:
+        return http.get(url + "gradio_api/queue/status").json()["queue_size"]
+
+
+def run_statuses(data_dir) -> list[str]:
+    """The status of every run in the store of `public_server(data_dir)`."""
+    with sqlite3.connect(Path(data_dir) / "store" / "gaplens.sqlite") as db:
+        return [row[0] for row in db.execute("SELECT status FROM runs")]
 
 
 def client(source: str = "127.0.0.1", timeout: float = 60) -> httpx.Client:

@@ -3,7 +3,6 @@ raw queue/join posts from other loopback addresses (127.0.0.2 and up) and gradio
 the app in a subprocess; and the fair queue's parts (tabs/fair_queue.py) one by one."""
 import asyncio
 import json
-import sqlite3
 import threading
 import time
 import uuid
@@ -17,23 +16,12 @@ from fastapi import HTTPException
 from engine.common import access
 from tabs import fair_queue
 
-from publicserver import call, client, endpoint, flood, join, memory_kib, public_server
+from publicserver import call, client, endpoint, flood, join, memory_kib, public_server, queue_size, run_statuses
 from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 FLOOD_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 34)]
-
-
-def _runs_in(data_dir, status: str | None = None) -> int:
-    with sqlite3.connect(data_dir / "store" / "gaplens.sqlite") as db:
-        return db.execute("SELECT COUNT(*) FROM runs" + (" WHERE status=?" if status else ""),
-                          (status,) if status else ()).fetchone()[0]
-
-
-def _queue_size(url) -> int:
-    with client() as http:
-        return http.get(url + "gradio_api/queue/status").json()["queue_size"]
 
 
 def test_a_flood_from_other_addresses_leaves_a_visitor_served_and_its_events_are_dropped(tmp_path):
@@ -59,8 +47,8 @@ def test_a_flood_from_other_addresses_leaves_a_visitor_served_and_its_events_are
             for t in threads:
                 t.join(10)
         # nobody listened: the flood's events are dropped, the queued ones and the running one
-        wait_until(lambda: _queue_size(url) == 0, 180, "the flood's events to be dropped")
-        wait_until(lambda: _runs_in(tmp_path, "running") == 0, 180, "the flood's running event to stop")
+        wait_until(lambda: queue_size(url) == 0, 180, "the flood's events to be dropped")
+        wait_until(lambda: "running" not in run_statuses(tmp_path), 180, "the flood's running event to stop")
         result = visitor.predict(prompt="a photo of a nurse", n=4, api_name="/single_prompt")
         assert "Done" in result[1]
 
@@ -95,7 +83,7 @@ def test_fresh_sessions_and_addresses_cannot_spend_past_the_apps_hour(tmp_path):
         ok, error = measure("127.0.0.4", 1)
         assert not ok and "all visitors of this GapLens together may generate 20 images per hour; 0 are left" in error
         assert "enough frees up at" in error
-        assert _runs_in(tmp_path) == 4   # refused requests stored nothing
+        assert len(run_statuses(tmp_path)) == 4   # refused requests stored nothing
 
 
 def _study_pack_bomb(path, mib: int) -> str:

@@ -16,7 +16,7 @@ import zipfile
 import httpx
 import pytest
 
-from publicserver import call, client, endpoint, join, memory_kib, public_server
+from publicserver import call, client, endpoint, join, memory_kib, public_server, queue_size, run_statuses
 from waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -252,38 +252,22 @@ def test_fire_and_forget_generations_stop_within_seconds_of_their_join(tmp_path)
     per_image, grace = 0.25, 5.0
     with public_server(tmp_path, "--generator-option", f"seconds_per_image={per_image}",
                        "--generator-option", "batch_size=4") as (url, proc):
-        fn_index, _ = endpoint(url, "single_prompt")
-        joined = {}
-        for i in range(4):
-            prompt = f"a photo of a courier number {i}"
-            _, data = endpoint(url, "single_prompt", prompt=prompt, n=64)
+        prompts = [f"a photo of a courier number {i}" for i in range(4)]
+        for i, prompt in enumerate(prompts):
             with client(f"127.0.4.{2 + i}") as http:
-                assert join(http, url, fn_index, data).status_code == 200
-            joined[prompt] = time.monotonic()
+                assert join(http, url, *endpoint(url, "single_prompt", prompt=prompt, n=64)).status_code == 200
         # state, not time: the queue is empty and no run is left running
-        wait_until(lambda: _queue_size(url) == 0 and not _runs(tmp_path, "running"), 180,
+        wait_until(lambda: queue_size(url) == 0 and "running" not in run_statuses(tmp_path), 180,
                    "the unheard generations to be dropped")
-        made = {prompt: _images_of(tmp_path, prompt) for prompt in joined}
+        made = {prompt: _images_of(tmp_path, prompt) for prompt in prompts}
         assert all(count < 64 for count in made.values()), made
         # a drop comes `grace` s after the join, at the next batch: at most ~(grace + 1 s) of images,
         # with a generous margin for a loaded machine, but well under the 64 a full run makes
         assert sum(made.values()) <= (grace + 6) / per_image, made
-        assert set(_runs(tmp_path)) <= {"stopped"}, _runs(tmp_path)
+        assert set(run_statuses(tmp_path)) <= {"stopped"}, run_statuses(tmp_path)
         done = call(url, "single_prompt", "127.0.4.9", prompt="a photo of a courier who listens", n=16)
         assert done.get("success"), _error(done)
         assert _images_of(tmp_path, "a photo of a courier who listens") == 16
-
-
-def _queue_size(url) -> int:
-    with client() as http:
-        return http.get(url + "gradio_api/queue/status").json()["queue_size"]
-
-
-def _runs(data_dir, status: str | None = None) -> list[str]:
-    with sqlite3.connect(data_dir / "store" / "gaplens.sqlite") as db:
-        rows = db.execute("SELECT status FROM runs" + (" WHERE status=?" if status else ""),
-                          (status,) if status else ()).fetchall()
-    return [row[0] for row in rows]
 
 
 def _images_of(data_dir, prompt: str) -> int:
