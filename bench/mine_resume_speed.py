@@ -52,8 +52,8 @@ def main() -> None:
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 14
     stop_after = int(sys.argv[2]) if len(sys.argv) > 2 else T // 2
 
-    def engine():
-        e = Engine("synthetic", data_dir=tempfile.mkdtemp(prefix="gaplens-bench-resume-"), max_images=256)
+    def engine(data_dir: str | None = None):
+        e = Engine("synthetic", data_dir=data_dir or tempfile.mkdtemp(prefix="gaplens-bench-resume-"), max_images=256)
         e.model_id("generator")   # load outside the timing
         return e
 
@@ -67,8 +67,7 @@ def main() -> None:
         if isinstance(event, mine.IterationDone) and event.iteration + 1 == stop_after:
             break
     events.close()   # what Stop does: the method saves its state and the run is kept
-    again = Engine("synthetic", data_dir=str(first.store.data_dir), max_images=256)
-    again.model_id("generator")
+    again = engine(str(first.store.data_dir))
     resumed = iteration_seconds(mine.run(mine.MineRequest(resume=run_id, iterations=T), again))
 
     later = [t for t in range(stop_after, T) if t in fresh and t in resumed]
@@ -80,6 +79,7 @@ def main() -> None:
            resumed_prompts_per_iteration=resumed_k, fresh_first_iterations_cpu_s_per_iteration=early_s,
            fresh_later_iterations_cpu_s_per_iteration=late_s, resumed_cpu_s_per_iteration=resumed_s,
            resumed_over_fresh=resumed_s / early_s)
+
 
 if __name__ == "__main__":
     main()

@@ -141,7 +141,10 @@ class FaceAttributes:
         out = []
         for image in images:
             faces = self.face_probabilities(image)
-            if not faces or (len(faces) > 1 and self.several != "largest"):
+            if not faces:
+                out.append(ClassAnswer(NO_FACE))
+                continue
+            if len(faces) > 1 and self.several != "largest":
                 out.append(ClassAnswer(self.answer([image], question, choices)[0]))
                 continue
             face = max(faces, key=lambda f: (f["box"][2] - f["box"][0]) * (f["box"][3] - f["box"][1]))

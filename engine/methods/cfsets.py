@@ -239,8 +239,10 @@ def expand(prompt: str, fill: list[str]) -> list[str]:
 def check_placeholders(template: str, axes) -> None:
     """Raises InputError for a counterfactual with a {placeholder} that the prompt's own
     placeholder (filled by the fill values) does not fill: it would be generated literally."""
+    if not isinstance(axes, dict):
+        return
     filled = {placeholder(template)} - {None}
-    for cfs in (axes or {}).values() if isinstance(axes, dict) else ():
+    for cfs in axes.values():
         for cf in cfs or []:
             unfilled = sorted(set(_PLACEHOLDER.findall(str(cf))) - filled)
             if unfilled:

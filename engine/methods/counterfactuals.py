@@ -433,8 +433,8 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
         answers = [by_question[questions[a]] for a in axes] if reference else list(by_question.values())
         s = concept_set(spec, records, answers, captions, engine.embed_images(records),
                         resample_weights(len(records), request.n_boot, request.seed, i), request.mode)
-        for a, q in questions.items():
-            asked.record(engine, spec.label, a, records, by_question[q], q)
+        for a, q in questions.items():   # free questions: no class probabilities
+            asked.record(spec.label, a, records, by_question[q])
         results["sets"][spec.label] = _set_json(s, {a: by_question[q] for a, q in questions.items()}, captions, request,
                                                 asked)
         return s

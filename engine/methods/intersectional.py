@@ -256,10 +256,9 @@ def answer_sets(request: IntersectionalRequest, engine: Engine, run_record: Run,
         yield Progress(i, len(specs), "vqa", f"asking {len(questions)} multiple-choice question(s) about '{spec.prompt}'")
         answers.onehot[spec.label] = {}
         for y in questions:
-            labels = engine.ask(records, questions[y], values[y])
+            labels = answers.asked.ask(engine, spec.label, y, records, questions[y], values[y])
             answers.onehot[spec.label][y] = one_hot(labels, values[y], request.other_policy)
             answers.outside[y] += outside_count(labels, values[y])
-            answers.asked.record(engine, spec.label, y, records, labels, questions[y], values[y])
         answers.weights[spec.label] = resample_weights(len(records), request.n_boot, request.seed, i)
     total = len(specs) * request.n
     for y, count in answers.outside.items():
@@ -283,8 +282,9 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
     point_tables = {x: {y: t[0] for y, t in ys.items()} for x, ys in tables.items()}
     edges = bc.chi2_edges(point_tables, matrix, level, request.p_threshold, request.min_abs_is)
     draws = bootstrap_draws(request, specs, axes, ideals, answers)
-    initial = [s.label for s in specs if s.axis is None]
-    of_axis = {x: [s.label for s in specs if s.axis == x] for x in axes}
+    # "can't tell" on the initial images and on each axis' counterfactual sets, per answered axis
+    cant_tell_initial = answers.asked.cant_tell([s.label for s in specs if s.axis is None])
+    cant_tell_of = {x: answers.asked.cant_tell([s.label for s in specs if s.axis == x]) for x in axes}
     low, high = percentile_bounds(draws)
     p_threshold = bc.EDGE_THRESHOLDS[level][0] if request.p_threshold is None else request.p_threshold
     edge_rows = [{"source": e.source, "target": e.target, "is": e.sensitivity, "p_value": e.p_value,
@@ -309,10 +309,8 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
         "distributions": {y: {"values": categories[y], "ideal": ideals[y].tolist(),
                               "initial": _floats(bc.mixed_distribution(init[y][0])),
                               "mixed": {x: _floats(bc.mixed_distribution(tables[x][y][0])) for x in axes},
-                              # "can't tell" on the initial images and on each axis' counterfactual sets
-                              "cant_tell": {"initial": answers.asked.cant_tell(initial).get(y, cant_tell_counts([])),
-                                            "mixed": {x: answers.asked.cant_tell(of_axis[x]).get(y, cant_tell_counts([]))
-                                                      for x in axes}}}
+                              "cant_tell": {"initial": cant_tell_initial.get(y, cant_tell_counts([])),
+                                            "mixed": {x: cant_tell_of[x].get(y, cant_tell_counts([])) for x in axes}}}
                           for y in axes},
         "outside_choices": answers.outside,
         "cant_tell": answers.asked.cant_tell(),

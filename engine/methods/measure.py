@@ -7,23 +7,24 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from itertools import repeat
 
 import numpy as np
 from scipy import stats
 
-from ..backends.base import CANT_TELL
+from ..backends.base import CANT_TELL, label_of
 from ..backends.llm_json import as_string_list
+from ..common.events import AxisScores, Progress
 from ..common.llm_prompts import variations_prompt
-from ..common.scores import finite_or_none
 from ..common.meanings import metric_range
+from ..common.scores import finite_or_none
 from ..core.engine import Engine
 from ..metrics import biasbench
-from ..metrics.agreement import evaluators_agreement
 from ..metrics import biasconnect as bc
+from ..metrics.agreement import evaluators_agreement
 from ..metrics.bootstrap import resample_indices
 from ..metrics.gap import gap_score_from_similarity
 from ..metrics.intervals import bounded, dirichlet_draws, posterior_interval, sample_size_advice, share_interval
-from ..common.events import AxisScores, Progress
 from .axes import Axis, normalise_free_answer
 
 OTHER_ANSWER = "other"
@@ -107,7 +108,6 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
     return point
 
 
-
 CANT_TELL_NOTE_ABOVE = 0.2   # a set where more than this share of answers is "can't tell" gets a sentence
 
 
@@ -122,23 +122,37 @@ def cant_tell_counts(labels: list[str]) -> dict:
     return {"cant_tell": k, "cant_tell_share": share, "cant_tell_note": note}
 
 
+def ask_with_probs(engine: Engine, records: list, question: str,
+                   choices: list[str] | None = None) -> tuple[list[str], list[dict | None]]:
+    """Returns engine.ask's answers to `question` about `records` and engine.answer_probs's class
+    probabilities (None per image where the evaluator gave none), from one engine.ask_scored."""
+    scored = engine.ask_scored(records, question, choices) if records else []
+    return [label_of(a, engine.cant_tell_below) for a in scored], [a.probs for a in scored]
+
+
 class AskedAnswers:
     """Per-image answers of the questions a method asks with classes, for its JSON, and each axis'
-    labels for the "can't tell" counts: `record` as the method asks, then `json()` and `cant_tell()`."""
+    labels for the "can't tell" counts: `ask` (or `record` answers asked already), then `json()`
+    and `cant_tell()`."""
 
     def __init__(self):
         self.answers: dict[str, dict[str, str]] = {}   # image key -> axis -> answer
         self.probs: dict[str, dict[str, dict]] = {}    # image key -> axis -> class -> probability
         self.labels: dict[str, dict[str, list[str]]] = {}   # set label -> axis -> its answers
 
-    def record(self, engine: Engine, set_label: str, axis: str, records: list, labels: list[str], question: str,
-               choices: list[str] | None = None) -> None:
-        """Keeps `labels` (engine.ask's answers to `question` about the images `records` of set
-        `set_label`) and their class probabilities (engine.answer_probs, from the cache the same
-        question filled)."""
-        probs = engine.answer_probs(records, question, choices) if records else []
+    def ask(self, engine: Engine, set_label: str, axis: str, records: list, question: str,
+            choices: list[str] | None = None) -> list[str]:
+        """Returns engine.ask's answers to `question` about the images `records` of set `set_label`,
+        kept with their class probabilities (`record`)."""
+        labels, probs = ask_with_probs(engine, records, question, choices)
+        self.record(set_label, axis, records, labels, probs)
+        return labels
+
+    def record(self, set_label: str, axis: str, records: list, labels: list[str], probs=None) -> None:
+        """Keeps `labels`, the answers about the images `records` of set `set_label`, and their class
+        probabilities (`probs`, one per image, None where there are none; a free question's: None)."""
         self.labels.setdefault(set_label, {})[axis] = list(labels)
-        for r, label, p in zip(records, labels, probs):
+        for r, label, p in zip(records, labels, probs or repeat(None)):
             self.answers.setdefault(r.key, {})[axis] = label
             self.probs.setdefault(r.key, {})
             if p:
@@ -225,11 +239,11 @@ def measure_axes(engine: Engine, records: list, axes: list[Axis], out: dict, ref
     draws: dict[str, np.ndarray | None] = {}
     for i, axis in enumerate(axes):
         yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
-        answers = engine.ask(records, axis.question, list(axis.values) or None)
+        answers, probs_of = ask_with_probs(engine, records, axis.question, list(axis.values) or None)
         labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
         answers_by_axis[axis.name] = answers
-        if answer_probs is not None and axis.values:
-            for record, probs in zip(records, engine.answer_probs(records, axis.question, list(axis.values))):
+        if answer_probs is not None:
+            for record, probs in zip(records, probs_of):
                 if probs:
                     answer_probs.setdefault(record.key, {})[axis.name] = probs
         reference = (references or {}).get(axis.name) or None
@@ -239,7 +253,6 @@ def measure_axes(engine: Engine, records: list, axes: list[Axis], out: dict, ref
         out[axis.name] = metrics
         yield AxisScores(axis.name, metrics)
     return answers_by_axis, draws
-
 
 
 # -- the gap score -------------------------------------------------------------------------------
@@ -304,7 +317,6 @@ def one_hot(labels: list[str], values: list[str], other_policy: str) -> np.ndarr
     if not labels:
         return np.zeros((0, len(values) + (other_policy == "other_bin")))
     return np.array([bc.value_counts([] if label == CANT_TELL else [label], values, other_policy) for label in labels])
-
 
 
 def outside_count(labels: list[str], values: list[str]) -> int:

@@ -298,10 +298,9 @@ class Measurer:
             yield Progress(done, total, stage, f"{stage}: asking the VQA about '{spec.prompt}'")
             self.answers[spec.label] = {}
             for y in self.setup.axes:
-                labels = self.engine.ask(valid, self.setup.questions[y], self.setup.values[y]) if valid else []
+                labels = self.asked.ask(self.engine, spec.label, y, valid, self.setup.questions[y], self.setup.values[y])
                 self.answers[spec.label][y] = one_hot(labels, self.setup.values[y], self.setup.policy)
                 self.outside[y] += outside_count(labels, self.setup.values[y])
-                self.asked.record(self.engine, spec.label, y, valid, labels, self.setup.questions[y], self.setup.values[y])
             if self.request.n_boot:
                 self.weights[spec.label] = resample_weights(len(valid), self.request.n_boot, self.request.seed,
                                                             len(self.weights))
@@ -325,6 +324,7 @@ class Measurer:
                 if self.request.n_boot else None)
         w_bar, w_ci, dists = {}, {}, {}
         draws_w = {}
+        cant_tell = self.asked.cant_tell([s.label for s in specs])
         for y in setup.axes:
             counts_y = init[y][0]
             w_bar[y] = bc.w_bar(counts_y, setup.ideals[y]) if counts_y.sum() else math.nan
@@ -341,7 +341,7 @@ class Measurer:
             dists[y] = {"values": names, "counts": [int(c) for c in counts_y], "shares": [finite_or_none(s) for s in shares],
                         "low": [finite_or_none(lo) for lo, _ in intervals], "high": [finite_or_none(hi) for _, hi in intervals],
                         "ideal": setup.ideals[y].tolist(),
-                        **self.asked.cant_tell([s.label for s in specs]).get(y, cant_tell_counts([]))}
+                        **cant_tell.get(y, cant_tell_counts([]))}
         unmeasured = [a for a in setup.priorities if math.isnan(w_bar[a])]
         if unmeasured:
             raise InputError(f"no VQA answer about {', '.join(unmeasured)} fell within its choices on the images of "
