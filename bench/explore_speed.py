@@ -45,8 +45,7 @@ def main() -> None:
         str(page.page(done.results))
 
     total = median_time(strips, args.repeats)
-    place_ms = median_time(lambda: explore.place(engine, explore.stored_images(engine, source)[0],
-                                                 explore.DEFAULT_CONCEPTS), args.repeats) * 1000
+    place_ms = median_time(lambda: explore.place(engine, records, explore.DEFAULT_CONCEPTS), args.repeats) * 1000
     page_ms = median_time(lambda: str(page.page(done.results)), args.repeats) * 1000
     report(n=args.n, strips_place_ms=place_ms, strips_page_ms=page_ms,
            images_generated=engine.stats.images_generated - before, strips_1000_s=total)

@@ -130,11 +130,13 @@ def lean_of(scores: np.ndarray, concepts: list[str]) -> dict:
     n = int(len(scores))
     nearest = np.argmax(scores, axis=1) if n else np.zeros(0, int)
     counts = np.bincount(nearest, minlength=len(concepts))
-    lean: dict = {}
-    for c, k in zip(concepts, counts):
-        lo, hi = share_interval(int(k), n)
-        lean[c] = {"share": tidy(k / n) if n else None, "ci": [lo, hi], "count": int(k)}
-    return lean
+    return {c: share_of(int(k), n) for c, k in zip(concepts, counts)}
+
+
+def share_of(count: int, n: int) -> dict:
+    """{"share", "ci": [lo, hi], "count"}: `count` of `n` with its Jeffreys 95% interval (share None when n = 0)."""
+    lo, hi = share_interval(count, n)
+    return {"share": tidy(count / n) if n else None, "ci": [lo, hi], "count": count}
 
 
 def measured(lean: dict) -> int:
@@ -161,13 +163,21 @@ def strip_summary(scores: np.ndarray, concepts: list[str]) -> dict:
     return out
 
 
-def place(engine: Engine, records: list[ImageRecord], concepts: list[str]) -> tuple[list[dict], dict, dict, int]:
+def unflagged(records: list[ImageRecord]) -> list[ImageRecord]:
+    """The records that are neither flagged nor refused (the ones measured)."""
+    return [r for r in records if not r.nsfw and not r.refused]
+
+
+def place(engine: Engine, records: list[ImageRecord], concepts: list[str],
+          vectors: np.ndarray | None = None) -> tuple[list[dict], dict, dict, int]:
     """(images, lean, strips, excluded) of `records` on `concepts`: every image's scores (flagged
-    and refused images are listed without scores and left out of the lean and strips). Embeddings
-    come from the store's cache when they are there."""
-    usable = [r for r in records if not r.nsfw and not r.refused]
+    and refused images are listed without scores and left out of the lean and strips). `vectors`:
+    the unflagged records' image embeddings when at hand; else from the store's cache."""
+    usable = unflagged(records)
     texts = engine.embed_texts(concepts)
-    scores = concept_scores(engine.embed_images(usable), texts) if usable else np.zeros((0, len(concepts)))
+    if usable and vectors is None:
+        vectors = engine.embed_images(usable)
+    scores = concept_scores(vectors, texts) if usable else np.zeros((0, len(concepts)))
     by_key = {r.key: row for r, row in zip(usable, scores)}
     images = []
     for r in records:
@@ -275,11 +285,13 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
     results["prompt"] = prompt
     # 2. The strips and the lean.
     yield Progress(len(records), len(records), "embedding", "placing the images on the concepts")
-    images, lean, strips, excluded = place(engine, records, concepts)
+    usable = unflagged(records)
+    vectors = engine.embed_images(usable) if usable else None   # once, for both axes
+    images, lean, strips, excluded = place(engine, records, concepts, vectors)
     results.update(images=images, lean=lean, strips=strips, excluded=excluded)
     versus = clean_concepts(request.versus)
     if versus:   # a second axis: the same images placed between its concepts too (the 2-D scatter)
-        placed, v_lean, v_strips, _ = place(engine, records, versus)
+        placed, v_lean, v_strips, _ = place(engine, records, versus, vectors)
         for item, other in zip(images, placed):
             if "scores" in other:
                 item.update(versus_scores=other["scores"], versus_nearest=other["nearest"])
@@ -292,11 +304,10 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
     axes = [axis_for(a) for a in clean_concepts(request.axes)]
     if axes:
         results["axes"], results["answer_probs"] = {}, {}
-        measured = [r for r in records if not r.nsfw and not r.refused]
-        answers_by_axis, _ = yield from measure_axes(engine, measured, axes, results["axes"], mode=request.mode,
+        answers_by_axis, _ = yield from measure_axes(engine, usable, axes, results["axes"], mode=request.mode,
                                                      n_boot=request.n_boot, answer_probs=results["answer_probs"])
         # image key -> axis -> answer, beside answer_probs (issue 35), as Single Prompt's JSON has them
-        results["answers"] = {r.key: {a: got[j] for a, got in answers_by_axis.items()} for j, r in enumerate(measured)}
+        results["answers"] = {r.key: {a: got[j] for a, got in answers_by_axis.items()} for j, r in enumerate(usable)}
         run_record.save(results)
     # 4. Inverse queries: which concept do images of each test concept lean to?
     inverse, sets = {}, {}
@@ -317,7 +328,11 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
 def stored_images(engine: Engine, run_id: str) -> tuple[list[ImageRecord], str]:
     """(records in the run's order, its prompt) of a stored run the visitor may see; InputError
     when there is none or it has no stored image left."""
-    source = engine.store.require_run(run_id, what="run")
+    return _images_of(engine, engine.store.require_run(run_id, what="run"), run_id)
+
+
+def _images_of(engine: Engine, source: dict, run_id: str) -> tuple[list[ImageRecord], str]:
+    """`stored_images` of the run `run_id` already read (`Store.require_run`)."""
     keys = list(dict.fromkeys(r["image_key"] for r in source["images"]   # an Explore node: not its inverse sets
                               if not (source["method"] == "explore" and r["label"].startswith(INVERSE_LABEL))))
     found = engine.store.get_images(keys, verify=False)
@@ -387,21 +402,29 @@ def tree_nodes(engine: Engine, tree_id: str) -> list[dict]:
     """The tree's nodes the current visitor may see (root first, then each parent before its
     children, oldest first): {"id", "parent", "prompt", "concepts", "lean", "inverse", "status",
     "source_run", "n"}. InputError, reading like a missing id, when the visitor may not see the root."""
+    return _nodes(_tree_records(engine, tree_id))
+
+
+def _tree_records(engine: Engine, tree_id: str) -> list[dict]:
+    """The run records (`Store.get_run`) of `tree_nodes`, in its order."""
     root = engine.store.require_run(tree_id, "explore", what="tree")
-    rows = [r for r in engine.store.list_runs("explore", oldest_first=True)]
     children: dict[str, list[str]] = {}
-    for r in rows:
+    for r in engine.store.list_runs("explore", oldest_first=True):
         children.setdefault((r["request"] or {}).get("parent") or "", []).append(r["id"])
     order, todo = [], [root["id"]]
     while todo:
         node = todo.pop(0)
         order.append(node)
         todo += children.get(node, [])
+    return [root] + [engine.store.get_run(run_id) for run_id in order[1:]]
+
+
+def _nodes(records: list[dict]) -> list[dict]:
+    """`tree_nodes` of the tree's run records (root first)."""
     nodes = []
-    for run_id in order:
-        record = root if run_id == root["id"] else engine.store.get_run(run_id)
+    for i, record in enumerate(records):
         results = record.get("results") or {}
-        nodes.append({"id": run_id, "parent": "" if run_id == root["id"] else (record["request"].get("parent") or ""),
+        nodes.append({"id": record["id"], "parent": (record["request"].get("parent") or "") if i else "",
                       "prompt": results.get("prompt") or record["request"].get("prompt", ""),
                       "concepts": results.get("concepts") or record["request"].get("concepts", []),
                       "lean": results.get("lean") or {}, "inverse": results.get("inverse") or {},
@@ -428,9 +451,10 @@ def node_images(results: dict) -> list[dict]:
 def tree_json(engine: Engine, tree_id: str) -> dict:
     """The tree as a JSON document: {"format": "gaplens-explore-tree", "tree": id, "nodes": [...]},
     each node with its images (key, seed, scores) too."""
-    nodes = tree_nodes(engine, tree_id)
-    for node in nodes:
-        results = engine.store.get_run(node["id"])["results"] or {}
+    records = _tree_records(engine, tree_id)
+    nodes = _nodes(records)
+    for node, record in zip(nodes, records):
+        results = record["results"] or {}
         node["images"] = [{"key": i["key"], "seed": i["seed"], "scores": i.get("scores")}
                           for i in results.get("images", [])]
     return {"format": "gaplens-explore-tree", "version": 1, "tree": tree_id, "nodes": nodes}
@@ -467,9 +491,10 @@ def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: i
         raise InputError(f"{len(run_ids)} runs; at most {MAX_CLUSTER_RUNS} are clustered at once")
     groups, records, owner = [], [], []
     for run_id in run_ids:
-        found, prompt = stored_images(engine, run_id)
-        found = [r for r in found if not r.nsfw and not r.refused]
-        models = (engine.store.get_run(run_id) or {}).get("models", {})
+        source = engine.store.require_run(run_id, what="run")
+        found, prompt = _images_of(engine, source, run_id)
+        found = unflagged(found)
+        models = source.get("models") or {}
         groups.append({"run_id": run_id, "label": prompt, "model": models.get("generator", ""), "n": len(found)})
         records += found
         owner += [len(groups) - 1] * len(found)
@@ -488,12 +513,8 @@ def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: i
     for j in range(k):
         members = np.flatnonzero(assign == j)
         nearest = members[np.argsort(distance[members])][:central]
-        shares = {}
-        for gi, g in enumerate(groups):
-            n_group = int((owner == gi).sum())
-            count = int(((owner == gi) & (assign == j)).sum())
-            lo, hi = share_interval(count, n_group)
-            shares[g["label"]] = {"share": tidy(count / n_group) if n_group else None, "ci": [lo, hi], "count": count}
+        shares = {g["label"]: share_of(int(((owner == gi) & (assign == j)).sum()), g["n"])
+                  for gi, g in enumerate(groups)}
         clusters.append({"size": int(len(members)), "central": [records[i].to_json() for i in nearest],
                          "shares": shares})
     clusters.sort(key=lambda c: -c["size"])

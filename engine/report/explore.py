@@ -113,23 +113,24 @@ def lean_rows(lean: dict) -> list[dict]:
     return sorted(rows, key=lambda r: -(r["share"] or 0))
 
 
-def distribution_text(axis: str, dist: dict) -> str:
-    """"gender: 'male' 0.75 [0.62, 0.86]": an axis' most frequent answer with its interval ('' when none)."""
-    rows = lean_rows(dist)
-    if not rows or rows[0]["share"] is None:
-        return ""
-    lo, hi = rows[0]["ci"]
-    return f"{axis}: '{rows[0]['concept']}' {rows[0]['share']:.2f} [{lo:.2f}, {hi:.2f}]"
-
-
-def lean_text(lean: dict) -> str:
-    """"leans 'a photo of a man' 0.71 [0.62, 0.80]" ('' when nothing was measured)."""
+def _top_text(lean: dict, before: str) -> str:
+    """`before` + "'<concept>' 0.71 [0.62, 0.80]" of the largest share ('' when nothing was measured)."""
     rows = lean_rows(lean)
     if not rows or rows[0]["share"] is None:
         return ""
     top = rows[0]
     lo, hi = top["ci"]
-    return f"leans '{top['concept']}' {top['share']:.2f} [{lo:.2f}, {hi:.2f}]"
+    return f"{before}'{top['concept']}' {top['share']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def distribution_text(axis: str, dist: dict) -> str:
+    """"gender: 'male' 0.75 [0.62, 0.86]": an axis' most frequent answer with its interval ('' when none)."""
+    return _top_text(dist, f"{axis}: ")
+
+
+def lean_text(lean: dict) -> str:
+    """"leans 'a photo of a man' 0.71 [0.62, 0.80]" ('' when nothing was measured)."""
+    return _top_text(lean, "leans ")
 
 
 def page(results: dict, thumbs: dict | None = None) -> Markup:
@@ -144,8 +145,9 @@ def page(results: dict, thumbs: dict | None = None) -> Markup:
         placed = (results.get("inverse_sets") or {}).get(test) or {}
         chart = strips_chart(strip_rows(placed.get("images") or [], concepts, thumbs), concepts, None,
                              f"images of '{placed.get('prompt', test)}'")
-        inverse.append({"test": test, "prompt": placed.get("prompt", ""), "rows": lean_rows(lean),
-                        "n": sum(r["count"] for r in lean_rows(lean)), "text": lean_text(lean),
+        rows = lean_rows(lean)
+        inverse.append({"test": test, "prompt": placed.get("prompt", ""), "rows": rows,
+                        "n": sum(r["count"] for r in rows), "text": lean_text(lean),
                         "chart": vega_chart(chart, f"explore-inverse-{len(inverse)}")})
     versus = results.get("versus") or []
     second = None
@@ -158,9 +160,10 @@ def page(results: dict, thumbs: dict | None = None) -> Markup:
                                        "explore-versus-strips"),
                   "scatter": vega_chart(scatter_chart(images, concepts, versus, thumbs), "explore-scatter")}
     norm = results.get("normalisation") or {}
+    lean = lean_rows(results.get("lean"))
     return macro("explore.html", "page")(
         prompt=results.get("prompt", ""), source_run=results.get("source_run", ""), concepts=concepts,
-        lean=lean_rows(results.get("lean")), n=sum(r["count"] for r in lean_rows(results.get("lean"))),
+        lean=lean, n=sum(r["count"] for r in lean),
         text=lean_text(results.get("lean")), excluded=results.get("excluded", 0),
         strips=vega_chart(strips, STRIPS_ID) if strips else "", inverse=inverse, second=second,
         scale=norm.get("logit_scale", 100), tree=results.get("tree", ""), parent=results.get("parent", ""),
@@ -202,6 +205,8 @@ def tree_document(engine, tree_id: str) -> Markup:
     thumbs = {}
     for results in pages.values():
         for image in node_images(results):
+            if image["key"] in thumbs:   # a child scoring its parent's images shows them again
+                continue
             try:
                 thumbs[image["key"]] = thumbnail_data_uri(image["path"], 96)
             except (OSError, KeyError):

@@ -161,12 +161,10 @@ def _checked(table: str, row, where: str) -> dict:
         raise ValueError(f"{where}: expected a JSON object")
     out = {}
     for column, check in SCHEMAS[table].items():
-        if column not in row and (table, column) in OPTIONAL_COLUMNS:
-            row = {**row, column: OPTIONAL_COLUMNS[table, column]}
-        if column not in row:
+        if column not in row and (table, column) not in OPTIONAL_COLUMNS:
             raise ValueError(f"{where}: '{column}' is missing")
         try:
-            out[column] = check(row[column])
+            out[column] = check(row.get(column, OPTIONAL_COLUMNS.get((table, column))))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{where}: '{column}' is not valid ({exc})") from None
     return out
@@ -414,8 +412,10 @@ def _write(store: Store, plan: dict, trust: bool, zf: zipfile.ZipFile) -> dict:
                     "request": renamed}
         for run in plan["runs"]:
             for column, mapping in mappings.items():
+                if not mapping:   # nothing to point elsewhere (the column's JSON was checked already)
+                    continue
                 value = parse_json(run[column], f"the {column} of run {run['id'][:80]}")
-                rewritten = replace_strings(value, mapping) if mapping else value
+                rewritten = replace_strings(value, mapping)
                 if rewritten != value:
                     run[column] = json.dumps(rewritten, default=json_default)
         store.import_rows(images=image_rows, runs=plan["runs"], run_images=plan["links"], answers=plan["answers"],
