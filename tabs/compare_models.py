@@ -104,7 +104,7 @@ def render(event, view: View, engine=None) -> dict:
         view.kept["runs"].append(event.run_id)
         view.kept["results"].append(event.results)
         images.append(model_images(engine, event.run_id) if engine else [])
-        return {"view": str(page({k: v for k, v in view.kept.items() if k != "images"}, images))}
+        return {"view": str(page(view.kept, images))}   # page reads the results' keys only
     if isinstance(event, Done):
         return {"progress": f"**Done**: {len(event.results['runs'])} generators compared in "
                             f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`; each model's audit is a "

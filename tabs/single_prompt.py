@@ -13,7 +13,7 @@ from engine.methods import single_prompt, validate
 from engine.methods.options import settings_for
 from engine.report import trust
 
-from engine.report.single_prompt import axes_html, axis_html, diversity_text, gap_html
+from engine.report.single_prompt import axes_html, axis_html, diversity_text, evaluators_html, gap_html
 
 from . import spotcheck
 from .common import (View, checked, default, gallery_items, gpu, gpu_seconds_for, options, streamed,
@@ -150,7 +150,7 @@ def render(event, view: View) -> dict:
         return {"axes": kept["headline"] + axes_html(kept["axes"].values())}
     if isinstance(event, single_prompt.EvaluatorsCompared):   # issue 35: under the distributions
         return {"axes": kept.get("headline", "") + axes_html(kept["axes"].values())
-                + trust.comparison_html(event.comparison, element_id="sp-evaluators")}
+                + evaluators_html(event.comparison)}
     if isinstance(event, single_prompt.DiversityMeasured):
         return {"diversity": diversity_text(event.diversity)}
     if isinstance(event, single_prompt.GapMeasured):
@@ -216,9 +216,8 @@ def show_distribution(engine, view, which):
     checked = any(a.get("n_checked") for a in validation["axes"].values())
     if which == "corrected" and not checked:
         gr.Warning("no labels checked yet for this run's images: use 'Check the labels' first")
-    compared = trust.comparison_html(results["evaluators"], element_id="sp-evaluators") if results.get("evaluators") else ""
     return (trust.headline_html(results.get("headline")) + axes_html(axis_html(a, m) for a, m in shown.items())
-            + compared, trust.validation_html(validation) if checked else "")
+            + evaluators_html(results.get("evaluators")), trust.validation_html(validation) if checked else "")
 
 
 def measure_request(prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,

@@ -106,6 +106,22 @@ def _unique(labels: Sequence[Any]) -> list[str]:
     return out
 
 
+def _bar_row(label: str, value, bounds, reference, i: int, digits: int) -> dict:
+    """One bar's row of a bar chart's table: its value, 95% CI `bounds` (low, high) and target
+    `reference[i]` as numbers (None when missing) and as text."""
+    lo, hi = bounds or (None, None)
+    target = reference[i] if reference is not None and i < len(reference) else None
+    return {"label": label, "value": _number(value), "low": _number(lo), "high": _number(hi),
+            "target": _number(target), "text": fmt(value, digits),
+            "ci": f"[{fmt(lo, digits)}, {fmt(hi, digits)}]" if _number(lo) is not None else ""}
+
+
+def _x_domain(rows: list[dict], vmax: float | None) -> list[float]:
+    """[min(0, every value, bound and target), `vmax` or the largest of them]: a bar chart's x scale."""
+    numbers = [x for r in rows for x in (r["value"], r["low"], r["high"], r["target"]) if x is not None]
+    return [min(numbers + [0.0]), vmax if vmax is not None else max(numbers + [1e-9])]
+
+
 def bar_chart(labels: Sequence[str], values: Sequence[float], *, title: str = "",
               counts: Sequence[int] | None = None, ci: Sequence[tuple[float, float]] | None = None,
               reference: Sequence[float] | None = None, highlight: Sequence[bool] | None = None,
@@ -118,19 +134,11 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], *, title: str = ""
     `tooltip`: one extra line per bar (e.g. what the metric means)."""
     alt = _alt()
     labels = _unique(labels)
-    rows = []
-    for i, (label, value) in enumerate(zip(labels, values)):
-        lo, hi = (ci[i] if ci is not None else (None, None))
-        target = reference[i] if reference is not None and i < len(reference) else None
-        rows.append({"label": label, "value": _number(value), "low": _number(lo), "high": _number(hi),
-                     "target": _number(target), "highlight": bool(highlight and highlight[i]),
-                     "text": fmt(value, value_digits) + (f" (n={counts[i]})" if counts is not None else ""),
-                     "ci": f"[{fmt(lo, value_digits)}, {fmt(hi, value_digits)}]" if _number(lo) is not None else "",
-                     "note": str(tooltip[i]) if tooltip else ""})
-    numbers = [x for r in rows for x in (r["value"], r["low"], r["high"], r["target"]) if x is not None]
-    top = vmax if vmax is not None else max(numbers + [1e-9])
-    bottom = min(numbers + [0.0])
-    x = alt.X("value:Q", title=x_title or None, scale=alt.Scale(domain=[bottom, top], clamp=True, nice=False),
+    rows = [_bar_row(label, value, ci[i] if ci is not None else None, reference, i, value_digits)
+            | {"highlight": bool(highlight and highlight[i]), "note": str(tooltip[i]) if tooltip else ""}
+            | ({"text": f"{fmt(value, value_digits)} (n={counts[i]})"} if counts is not None else {})
+            for i, (label, value) in enumerate(zip(labels, values))]
+    x = alt.X("value:Q", title=x_title or None, scale=alt.Scale(domain=_x_domain(rows, vmax), clamp=True, nice=False),
               axis=alt.Axis(tickCount=5, grid=True))
     y = alt.Y("label:N", sort=labels, title=None, axis=alt.Axis(labelLimit=200, labelFontSize=FONT))
     tips = [alt.Tooltip("label:N", title="class"), alt.Tooltip("text:N", title="value"),
@@ -247,18 +255,9 @@ def grouped_bars(labels: Sequence[str], groups: dict[str, Sequence[float]], *, t
     alt = _alt()
     labels = _unique(labels)
     names = [str(g) for g in groups]
-    rows = []
-    for g, values in groups.items():
-        for i, (label, value) in enumerate(zip(labels, values)):
-            lo, hi = (ci[g][i] if ci and g in ci else (None, None))
-            target = reference[i] if reference is not None and i < len(reference) else None
-            rows.append({"label": label, "group": str(g), "value": _number(value), "low": _number(lo),
-                         "high": _number(hi), "target": _number(target), "text": fmt(value, digits),
-                         "ci": f"[{fmt(lo, digits)}, {fmt(hi, digits)}]" if _number(lo) is not None else ""})
-    numbers = [x for r in rows for x in (r["value"], r["low"], r["high"], r["target"]) if x is not None]
-    top = vmax if vmax is not None else max(numbers + [1e-9])
-    x = alt.X("value:Q", title=x_title or None, scale=alt.Scale(domain=[min(numbers + [0.0]), top], nice=False,
-                                                                   clamp=True))
+    rows = [_bar_row(label, value, ci[g][i] if ci and g in ci else None, reference, i, digits) | {"group": str(g)}
+            for g, values in groups.items() for i, (label, value) in enumerate(zip(labels, values))]
+    x = alt.X("value:Q", title=x_title or None, scale=alt.Scale(domain=_x_domain(rows, vmax), nice=False, clamp=True))
     y = alt.Y("label:N", sort=labels, title=None, axis=alt.Axis(labelLimit=200))
     offset = alt.YOffset("group:N", sort=names)
     tips = [alt.Tooltip("label:N", title="class"), alt.Tooltip("group:N"), alt.Tooltip("text:N", title="value"),

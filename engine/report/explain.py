@@ -16,5 +16,5 @@ def tip(key: str) -> str:
 def info(keys, block_id: str = "", note: str = "") -> Markup:
     """Returns a block with one line per metric of `keys` (what it measures, which way is more
     biased, its range), then `note`."""
-    rows = [{"key": k, "m": meaning(k)} for k in dict.fromkeys(keys) if meaning(k)]
+    rows = [{"key": k, "m": m} for k in dict.fromkeys(keys) if (m := meaning(k))]
     return macro("explain.html", "info")(rows=rows, id=block_id, note=note)

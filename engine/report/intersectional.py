@@ -173,8 +173,12 @@ def pair_html(results: dict, intervened: str, affected: str) -> Markup:
     return macro("intersectional.html", "pair")(text=text, charts=charts_, status=status, notes=notes)
 
 
+def graph_frame(results: dict, elem_id: str = "") -> Markup:
+    """The BiasGraph of a run's results in its iframe, as tall as its axes need (`graph_height`)."""
+    return iframe(graph_from_results(results), graph_height(results["sensitivity"]["axes"]) + 20, elem_id)
+
+
 def page(results: dict) -> Markup:
     """A whole Intersectional run: summary, questions, matrix, kept edges and the graph."""
     return macro("intersectional.html", "page")(
-        r=results, summary=summary_html(results), matrix=matrix_html(results),
-        graph=iframe(graph_from_results(results), graph_height(results["sensitivity"]["axes"]) + 20))
+        r=results, summary=summary_html(results), matrix=matrix_html(results), graph=graph_frame(results))

@@ -80,7 +80,7 @@ def report_html(results: dict) -> Markup:
             labels.append(CANT_TELL)
             for which in d:
                 shares[which].append(d[which].get("cant_tell_share", 0.0))
-                ci[which].append((float("nan"), float("nan")))
+                ci[which].append((NAN, NAN))
         chart = charts.grouped_bars(labels, shares, ci=ci, reference=r["ideal"], vmax=1.0, width=260,
                                     title=f"{axis}: initial and final shares", chart_id=f"mitigate-final-{axis}",
                                     x_title="share of images")

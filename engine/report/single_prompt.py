@@ -2,7 +2,7 @@
 Top-K concepts (the tab, the Runs view, exported reports). Markup: templates/single_prompt.html."""
 from __future__ import annotations
 
-from ..common.meanings import equal_by_construction, meaning
+from ..common.meanings import equal_by_construction
 from . import Markup, charts, clip, explain, fmt, macro, trust, with_cant_tell
 
 METRICS = [("Composite Bias Score", "composite_bias_score"), ("Parity Difference", "parity_difference"),
@@ -30,7 +30,7 @@ def axis_html(name: str, m: dict) -> Markup:
     same = equal_by_construction(n_classes, ref if isinstance(ref, dict) and m.get("mode") == "paper" else None)
     rows = [{"label": label + (f" ({m.get('kl_unit', '')})" if key == "kl_divergence" else "")
              + (" (= parity difference: two classes)" if same and key == "bias_amplification" else ""),
-             "key": key, "tip": meaning(key).line() + (f" {same}" if same and key == "bias_amplification" else ""),
+             "key": key, "tip": explain.tip(key) + (f" {same}" if same and key == "bias_amplification" else ""),
              "value": m.get(key), "ci": ci.get(key)} for label, key in METRICS]
     return macro("single_prompt.html", "axis")(name=name, chart=chart, mode=m.get("mode", ""), rows=rows,
                                                 n_excluded=m.get("n_excluded"), cant_tell=m.get("cant_tell"),
@@ -43,6 +43,12 @@ def axes_html(blocks) -> Markup:
     blocks = list(blocks)
     return macro("single_prompt.html", "axes")(blocks, explain.info([key for _, key in METRICS], "sp-meanings")
                                                if blocks else "")
+
+
+def evaluators_html(comparison: dict | None) -> Markup | str:
+    """The other evaluators' agreement with the run's on its images (trust.comparison_html; issue 35),
+    "" when none was asked."""
+    return trust.comparison_html(comparison, element_id="sp-evaluators") if comparison else ""
 
 
 def gap_reading(gap: dict) -> dict:
@@ -94,5 +100,4 @@ def page(results: dict) -> Markup:
         axes=axes_html(axis_html(n, m) for n, m in axes.items()) if axes else "",
         diversity=results.get("diversity"), gap=gap_html(results["gap"]) if results.get("gap") else "",
         top_concepts=results.get("top_concepts") or [], notes=results.get("notes") or [],
-        evaluators=trust.comparison_html(results["evaluators"], element_id="sp-evaluators")
-        if results.get("evaluators") else "", vendi_meaning=explain.tip("vendi"))
+        evaluators=evaluators_html(results.get("evaluators")), vendi_meaning=explain.tip("vendi"))
