@@ -9,7 +9,7 @@ import hashlib
 import time
 
 from .. import __version__
-from . import Markup, charts, macro, render, static
+from . import Markup, charts, macro, render, static, thumbnail_data_uri
 from .charts import PALETTE
 from .single_prompt import axes_html, axis_html
 
@@ -197,8 +197,6 @@ def tree_page(tree: dict, pages: dict, thumbs: dict | None = None) -> Markup:
 def tree_document(engine, tree_id: str) -> Markup:
     """The tree `tree_id` of the store as one self-contained page (`tree_page`, thumbnails inline)."""
     from engine.methods.explore import node_images, tree_json
-
-    from .runs import thumbnail_data_uri
 
     tree = tree_json(engine, tree_id)
     pages = {n["id"]: (engine.store.get_run(n["id"]) or {}).get("results") or {} for n in tree["nodes"]}
