@@ -456,10 +456,17 @@ def _run_order(cluster: Cluster, engine, order: dict):
             "busy_seconds": round(busy, 3)}
 
 
+# A step's summary keys, by order kind: units done, calls, rows merged, seconds working, units per second.
+STEP_KEYS = {"images": ("images_generated", "generator_calls", "images_merged", "generate_seconds",
+                        "images_per_second"),
+             "evaluation": ("units_computed", "evaluator_calls", "units_merged", "evaluate_seconds",
+                            "units_per_second")}
+
+
 def _run_step(cluster, engine, kind: str, batches: list, shares: list, summary: dict, models: dict):
     """Rank 0 (or a shard): broadcast an order of `shares` of `batches`, do this rank's share with
     the others and adopt theirs (use `yield from`: Progress with the global count and an ETA).
-    Updates and returns `summary` (`_finish_step` then closes the step)."""
+    Updates `summary` under the kind's STEP_KEYS and returns it (`_finish_step` then closes the step)."""
     store = engine.store
     session = _session_id()
     step_dir = shards_root(store) / session["id"] / f"{session['step']:05d}"
@@ -491,9 +498,10 @@ def _run_step(cluster, engine, kind: str, batches: list, shares: list, summary: 
     per_rank = cluster.gather(mine)
     cluster.busy = False
     merged = merge_step(store, step_dir)  # the other ranks' work (rank 0's is stored already)
-    summary.update({"calls": calls, "merged": merged, "work_seconds": round(work_seconds, 3),
-                    "per_second": round(done / work_seconds, 3) if work_seconds > 0 else None,
-                    "per_rank": per_rank, "shards": str(step_dir), "done": done})
+    done_key, calls_key, merged_key, seconds_key, rate_key = STEP_KEYS[kind]
+    summary.update({done_key: done, calls_key: calls, "per_rank": per_rank, "shards": str(step_dir),
+                    merged_key: merged, seconds_key: round(work_seconds, 3),
+                    rate_key: round(done / work_seconds, 3) if work_seconds > 0 else None})
     return summary
 
 
@@ -518,26 +526,20 @@ def distributed_image_sets(engine, sets: Iterable[Sequence], final: bool = False
     batches, wanted = plan_batches(engine, sets, skip_stored=not cluster.shard)
     shares = deal(batches, cluster.world)
     if cluster.shard:  # this slice's share, less what an earlier attempt of it stored
-        stored = engine.store.present_image_keys([k for k, _, _ in set_image_keys(engine, sets)])
+        own = shares[cluster.rank]
+        cluster.images = [(p, seeds, GenerationSettings(**st)) for p, seeds, st in own]
         gen_id = engine.model_id("generator")
-        mine = [(p, [s for s in seeds if image_key(gen_id, p, s, GenerationSettings(**st)) not in stored], st)
-                for p, seeds, st in shares[cluster.rank]]
-        cluster.images = [(p, seeds, GenerationSettings(**st)) for p, seeds, st in shares[cluster.rank]]
-        shares[cluster.rank] = [b for b in mine if b[1]]
-        batches = shares[cluster.rank]
+        keys = [[image_key(gen_id, p, s, settings) for s in seeds] for p, seeds, settings in cluster.images]
+        stored = engine.store.present_image_keys([k for batch in keys for k in batch])
+        own = [(p, [s for s, k in zip(seeds, batch) if k not in stored], st)
+               for (p, seeds, st), batch in zip(own, keys)]
+        shares[cluster.rank] = batches = [b for b in own if b[1]]
     total = sum(len(b[1]) for b in batches)
     summary.update(images_wanted=wanted, images_planned=total, images_generated=0, generator_calls=0)
-    if not batches:
-        summary = _finish_step(cluster, summary)
-        if cluster.shard and final:
-            raise ShardDone(cluster.steps)
-        return summary
-    result = yield from _run_step(cluster, engine, "images", batches, shares, summary,
-                                  {"generator": engine.model_id("generator")})
-    result.update(images_generated=result.pop("done"), generator_calls=result.pop("calls"),
-                  images_merged=result.pop("merged"), generate_seconds=result.pop("work_seconds"),
-                  images_per_second=result.pop("per_second"))
-    result = _finish_step(cluster, result)
+    if batches:
+        summary = yield from _run_step(cluster, engine, "images", batches, shares, summary,
+                                       {"generator": engine.model_id("generator")})
+    result = _finish_step(cluster, summary)
     if cluster.shard and final:
         raise ShardDone(cluster.steps)
     return result
@@ -564,15 +566,13 @@ def distributed_evaluation(engine, sets: Iterable[Sequence], asks: Sequence = ()
     summary = {"_started": time.perf_counter(), "processes": cluster.world,
                "units_from_earlier_shards": merge_unmerged(engine.store)}
     batches, evaluators = plan_evaluation(engine, images, asks, caption, embed)
-    shares = deal(batches, cluster.world, size=lambda b: b["units"])
     if cluster.shard:  # every unit of this slice's images is its own
         shares = [batches if r == cluster.rank else [] for r in range(cluster.world)]
+    else:
+        shares = deal(batches, cluster.world, size=lambda b: b["units"])
     summary.update(units_planned=sum(b["units"] for b in batches), units_computed=0, evaluator_calls=0)
     if batches:
         summary = yield from _run_step(cluster, engine, "evaluation", batches, shares, summary, evaluators)
-        summary.update(units_computed=summary.pop("done"), evaluator_calls=summary.pop("calls"),
-                       units_merged=summary.pop("merged"), evaluate_seconds=summary.pop("work_seconds"),
-                       units_per_second=summary.pop("per_second"))
     result = _finish_step(cluster, summary)
     if cluster.shard:
         raise ShardDone(cluster.steps)

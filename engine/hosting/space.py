@@ -151,12 +151,11 @@ def gpu_seconds(preset: Preset, *, images: int, steps=None, questions: int = 0, 
 def xlarge(preset: Preset, profile: dict | None = None) -> bool:
     """True when `preset`'s weights are above the profile's xlarge threshold (RTX PRO 6000 Blackwell: 45 GB),
     where `spaces` attaches the "xlarge" size: its seconds count twice against a visitor's quota."""
-    threshold = (profile or zero_gpu_profile()).get("xlarge_threshold")
+    profile = profile or zero_gpu_profile()
+    threshold = profile.get("xlarge_threshold")
     if not threshold:
         return False
-    from ..models.plan import plan as memory_plan
-
-    weights = sum(m["gb"] for m in memory_plan(preset, zero_gpu_memory_gb()).models)
+    weights = sum(m["gb"] for m in plan(preset, profile["memory"] / 2**30).models)
     return weights * 2**30 > threshold
 
 
