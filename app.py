@@ -74,10 +74,13 @@ def build_app(engine: Engine) -> gr.Blocks:
         load_hooks = []
         with gr.Tabs():
             for title, tab in [(m.title, m.tab) for m in METHODS.values() if m.tab] + [("Runs", "runs")]:
-                with gr.Tab(title, id=tab):
-                    load_hooks += BUILDERS[tab](engine)
+                with gr.Tab(title, id=tab) as opened:
+                    hooks = [LoadHook(*hook) for hook in BUILDERS[tab](engine)]
+                for hook in hooks:
+                    if hook.on_tab_open:   # e.g. the Runs list: current whenever its tab is opened
+                        opened.select(**hook.on_tab_open)
+                load_hooks += hooks
         for hook in load_hooks:
-            hook = LoadHook(*hook)
             demo.load(hook.fn, None, hook.outputs, api_name=False)
             if hook.after_model_change:   # e.g. the placeholders naming the model's default steps
                 model_status.change(hook.after_model_change, None, hook.outputs, api_name=False)

@@ -114,11 +114,13 @@ def _count(value, blank: int) -> int:
 class LoadHook(NamedTuple):
     """What a tab's `build` returns for each update of a page when it opens: `fn()` updates
     `outputs`; `after_model_change` (no inputs, the same outputs), when given, runs again
-    after the Models panel changes a model (app.py wires both)."""
+    after the Models panel changes a model; `on_tab_open`, when given, is an event (Gradio's
+    listener arguments) run each time the tab is opened (app.py wires all three)."""
 
     fn: Callable
     outputs: list
     after_model_change: Callable | None = None
+    on_tab_open: dict | None = None
 
 
 def default(request_class, name: str):

@@ -20,7 +20,7 @@ from engine.report import runs as runs_page
 from engine.report import study as study_page
 
 from . import spotcheck
-from .common import export_dir, gallery_items, user_errors
+from .common import LoadHook, export_dir, gallery_items, user_errors
 
 HEADERS = ["run", "method", "prompt", "generator", "date", "headline score", "status"]
 ALL = "all"
@@ -145,7 +145,9 @@ def build(engine) -> list:
                     [selected, question, axis, per_set, seed, raters, checks], [pack_file, pack_info],
                     api_name="study_build")
     analyse_btn.click(user_errors(analyse), [key_file, answer_files, exclude], [analysis], api_name="study_analyse")
-    return [(lambda: list_runs("", ALL, ALL, "newest", [])[:3], [table, selected, method])]
+    # opening the tab re-lists with the filters and selection as they are: runs made since are there
+    return [LoadHook(lambda: list_runs("", ALL, ALL, "newest", [])[:3], [table, selected, method],
+                     on_tab_open=relist)]
 
 
 # -- handlers: (engine, the inputs' values) -> the outputs' values --------------------------------------------

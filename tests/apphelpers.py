@@ -91,12 +91,10 @@ def screenshot(page, name: str) -> Path:
     return path
 
 
-def open_in_runs_tab(page, listed: str, row_text: str, view_selector: str, refresh: bool = False) -> None:
+def open_in_runs_tab(page, listed: str, row_text: str, view_selector: str) -> None:
     """Go to the Runs tab, wait until the table lists `listed`, click the row showing
     `row_text` and wait for `view_selector` in the opened run's view."""
     page.get_by_role("tab", name="Runs").click()
-    if refresh:
-        page.click("#runs-refresh")  # runs made after the page loaded
     page.wait_for_function(f"document.querySelector('#runs-table').innerText.includes({listed!r})", timeout=30_000)
     page.locator("#runs-table").get_by_text(row_text).filter(visible=True).first.click()
     page.wait_for_selector(view_selector, timeout=30_000)

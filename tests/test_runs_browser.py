@@ -154,3 +154,23 @@ def test_runs_tab_lists_a_cli_run_and_opens_it(engine, tmp_path, browser):
         page.wait_for_selector("#runs-comparison .gl-compare-table", timeout=30_000)
         assert "different methods" in page.inner_text("#runs-comparison")
         screenshot(page, "runs_tab")
+
+
+def test_the_runs_tab_lists_runs_made_after_the_page_opened_and_keeps_its_filters(engine, browser):
+    _single(engine, "a photo of a baker", n=4)
+    search = "#runs-search textarea, #runs-search input"
+    with running_app(engine) as url:
+        page = browser
+        page.goto(url, wait_until="load")
+        page.get_by_role("tab", name="Runs").click()
+        page.wait_for_function("document.querySelector('#runs-table').innerText.includes('a photo of a baker')",
+                               timeout=30_000)
+        page.fill(search, "tailor")
+        page.press(search, "Enter")
+        page.wait_for_function("!document.querySelector('#runs-table').innerText.includes('a photo of a baker')",
+                               timeout=30_000)
+        page.get_by_role("tab", name="Single Prompt").click()
+        _single(engine, "a photo of a tailor", n=4)     # made after the page opened (another tab, the CLI)
+        open_in_runs_tab(page, "a photo of a tailor", "a photo of a tailor", "#runs-view")
+        assert page.input_value(search) == "tailor"
+        assert "a photo of a baker" not in page.inner_text("#runs-table")   # the search still applies
