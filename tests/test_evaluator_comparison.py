@@ -8,7 +8,7 @@ import pytest
 
 from engine.backends.base import CANT_TELL, ModelSpec
 from engine.common.errors import InputError
-from engine.common.events import Done, Images, Warning
+from engine.common.events import Images, Warning
 from engine.core.engine import Engine
 from engine.methods import single_prompt, validate
 from engine.models.presets import SYNTHETIC_TABLE
