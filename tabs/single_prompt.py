@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import json
 
 import gradio as gr
 
@@ -66,7 +65,7 @@ def build(engine) -> list:
             gallery = gr.Gallery(label="Images", columns=8, height=300, elem_id="sp-gallery",
                                  allow_preview=True, object_fit="contain")
             with gr.Row():
-                details = gr.Markdown(NO_DETAILS, elem_id="sp-details")
+                details = gr.HTML(trust.image_message_html(NO_DETAILS), elem_id="sp-details")
                 regenerate = gr.Button("Regenerate this image alone", size="sm", elem_id="sp-regenerate")
     with gr.Row():  # issue 16: the metrics on the raw or the spot-check-corrected distribution
         distribution = gr.Radio(["raw", "corrected"], value="raw", label="Distribution the metrics use",
@@ -91,6 +90,7 @@ def build(engine) -> list:
 
     regenerate_run = gpu(engine, duration=lambda view: gpu_seconds_for(engine, 1),
                          specs=lambda view: [engine.preset.generator])(with_engine(regenerate_alone, engine))
+    no_details = functools.partial(trust.image_message_html, NO_DETAILS)
     form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, **generation.fields, axes=axes,
                 extra_axes=extra_axes, references=references, mode=mode, alpha=alpha, combine=combine, until=until,
                 evaluators=evaluators)
@@ -102,7 +102,7 @@ def build(engine) -> list:
         run, inputs_kwargs=form, outputs=outputs, api_name=False).then(**redraw)
     distribution.change(**redraw)
     for trigger in (go.click, prompt.submit):   # a new run clears the previous image's details
-        trigger(lambda: NO_DETAILS, None, [details], api_name=False, queue=False)
+        trigger(no_details, None, [details], api_name=False, queue=False)
     gallery.select(select_image, [state], [details, state], api_name=False)
     regenerate.click(regenerate_run, [state], [details], api_name="regenerate")
     return [generation.hook(engine)]
@@ -168,31 +168,19 @@ def render(event, view: View) -> dict:
 
 
 def show_image(engine, view, evt: gr.SelectData):
-    """(details, state) of the clicked image: its seed, key and VQA answers."""
+    """(details, state) of the clicked image: its seed, key and every evaluator's answer to each
+    question, named, as the run counted them (engine.methods.single_prompt.image_details)."""
     records = sorted(view.get("records", {}).values(), key=lambda r: r["seed"])
     if not records or evt.index is None or evt.index >= len(records):
-        return NO_DETAILS, view
+        return trust.image_message_html(NO_DETAILS), view
     record = records[evt.index]
     view["selected"] = record
-    info = single_prompt.image_details(engine, record["key"])
-    asked = [a for a in info["answers"] if a["question"] and a["question"] != "<caption>"]
-    captions = [a["answer"] for a in info["answers"] if a["question"] == "<caption>" and a["answer"]]
-    answers = "\n".join(f"- *{a['question']}* → **{a['answer']}**{_probabilities(a.get('probs'))}"
-                        for a in asked) or "- (no answers yet)"
-    if captions:
-        answers += f"\n\nCaption: *{captions[0]}*"
-    flag = " **flagged by the safety checker**" if record.get("nsfw") else ""
-    return f"**Seed {record['seed']}**{flag}, key `{record['key'][:12]}…`\n\n{answers}", view
+    info = single_prompt.image_details(engine, record["key"], view.get("results"), view.get("run_id"))
+    return trust.image_answers_html(record["seed"], record["key"], bool(record.get("nsfw")), info["answers"],
+                                    info["caption"]), view
 
 
-def _probabilities(probs: str | None) -> str:
-    """" (male 0.87, female 0.13)" from a stored answer's class probabilities (JSON), else ""."""
-    if not probs:
-        return ""
-    return " (" + ", ".join(f"{c} {p:.2f}" for c, p in json.loads(probs).items()) + ")"
-
-
-def regenerate_alone(engine, view) -> str:
+def regenerate_alone(engine, view):
     """Whether the selected image, generated again alone, is the stored one."""
     record, request = view.get("selected"), view.get("request")
     if not record or not request:
@@ -200,10 +188,11 @@ def regenerate_alone(engine, view) -> str:
     settings = settings_for(single_prompt.SinglePromptRequest(**request), engine)
     same, diff = engine.regenerate_check(request["prompt"], record["seed"], settings, record["key"])
     if diff is None:
-        return (f"Seed {record['seed']}: the stored image is missing (deleted with another run, or its file "
-                "is gone), so there is nothing to compare it with. Run the prompt again to regenerate it.")
+        return trust.image_message_html(
+            f"Seed {record['seed']}: the stored image is missing (deleted with another run, or its file is gone), "
+            "so there is nothing to compare it with. Run the prompt again to regenerate it.")
     verdict = "identical to the stored image" if same else f"differs from the stored image by up to {diff} grey levels"
-    return f"Seed {record['seed']} regenerated alone: {verdict}."
+    return trust.image_message_html(f"Seed {record['seed']} regenerated alone: {verdict}.")
 
 
 def show_distribution(engine, view, which):

@@ -204,12 +204,42 @@ def test_three_evaluators_agreement_by_hand():
     out = evaluators_agreement(labels, ["male", "female"], ["k1", "k2", "k3", "k4"])
     assert out["agreement"] == 0.5 and out["agreed"] == {"male": 1, "female": 1}
     assert out["classes"] == ["male", "female", CANT_TELL] and out["kappa_method"] == "Fleiss"
-    # by hand: P_i = 1, 1/3, 1, 1/3 -> P̄ = 2/3; p = (5/12, 6/12, 1/12) -> P̄e = 62/144; κ = (2/3 − 62/144) / (1 − 62/144)
-    assert math.isclose(out["kappa"], (2 / 3 - 62 / 144) / (1 - 62 / 144))
+    # κ over the images all three answered (k1-k3; b could not tell on k4), as the spot-check's κ leaves
+    # "can't tell" out. By hand: P_i = 1, 1/3, 1 -> P̄ = 7/9; p = (5/9, 4/9) -> P̄e = 41/81; κ = 22/40
+    assert out["answered"] == {"a": 4, "b": 3, "c": 4} and out["n_answered"] == 3
+    assert math.isclose(out["kappa"], (7 / 9 - 41 / 81) / (1 - 41 / 81))
+    assert out["kappa_ci"][0] <= out["kappa"] <= out["kappa_ci"][1]              # Fleiss' κ has its interval
+    assert [(p["evaluators"], p["n"]) for p in out["pairs"]] == [(["a", "b"], 3), (["a", "c"], 4), (["b", "c"], 3)]
+    assert out["pairs"][1]["kappa"] == 1.0                                       # a and c always agree
     assert out["disagreements"] == [{"key": "k2", "answers": {"a": "male", "b": "female", "c": "male"}},
                                     {"key": "k4", "answers": {"a": "female", "b": CANT_TELL, "c": "female"}}]
     two = evaluators_agreement({"a": labels["a"], "b": labels["b"]}, ["male", "female"], ["k1", "k2", "k3", "k4"])
     assert two["kappa_method"] == "Cohen" and two["agreement_matrix"] == [[1, 1, 0], [0, 1, 1], [0, 0, 0]]
+    assert two["n_answered"] == 3 and math.isclose(two["kappa"], 0.4)     # over k1-k3: p_o = 2/3, p_e = 4/9
+
+
+def test_kappa_is_undefined_when_no_image_was_answered_by_both():
+    """Issue 42 item 3: CLIP said "can't tell" on every skin-tone image. κ was 0.000 [0.000, 0.000],
+    which reads as certain disagreement; it is undefined, says why, and each evaluator's count shows."""
+    from engine.metrics.agreement import evaluators_agreement
+    from engine.report import trust
+
+    keys = [f"k{i}" for i in range(32)]
+    tones = (["light"] * 21 + ["medium"] * 5 + ["dark"] * 6)
+    labels = {"synthetic_vqa:synthetic_world.json": tones, "clip_vqa:synthetic": [CANT_TELL] * 32}
+    out = evaluators_agreement(labels, ["light", "medium", "dark"], keys)
+    assert out["kappa"] is None and out["kappa_ci"] == [None, None]
+    assert out["kappa_undefined"] == "no image answered by both"
+    assert out["answered"] == {"synthetic_vqa:synthetic_world.json": 32, "clip_vqa:synthetic": 0}
+    assert out["agreement_matrix"][0][3] == 21                       # the matrix still holds every image
+    three = evaluators_agreement({**labels, "faces:bundled": ["no face found"] * 32}, ["light", "medium", "dark"], keys)
+    assert three["kappa"] is None and three["kappa_undefined"] == "no image answered by all 3"
+    for d in out["disagreements"]:
+        d["seed"] = int(d["key"][1:])                                # as compare_evaluators_on adds it
+    page = str(trust.comparison_html({"evaluators": list(labels), "axes": {"skin tone": out}}))
+    kappa = page.split('data-metric="kappa">')[1].split("</span>")[0]
+    assert kappa == "undefined: no image answered by both" and "0.000 [0.000, 0.000]" not in page
+    assert "synthetic_vqa:synthetic_world.json 32 of 32" in page and "clip_vqa:synthetic 0 of 32" in page
 
 
 def test_two_evaluators_on_the_synthetic_world_from_the_command_line(tmp_path, capsys):

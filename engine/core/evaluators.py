@@ -8,7 +8,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..backends.base import DEFAULT_CANT_TELL_BELOW, ClassAnswer, label_of
+from ..backends import question_problem
+from ..backends.base import DEFAULT_CANT_TELL_BELOW, ClassAnswer, ModelSpec, label_of
+from ..common.errors import InputError
 from ..store.store import CAPTION, ImageRecord, answer_key, choices_json, content_key, embedding_key
 
 
@@ -113,6 +115,31 @@ class Evaluation:
 
         return ask_json(self.llm, messages, validate=validate, retries=retries,
                         temperature=temperature, seed=seed, max_tokens=max_tokens)
+
+
+def axes_left_out(evaluators: Sequence[ModelSpec], questions: dict[str, str]) -> dict[str, str]:
+    """{axis: why} for the axes of `questions` (axis -> question) that one of `evaluators` cannot
+    answer (the faces evaluator answers only gender and age): a comparison of evaluators leaves them
+    out, and says so, before any image is made."""
+    left_out = {}
+    for axis, question in questions.items():
+        problem = next(filter(None, (question_problem(spec, [question]) for spec in evaluators)), None)
+        if problem:
+            left_out[axis] = problem
+    return left_out
+
+
+def check_comparable(evaluators: Sequence[ModelSpec], questions: dict[str, str]) -> dict[str, str]:
+    """`axes_left_out`, or InputError in one sentence when no axis is left that every evaluator answers."""
+    if not evaluators:
+        return {}
+    if not questions:
+        raise InputError("other evaluators answer the axes with classes (gender, age, skin tone, ...); "
+                         "none of these axes has classes to compare them on")
+    left_out = axes_left_out(evaluators, questions)
+    if len(left_out) == len(questions):
+        raise InputError(f"no axis can be compared across these evaluators: {next(iter(left_out.values()))}")
+    return left_out
 
 
 class CachedLLM:

@@ -113,13 +113,15 @@ CANT_TELL_NOTE_ABOVE = 0.2   # a set where more than this share of answers is "c
 
 def cant_tell_counts(labels: list[str]) -> dict:
     """Returns {"cant_tell": how many labels are "can't tell", "cant_tell_share": their share of all
-    labels, "cant_tell_note": a sentence when that share is above CANT_TELL_NOTE_ABOVE, else ""}.
+    labels, "cant_tell_ci": its Jeffreys 95% interval, "cant_tell_note": a sentence when that share is
+    above CANT_TELL_NOTE_ABOVE, else ""}.
     They are outside the classes: the metrics leave them out (counted in n_excluded), never in a class."""
     k = sum(label == CANT_TELL for label in labels)
     share = k / len(labels) if labels else 0.0
     note = (f"the evaluator could not tell on {k} of {len(labels)} images ({share:.0%}): the distribution is of "
             "the images it could tell, which may not be like the rest" if share > CANT_TELL_NOTE_ABOVE else "")
-    return {"cant_tell": k, "cant_tell_share": share, "cant_tell_note": note}
+    ci = list(share_interval(k, len(labels))) if labels else [None, None]
+    return {"cant_tell": k, "cant_tell_share": share, "cant_tell_ci": ci, "cant_tell_note": note}
 
 
 def ask_with_probs(engine: Engine, records: list, question: str,
@@ -197,33 +199,43 @@ def evaluator_names(first: str, others: list) -> list[str]:
 
 def compare_evaluators_on(engine: Engine, others: list, questions: dict[str, tuple[str, list[str] | None]],
                           records_of: dict[str, list], first: dict[str, list[str]], first_name: str,
-                          classes_of: dict[str, list[str]], seed: int = 0) -> dict:
+                          classes_of: dict[str, list[str]], seed: int = 0,
+                          first_probs: dict[str, list[dict | None]] | None = None) -> dict:
     """Every axis' question asked of its images (`records_of[axis]`) by each evaluator in `others`
-    (ModelSpecs), beside the run's own labels (`first[axis]`, by `first_name`); per axis their
-    agreement (metrics.agreement.evaluators_agreement over `classes_of[axis]`) and each evaluator's
+    (ModelSpecs), beside the run's own labels (`first[axis]`, by `first_name`; their class
+    probabilities `first_probs[axis]`, when known); per axis their agreement
+    (metrics.agreement.evaluators_agreement over `classes_of[axis]`) and each evaluator's
     distribution. `questions[axis]` = (question, choices; None: free answers, normalised and kept
     to the axis' classes, the rest "other"). A label outside the classes keeps its kind as a
     category ("several faces: female, male" -> "several faces"). Returns {"evaluators", "axes":
-    {axis: {..., "question", "distributions": {evaluator: {label: count}}}}}."""
+    {axis: {..., "question", "distributions": {evaluator: {label: count}}, "answers": {image key:
+    {evaluator: label}}, "answer_probs": {image key: {evaluator: {class: p}}} (evaluators that
+    scored the classes)}}}; each disagreement carries its answers' "probs" too."""
     names = evaluator_names(first_name, others)
     views = [engine.with_vqa(spec) for spec in others]
     axes = {}
     for axis, (question, choices) in questions.items():
         records, classes = records_of[axis], list(classes_of[axis])
         labels = {names[0]: list(first[axis])}
+        probs = {names[0]: list((first_probs or {}).get(axis) or [None] * len(records))}
         for name, view in zip(names[1:], views):
-            answers = view.ask(records, question, choices)
+            answers, probs[name] = ask_with_probs(view, records, question, choices)
             if not choices:
                 answers = [a if a in classes else OTHER_ANSWER for a in map(normalise_free_answer, answers)]
             labels[name] = answers
         labels = {n: [a if a in classes else a.split(":")[0].strip() or OTHER_ANSWER for a in got]
                   for n, got in labels.items()}
-        stats = evaluators_agreement(labels, classes, [r.key for r in records], seed=seed)
-        by_key = {r.key: r for r in records}
+        keys = [r.key for r in records]
+        stats = evaluators_agreement(labels, classes, keys, seed=seed)
+        by_key = {r.key: (i, r) for i, r in enumerate(records)}
         for d in stats["disagreements"]:
-            d.update(seed=by_key[d["key"]].seed, path=by_key[d["key"]].path)
+            i, record = by_key[d["key"]]
+            d.update(seed=record.seed, path=record.path, probs={n: p[i] for n, p in probs.items() if p[i]})
         axes[axis] = {**stats, "question": question,
-                      "distributions": {n: dict(Counter(got)) for n, got in labels.items()}}
+                      "distributions": {n: dict(Counter(got)) for n, got in labels.items()},
+                      "answers": {k: {n: labels[n][i] for n in names} for i, k in enumerate(keys)},
+                      "answer_probs": {k: got for i, k in enumerate(keys)
+                                       if (got := {n: probs[n][i] for n in names if probs[n][i]})}}
     return {"evaluators": names, "axes": axes}
 
 

@@ -17,6 +17,8 @@ import numpy as np
 from ..common.errors import InputError
 from ..common.events import Event, Headline, Progress, Table, Warning
 from ..core.engine import Engine, Run, recorded, stream_image_set
+from ..core.evaluators import axes_left_out, check_comparable
+from ..store.store import CAPTION
 from ..hosting import backend_choices
 from ..hosting.limits import Estimate
 from ..metrics import biasbench
@@ -27,7 +29,7 @@ from ..common.names import readable
 from ..common.scores import Score, as_interval, finite_or_none, is_missing, number
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS
-from .measure import SCALAR_METRICS, compare_evaluators_on, gap_for_images, measure_axes
+from .measure import SCALAR_METRICS, compare_evaluators_on, evaluator_names, gap_for_images, measure_axes
 from .options import GenerationOptions, settle_settings
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -119,16 +121,26 @@ class SinglePromptResults(TypedDict, total=False):
     message: str
 
 
-def several_evaluators(engine: Engine, request: SinglePromptRequest, axes: list[Axis], valid: list,
-                       answers_by_axis: dict[str, list[str]]) -> dict:
-    """The run's evaluator and `request.evaluators` on the same images, per axis with classes: their
-    agreement, κ, the distribution where they agree and the images where they disagree
-    (measure.compare_evaluators_on)."""
-    others = [backend_choices.resolve(engine, "vqa", e) for e in request.evaluators]
-    return compare_evaluators_on(
+def compared_axes(axes: list[Axis]) -> list[Axis]:
+    """The axes other evaluators answer too: those with classes (a free answer has none to agree on)."""
+    return [a for a in axes if a.values]
+
+
+def several_evaluators(engine: Engine, others: list, axes: list[Axis], valid: list,
+                       answers_by_axis: dict[str, list[str]], answer_probs: dict, left_out: dict[str, str],
+                       seed: int = 0) -> dict:
+    """The run's evaluator and the `others` (ModelSpecs) on the same images, per axis of `axes` with
+    classes but those `left_out` ({axis: why}: one of them cannot answer it): their agreement, κ, the
+    distribution where they agree, the images where they disagree and every answer with its
+    probabilities (`answer_probs`: the run's, image key -> axis -> class -> p); measure.compare_evaluators_on.
+    The result names the axes left out ("left_out")."""
+    axes = [a for a in compared_axes(axes) if a.name not in left_out]
+    first_probs = {a.name: [answer_probs.get(r.key, {}).get(a.name) for r in valid] for a in axes}
+    out = compare_evaluators_on(
         engine, others, {a.name: (a.question, list(a.values)) for a in axes}, {a.name: valid for a in axes},
         {a.name: answers_by_axis[a.name] for a in axes}, engine.preset.vqa.full_label,
-        {a.name: list(a.values) for a in axes}, seed=request.seed)
+        {a.name: list(a.values) for a in axes}, seed=seed, first_probs=first_probs)
+    return {**out, "left_out": left_out}
 
 
 def _more_images(request: SinglePromptRequest, axes: dict, n: int, max_images: int) -> int | None:
@@ -152,11 +164,23 @@ def check(request: SinglePromptRequest, engine: Engine) -> None:
     engine.check_prompt(request.prompt)
     engine.check_n(request.n_variations or n, "number of text variations")
     engine.check_questions([axis_for(a).question for a in request.axes if a and a.strip()])
-    for name in request.evaluators or []:   # a name that is no evaluator, or one a public GapLens does not offer
-        backend_choices.resolve(engine, "vqa", name)
+    # a name that is no evaluator, or one a public GapLens does not offer; no axis every evaluator answers
+    check_comparable(other_evaluators(engine, request),
+                     {a.name: a.question for a in compared_axes(unique_axes(request.axes))})
     for what, value in (("interval half-width", request.half_width), ("target half-width", request.until_half_width)):
         if value is not None and not 0 < float(value) < 0.5:
             raise InputError(f"the {what} must be between 0 and 0.5 (e.g. 0.1 for ±10 points), not {value:g}")
+
+
+def unique_axes(names: list[str]) -> list[Axis]:
+    """The request's axes, each once, in order (blank names dropped)."""
+    return [axis_for(a) for a in dict.fromkeys(a.strip() for a in names if a and a.strip())]
+
+
+def other_evaluators(engine: Engine, request: SinglePromptRequest) -> list:
+    """The ModelSpecs of `request.evaluators` (InputError for a name that is none, or that a
+    public GapLens does not offer)."""
+    return [backend_choices.resolve(engine, "vqa", name) for name in request.evaluators or []]
 
 
 def estimate(request: SinglePromptRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
@@ -185,11 +209,16 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     prompt = engine.check_prompt(request.prompt)
     n = int(request.n)                          # check() has checked N and the variations
     n_var = int(request.n_variations or n)
-    axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
+    axes = unique_axes(request.axes)
+    others = other_evaluators(engine, request)
+    left_out = axes_left_out(others, {a.name: a.question for a in compared_axes(axes)})
     settings = yield from settle_settings(request, engine)
     results: SinglePromptResults = {"prompt": prompt, "settings": settings.__dict__, "axes": {}, "n": n}
     if len(prompt.split()) * 1.3 > 75:
         yield Warning("this prompt is likely longer than CLIP's 77 tokens; the end may be ignored")
+    if left_out:   # said before any image is made; the comparison says it again
+        yield Warning(f"left out of the evaluator comparison: {', '.join(left_out)}, since "
+                      f"{next(iter(left_out.values()))}")
 
     # 2. Generate the images (flagged ones are kept but left out of every metric; each batch is
     #    evaluated while the next one generates) and measure every axis (VQA; spec B.2-B.3); with
@@ -241,8 +270,8 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     run_record.save(results)
     if request.evaluators:   # every axis with classes answered by each other evaluator too (issue 35)
         yield Progress(0, 1, "vqa", f"asking {len(request.evaluators)} more evaluator(s)")
-        results["evaluators"] = several_evaluators(engine, request, [a for a in axes if a.values], valid,
-                                                   answers_by_axis)
+        results["evaluators"] = several_evaluators(engine, others, axes, valid, answers_by_axis,
+                                                   results["answer_probs"], left_out, request.seed)
         yield EvaluatorsCompared(results["evaluators"])
         run_record.save(results)
 
@@ -303,10 +332,41 @@ def summary_of(results: SinglePromptResults) -> dict:
     return summary
 
 
-def image_details(engine: Engine, image_key: str) -> dict:
-    """What the gallery shows for one clicked image: its row in the store and every VQA answer."""
+def image_details(engine: Engine, image_key: str, results: dict | None = None, run_id: str | None = None) -> dict:
+    """What the gallery shows for one clicked image: its row in the store, its caption, and per axis of
+    the run (`results`) the question once with every evaluator's answer about it (`image_answers`;
+    the run's evaluator named from run `run_id`'s record, else the engine's)."""
     rows = engine.store.image_rows([image_key])
-    return {"image": rows[0] if rows else None, "answers": engine.store.answers_for_image(image_key)}
+    stored = engine.store.answers_for_image(image_key)
+    caption = next((a["answer"] for a in stored if a["question"] == CAPTION and a["answer"]), "")
+    run = engine.store.get_run(run_id) if run_id else None
+    evaluator = evaluator_names(str(((run or {}).get("models") or {}).get("vqa") or engine.preset.vqa.full_label),
+                                [])[0]
+    return {"image": rows[0] if rows else None, "caption": caption,
+            "answers": image_answers(results or {}, image_key, evaluator)}
+
+
+def image_answers(results: dict, image_key: str, evaluator: str) -> list[dict]:
+    """Per axis of a Single Prompt run's `results`: {"axis", "question", "answers": [{"evaluator", "label",
+    "probs"}]}, the answers about image `image_key` as the run's distributions and its evaluator
+    comparison counted them ("can't tell" where the top probability was below the run's threshold),
+    each evaluator once by the comparison's name (the run's own: `evaluator` when none was compared)."""
+    compared = (results.get("evaluators") or {}).get("axes") or {}
+    own = (results.get("answers") or {}).get(image_key) or {}
+    own_probs = (results.get("answer_probs") or {}).get(image_key) or {}
+    out = []
+    for axis, m in (results.get("axes") or {}).items():
+        c = compared.get(axis) or {}
+        if image_key in (c.get("answers") or {}):
+            labels, probs = c["answers"][image_key], (c.get("answer_probs") or {}).get(image_key) or {}
+        elif axis in own:
+            labels, probs = {evaluator: own[axis]}, {evaluator: own_probs.get(axis)}
+        else:
+            continue
+        out.append({"axis": axis, "question": m.get("question") or axis,
+                    "answers": [{"evaluator": name, "label": label, "probs": probs.get(name)}
+                                for name, label in labels.items()]})
+    return out
 
 
 def scores(results: dict, summary: dict) -> list[Score]:

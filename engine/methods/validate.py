@@ -24,6 +24,7 @@ from ..backends.base import CANT_TELL, ModelSpec   # CANT_TELL: one spelling for
 from ..common.errors import InputError
 from ..common.events import AxisScores, Done, Progress
 from ..core.engine import Engine
+from ..core.evaluators import check_comparable
 from ..hosting import backend_choices
 from ..hosting.limits import Estimate
 from ..metrics import biasbench
@@ -266,13 +267,18 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec | lis
     agree on, Cohen's κ with its BCa interval and the agreement matrix (rows: the run's evaluator)
     for two evaluators, Fleiss' κ for more, the distribution where they agree, the images where
     they disagree with every answer, and each evaluator's distribution ("first", "second" for two).
-    Returns {"run_id", "first", "second", "second_id", "evaluators", "axes": {axis: {...}}}."""
+    An axis one of them cannot answer (the faces evaluator answers only gender and age) is left out
+    before any is asked ("left_out": {axis: why}); none left: InputError.
+    Returns {"run_id", "first", "second", "second_id", "evaluators", "axes": {axis: {...}}, "left_out"}."""
     run = _run(engine.store, run_id)
     others = [backend_choices.resolve(engine, "vqa", o)   # a visitor of a public GapLens: ones the host offers
               for o in (other if isinstance(other, list) else [other])]
     items = checkable_axes(run)
     if not items:
         raise InputError(f"run {run_id} has no evaluator labels to compare")
+    left_out = check_comparable(others, {name: item.question for name, item in items.items()})
+    items = {name: item for name, item in items.items() if name not in left_out}
+    stored_probs = (run.get("results") or {}).get("answer_probs") or {}
     records_by_key = engine.store.get_images(sorted({k for it in items.values() for k in it.keys}))
     questions, records_of, first, classes_of = {}, {}, {}, {}
     for name, item in items.items():
@@ -283,12 +289,14 @@ def compare_evaluators(engine: Engine, run_id: str, other: str | ModelSpec | lis
         first[name] = [item.predicted[i] for i in present]
         classes_of[name] = list(item.classes)
     first_label = str((run.get("models") or {}).get("vqa", "the run's evaluator"))
-    out = compare_evaluators_on(engine, others, questions, records_of, first, first_label, classes_of, seed)
+    first_probs = {name: [(stored_probs.get(r.key) or {}).get(name) for r in records_of[name]] for name in items}
+    out = compare_evaluators_on(engine, others, questions, records_of, first, first_label, classes_of, seed,
+                                first_probs=first_probs)
     for a in out["axes"].values():
         dists = list(a["distributions"].values())
         a["first"], a["second"] = dists[0], dists[1]
     return {"run_id": run_id, "first": out["evaluators"][0], "second": ", ".join(out["evaluators"][1:]),
-            "second_id": engine.with_vqa(others[0]).model_id("vqa"), **out}
+            "second_id": engine.with_vqa(others[0]).model_id("vqa"), **out, "left_out": left_out}
 
 
 def _run(store: Store, run_id: str) -> dict:

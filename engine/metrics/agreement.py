@@ -113,36 +113,82 @@ def fleiss_kappa(table: np.ndarray) -> float:
 def evaluators_agreement(labels: dict[str, Sequence[str]], classes: Sequence[str], keys: Sequence[str],
                          seed: int = 0) -> dict:
     """Return how several evaluators' labels of the same images (`labels`: evaluator → one label per
-    image of `keys`) agree. A label outside `classes` ("can't tell", "other", "no face found") is a
-    category of its own, so no image drops out. Keys: "evaluators", "n", "classes" (the categories),
-    "agreement" (share of images all label alike, Jeffreys "agreement_ci"), "kappa" ("kappa_method":
-    Cohen's κ with its BCa interval for two evaluators, and their "agreement_matrix"; Fleiss' κ for
-    more; None when undefined), "agreed" (per class, the images all put in it: the distribution
-    where they agree) and "disagreements" ([{"key", "answers": {evaluator: label}}])."""
+    image of `keys`) agree. Keys:
+
+    - "evaluators", "n" (images), "classes" (the categories: `classes`, then every label outside them,
+      "can't tell", "other", "no face found", each a category of its own so that no image drops out of
+      the "agreement_matrix", "agreement" and "disagreements");
+    - "agreement": the share of images all label alike (Jeffreys "agreement_ci");
+    - "answered": per evaluator, the images it put in one of `classes`; "n_answered": the images every
+      evaluator did;
+    - "kappa", "kappa_ci", "kappa_method": over the "n_answered" images, as the spot-check's κ leaves
+      "can't tell" out (an evaluator that abstains on every image shows no disagreement, it shows
+      nothing): Cohen's κ with its BCa interval for two evaluators, with their "agreement_matrix"
+      (rows: the first); Fleiss' κ with its BCa interval for more, with "pairs" (each pair's
+      Cohen's κ over the images both answered). None where undefined, "kappa_undefined" saying why;
+    - "agreed" (per class, the images all put in it: the distribution where they agree) and
+      "disagreements" ([{"key", "answers": {evaluator: label}}]).
+    """
     names = list(labels)
+    classes = list(classes)
     rows = list(zip(*(labels[n] for n in names)))
-    categories = list(classes) + [c for c in dict.fromkeys(x for row in rows for x in row) if c not in classes]
+    categories = classes + [c for c in dict.fromkeys(x for row in rows for x in row) if c not in classes]
     same = [len(set(row)) == 1 for row in rows]
     n, k = len(rows), sum(same)
+    answered = [row for row in rows if all(x in classes for x in row)]
     out = {"evaluators": names, "n": n, "classes": categories,
            "agreement": tidy(k / n, 0, 1) if n else None,
            "agreement_ci": list(share_interval(k, n)) if n else [None, None],
+           "answered": {name: sum(x in classes for x in labels[name]) for name in names},
+           "n_answered": len(answered),
            "agreed": {c: sum(s and row[0] == c for s, row in zip(same, rows)) for c in classes},
            "disagreements": [{"key": key, "answers": dict(zip(names, row))}
                              for key, row, s in zip(keys, rows, same) if not s]}
     if len(names) == 2:
-        pair = agreement(labels[names[0]], labels[names[1]], categories, seed=seed)
-        out.update(pair, kappa_method="Cohen", agreement_matrix=pair["confusion"])
-        out["classes"] = categories
+        pair = agreement(labels[names[0]], labels[names[1]], classes, seed=seed)   # the images both answered
+        out.update(kappa=pair["kappa"], kappa_ci=pair["kappa_ci"], kappa_method="Cohen",
+                   agreement_matrix=confusion_matrix(labels[names[0]], labels[names[1]], categories).tolist())
     else:
-        index = {c: j for j, c in enumerate(categories)}
-        table = np.zeros((n, len(categories)))
-        for i, row in enumerate(rows):
-            for label in row:
-                table[i, index[label]] += 1
-        kappa = fleiss_kappa(table) if n else math.nan
-        out.update(kappa=None if math.isnan(kappa) else kappa, kappa_ci=[None, None], kappa_method="Fleiss")
+        kappa, kappa_ci = _fleiss_with_interval(answered, classes, seed)
+        out.update(kappa=kappa, kappa_ci=kappa_ci, kappa_method="Fleiss",
+                   pairs=[_pair(labels, a, b, classes, seed) for i, a in enumerate(names) for b in names[i + 1:]])
+    if out["kappa"] is None:
+        out["kappa_undefined"] = _undefined(len(answered), len(names))
     return out
+
+
+def _undefined(answered: int, raters: int) -> str:
+    """Why a κ is undefined: no image answered by every evaluator, or every answer in one class."""
+    if answered:
+        return "every answer in one class"
+    return "no image answered by both" if raters == 2 else f"no image answered by all {raters}"
+
+
+def _pair(labels: dict[str, Sequence[str]], a: str, b: str, classes: list[str], seed: int) -> dict:
+    """Cohen's κ of evaluators `a` and `b` over the images both answered (one row of "pairs")."""
+    pair = agreement(labels[a], labels[b], classes, seed=seed)
+    out = {"evaluators": [a, b], "n": pair["n"], "kappa": pair["kappa"], "kappa_ci": pair["kappa_ci"]}
+    if pair["kappa"] is None:
+        out["kappa_undefined"] = _undefined(pair["n"], 2)
+    return out
+
+
+def _fleiss_with_interval(rows: list[tuple], classes: list[str], seed: int) -> tuple[float | None, list]:
+    """Fleiss' κ of `rows` (one tuple of labels in `classes` per image) and its BCa interval over
+    images (None and [None, None] where undefined)."""
+    if not rows:
+        return None, [None, None]
+    index = {c: j for j, c in enumerate(classes)}
+    table = np.zeros((len(rows), len(classes)))
+    for i, row in enumerate(rows):
+        for label in row:
+            table[i, index[label]] += 1
+    kappa = fleiss_kappa(table)
+    if math.isnan(kappa):
+        return None, [None, None]
+    lo, hi = bca_interval(lambda i: fleiss_kappa(table[np.asarray(i, dtype=int)]), np.arange(len(rows)),
+                          seed=seed, low=-1.0, high=1.0, n_resamples=1000)
+    return kappa, [lo, hi]
 
 
 # -- correction ----------------------------------------------------------------------------------

@@ -114,12 +114,13 @@ def thumbnail_data_uri(path: str, size: int = 128, quality: int = 82) -> str:
 
 def with_cant_tell(m: dict, classes: list, shares: list, counts: list | None = None, ci: list | None = None):
     """Returns (classes, shares, counts, ci) with "can't tell" as one more bar when the distribution
-    `m` counts it (issue 35: its share of all images, no interval; never a class of the metrics),
-    else as given."""
+    `m` counts it (issue 35: its share of all images, with its Jeffreys interval "cant_tell_ci" where
+    the run has one; never a class of the metrics), else as given."""
     if "cant_tell" not in m:
         return classes, shares, counts, ci
     return ([*classes, CANT_TELL], [*shares, m["cant_tell_share"]],
-            None if counts is None else [*counts, m["cant_tell"]], None if ci is None else [*ci, (None, None)])
+            None if counts is None else [*counts, m["cant_tell"]],
+            None if ci is None else [*ci, tuple(m.get("cant_tell_ci") or (None, None))])
 
 
 def cant_tell_note(m: dict) -> Markup:

@@ -190,8 +190,10 @@ def heatmap(matrix: Sequence[Sequence[float]], row_labels: Sequence[str], col_la
              else alt.Scale(scheme="blues", domain=list(domain)))
     x = alt.X("col:N", sort=cols_, title=col_title or None,
               axis=alt.Axis(orient="top", labelAngle=-60, labelLimit=160, labelFontSize=min(FONT, cell)))
+    # maxExtent: Vega caps the labels' room (and so the title's offset) at 200 px by default, which put
+    # the title over labels up to 320 px long
     y = alt.Y("row:N", sort=rows_, title=row_title or None,
-              axis=alt.Axis(labelLimit=320, labelFontSize=min(FONT, max(9, cell - 2))))
+              axis=alt.Axis(labelLimit=320, maxExtent=340, labelFontSize=min(FONT, max(9, cell - 2))))
     base = alt.Chart().encode(x=x, y=y)
     rects = base.mark_rect(stroke="#fff", strokeWidth=0.5).encode(
         color=alt.Color("value:Q", scale=scale, title=legend,

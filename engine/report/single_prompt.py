@@ -32,10 +32,11 @@ def axis_html(name: str, m: dict) -> Markup:
              + (" (= parity difference: two classes)" if same and key == "bias_amplification" else ""),
              "key": key, "tip": explain.tip(key) + (f" {same}" if same and key == "bias_amplification" else ""),
              "value": m.get(key), "ci": ci.get(key)} for label, key in METRICS]
+    answered = m.get("n")   # 0: nothing to measure, one sentence rather than a table of n/a
     return macro("single_prompt.html", "axis")(name=name, chart=chart, mode=m.get("mode", ""), rows=rows,
-                                                n_excluded=m.get("n_excluded"), cant_tell=m.get("cant_tell"),
-                                                cant_tell_note=m.get("cant_tell_note", ""),
-                                                extras=trust.axis_extras_html(name, m))  # issue 16: N, sample sizes
+                                                n_excluded=m.get("n_excluded"), cant_tell=m.get("cant_tell") or 0,
+                                                cant_tell_note=m.get("cant_tell_note", ""), answered=answered,
+                                                extras=trust.axis_extras_html(name, m) if answered != 0 else "")
 
 
 def axes_html(blocks) -> Markup:

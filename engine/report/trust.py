@@ -4,7 +4,7 @@ narrower interval needs, and headlines that say how sure they are. Templates:
 `templates/trust/*.html` (autoescaped)."""
 from __future__ import annotations
 
-from . import Markup, render, thumbnail_data_uri
+from . import Markup, macro, render, thumbnail_data_uri
 
 METRIC_LABELS = [("parity_difference", "Parity Difference"), ("normalised_entropy", "Normalised entropy"),
                  ("composite_bias_score", "Composite Bias Score")]
@@ -22,9 +22,11 @@ DISAGREEMENTS_SHOWN = 24   # per axis; the JSON has every one
 
 def comparison_html(comparison: dict, paths: dict[str, str] | None = None,
                     element_id: str = "trust-comparison") -> Markup:
-    """Per axis the agreement and κ of several evaluators, the distribution where they agree, the
-    agreement matrix of two, and the images where they disagree with every answer (thumbnails from
-    `paths`, image key -> file, else the disagreements' own "path"): engine.methods.validate.
+    """Per axis the agreement of several evaluators, how many images each answered within the classes,
+    κ over those all answered (or why it is undefined; Fleiss' with every pair's Cohen's for three or
+    more), the distribution where they agree, the agreement matrix of two, and the images where they
+    disagree with every answer and its probabilities (thumbnails from `paths`, image key -> file, else
+    the disagreements' own "path"); the axes left out, and why: engine.methods.validate.
     compare_evaluators or a Single Prompt run's results["evaluators"]."""
     paths = dict(paths or {})
     thumbs = {}
@@ -38,7 +40,7 @@ def comparison_html(comparison: dict, paths: dict[str, str] | None = None,
                     pass
     evaluators = comparison.get("evaluators") or [comparison.get("first", ""), comparison.get("second", "")]
     return render("trust/comparison.html", evaluators=evaluators, axes=comparison.get("axes", {}), thumbs=thumbs,
-                  limit=DISAGREEMENTS_SHOWN, element_id=element_id)
+                  limit=DISAGREEMENTS_SHOWN, element_id=element_id, left_out=comparison.get("left_out") or {})
 
 
 def spot_item_html(prefix: str, run_id: str, axis: str, question: str, classes: list[str], key: str,
@@ -65,3 +67,14 @@ def headline_html(claim: dict | None) -> Markup:
     if not claim or not claim.get("text"):
         return Markup("")
     return render("trust/headline.html", claim=claim)
+
+
+def image_answers_html(seed: int, key: str, flagged: bool, questions: list[dict], caption: str = "") -> Markup:
+    """A clicked image: its seed and key, and per question (engine.methods.single_prompt.image_answers)
+    every evaluator's answer by name with its class probabilities, then the caption."""
+    return macro("trust/image.html", "answers")(seed, key, flagged, questions, caption)
+
+
+def image_message_html(text: str) -> Markup:
+    """One sentence in the clicked image's panel (no image clicked yet, or the regenerated image)."""
+    return macro("trust/image.html", "message")(text)

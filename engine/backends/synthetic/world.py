@@ -416,11 +416,15 @@ def _build_lexicon(axes: dict[str, AxisSpec], subjects: dict[str, Subject]) -> d
 
 # -- loading ------------------------------------------------------------------------------------------
 def load_world(source: str | Path | dict | None = None) -> World:
-    """The world of a table: a dict, a path to a JSON file, or None/'default' for the shipped
-    assets/synthetic_world.json. Files are cached by path and modification time."""
+    """The world of a table: a dict, a path to a JSON file (a bare file name not found here: the one
+    shipped in assets/ of that name), or None/'default' for the shipped assets/synthetic_world.json.
+    Files are cached by path and modification time."""
     if isinstance(source, dict):
         return World(source)
     path = DEFAULT_TABLE_PATH if source in (None, "", "default", "synthetic", "synthetic_world") else Path(source)
+    shipped = DEFAULT_TABLE_PATH.parent / path.name
+    if not path.is_absolute() and not path.is_file() and path.name == str(source) and shipped.is_file():
+        path = shipped   # a shipped table by its file name, as the app names it ('synthetic_vqa:synthetic_world.json')
     path = path.expanduser().resolve()
     if not path.is_file():
         raise FileNotFoundError(f"synthetic world table not found: {path}")
