@@ -395,3 +395,35 @@ def build_all(root: str | Path) -> dict[str, ModelSpec]:
         "blip_vqa": build_tiny_blip_vqa(root),
         "vlm": build_tiny_vlm(root),
     }
+
+
+def build_tiny_lora(root: str | Path, *, base: ModelSpec, name: str = "tiny-lora", seed: int = 1,
+                    text_encoder: bool = False, rank: int = 4) -> Path:
+    """Writes a random LoRA for the tiny SD `base` (rank `rank` on the UNet's attention projections,
+    and with `text_encoder` on the text encoder's too) with diffusers' `save_lora_weights`, as a LoRA
+    trainer does: root/name/pytorch_lora_weights.safetensors. Its B matrices are random (a trained
+    LoRA's are; peft starts them at 0), so it changes the images. Returns the folder."""
+    path = Path(root) / name
+    if (path / "pytorch_lora_weights.safetensors").exists():
+        return path
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from diffusers.utils import convert_state_dict_to_diffusers
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    _seed(seed)
+    pipe = StableDiffusionPipeline.from_pretrained(base.model)
+    layers = {}
+    targets = {"unet": ["to_q", "to_k", "to_v", "to_out.0"], "text_encoder": ["q_proj", "k_proj", "v_proj", "out_proj"]}
+    for component in ("unet", "text_encoder") if text_encoder else ("unet",):
+        model = getattr(pipe, component)
+        model.add_adapter(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian",
+                                     target_modules=targets[component]))
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                if "lora_B" in key:
+                    param.normal_(0.0, 0.5)
+        layers[f"{component}_lora_layers"] = convert_state_dict_to_diffusers(get_peft_model_state_dict(model))
+    StableDiffusionPipeline.save_lora_weights(str(path), safe_serialization=True, **layers)
+    return path
