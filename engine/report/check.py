@@ -20,7 +20,7 @@ def rows_view(rows: list[dict]) -> list[dict]:
 def paired_table(rows: list[dict], alpha: float, margin: float, table_id: str = "paired-rows") -> Markup:
     """The paired rows (prompt, axis, distances, change with its paired and unpaired intervals, p, q,
     verdict) as an HTML table."""
-    return macro("check.html", "paired_table")(rows_view(rows), alpha, margin, table_id)
+    return macro("paired.html", "paired_table")(rows_view(rows), alpha, margin, table_id)
 
 
 def axis_chart(axis: str, rows: list[dict], margin: float) -> Markup:
