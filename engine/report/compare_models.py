@@ -3,6 +3,8 @@ MAD per axis, IS matrices and BiasGraphs), then every compared number with the d
 from the first model and their intervals."""
 from __future__ import annotations
 
+import statistics
+
 from ..common.names import readable
 from . import Markup, counterfactuals, explain, fmt, fmt_ci, intersectional, render
 from .check import paired_table
@@ -65,8 +67,8 @@ def _paired(results: dict) -> list[dict]:
 
 
 def _median_narrower(rows: list[dict]) -> float | None:
-    values = sorted(r["narrower"] for r in rows if r.get("narrower") is not None)
-    return values[len(values) // 2] if values else None
+    values = [r["narrower"] for r in rows if r.get("narrower") is not None]
+    return statistics.median(values) if values else None
 
 
 def page(results: dict, images: list[list[dict]] | None = None) -> Markup:
