@@ -187,7 +187,8 @@ def model_size(spec: ModelSpec, role: str = "", device: str = "cuda", *, online:
 
 def _adapter_sizes(spec: ModelSpec, per: int, components: dict[str, int]) -> str:
     """Adds to `components` the weights of each adapter of a diffusers generator at `per` bytes a parameter
-    ("lora: NAME", "embedding: NAME"), read from its safetensors header (a local file or the hub cache).
+    (diffusers loads a LoRA in the base's dtype), "lora: NAME" or "embedding: NAME", read from its
+    safetensors header (a local file or the hub cache).
     They are on the device while the LoRAs load: a fused LoRA's own weights are then dropped, but the plan
     keeps that peak. Returns a note for the plan's source when an adapter's size is unknown (not cached)."""
     unknown = []
