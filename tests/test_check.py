@@ -137,6 +137,9 @@ def test_the_check_flags_the_planted_regression_at_n_96_and_nothing_else(tmp_pat
     # the paired interval is narrower than the unpaired one on the same images
     assert row["ci"][1] - row["ci"][0] < row["ci_unpaired"][1] - row["ci_unpaired"][0]
     np.testing.assert_allclose([r["q"] for r in out["rows"]], stats.false_discovery_control([r["p"] for r in out["rows"]]))
+    score = next(s for s in check.scores(out, {}) if s.group == f"{DOCTOR} / gender"
+                 and s.metric == "change in distance from the target")
+    assert (score.value, score.low, score.high) == (row["delta"], *row["ci"])   # what Runs and exports list
     assert {r["verdict"] for r in out["rows"]} <= set(paired.VERDICTS)
 
 

@@ -88,7 +88,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("compare_models", "Compare models", compare_models.CompareModelsRequest, compare_models.run,
            compare_models.headline, tab="compare-models"),
     # the bias check of a fine-tune against its base (paired by seed): a command, a page, no tab
-    Method("check", "Bias check", check.CheckRequest, check.run, check.headline, cli="check"),
+    Method("check", "Bias check", check.CheckRequest, check.run, check.headline, check.scores, cli="check"),
     Method("validate", "Validate", validate.ValidateRequest, validate.run, cli="validate", check=validate.check,
            estimate=validate.estimate, records=False),
 )}

@@ -21,6 +21,7 @@ from typing import TypedDict
 
 from ..common.errors import InputError
 from ..common.events import Event, Progress, Table, Warning
+from ..common.scores import Score
 from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..hosting import backend_choices
 from ..hosting.limits import Estimate
@@ -287,6 +288,22 @@ def summary_of(results: CheckResults) -> dict:
     """The run's summary row: the generators, rows per verdict, and whether any regressed."""
     return {"generators": {k: v["label"] for k, v in results["generators"].items()},
             "regressed": results["regressed"], **{v.replace(" ", "_"): k for v, k in results["verdicts"].items()}}
+
+
+def scores(results: dict, summary: dict) -> list[Score]:
+    """Per (prompt, axis): the change of the distance from the target with its paired 95% interval, each
+    generator's distance, p and q (the Runs tab's comparison and the exports)."""
+    out = []
+    for row in results.get("rows") or []:
+        group = f"{row['prompt']} / {row['axis']}"
+        low, high = row.get("ci") or (None, None)
+        if row.get("delta") is not None:
+            out.append(Score(group, "change in distance from the target", float(row["delta"]), low, high))
+        for role in ROLES:
+            if (row.get("distance") or {}).get(role) is not None:
+                out.append(Score(group, f"distance from the target: {role}", float(row["distance"][role])))
+        out += [Score(group, key, float(row[key])) for key in ("p", "q") if row.get(key) is not None]
+    return out
 
 
 def headline(record: dict) -> tuple[str, float | None]:
