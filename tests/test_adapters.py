@@ -206,6 +206,25 @@ def test_the_memory_plan_counts_the_lora_weights(tiny_lora):
 
 
 @pytest.mark.real_model
+def test_a_single_file_checkpoint_loads_through_from_single_file(tiny_lora, tmp_path):
+    from engine.backends import load_backend
+    from engine.models.plan import model_size
+
+    base, lora = tiny_lora
+    checkpoint = tiny_models.save_tiny_single_file(base.model, tmp_path / "tuned.safetensors")
+    single = ModelSpec("diffusers", str(checkpoint), {"steps": 4, "config": base.model})   # offline: the configs' folder
+    plain, loaded = load_backend(base), load_backend(single)
+    assert loaded.family == "sd1" and loaded.id.startswith(f"{checkpoint}@sha256-")
+    np.testing.assert_array_equal(pixels(plain), pixels(loaded))     # the same weights, converted back
+    # its size from the checkpoint's header, component by component, before anything loads
+    assert model_size(single, "generator", "cuda").components == model_size(base, "generator", "cuda").components
+    # a LoRA on a single-file base
+    spec = parse_model_override(f"diffusers:{checkpoint}+lora={lora}@0.8", "generator")
+    tuned = load_backend(ModelSpec(spec.backend, spec.model, {**single.options, **spec.options}))
+    assert tuned.id.startswith(loaded.id + "+lora=tiny-lora@sha256-") and np.abs(pixels(tuned) - pixels(loaded)).mean() > 1
+
+
+@pytest.mark.real_model
 def test_a_file_that_is_not_a_checkpoint_is_one_sentence(tiny_lora, tmp_path):
     from engine.backends import load_backend
 

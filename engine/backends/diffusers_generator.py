@@ -1,6 +1,9 @@
 """ImageGenerator over diffusers text-to-image pipelines (backend "diffusers").
 
-`spec.model` is a hub id or a local directory holding a `model_index.json`. The family is read
+`spec.model` is a hub id, a local directory holding a `model_index.json`, or a single-file checkpoint
+(a local .safetensors/.ckpt, or a hub file's URL: `from_single_file`). LoRAs and textual-inversion
+embeddings load on top (spec options "lora" and "textual_inversion", typed 'BASE+lora=REPO@0.8+ti=PATH':
+engine/backends/adapters.py) and the id names each with its version and scale. The family is read
 from the pipeline class named in `model_index.json` and refined from the loaded components and
 the id (a "turbo" id, SD 2.x cross-attention width, FLUX guidance embedding):
 
@@ -40,6 +43,11 @@ Options (`spec.options`):
   generator_device     where per-image noise is drawn (default "cpu", see below)
   family               force a family from the table when detection is wrong
   token, cache_dir     passed to the hub download
+  lora, textual_inversion   adapters (engine/backends/adapters.py); fuse_lora: True (default) fuses the
+                       LoRAs into the base weights and drops their layers, False keeps them as PEFT layers
+  config               a single-file checkpoint's component configs: a diffusers folder or hub repository
+                       of the same architecture (default: the one diffusers infers from the keys; offline,
+                       give a local folder)
 
 Seeds: every image has its own torch.Generator, so image i depends only on (prompt, seeds[i],
 settings) and can be regenerated alone. Noise is drawn on the CPU by default, which makes a
