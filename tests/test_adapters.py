@@ -137,6 +137,19 @@ def test_a_tiny_lora_loads_through_load_lora_weights_and_changes_the_images_and_
 
 
 @pytest.mark.real_model
+def test_several_loras_each_with_its_scale(tiny_lora, tiny_root):
+    from engine.backends import load_backend
+
+    base, lora = tiny_lora
+    other = tiny_models.build_tiny_lora(tiny_root, base=base, name="tiny-lora-text", seed=2, text_encoder=True)
+    spec = parse_model_override(f"diffusers:{base.model}+lora={lora}@0.8+lora={other}@0.5", "generator")
+    both = load_backend(ModelSpec(spec.backend, spec.model, {**base.options, **spec.options}))
+    one = load_backend(with_lora(base, lora, 0.8))
+    assert both.id.startswith(one.id + "+lora=tiny-lora-text@sha256-") and both.id.endswith("*0.5")
+    assert np.abs(pixels(both) - pixels(one)).mean() > 0.5
+
+
+@pytest.mark.real_model
 def test_images_of_a_lora_are_stored_under_their_own_keys(tiny_lora, tiny, data_dir):
     from engine.core.engine import Engine
 
