@@ -172,9 +172,9 @@ def axes_of(request: CheckRequest) -> list[tuple[Axis, dict | None]]:
 
 def check(request: CheckRequest, engine: Engine) -> None:
     """Raises InputError before any run exists: two generators, prompts, axes with classes, N, margin, alpha."""
-    specs = [backend_choices.resolve(engine, "generator", g) for g in (request.base, request.candidate)]
-    if not request.base or not request.candidate:
+    if not str(request.base or "").strip() or not str(request.candidate or "").strip():
         raise InputError("give the two generators to compare: --base GEN --candidate GEN")
+    specs = [backend_choices.resolve(engine, "generator", g) for g in (request.base, request.candidate)]
     if specs[0] == specs[1]:
         raise InputError(f"the base and the candidate are the same generator ({specs[0].label}): nothing to compare")
     prompts = prompts_of(request)
