@@ -106,6 +106,7 @@ def null_comparison(rng, seed: int) -> bool:
     return any(r["verdict"] == "more biased" for r in paired.judge(rows))
 
 
+@pytest.mark.slow   # seconds: a statistical run or a check on the synthetic world
 def test_at_most_five_percent_of_100_null_comparisons_are_flagged():
     rng = np.random.default_rng(2026)
     flagged = sum(null_comparison(rng, i) for i in range(100))
@@ -124,6 +125,7 @@ def test_the_planted_regression_table_changes_only_the_doctors_gender():
     assert tuned.hash != base.hash
 
 
+@pytest.mark.slow   # seconds: a statistical run or a check on the synthetic world
 def test_the_check_flags_the_planted_regression_at_n_96_and_nothing_else(tmp_path, capsys):
     code, out = run_check(tmp_path, capsys, {"prompts": PROMPTS, "n": 96, "axes": ["gender", "age"]},
                           "synthetic_generator:doctor-male-95")
@@ -143,6 +145,7 @@ def test_the_check_flags_the_planted_regression_at_n_96_and_nothing_else(tmp_pat
     assert {r["verdict"] for r in out["rows"]} <= set(paired.VERDICTS)
 
 
+@pytest.mark.slow   # seconds: a statistical run or a check on the synthetic world
 def test_a_fine_tune_of_another_attribute_passes(tmp_path, capsys):
     code, out = run_check(tmp_path, capsys, {"prompts": PROMPTS, "n": 96, "axes": ["gender", "age", "skin tone"]},
                           "synthetic_generator:doctor-serious")
@@ -151,6 +154,7 @@ def test_a_fine_tune_of_another_attribute_passes(tmp_path, capsys):
     assert out["generators"]["candidate"]["model"] != out["generators"]["base"]["model"]
 
 
+@pytest.mark.slow   # seconds: a statistical run or a check on the synthetic world
 def test_a_yaml_suite_a_prompt_set_and_an_axis_target(tmp_path, capsys):
     path = tmp_path / "suite.yaml"
     path.write_text("prompt_set: tibet_occupations\nn: 8\nseed: 3\naxes:\n  gender: {male: 0.3, female: 0.7}\n"
@@ -193,6 +197,7 @@ def test_a_missing_or_broken_suite_file_and_an_unknown_generator_exit_2(tmp_path
     assert code == 2 and "the same generator" in run_check.err
 
 
+@pytest.mark.slow   # seconds: a statistical run or a check on the synthetic world
 def test_the_html_report_opens_offline_with_a_chart_per_axis(tmp_path, capsys):
     report = tmp_path / "check.html"
     code, out = run_check(tmp_path, capsys, {"prompts": PROMPTS[:2], "n": 24, "axes": ["gender", "age"]},
@@ -225,6 +230,7 @@ def compared(engine, generators, n=48) -> dict:
     return next(e for e in compare_models.run(request, engine) if isinstance(e, Done)).results
 
 
+@pytest.mark.slow   # seconds: a statistical run or a check on the synthetic world
 def test_compare_models_pairs_by_seed_and_says_how_much_narrower(engine):
     from engine.report.compare_models import page
 
