@@ -8,6 +8,7 @@ import importlib
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -50,6 +51,15 @@ CASES = {
                         "generators": ["synthetic", f"synthetic_generator:{os.path.relpath(SYNTHETIC_TABLE)}"],
                         "request": {"prompt": PROMPT, "n": 4, "n_boot": 100}}, []),
 }
+# the bias check: the same world under another name (identical images, so it passes: exit 0); its suite a file
+SUITE = {"prompts": [PROMPT], "n": 4, "axes": ["gender"]}
+SUITE_FILE = os.path.join(tempfile.mkdtemp(prefix="contract-suite-"), "suite.json")
+with open(SUITE_FILE, "w", encoding="utf-8") as _fh:
+    json.dump(SUITE, _fh)
+CASES["check"] = ({**SUITE, "base": "synthetic", "candidate": f"synthetic_generator:{os.path.relpath(SYNTHETIC_TABLE)}",
+                   "n_boot": 200, "n_perm": 200},
+                  [SUITE_FILE, "--base", "synthetic", "--candidate", f"synthetic_generator:{os.path.relpath(SYNTHETIC_TABLE)}",
+                   "--n-boot", "200", "--n-perm", "200"])
 RUNS = [name for name, method in METHODS.items() if method.records]   # validate stores no run of its own
 
 
@@ -119,7 +129,7 @@ def test_hostile_strings_render_escaped_in_the_methods_page(name, engine):
 
 
 # -- answers beside their class probabilities (issue 35) ---------------------------------------------
-ASKS = {"single_prompt", "counterfactuals", "intersectional", "mitigate", "compare_models"}   # rows asking the VQA
+ASKS = {"single_prompt", "counterfactuals", "intersectional", "mitigate", "compare_models", "check"}   # rows asking the VQA
 
 
 def per_image_answers(results) -> list[tuple[dict, dict]]:
@@ -177,6 +187,8 @@ def visitor_engine(tmp_path, images: int) -> Engine:
 
 def visitor_case(name: str) -> dict:
     """The contract case as a visitor may send it (generators they are offered)."""
+    if name == "check":
+        return {**CASES[name][0], "base": "synthetic", "candidate": "world-copy"}
     return {**CASES[name][0], "generators": ["synthetic", "world-copy"]} if name == "compare_models" else CASES[name][0]
 
 

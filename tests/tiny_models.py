@@ -395,3 +395,118 @@ def build_all(root: str | Path) -> dict[str, ModelSpec]:
         "blip_vqa": build_tiny_blip_vqa(root),
         "vlm": build_tiny_vlm(root),
     }
+
+
+def build_tiny_lora(root: str | Path, *, base: ModelSpec, name: str = "tiny-lora", seed: int = 1,
+                    text_encoder: bool = False, rank: int = 4) -> Path:
+    """Writes a random LoRA for the tiny SD `base` (rank `rank` on the UNet's attention projections,
+    and with `text_encoder` on the text encoder's too) with diffusers' `save_lora_weights`, as a LoRA
+    trainer does: root/name/pytorch_lora_weights.safetensors. Its B matrices are random (a trained
+    LoRA's are; peft starts them at 0), so it changes the images. Returns the folder."""
+    path = Path(root) / name
+    if (path / "pytorch_lora_weights.safetensors").exists():
+        return path
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from diffusers.utils import convert_state_dict_to_diffusers
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    _seed(seed)
+    pipe = StableDiffusionPipeline.from_pretrained(base.model)
+    layers = {}
+    targets = {"unet": ["to_q", "to_k", "to_v", "to_out.0"], "text_encoder": ["q_proj", "k_proj", "v_proj", "out_proj"]}
+    for component in ("unet", "text_encoder") if text_encoder else ("unet",):
+        model = getattr(pipe, component)
+        model.add_adapter(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian",
+                                     target_modules=targets[component]))
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                if "lora_B" in key:
+                    param.normal_(0.0, 0.5)
+        layers[f"{component}_lora_layers"] = convert_state_dict_to_diffusers(get_peft_model_state_dict(model))
+    StableDiffusionPipeline.save_lora_weights(str(path), safe_serialization=True, **layers)
+    return path
+
+
+def _ldm_resnet(name: str) -> str:
+    for new, old in (("norm1", "in_layers.0"), ("conv1", "in_layers.2"), ("time_emb_proj", "emb_layers.1"),
+                     ("norm2", "out_layers.0"), ("conv2", "out_layers.3"), ("conv_shortcut", "skip_connection")):
+        name = name.replace(f".{new}.", f".{old}.")
+    return name
+
+
+def _ldm_unet_key(key: str, per_block: int) -> str:
+    """The original (LDM) name of a diffusers UNet2DConditionModel weight, for `per_block` resnets a down block."""
+    import re
+
+    fixed = {"time_embedding.linear_1": "time_embed.0", "time_embedding.linear_2": "time_embed.2",
+             "conv_in": "input_blocks.0.0", "conv_norm_out": "out.0", "conv_out": "out.2"}
+    head, _, tail = key.rpartition(".")
+    if head in fixed:
+        return f"{fixed[head]}.{tail}"
+    step = per_block + 1
+    rules = [(r"down_blocks\.(\d+)\.resnets\.(\d+)\.", lambda b, j: f"input_blocks.{1 + b * step + j}.0.", True),
+             (r"down_blocks\.(\d+)\.attentions\.(\d+)\.", lambda b, j: f"input_blocks.{1 + b * step + j}.1.", False),
+             (r"down_blocks\.(\d+)\.downsamplers\.0\.conv\.", lambda b: f"input_blocks.{(b + 1) * step}.0.op.", False),
+             (r"mid_block\.resnets\.(\d+)\.", lambda k: f"middle_block.{2 * k}.", True),
+             (r"mid_block\.attentions\.0\.", lambda: "middle_block.1.", False),
+             (r"up_blocks\.(\d+)\.resnets\.(\d+)\.", lambda b, j: f"output_blocks.{b * step + j}.0.", True),
+             (r"up_blocks\.(\d+)\.attentions\.(\d+)\.", lambda b, j: f"output_blocks.{b * step + j}.1.", False)]
+    for pattern, make, resnet in rules:
+        match = re.match(pattern, key)
+        if match:
+            name = make(*map(int, match.groups())) + key[match.end():]
+            return _ldm_resnet("." + name)[1:] if resnet else name
+    raise KeyError(key)
+
+
+def save_tiny_single_file(pipe_folder: str | Path, path: str | Path) -> Path:
+    """Writes the tiny SD of `pipe_folder` (build_tiny_sd) as one original-format (LDM) checkpoint, as
+    single-file SD 1.x checkpoints are published (model.diffusion_model., first_stage_model.,
+    cond_stage_model.transformer. keys), for diffusers' `from_single_file`. Returns its path."""
+    import json
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    folder, path = Path(pipe_folder), Path(path)
+    unet = load_file(str(folder / "unet" / "diffusion_pytorch_model.safetensors"))
+    upsampler_slot = {}   # an up block's upsampler sits after its attention when it has one
+    config = json.loads((folder / "unet" / "config.json").read_text())
+    per_block, blocks = config["layers_per_block"], len(config["up_block_types"])
+    out = {}
+    for key, value in unet.items():
+        match = re.match(r"up_blocks\.(\d+)\.upsamplers\.0\.conv\.(\w+)", key)
+        if match:
+            b = int(match.group(1))
+            upsampler_slot[b] = 2 if "CrossAttn" in config["up_block_types"][b] else 1
+            out[f"model.diffusion_model.output_blocks.{b * (per_block + 1) + per_block}.{upsampler_slot[b]}.conv."
+                f"{match.group(2)}"] = value
+        else:
+            out["model.diffusion_model." + _ldm_unet_key(key, per_block)] = value
+    vae = load_file(str(folder / "vae" / "diffusion_pytorch_model.safetensors"))
+    vae_blocks = len(json.loads((folder / "vae" / "config.json").read_text())["up_block_types"])
+    for key, value in vae.items():
+        name = re.sub(r"encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.", r"encoder.down.\1.block.\2.", key)
+        name = re.sub(r"encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample.", name)
+        name = re.sub(r"decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.",
+                      lambda m: f"decoder.up.{vae_blocks - 1 - int(m.group(1))}.block.{m.group(2)}.", name)
+        name = re.sub(r"decoder\.up_blocks\.(\d+)\.upsamplers\.0\.",
+                      lambda m: f"decoder.up.{vae_blocks - 1 - int(m.group(1))}.upsample.", name)
+        name = re.sub(r"mid_block\.resnets\.(\d+)\.", lambda m: f"mid.block_{int(m.group(1)) + 1}.", name)
+        name = name.replace("conv_shortcut", "nin_shortcut").replace("conv_norm_out", "norm_out")
+        if "mid_block.attentions.0." in name:
+            name = name.replace("mid_block.attentions.0.", "mid.attn_1.")
+            for new, old in (("group_norm.", "norm."), ("to_q.", "q."), ("to_k.", "k."), ("to_v.", "v."),
+                             ("to_out.0.", "proj_out.")):
+                name = name.replace(new, old)
+            if name.endswith(("q.weight", "k.weight", "v.weight", "proj_out.weight")):
+                value = value.reshape(*value.shape, 1, 1)   # the original's 1x1 convolutions
+        out["first_stage_model." + name] = value
+    text = load_file(str(folder / "text_encoder" / "model.safetensors"))
+    out.update({"cond_stage_model.transformer." + ("" if k.startswith("text_model.") else "text_model.") + k: v
+                for k, v in text.items()})   # transformers 5 saves CLIPTextModel without 'text_model.'
+
+    save_file({k: v.contiguous() for k, v in out.items()}, str(path))
+    return path

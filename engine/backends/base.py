@@ -13,6 +13,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 from PIL import Image
 
+from . import adapters
 from .gpu_costs import COST_OPTIONS
 
 
@@ -150,12 +151,14 @@ class ModelSpec:
 
     @property
     def label(self) -> str:
-        return f"{self.backend}:{self.model}"
+        """'backend:model', with a diffusers generator's adapters as they are typed ('+lora=REPO@0.8')."""
+        return f"{self.backend}:{self.model}" + adapters.suffix(self.options)
 
     @property
     def full_label(self) -> str:
-        """The label with its options, 'backend:model [k=v, ...]' (runs record it)."""
-        return self.label + (f" [{options_text(self.options)}]" if self.options else "")
+        """The label with its other options, 'backend:model [k=v, ...]' (runs record it)."""
+        rest = {k: v for k, v in self.options.items() if k not in adapters.KEYS}
+        return self.label + (f" [{options_text(rest)}]" if rest else "")
 
 
 # Options that change how a backend is reached, never what it answers: left out of its identity.

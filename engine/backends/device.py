@@ -125,6 +125,11 @@ def _supports_bf16(device: str) -> bool:
         return False
 
 
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE forbids the hub (set, and not 0/false)."""
+    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+
+
 def on_zero_gpu() -> bool:
     """True on a Hugging Face ZeroGPU Space (SPACES_ZERO_GPU=true), where the main process must never
     initialise CUDA: a GPU is attached only inside @spaces.GPU functions."""

@@ -1,6 +1,9 @@
 """ImageGenerator over diffusers text-to-image pipelines (backend "diffusers").
 
-`spec.model` is a hub id or a local directory holding a `model_index.json`. The family is read
+`spec.model` is a hub id, a local directory holding a `model_index.json`, or a single-file checkpoint
+(a local .safetensors/.ckpt, or a hub file's URL: `from_single_file`). LoRAs and textual-inversion
+embeddings load on top (spec options "lora" and "textual_inversion", typed 'BASE+lora=REPO@0.8+ti=PATH':
+engine/backends/adapters.py) and the id names each with its version and scale. The family is read
 from the pipeline class named in `model_index.json` and refined from the loaded components and
 the id (a "turbo" id, SD 2.x cross-attention width, FLUX guidance embedding):
 
@@ -40,6 +43,11 @@ Options (`spec.options`):
   generator_device     where per-image noise is drawn (default "cpu", see below)
   family               force a family from the table when detection is wrong
   token, cache_dir     passed to the hub download
+  lora, textual_inversion   adapters (engine/backends/adapters.py); fuse_lora: True (default) fuses the
+                       LoRAs into the base weights and drops their layers, False keeps them as PEFT layers
+  config               a single-file checkpoint's component configs: a diffusers folder or hub repository
+                       of the same architecture (default: the one diffusers infers from the keys; offline,
+                       give a local folder)
 
 Seeds: every image has its own torch.Generator, so image i depends only on (prompt, seeds[i],
 settings) and can be regenerated alone. Noise is drawn on the CPU by default, which makes a
@@ -48,6 +56,7 @@ than a CPU one for the same seed); `generator_device="cuda"` changes that and th
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -58,6 +67,7 @@ from typing import Sequence
 import numpy as np
 
 from ..common.errors import InputError, ModelLoadError, OutOfMemoryError
+from . import adapters
 from . import device as devices
 from .base import GeneratedImage, GenerationSettings, ModelSpec
 
@@ -315,9 +325,6 @@ def _resolve_folder(model: str, options: dict) -> tuple[str, str | None]:
         return str(path), None
     if devices.looks_like_local_path(model) and not path.exists():
         raise ModelLoadError(f"no such model directory: '{model}'")
-    if path.suffix in (".safetensors", ".ckpt"):
-        raise ModelLoadError(f"'{model}' is a single-file checkpoint; convert it to a diffusers folder "
-                             f"(diffusers' from_single_file + save_pretrained) and load that folder")
     from diffusers import DiffusionPipeline
 
     folder = DiffusionPipeline.download(
@@ -442,6 +449,12 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
     from diffusers import AutoPipelineForText2Image, DiffusionPipeline
 
     options = dict(spec.options)
+    try:   # malformed adapter options fail before any weight loads
+        loras = adapters.adapters_of(options)
+    except InputError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if is_single_file(spec.model):
+        return _finish(spec, options, *_load_single_file(spec.model, options, device), device, loras, context)
     if "variant" not in options:
         # The family (hence the dtype) is known only after model_index.json: half precision on any
         # accelerator, so decide on the fp16 variant from the device and the dtype option.
@@ -464,9 +477,33 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
     pipe = AutoPipelineForText2Image.from_pretrained(folder, **load_kwargs)
     if not options.get("family"):
         family = _refine_family(family, pipe, spec.model)
+    model_id = devices.model_identity(spec.model, revision=options.get("revision"), commit=commit)
+    return _finish(spec, options, pipe, family, dtype, folder, model_index, model_id, device, loras, context)
+
+
+def _finish(spec: ModelSpec, options: dict, pipe, family: str, dtype, folder: str | None, model_index: dict,
+            model_id: str, device: str, loras: list, context: dict) -> "DiffusersGenerator":
+    """The loaded pipeline `pipe` with its adapters, storage dtype and placement (offload or the device),
+    its safety checker, and the DiffusersGenerator around it."""
+    import torch
+
+    # Adapters (LoRAs fused by default) load where the fuse is cheap: on the GPU once the pipeline is
+    # there; before that (on the CPU, in the run dtype) when it will be stored in fp8 or offloaded, and on
+    # ZeroGPU, whose main process never touches CUDA.
+    early = not devices.is_accelerator(device) or devices.on_zero_gpu() or bool(options.get("storage_dtype"))
+    fuse = str(options.get("fuse_lora", True)).lower() not in ("false", "0", "no")
+    if not fuse and options.get("storage_dtype"):
+        raise ModelLoadError("LoRAs kept unfused (fuse_lora=false) cannot be stored in fp8 (storage_dtype=fp8); "
+                             "leave fuse_lora on")
+    load_adapters = functools.partial(adapters.apply, pipe, loras, base=spec.model, family=family, fuse=fuse,
+                                      token=options.get("token"), cache_dir=options.get("cache_dir"))
+    if early:
+        model_id += load_adapters()
     _store_denoiser_in_fp8(pipe, options.get("storage_dtype"), dtype)
     offload = _offload_mode(context.get("enable_cpu_offload", options.get("enable_cpu_offload", "auto")),
                             pipe, device, spec.model)
+    if offload and not early:
+        model_id, early = model_id + load_adapters(), True
     try:
         if offload == "sequential":
             pipe.enable_sequential_cpu_offload(device=device)
@@ -483,15 +520,16 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
                                  f"or storage_dtype=fp8 (`python -m engine plan` says which fit)") from exc
         raise
     pipe.set_progress_bar_config(disable=True)
+    if not early:
+        model_id += load_adapters()
 
     checker = feature_extractor = None
-    if options.get("safety_checker", True):
+    if options.get("safety_checker", True) and folder is not None:
         checker_device = "cpu" if offload else device
         checker_dtype = dtype if checker_device == device else torch.float32
         checker, feature_extractor = _load_safety_checker(folder, model_index, checker_device, checker_dtype)
 
     generator_device = str(options.get("generator_device", "cpu"))
-    model_id = devices.model_identity(spec.model, revision=options.get("revision"), commit=commit)
     if generator_device != "cpu":
         model_id += f"+noise-{generator_device.split(':')[0]}"
     max_sequence_length = options.get("max_sequence_length")
@@ -506,5 +544,58 @@ def load(spec: ModelSpec, device: str, **context) -> DiffusersGenerator:
         offload=offload)
     generator._scheduler(generator.defaults().scheduler)  # an unknown default scheduler fails at load time
     generator.variant = options.get("variant")
+    generator.adapters = [a.as_option() | {"kind": a.kind} for a in loras]
     logger.info("loaded %s as %s on %s (%s, batch %d)", generator.id, family, device, dtype, generator.batch_size)
     return generator
+
+
+# -- single-file checkpoints (.safetensors / .ckpt) --------------------------------------------------
+
+SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt")
+# The pipeline class of each default config diffusers picks for a single-file checkpoint
+# (diffusers.loaders.single_file_utils.DIFFUSERS_DEFAULT_PIPELINE_PATHS), by a word of its repository.
+SINGLE_FILE_CLASSES = (("xl", "StableDiffusionXLPipeline"), ("stable-diffusion-3", "StableDiffusion3Pipeline"),
+                       ("flux", "FluxPipeline"))
+
+
+def is_single_file(model: str) -> bool:
+    """Whether `model` names one checkpoint file (a local .safetensors/.ckpt, or a hub file's URL)."""
+    return str(model).lower().split("?")[0].endswith(SINGLE_FILE_SUFFIXES) and not Path(model).expanduser().is_dir()
+
+
+def _load_single_file(model: str, options: dict, device: str):
+    """Loads a single-file checkpoint with the pipeline class's `from_single_file`: the components'
+    configs come from option `config` (a diffusers folder or hub repository of the same architecture:
+    offline, a local folder) or else the default diffusers infers from the checkpoint's keys. Returns
+    (pipe, family, dtype, None, model_index {}, model id: the file with the sha256 of its bytes, or a hub
+    file's commit)."""
+    import diffusers
+    from diffusers.loaders.single_file_utils import fetch_diffusers_config, load_single_file_checkpoint
+
+    path = Path(model).expanduser()
+    if devices.looks_like_local_path(model) and not path.is_file():
+        raise ModelLoadError(f"no such checkpoint file: '{model}'")
+    config = options.get("config")
+    if config:
+        folder = Path(str(config)).expanduser()
+        index = folder / "model_index.json" if folder.is_dir() else None
+        class_name = json.loads(index.read_text())["_class_name"] if index and index.is_file() else \
+            diffusers.DiffusionPipeline.load_config(str(config))["_class_name"]
+    else:
+        checkpoint = load_single_file_checkpoint(model, local_files_only=devices.hub_offline())
+        config = fetch_diffusers_config(checkpoint)["pretrained_model_name_or_path"]
+        class_name = next((c for word, c in SINGLE_FILE_CLASSES if word in config.lower()), "StableDiffusionPipeline")
+        del checkpoint
+    family = options.get("family") or family_from_class_name(class_name, model)
+    dtype = devices.default_dtype(device, prefer_bf16=family.startswith(("sd3", "flux")), override=options.get("dtype"))
+    kwargs = {"safety_checker": None, "requires_safety_checker": False} if family in ("sd1", "sd2", "sd-turbo") else {}
+    pipe = getattr(diffusers, class_name).from_single_file(model, config=str(config), dtype=dtype,
+                                                          local_files_only=devices.hub_offline(), **kwargs)
+    if not options.get("family"):
+        family = _refine_family(family, pipe, model)
+    if path.is_file():
+        stat = path.stat()
+        model_id = f"{model}@sha256-{adapters.file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)[:12]}"
+    else:
+        model_id = devices.model_identity(model, revision=options.get("revision"))
+    return pipe, family, dtype, None, {}, model_id

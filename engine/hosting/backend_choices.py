@@ -11,6 +11,7 @@ same whatever was named, so a refusal tells nothing about the host's files or ne
 """
 from __future__ import annotations
 
+import re
 from dataclasses import fields, is_dataclass
 
 from ..backends import uses_device
@@ -25,10 +26,12 @@ ROLES = {"generator": "generators", "vqa": "evaluators"}   # the roles a request
 
 def parse_allow_list(items, role: str) -> list[tuple[str, ModelSpec]]:
     """(label, spec) per entry of a host's allow-list: comma-separated (or a list of) 'backend:model'
-    or 'LABEL=backend:model' (the label visitors see; '' for the default, `offered`'s).
+    or 'LABEL=backend:model' (the label visitors see; '' for the default, `offered`'s), a diffusers generator
+    with its LoRAs ('doctor-lora=diffusers:BASE+lora=REPO@0.8,weight_name=FILE': the host lists adapters
+    as it lists generators).
     InputError for an entry that is not a backend:model."""
-    if isinstance(items, str):
-        items = items.split(",")
+    if isinstance(items, str):   # a comma before 'LABEL=backend:' or 'backend:' starts an entry (',weight_name=' does not)
+        items = re.split(r",\s*(?=(?:[^=,:]+=)?[\w-]+:)", items)
     out = []
     for item in items or []:
         item = str(item).strip()

@@ -9,6 +9,12 @@ and counterfactuals for every model (proposed once when none are given). Generat
 after another: each is unloaded before the next loads, so the memory plan holds one
 generator at a time, never all of them. Each model's audit is an ordinary run of its method
 (listed in Runs, resumable from the store); this run records their ids and the comparison.
+
+Every model makes its images from the same seeds, so image i of each starts from the same noise. When
+the sets' seeds match (Single Prompt), the models are compared seed by seed (engine/metrics/paired.py):
+each share's change gets a paired interval (bootstrap over seeds) in place of the approximate unpaired
+one, which is kept beside it with how much narrower the paired one is, and each axis a paired verdict
+on its distance from the target (`paired_by_seed`), as the bias check (`python -m engine check`) gives.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from ..common.scores import Score, difference, is_missing
 from ..core.engine import Engine, Run, recorded
 from ..hosting import backend_choices
 from ..hosting.limits import Estimate
+from ..metrics import paired
 from . import cfsets
 
 AUDITS = ("single_prompt", "counterfactuals", "intersectional")   # the methods it compares (rows of METHODS)
@@ -133,7 +140,9 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
         run.save(results)
     if specs[-1] != own:
         engine.models.unload_unpinned(specs[-1])
-    results["comparison"] = side_by_side(request.method, results["results"], labels)
+    pairs = paired_by_seed(request.method, results["results"], labels, base.references if
+                           request.method == "single_prompt" else {})
+    results["comparison"] = side_by_side(request.method, results["results"], labels, pairs)
     yield Compared(results["comparison"])
     summary = {"method": request.method, "generators": labels, "runs": results["runs"]}
     yield run.finish(results, summary)
@@ -198,9 +207,12 @@ def scores_of(method: str, results: dict) -> list[Score]:
     return [s for s in out if s is not None]
 
 
-def side_by_side(method: str, results: list[dict], labels: list[str]) -> dict:
+def side_by_side(method: str, results: list[dict], labels: list[str], pairs: dict | None = None) -> dict:
     """Returns {"models": labels, "rows": [{"group", "metric", "values": [per model or None],
-    "differences": [model k − model 1 with an approximate 95% interval (runs.difference)]}]}."""
+    "differences": [model k − model 1 with an approximate 95% interval (runs.difference)]}], "paired"}.
+    With `pairs` (paired_by_seed: the models ran on the same seeds), a share's difference is the paired
+    one (its interval from the bootstrap over seeds, `unpaired` the interval of independent sets and
+    `narrower` how much narrower the paired one is, `p` McNemar's) and "paired" holds every axis' row."""
     per_model = [{(s.group, s.metric.replace(" (pruned)", "")): s for s in scores_of(method, r)} for r in results]
     order = list(dict.fromkeys(k for scores in per_model for k in scores))
     rows = []
@@ -209,8 +221,63 @@ def side_by_side(method: str, results: list[dict], labels: list[str]) -> dict:
         rows.append({"group": key[0], "metric": key[1],
                      "pruned": [bool(v and v.metric.endswith("(pruned)")) for v in values],
                      "values": [v.to_json() if v else None for v in values],
-                     "differences": [difference(values[0], v) for v in values[1:]]})
-    return {"method": method, "models": labels, "rows": rows}
+                     "differences": [_paired_share(pairs, k, key) or difference(values[0], v)
+                                     for k, v in enumerate(values[1:])]})
+    return {"method": method, "models": labels, "rows": rows, "paired": pairs}
+
+
+# -- paired by seed (issue 44) ---------------------------------------------------------------------
+
+PAIRED_BOOT, PAIRED_PERM = 2000, 9999
+
+
+def labels_by_seed(results: dict, axis: str) -> dict[int, str]:
+    """{seed: the VQA's answer on `axis`} of a Single Prompt run's results (flagged images have none)."""
+    answers = results.get("answers") or {}
+    return {int(img["seed"]): answers[img["key"]][axis] for img in results.get("images") or []
+            if axis in answers.get(img["key"], {})}
+
+
+def paired_by_seed(method: str, results: list[dict], labels: list[str], references: dict | None = None,
+                   alpha: float = paired.DEFAULT_ALPHA, margin: float = paired.DEFAULT_MARGIN) -> dict | None:
+    """The comparison of every model with the first, seed by seed, when their images are Single Prompt
+    sets on the same seeds (else None): {"seeds": [first, last], "n", "alpha", "margin", "pairs": [{"model",
+    "rows": one paired.paired_difference per axis with classes + q (BH over the pair's axes), verdict}]}.
+    The distance is the total variation from the axis' reference (`references`), parity by default."""
+    if method != "single_prompt" or len(results) < 2:
+        return None
+    seeds = [sorted(int(img["seed"]) for img in r.get("images") or []) for r in results]
+    if not seeds[0] or any(s != seeds[0] for s in seeds[1:]):
+        return None
+    first = results[0]
+    pairs = []
+    for label, other in zip(labels[1:], results[1:]):
+        rows = []
+        for axis, m in (first.get("axes") or {}).items():
+            if axis not in (other.get("axes") or {}) or not m.get("classes"):
+                continue
+            a, b = labels_by_seed(first, axis), labels_by_seed(other, axis)
+            row = paired.paired_difference([a.get(s, "") for s in seeds[0]], [b.get(s, "") for s in seeds[0]],
+                                           m["classes"], (references or {}).get(axis) or None, n_boot=PAIRED_BOOT,
+                                           n_perm=PAIRED_PERM, alpha=alpha, seed=seeds[0][0])
+            rows.append({"prompt": first.get("prompt", ""), "axis": axis, **row})
+        pairs.append({"model": label, "rows": paired.judge(rows, alpha, margin)})
+    return {"seeds": [seeds[0][0], seeds[0][-1]], "n": len(seeds[0]), "alpha": alpha, "margin": margin,
+            "pairs": pairs}
+
+
+def _paired_share(pairs: dict | None, k: int, key: tuple[str, str]) -> dict | None:
+    """Model k+1's paired difference from the first on a "share: CLASS" row, or None."""
+    if not pairs or not key[1].startswith("share: "):
+        return None
+    row = next((r for r in pairs["pairs"][k]["rows"] if r["axis"] == key[0]), None)
+    change = (row or {}).get("share_change", {}).get(key[1][len("share: "):])
+    if not change or change["delta"] is None or None in change["ci"]:
+        return None
+    low, high = change["ci"]
+    return {"value": change["delta"], "low": low, "high": high, "significant": bool(low > 0 or high < 0),
+            "paired": True, "unpaired": change["ci_unpaired"], "p": change["p"],
+            "narrower": paired.narrower(change["ci"], change["ci_unpaired"])}
 
 
 def headline(record: dict) -> tuple[str, float | None]:

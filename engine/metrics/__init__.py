@@ -9,5 +9,7 @@ Modules:
   gap         MineTheGap bias score (reconstruction)
   tibet       TIBET concept histograms, CAS, CAS^CLIP, normalised MAD, Top-K
   biasconnect BiasConnect intersectional sensitivity, χ² edges; InterMit τ and γ
+  paired      two sets on the same seeds compared seed by seed: paired intervals, McNemar, Stuart–Maxwell,
+              Benjamini–Hochberg, equivalence (the bias check, Compare models)
   wordnet     synonyms read from a WordNet database directory
 """

@@ -32,6 +32,8 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..backends.adapters import adapters_of, safetensors_shapes
+from ..backends.adapters import weight_bytes as adapter_weight_bytes
 from ..backends.base import ModelSpec
 from ..backends.device import HOST_RESERVE_BYTES, stores_fp8
 
@@ -162,7 +164,8 @@ def model_size(spec: ModelSpec, role: str = "", device: str = "cuda", *, online:
     """Returns the size of `spec`'s weights on `device` without loading them: from the safetensors
     headers in the local hub cache, from the hub's headers when `online`, else from KNOWN_PARAMS
     (a BLIP VQA model's `caption_model` option adds its captioner; a diffusers `storage_dtype=fp8`
-    option stores the denoiser at 1 byte a parameter). Synthetic backends take 0 bytes."""
+    option stores the denoiser at 1 byte a parameter; each LoRA or embedding of a diffusers generator adds
+    its weights, `_adapter_sizes`). Synthetic backends take 0 bytes."""
     per = bytes_per_param(spec, device, bf16=bf16)
     if spec.backend.startswith("synthetic") or spec.backend in ("openai", "faces"):
         return ModelSize(role, spec.label, {}, "no device memory")
@@ -172,12 +175,31 @@ def model_size(spec: ModelSpec, role: str = "", device: str = "cuda", *, online:
         params, source = ({k: int(v * 1e9) for k, v in table.items()}, "table") if table else ({}, "unknown")
     fp8 = spec.backend == "diffusers" and stores_fp8(spec.options)
     components = {k: n * (1 if fp8 and k in DENOISERS else per) for k, n in params.items()}
+    if spec.backend == "diffusers":
+        source += _adapter_sizes(spec, per, components)
     captioner = spec.options.get("caption_model") if spec.backend == "blip_vqa" else None
     if captioner:
         extra = model_size(ModelSpec("blip_vqa", str(captioner), {k: v for k, v in spec.options.items()
                                                                  if k == "dtype"}), role, device, online=online)
         components["captioner"] = extra.bytes
     return ModelSize(role, spec.label, components, source)
+
+
+def _adapter_sizes(spec: ModelSpec, per: int, components: dict[str, int]) -> str:
+    """Adds to `components` the weights of each adapter of a diffusers generator at `per` bytes a parameter
+    (diffusers loads a LoRA in the base's dtype), "lora: NAME" or "embedding: NAME", read from its
+    safetensors header (a local file or the hub cache).
+    They are on the device while the LoRAs load: a fused LoRA's own weights are then dropped, but the plan
+    keeps that peak. Returns a note for the plan's source when an adapter's size is unknown (not cached)."""
+    unknown = []
+    for adapter in adapters_of(spec.options):
+        size = adapter_weight_bytes(adapter, per)
+        name = ("lora: " if adapter.kind == "lora" else "embedding: ") + adapter.source.rstrip("/").rsplit("/", 1)[-1]
+        if size is None:
+            unknown.append(adapter.source)
+        else:
+            components[name] = components.get(name, 0) + size
+    return f"; size of {', '.join(unknown)} unknown until downloaded" if unknown else ""
 
 
 def estimate_bytes(spec: ModelSpec, device: str, *, bf16: bool = True) -> int:
@@ -461,6 +483,9 @@ def _header_params(model: str, *, online: bool) -> tuple[dict[str, int] | None, 
     if local.is_dir():
         params = _params_in_folder(local)
         return (params, "safetensors header (local)") if params else (None, "")
+    if local.is_file() and local.suffix == ".safetensors":   # a single-file checkpoint
+        params = _params_in_checkpoint(local)
+        return (params, "safetensors header (local file)") if params else (None, "")
     from ..backends.device import cached_snapshot
 
     folder = cached_snapshot(model)
@@ -521,13 +546,31 @@ def _params_in_folder(folder: Path) -> dict[str, int]:
     params: dict[str, int] = {}
     for name in loaded_weight_files(names, model_index):
         try:
-            with open(folder / name, "rb") as f:
-                length = struct.unpack("<Q", f.read(8))[0]
-                header = json.loads(f.read(length))
+            shapes = safetensors_shapes(folder / name)
         except (OSError, ValueError, struct.error):
             return {}
-        count = sum(_numel(v["shape"]) for k, v in header.items() if k != "__metadata__")
+        count = sum(_numel(shape) for shape in shapes.values())
         params[_component(name)] = params.get(_component(name), 0) + count
+    return params
+
+
+# The components of an original (single-file) SD/SDXL checkpoint, by the prefix of its keys.
+CHECKPOINT_PREFIXES = (("model.diffusion_model.", "unet"), ("first_stage_model.", "vae"),
+                       ("cond_stage_model.", "text_encoder"), ("conditioner.embedders.0.", "text_encoder"),
+                       ("conditioner.embedders.1.", "text_encoder_2"))
+
+
+def _params_in_checkpoint(path: Path) -> dict[str, int]:
+    """{component: parameters} of a single-file checkpoint from its header ({} when unreadable); keys
+    without a known prefix (FLUX, SD3 transformer files) count as "transformer"."""
+    try:
+        shapes = safetensors_shapes(path)
+    except (OSError, ValueError, struct.error):
+        return {}
+    params: dict[str, int] = {}
+    for key, shape in shapes.items():
+        component = next((c for prefix, c in CHECKPOINT_PREFIXES if key.startswith(prefix)), "transformer")
+        params[component] = params.get(component, 0) + _numel(shape)
     return params
 
 

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..backends import adapters
 from ..backends.base import ModelSpec
 from ..common.errors import InputError
 
@@ -76,7 +77,8 @@ HUB_FILES = {"diffusers": "model_index.json", "open_clip": None, "hf_clip": "con
 
 def parse_model_override(text: str, role: str | None = None) -> ModelSpec:
     """'backend:model' (e.g. 'diffusers:/models/tiny-sd' or 'hf_chat:Qwen/Qwen2.5-0.5B-Instruct'; a
-    backend of backends.DEFAULT_MODELS may leave the model empty: 'faces:').
+    backend of backends.DEFAULT_MODELS may leave the model empty: 'faces:'; a diffusers generator may add
+    LoRAs and embeddings: 'diffusers:BASE+lora=REPO@0.8,weight_name=FILE+ti=PATH', engine.backends.adapters).
     With `role`, the backend name is read as that role means it ('openai' is an images
     endpoint for the generator, a vision chat model for VQA; engine.backends.ROLE_ALIASES)."""
     from ..backends import DEFAULT_MODELS, backend_for_role
@@ -87,9 +89,15 @@ def parse_model_override(text: str, role: str | None = None) -> ModelSpec:
     if not sep or not (model.strip() or default):
         raise InputError(f"model override '{text}' must look like 'backend:model-id-or-path'")
     try:
-        return ModelSpec(backend_for_role(backend, role), model.strip() or default)
+        backend = backend_for_role(backend, role)
     except ModelLoadError as exc:
         raise InputError(str(exc)) from None
+    if adapters.has_adapters(model):   # 'diffusers:BASE+lora=REPO@0.8+ti=PATH' (engine/backends/adapters.py)
+        if backend != "diffusers":
+            raise InputError(f"'{text}': LoRAs and embeddings ('+lora=', '+ti=') load into diffusers generators only")
+        base, options = adapters.parse_model(model)
+        return ModelSpec(backend, base, options)
+    return ModelSpec(backend, model.strip() or default)
 
 
 # Option keys that would carry a credential: secrets come from the environment, never from

@@ -3,8 +3,11 @@ MAD per axis, IS matrices and BiasGraphs), then every compared number with the d
 from the first model and their intervals."""
 from __future__ import annotations
 
+import statistics
+
 from ..common.names import readable
 from . import Markup, counterfactuals, explain, fmt, fmt_ci, intersectional, render
+from .check import paired_table
 from .runs import image_columns
 from .single_prompt import axis_html
 
@@ -44,10 +47,28 @@ def _cell(value: dict | None) -> str:
 
 def _difference(d: dict | None) -> dict:
     if not d:
-        return {"text": "–", "significant": "none"}
+        return {"text": "–", "significant": "none", "paired": False, "unpaired": ""}
     text = fmt_ci(d["value"], (d["low"], d["high"])) if d.get("low") is not None else fmt(d["value"])
     sign = "+" if d["value"] > 0 else ""
-    return {"text": sign + text, "significant": {True: "true", False: "false"}.get(d.get("significant"), "none")}
+    unpaired = d.get("unpaired") or [None, None]
+    narrower = d.get("narrower")
+    return {"text": sign + text, "significant": {True: "true", False: "false"}.get(d.get("significant"), "none"),
+            "paired": bool(d.get("paired")),
+            "unpaired": (f"unpaired [{fmt(unpaired[0])}, {fmt(unpaired[1])}]"
+                         + (f", paired {narrower:.0%} narrower" if narrower is not None else "")) if d.get("paired") else ""}
+
+
+def _paired(results: dict) -> list[dict]:
+    """Each model's paired verdict table against the first (the models ran on the same seeds)."""
+    pairs = (results.get("comparison") or {}).get("paired") or {}
+    return [{"model": p["model"], "narrowest": _median_narrower(p["rows"]),
+             "table": paired_table(p["rows"], pairs["alpha"], pairs["margin"], f"cm-paired-{i + 1}")}
+            for i, p in enumerate(pairs.get("pairs") or [])]
+
+
+def _median_narrower(rows: list[dict]) -> float | None:
+    values = [r["narrower"] for r in rows if r.get("narrower") is not None]
+    return statistics.median(values) if values else None
 
 
 def page(results: dict, images: list[list[dict]] | None = None) -> Markup:
@@ -67,7 +88,9 @@ def page(results: dict, images: list[list[dict]] | None = None) -> Markup:
              "cells": [{"text": _cell(v), "pruned": p} for v, p in zip(row["values"], row.get("pruned") or
                                                                       [False] * len(row["values"]))],
              "differences": [_difference(d) for d in row["differences"]]} for row in comparison["rows"]]
+    pairs = (results.get("comparison") or {}).get("paired") or {}
     return render("compare_models.html", method=method, title=f"Compare models: {TITLES.get(method, method)}",
+                  paired=_paired(results), seeds=pairs.get("seeds"),
                   prompt=(results.get("request") or {}).get("prompt", ""), models=models, sections=sections,
                   rows=rows, images=image_columns([{"key": _letter(i), "title": f"{_letter(i)}: {labels[i]}",
                                                     "images": ims} for i, ims in enumerate(images or [])

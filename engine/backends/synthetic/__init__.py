@@ -2,7 +2,9 @@
 bias table (assets/synthetic_world.json) with planted, known biases. numpy and PIL only.
 
 `load(spec, device)` is the backend factory's entry point; `spec.backend` picks the
-component, `spec.model` names the table (a JSON path, or "default"), `spec.options` may
+component, `spec.model` names the table (a JSON path, "default", or a table of assets/synthetic_tables/,
+which may extend the shipped one with a change: `synthetic_generator:doctor-male-95` is a fine-tune of the
+world, one generator's table beside the others' shipped one), `spec.options` may
 carry {"table": dict} instead of a file and, for the VQA, {"error_rate": float} (uniform
 confusion) or {"error": float} (the planted "shift" confusion, see vqa.py), and for the generator
 {"batch_size": int} (images per call; 64 by default). Every component but the LLM takes the cost

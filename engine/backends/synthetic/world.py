@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 DEFAULT_TABLE_PATH = Path(__file__).resolve().parents[3] / "assets" / "synthetic_world.json"
+TABLES_DIR = DEFAULT_TABLE_PATH.parent / "synthetic_tables"   # named tables: `synthetic_generator:NAME`
 
 # Part of every synthetic id: bump it when the drawing changes, so cached images are redrawn.
 RENDERER_VERSION = 1
@@ -416,26 +417,64 @@ def _build_lexicon(axes: dict[str, AxisSpec], subjects: dict[str, Subject]) -> d
 
 # -- loading ------------------------------------------------------------------------------------------
 def load_world(source: str | Path | dict | None = None) -> World:
-    """The world of a table: a dict, a path to a JSON file (a bare file name not found here: the one
-    shipped in assets/ of that name), or None/'default' for the shipped assets/synthetic_world.json.
-    Files are cached by path and modification time."""
+    """The world of a table: a dict, a path to a JSON file, the name of a table in
+    assets/synthetic_tables/ (`synthetic_generator:doctor-male-95`), a bare file name not found here (the
+    one shipped in assets/ of that name, as the app names it: `synthetic_vqa:synthetic_world.json`), or
+    None/'default' for the shipped assets/synthetic_world.json. Files are cached by path and modification time."""
     if isinstance(source, dict):
-        return World(source)
-    path = DEFAULT_TABLE_PATH if source in (None, "", "default", "synthetic", "synthetic_world") else Path(source)
+        return World(extended(source, DEFAULT_TABLE_PATH.parent))
+    path = table_path(source)
+    return _load_world_file(str(path), path.stat().st_mtime_ns)
+
+
+def table_path(source: str | Path | None) -> Path:
+    """The file a table name stands for: the shipped table for None/'default', a name of
+    TABLES_DIR (without '.json'), else a path; FileNotFoundError when there is no such file."""
+    if source in (None, "", "default", "synthetic", "synthetic_world"):
+        return DEFAULT_TABLE_PATH
+    named = TABLES_DIR / f"{source}.json"
+    if re.fullmatch(r"[\w.-]+", str(source)) and named.is_file():
+        return named
+    path = Path(source)
     shipped = DEFAULT_TABLE_PATH.parent / path.name
     if not path.is_absolute() and not path.is_file() and path.name == str(source) and shipped.is_file():
         path = shipped   # a shipped table by its file name, as the app names it ('synthetic_vqa:synthetic_world.json')
     path = path.expanduser().resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"synthetic world table not found: {path}")
-    return _load_world_file(str(path), path.stat().st_mtime_ns)
+        raise FileNotFoundError(f"synthetic world table not found: {path} (named tables: "
+                                f"{', '.join(sorted(p.stem for p in TABLES_DIR.glob('*.json')))})")
+    return path
+
+
+def extended(table: dict, folder: Path, depth: int = 0) -> dict:
+    """`table` on top of the table its "extends" names (a name or a path relative to `folder`): dicts
+    merged key by key, anything else (a list of rules, a distribution's value) replaced. A fine-tune
+    of the world is then the one distribution it changes."""
+    if "extends" not in table:
+        return table
+    if depth > 4:
+        raise ValueError("synthetic world tables extend each other more than 4 deep")
+    name = str(table["extends"])
+    path = table_path(name if (TABLES_DIR / f"{name}.json").is_file() or name in ("default", "synthetic_world")
+                      else str((folder / name)))
+    base = extended(_read_table(str(path)), path.parent, depth + 1)
+    return _merged(base, {k: v for k, v in table.items() if k != "extends"})
+
+
+def _merged(base, change):
+    if isinstance(base, dict) and isinstance(change, dict):
+        return {**base, **{k: _merged(base.get(k), v) for k, v in change.items()}}
+    return change
+
+
+def _read_table(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        try:
+            return json.load(handle)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"synthetic world table {path} is not valid JSON: {exc}") from exc
 
 
 @lru_cache(maxsize=8)
 def _load_world_file(path: str, _mtime_ns: int) -> World:
-    with open(path, encoding="utf-8") as handle:
-        try:
-            table = json.load(handle)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"synthetic world table {path} is not valid JSON: {exc}") from exc
-    return World(table)
+    return World(extended(_read_table(path), Path(path).parent))
