@@ -24,8 +24,8 @@ from typing import Callable, Iterator
 
 from ..common.scores import Score
 from ..hosting.limits import Estimate
-from . import (compare_models, counterfactuals, explore, generate, intersectional, mine, mitigate, single_prompt,
-               validate)
+from . import (compare_models, counterfactuals, explore, generate, intersectional, languages, mine, mitigate,
+               single_prompt, validate)
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     # no command of its own: `--generators A B` on the audits' commands (engine/cli/compare.py)
     Method("compare_models", "Compare models", compare_models.CompareModelsRequest, compare_models.run,
            compare_models.headline, tab="compare-models"),
+    Method("languages", "Languages", languages.LanguagesRequest, languages.run, languages.headline,
+           languages.scores, cli="languages", tab="languages"),
     Method("validate", "Validate", validate.ValidateRequest, validate.run, cli="validate", check=validate.check,
            estimate=validate.estimate, records=False),
 )}
