@@ -252,6 +252,40 @@ def test_an_english_only_models_other_languages_are_labelled(tiny_root, data_dir
     assert "not understood: an English-only model" in str(page(r))
 
 
+def test_hunyuan_dit_is_a_chinese_and_english_family_with_a_memory_plan():
+    from engine.backends.diffusers_generator import FAMILY_DEFAULTS, family_from_class_name
+    from engine.models.plan import plan
+    from engine.models.presets import PRESETS
+
+    assert family_from_class_name("HunyuanDiTPipeline", "Tencent-Hunyuan/HunyuanDiT-v1.2-Diffusers") == "hunyuandit"
+    assert FAMILY_DEFAULTS["hunyuandit"].size == 1024
+    spec = PRESETS["hunyuan-dit"].generator
+    known = understanding(spec)
+    assert known.languages == frozenset({"zh", "en"}) and not known.strict and "Chinese and English" in known.note
+    p = plan(PRESETS["hunyuan-dit"], 24)
+    generator = next(m for m in p.models if m["role"] == "generator")
+    assert p.fits and generator["gb"] == pytest.approx(3.605e9 * 2 / 2**30, abs=0.01)   # fp16 weights, 3.6 B
+
+
+@pytest.mark.real_model
+def test_a_chinese_and_english_model_runs_and_labels_its_other_languages(tiny_root, data_dir):
+    """A tiny random-weight Hunyuan-DiT through the diffusers backend's from_pretrained: Chinese is understood,
+    German is labelled, and every language is drawn on the same seeds."""
+    from engine.core.engine import Engine
+    from tiny_multilingual import build_tiny_hunyuandit
+
+    engine = Engine("synthetic", data_dir=data_dir, generator=build_tiny_hunyuandit(tiny_root))
+    events = run_languages(engine, prompt="a photo of a doctor", languages=["en", "zh", "de"], n=2, steps=2,
+                           width=64, height=64, back_translate=False,
+                           translations={"zh": "一张医生的照片", "de": "ein Foto von einem Arzt"})
+    r = done_event(events).results
+    assert engine.models.get(engine.preset.generator).family == "hunyuandit"
+    assert [r["languages"][c]["understood"] for c in ("en", "zh", "de")] == [True, True, False]
+    assert any(isinstance(e, Warning) and "German results are labelled" in e.message for e in events)
+    images = engine.store.get_run(r["languages"]["zh"]["run_id"])["results"]["images"]
+    assert [i["seed"] for i in images] == [0, 1]
+
+
 # -- MAGBIG's metrics equal its own code on count tables ----------------------------------------------------
 
 def test_magbig_metrics_equal_the_repositorys_code_on_count_tables():

@@ -10,12 +10,17 @@ trained on reaches the model as fragments of English-looking tokens. The familie
 | sdxl, sdxl-turbo | CLIP ViT-L/14 + OpenCLIP ViT-bigG/14 | English captions (LAION-2B-en) | English |
 | sd3 | CLIP L + bigG + T5-XXL v1.1 | English captions; T5 v1.1 on English C4 | English |
 | flux, flux-dev | CLIP ViT-L/14 + T5-XXL v1.1 | English captions; English C4 | English |
+| hunyuandit | bilingual CLIP (Chinese RoBERTa-large) + mT5-XL encoder | Chinese and English captions (mT5: the 101 languages of mC4) | Chinese, English |
+
+Hunyuan-DiT's mT5 encoder saw other languages in pre-training, but the model was trained on Chinese
+and English captions only: GapLens labels its other languages as not understood, as it does an
+English-only model's. The preset `hunyuan-dit` loads it (`python -m engine plan --preset hunyuan-dit`).
 
 Multilingual families diffusers supports but GapLens's diffusers backend does not load yet (they are
-not in its family table, so their defaults, sizes and memory plans are not known): Kolors (ChatGLM3-6B text encoder; Chinese and English),
-Hunyuan-DiT (bilingual CLIP + mT5; Chinese and English), Kandinsky 2.1 (M-CLIP, XLM-RoBERTa-Large;
-about 100 languages), AltDiffusion m18 (XLM-R; 18 languages; deprecated in diffusers). README.md,
-"Audit across languages", says how to audit them from their images (`--generator folder:...`).
+not in its family table, so their defaults and memory plans are not known): Kolors (ChatGLM3-6B text
+encoder; Chinese and English), Kandinsky 2.1 (M-CLIP, XLM-RoBERTa-Large; about 100 languages),
+AltDiffusion m18 (XLM-R; 18 languages; deprecated in diffusers). Their images can be audited from a
+folder (README.md, "Audit across languages").
 
 The synthetic world speaks exactly the languages of assets/synthetic_languages.json (and English):
 any other is refused in one sentence, since its images would be the default figure and not a result
@@ -30,10 +35,12 @@ from ..backends.base import ModelSpec
 ENGLISH_ONLY = frozenset({"en"})
 FAMILY_LANGUAGES: dict[str, frozenset[str]] = {
     "sd1": ENGLISH_ONLY, "sd2": ENGLISH_ONLY, "sd-turbo": ENGLISH_ONLY, "sdxl": ENGLISH_ONLY,
-    "sdxl-turbo": ENGLISH_ONLY, "sd3": ENGLISH_ONLY, "flux": ENGLISH_ONLY, "flux-dev": ENGLISH_ONLY}
+    "sdxl-turbo": ENGLISH_ONLY, "sd3": ENGLISH_ONLY, "flux": ENGLISH_ONLY, "flux-dev": ENGLISH_ONLY,
+    "hunyuandit": frozenset({"zh", "en"})}
 FAMILY_ENCODERS = {"sd1": "CLIP", "sd2": "OpenCLIP", "sd-turbo": "OpenCLIP", "sdxl": "CLIP and OpenCLIP",
                    "sdxl-turbo": "CLIP and OpenCLIP", "sd3": "CLIP and T5 v1.1", "flux": "CLIP and T5 v1.1",
-                   "flux-dev": "CLIP and T5 v1.1"}
+                   "flux-dev": "CLIP and T5 v1.1", "hunyuandit": "a bilingual CLIP and mT5"}
+TRAINED_ON = {"hunyuandit": "Chinese and English captions"}
 
 
 @dataclass(frozen=True)
@@ -65,9 +72,10 @@ def understanding(spec: ModelSpec) -> Understanding:
 
         family = family_of(spec)
         known = FAMILY_LANGUAGES.get(family)
-        if known == ENGLISH_ONLY:
-            return Understanding(known, False, f"an English-only model: {spec.model} ({family}) reads prompts "
-                                 f"through {FAMILY_ENCODERS[family]}, trained on English text, so its results for "
-                                 "other languages show how it reads words it was not trained on")
-        return Understanding(known)
+        if known is None:
+            return Understanding(None)
+        kind = "an English-only model" if known == ENGLISH_ONLY else "a Chinese and English model"
+        return Understanding(known, False, f"{kind}: {spec.model} ({family}) reads prompts through "
+                             f"{FAMILY_ENCODERS[family]}, trained on {TRAINED_ON.get(family, 'English text')}, so its "
+                             "results for other languages show how it reads words it was not trained on")
     return Understanding(None)
