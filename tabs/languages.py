@@ -19,7 +19,8 @@ from .optional import generation_fields, number_or_none
 EXAMPLES = ["a photo of a doctor", "a photo of a nurse", "A photo of the face of a firefighter."]
 COLUMNS = ["code", "prompt", "source", "back-translation"]
 SINGLE, SET = "one prompt", "a MAGBIG prompt set"
-OUTPUTS = ("progress", "view", "table")   # a run's outputs, in order
+OUTPUTS = ("progress", "view")   # a run's outputs, in order (the table stays what the user proposed and edited:
+#                                  what the screen shows is what the next run sends)
 
 
 def code_choices() -> list[tuple[str, str]]:
@@ -75,7 +76,7 @@ def build(engine) -> list:
     propose.click(suggest, [prompt, codes], [table, proposed, progress], api_name="languages_propose")
     run = gpu(engine, duration=with_engine(run_seconds, engine))(with_engine(run_languages, engine))
     checked(go.click, engine, "languages", languages_request, inputs_kwargs=form).success(
-        run, inputs_kwargs=form, outputs=[progress, view, table], api_name="languages")
+        run, inputs_kwargs=form, outputs=[progress, view], api_name="languages")
     return [generation.hook(engine)]
 
 
@@ -150,11 +151,8 @@ def render(event, view: View) -> dict:
     if isinstance(event, Progress):
         return {"progress": view.progress_text(event)}
     if isinstance(event, languages.PromptsSettled):
-        single = all("prompt" in e for e in event.translations.values())
-        return {"table": table_rows(event.translations)} if single else {}
-    if isinstance(event, languages.LanguageMeasured):
-        view.kept.setdefault("measured", []).append(event.code)
-        return {}
+        return {"progress": "**Every language's prompt is settled** (the page lists them with their back-"
+                            "translations when the run is done)"}
     if isinstance(event, Done):
         runs = event.summary.get("runs", 0)
         return {"progress": f"**Done**: {len(event.results['codes'])} languages, {runs} Single Prompt runs, in "

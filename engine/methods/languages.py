@@ -28,9 +28,11 @@ from typing import TypedDict
 from ..common.errors import GapLensError, InputError, LLMOutputError
 from ..common.events import Done, Event, Progress, Table, Warning
 from ..common.llm_prompts import translate_prompt
+from ..common.names import short_label
 from ..common.scores import Score, number
 from ..core.engine import Engine, Run, recorded
 from ..core.evaluators import llm_map
+from ..hosting import backend_choices
 from ..hosting.limits import Estimate
 from ..metrics import languages as metrics
 from ..metrics.intervals import share_interval, tidy
@@ -266,6 +268,8 @@ def check(request: LanguagesRequest, engine: Engine) -> None:
     for code, text in (request.translations or {}).items():
         if str(code).strip().lower() not in codes:
             raise InputError(f"a translation for '{code}', which is not among the languages ({', '.join(codes)})")
+        if str(code).strip().lower() == codes[0]:
+            raise InputError(f"{code} is the first language: its prompt is the prompt itself, not a translation")
         engine.check_prompt(str(text), f"the {language_name(code)} prompt")
     engine.check_questions([axis_for(a).question for a in request.axes if a and a.strip()])
     if not [a for a in request.axes if a and a.strip()]:
@@ -392,7 +396,8 @@ class Languages:
             "prompt_set": request.prompt_set, "occupations": [o for o in self.occupations if o],
             "codes": self.codes, "names": {c: language_name(c) for c in self.codes}, "n": int(request.n),
             "seed": int(request.seed), "axes": {a.name: list(a.values) for a in self.axes},
-            "model": {"generator": engine.preset.generator.label,
+            "model": {"generator": engine.preset.generator.label if backend_choices.free(engine)   # visitors: no
+                      else short_label(engine.preset.generator.label),                                 # host path
                       "languages": sorted(self.known.languages) if self.known.languages is not None else None,
                       "note": self.known.note}, "notes": []}
         self.labels: dict[tuple[str, str | None], dict[str, dict[int, str]]] = {}   # (code, occ) -> axis -> seed -> label
@@ -442,8 +447,8 @@ class Languages:
         if self.known.languages is not None and not self.known.strict:
             foreign = [c for c in self.codes if not self.known.understands(parse_code(c)[0])]
             if foreign:
-                yield Warning(f"{self.known.note}: {', '.join(language_name(c) for c in foreign)} results are labelled "
-                              "as such")
+                yield Warning(f"{self.known.note}; its {', '.join(language_name(c) for c in foreign)} results are "
+                              "labelled so")
 
     # -- 2. one Single Prompt run per language (and occupation) -------------------------------------------
     def measure(self):

@@ -75,7 +75,7 @@ def understanding(spec: ModelSpec) -> Understanding:
         if known is None:
             return Understanding(None)
         kind = "an English-only model" if known == ENGLISH_ONLY else "a Chinese and English model"
-        return Understanding(known, False, f"{kind}: {spec.model} ({family}) reads prompts through "
+        return Understanding(known, False, f"{kind}: this generator (family {family}) reads prompts through "
                              f"{FAMILY_ENCODERS[family]}, trained on {TRAINED_ON.get(family, 'English text')}, so its "
                              "results for other languages show how it reads words it was not trained on")
     return Understanding(None)
