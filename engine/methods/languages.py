@@ -103,7 +103,8 @@ class LanguagesRequest(GenerationOptions):
     # code -> where a given translation came from (the tab: "LLM (edited)"); default "given"
     sources: dict = field(default_factory=dict)
     prompt_set: str = field(default="", metadata={
-        "help": "MAGBIG's occupation prompts (assets/magbig) instead of --prompt", "choices": ("", *PROMPT_SETS)})
+        "help": "MAGBIG's occupation prompts (assets/magbig) instead of --prompt", "choices": ("", *PROMPT_SETS),
+        "metavar": "|".join(PROMPT_SETS)})
     occupations: list[str] = field(default_factory=list, metadata={
         "help": "the prompt set's occupations by MAGBIG's English names, 'all' (151), or 'thesis' (the default: "
                 "the thesis's 19 occupations MAGBIG translates)", "metavar": "NAME"})
