@@ -46,6 +46,10 @@ def inputs(api_name: str, made: dict):
                              run_id="", inverse="an old doctor", carrier="", m=2, parent="", negative_prompt="",
                              steps=None, guidance=None, width=None, height=None, axes=["gender"])),
         "explore_clusters": (([made.get("single_prompt_run"), made.get("explore_run")], 2), {}),
+        "languages_propose": ((PROMPT, ["en", "de"]), {}),
+        "languages": ((), dict(mode="one prompt", prompt=PROMPT, prompt_set="magbig-direct", occupations=[],
+                               codes=["en", "de"], n=4, seed=0, axes=["gender"], rows=None, proposed={}, steps=None,
+                               guidance=None, width=None, height=None)),
     }
     table["mitigate_preview"] = table["mitigate"]
     for prefix in ("cf", "ic", "mt", "cm"):

@@ -46,6 +46,10 @@ CASES = {
                  "inverse": [f"smiling, {HOSTILE}"], "m": 2},
                 ["--prompt", PROMPT, "-n", "4", "--concepts", f"a photo of a man, {HOSTILE}", "a photo of a woman",
                  "--inverse", f"smiling, {HOSTILE}", "-m", "2"]),
+    "languages": ({"prompt": PROMPT, "languages": ["en", "de"], "translations": {"de": f"ein Foto von einem Arzt, {HOSTILE}"},
+                   "n": 4, "n_boot": 100},
+                  ["--prompt", PROMPT, "--languages", "en", "de", "--translation", f"de=ein Foto von einem Arzt, {HOSTILE}",
+                   "-n", "4", "--n-boot", "100"]),
     # two generators: the preset's, and the same world named by a relative path (another spec)
     "compare_models": ({"method": "single_prompt",
                         "generators": ["synthetic", f"synthetic_generator:{os.path.relpath(SYNTHETIC_TABLE)}"],
@@ -277,5 +281,6 @@ def test_a_new_row_is_budgeted_by_its_estimate_and_gets_a_command_and_a_tab(monk
     # its tab, titled by the row, after the methods before it
     demo = app.build_app(Engine("synthetic", data_dir=str(tmp_path / "local")))
     titles = [b.label for b in demo.blocks.values() if isinstance(b, gr.Tab)]
-    assert titles[titles.index("Compare models") + 1:] == ["Toy method", "Runs"]
+    last = [m.title for m in METHODS.values() if m.tab and m.name != "toy"][-1]   # the last row's tab before it
+    assert titles[titles.index(last) + 1:] == ["Toy method", "Runs"]
     assert any(getattr(b, "elem_id", None) == "toy-tab" for b in demo.blocks.values())

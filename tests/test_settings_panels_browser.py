@@ -66,6 +66,7 @@ def forms(world: str) -> list[Form]:
              {"mine-T": 1, "mine-b": 3, "mine-s": 1, "mine-m": 1, "mine-n": 2, "mine-nvar": 2}),
         Form("Mitigate", "mitigate", "mt-run", propose("mt"), {"mt-n": 2}),
         compare_models_form(world),
+        Form("Languages", "languages", "lang-run", lambda page: page.fill("#lang-prompt textarea", PROMPT), {"lang-n": 2}),
     ]
 
 

@@ -17,6 +17,10 @@ the id (a "turbo" id, SD 2.x cross-attention width, FLUX guidance embedding):
 | sd3        | StableDiffusion3Pipeline                | 1024              | 28    | 7.0      | 2           |
 | flux       | FluxPipeline (schnell)                  | 1024              | 4     | 0.0      | 2           |
 | flux       | FluxPipeline (dev: guidance-distilled)  | 1024              | 28    | 3.5      | 2           |
+| hunyuandit | HunyuanDiTPipeline (Chinese and English) | 1024             | 50    | 5.0      | 2           |
+
+Hunyuan-DiT was trained at 1024², 1280² and the 4:3, 3:4, 16:9 and 9:16 shapes of that area; other
+sizes (multiples of 16) are drawn as asked, not snapped to the nearest of those as its pipeline would.
 
 For sd1/sd2 the size is the UNet's native one (sample_size x VAE scale factor), which tells
 SD 2.x 768 models from their 512 "base" versions and fits fine-tunes at other resolutions.
@@ -92,6 +96,7 @@ FAMILY_DEFAULTS: dict[str, FamilyDefaults] = {
     "sd3": FamilyDefaults(1024, 28, 7.0, 2),
     "flux": FamilyDefaults(1024, 4, 0.0, 2, negative_prompt_ok=False),   # FLUX.1-schnell
     "flux-dev": FamilyDefaults(1024, 28, 3.5, 2, negative_prompt_ok=False),
+    "hunyuandit": FamilyDefaults(1024, 50, 5.0, 2),   # Hunyuan-DiT: bilingual CLIP + mT5 (engine/models/languages.py)
 }
 
 SCHEDULER_ALIASES: dict[str, tuple[str, dict]] = {
@@ -123,9 +128,11 @@ def family_from_class_name(class_name: str, model: str) -> str:
         return "sdxl-turbo" if turbo else "sdxl"
     if class_name.startswith("StableDiffusion"):
         return "sd-turbo" if turbo else "sd1"
+    if class_name.startswith("HunyuanDiT"):
+        return "hunyuandit"
     raise ModelLoadError(
         f"'{model}' is a {class_name}, which GapLens does not support as a text-to-image generator; "
-        f"supported: Stable Diffusion 1.x/2.x, SDXL, SD-Turbo, SDXL-Turbo, SD3, FLUX.1 "
+        f"supported: Stable Diffusion 1.x/2.x, SDXL, SD-Turbo, SDXL-Turbo, SD3, FLUX.1, Hunyuan-DiT "
         f"(set option family=... if the pipeline is compatible with one of them)")
 
 
@@ -136,6 +143,7 @@ def family_of(spec: ModelSpec) -> str:
         return str(spec.options["family"])
     lowered = spec.model.lower()
     class_name = ("FluxPipeline" if "flux" in lowered else "StableDiffusion3Pipeline" if "stable-diffusion-3" in lowered
+                  else "HunyuanDiTPipeline" if "hunyuandit" in lowered
                   else "StableDiffusionXLPipeline" if "xl" in lowered else "StableDiffusionPipeline")
     folder = Path(spec.model).expanduser() if Path(spec.model).expanduser().is_dir() else devices.cached_snapshot(spec.model)
     try:
@@ -251,6 +259,8 @@ class DiffusersGenerator:
             kwargs["negative_prompt"] = settings.negative_prompt
         if self._max_sequence_length and self.family in ("sd3", "flux"):
             kwargs["max_sequence_length"] = self._max_sequence_length
+        if self.family == "hunyuandit":   # draw the size asked for (the pipeline would snap it to a trained shape)
+            kwargs["use_resolution_binning"] = False
         try:
             images = self.pipe(**kwargs).images
             flags = self._flag_nsfw(images)
@@ -269,9 +279,9 @@ class DiffusersGenerator:
         return [GeneratedImage(image=img, seed=seed, nsfw=flag) for img, seed, flag in zip(images, seeds, flags)]
 
     def _check_size(self, settings: GenerationSettings) -> None:
-        # SD/SDXL pipelines check multiples of 8 whatever the VAE; SD3/FLUX patchify latents 2x2.
+        # SD/SDXL pipelines check multiples of 8 whatever the VAE; SD3/FLUX/Hunyuan-DiT patchify latents 2x2.
         multiple = max(8, int(getattr(self.pipe, "vae_scale_factor", 8)))
-        if self.family in ("sd3", "flux"):
+        if self.family in ("sd3", "flux", "hunyuandit"):
             multiple *= 2
         for name in ("width", "height"):
             value = int(getattr(settings, name))

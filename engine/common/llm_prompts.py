@@ -45,6 +45,16 @@ write one short multiple-choice question that asks which of these values the ima
 Return only a JSON object {{"question": "..."}}."""
 
 
+# --- Languages: a prompt translated for an audit across languages, and translated back ------------
+TRANSLATE = """Translate this prompt for a text-to-image model into {language}{form_clause}.
+Keep its meaning exactly: the same subject and the same details, nothing added or left out.
+Prompt: "{prompt}"
+Return only a JSON object {{"translation": "..."}}."""
+# what a language code's variant asks of the translation (engine.methods.languages.VARIANTS)
+FORM_CLAUSES = {"": "", "f": ", using the feminine form of every noun that names a person",
+                "star": ", using the gender star (for example Lehrer*in) for every noun that names a person"}
+
+
 def tibet_turns(prompt: str) -> list[str]:
     """The three user turns of TIBET's chain-of-thought conversation (spec §2.3)."""
     return [TIBET_AXES.format(prompt=prompt), TIBET_COUNTERFACTUALS, TIBET_TO_JSON]
@@ -66,3 +76,9 @@ def random_prompts_prompt(r: int, avoid: list[str], axis_needs: str | None = Non
 
 def axis_question_prompt(axis: str, values: list[str]) -> str:
     return AXIS_QUESTION.format(axis=axis, values=", ".join(values))
+
+
+def translate_prompt(prompt: str, language: str, variant: str = "") -> str:
+    """The request to translate `prompt` into `language` (a name, e.g. "German"; "English" for a
+    back-translation) in the form `variant` asks for (FORM_CLAUSES)."""
+    return TRANSLATE.format(prompt=prompt, language=language, form_clause=FORM_CLAUSES[variant])

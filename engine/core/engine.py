@@ -178,6 +178,13 @@ class Engine(ImageMaking, Evaluation, RunLifecycle):
         view.preset_reason = f"{self.preset_reason}; generator replaced by {spec.label} to compare models"
         return view
 
+    def for_parts(self) -> "Engine":
+        """Returns a view of this engine whose runs are parts of one request charged up front (the
+        languages method's run per language): they are not charged again."""
+        view = copy.copy(self)
+        view.prepaid = True
+        return view
+
     def with_vqa(self, spec: ModelSpec) -> "Engine":
         """Returns a view of this engine whose preset has `spec` as its VQA evaluator (several evaluators
         on the same images): the store, model manager, other models and stats are shared; its answers

@@ -81,6 +81,13 @@ class ImageMaking:
             if failure is not None:
                 raise failure
 
+    def prompt_note(self, prompt: str) -> str | None:
+        """A sentence when the generator cannot draw what `prompt` names (the synthetic world: a
+        subject or language it does not know), else None; generators without `prompt_note` have none."""
+        self.model_id("generator")   # loads it
+        note = getattr(self.models.peek(self.generator_spec), "prompt_note", None)
+        return note(prompt) if callable(note) else None
+
     def image_set(self, prompt: str, seeds: Sequence[int], settings: GenerationSettings | None = None
                   ) -> list[ImageRecord]:
         """All images of a set, in seed order (no streaming)."""

@@ -279,6 +279,9 @@ def stream_image_set(engine, run: Run, prompt: str, seeds: Sequence[int],
         yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for '{prompt}' (budget "
                       f"{engine.max_api_calls - run.api_calls} left in this run); API images are not seedable, "
                       "so regenerating them would not reproduce them: they are kept in the store")
+    note = engine.prompt_note(prompt)
+    if note:   # e.g. a subject the synthetic world does not know: its default figure, not what was asked
+        yield Warning(note)
     overlap = _Overlap(evaluate) if evaluate is not None and engine.overlap_evaluation else None
     finished = False
     try:

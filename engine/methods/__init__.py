@@ -24,8 +24,8 @@ from typing import Callable, Iterator
 
 from ..common.scores import Score
 from ..hosting.limits import Estimate
-from . import (check, compare_models, counterfactuals, explore, generate, intersectional, mine, mitigate,
-               single_prompt, validate)
+from . import (check, compare_models, counterfactuals, explore, generate, intersectional, languages, mine,
+               mitigate, single_prompt, validate)
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            compare_models.headline, tab="compare-models"),
     # the bias check of a fine-tune against its base (paired by seed): a command, a page, no tab
     Method("check", "Bias check", check.CheckRequest, check.run, check.headline, check.scores, cli="check"),
+    Method("languages", "Languages", languages.LanguagesRequest, languages.run, languages.headline,
+           languages.scores, cli="languages", tab="languages"),
     Method("validate", "Validate", validate.ValidateRequest, validate.run, cli="validate", check=validate.check,
            estimate=validate.estimate, records=False),
 )}

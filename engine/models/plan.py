@@ -50,6 +50,9 @@ KNOWN_PARAMS: dict[str, dict[str, float]] = {
     "stabilityai/sdxl-turbo": {"unet": 2.567, "text_encoder": 0.123, "text_encoder_2": 0.695, "vae": 0.084},
     "black-forest-labs/FLUX.1-schnell": {"transformer": 11.891, "text_encoder_2": 4.762, "text_encoder": 0.123,
                                          "vae": 0.084},
+    # Hunyuan-DiT v1.2 (built on the meta device from its configs; the repository's 14.4 GB of fp32 weights agree)
+    "Tencent-Hunyuan/HunyuanDiT-v1.2-Diffusers": {"transformer": 1.500, "text_encoder": 0.351, "text_encoder_2": 1.670,
+                                                  "vae": 0.084},
     "open_clip:ViT-B-32": {"model": 0.151},
     "openai/clip-vit-large-patch14": {"model": 0.428},
     "Qwen/Qwen2.5-0.5B-Instruct": {"model": 0.494},

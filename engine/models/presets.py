@@ -68,6 +68,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            CLIP_L14,
            ModelSpec("hf_chat", "Qwen/Qwen2.5-3B-Instruct"),
            ModelSpec("vlm", "Qwen/Qwen2.5-VL-3B-Instruct")),
+    # issue 45: a generator that reads Chinese as well as English (engine/models/languages.py); its LLM
+    # (Qwen2.5, 29 languages) translates prompts for the languages method; questions stay in English
+    Preset("hunyuan-dit", "Hunyuan-DiT v1.2, 50 steps at 1024x1024: reads Chinese and English prompts (audits "
+           "across languages).",
+           ModelSpec("diffusers", "Tencent-Hunyuan/HunyuanDiT-v1.2-Diffusers"),
+           CLIP_L14,
+           ModelSpec("hf_chat", "Qwen/Qwen2.5-3B-Instruct"),
+           ModelSpec("vlm", "Qwen/Qwen2-VL-2B-Instruct")),
 ]}
 
 REAL_PRESET_ORDER = ["sd-turbo", "sd15", "sdxl-turbo", "flux-schnell"]

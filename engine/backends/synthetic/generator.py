@@ -46,6 +46,17 @@ class SyntheticGenerator:
         settings = settings or self.defaults()
         return self.world.sample(prompt, int(seed), settings.guidance, settings.negative_prompt)
 
+    def prompt_note(self, prompt: str) -> str | None:
+        """One sentence when the world knows no subject in `prompt` (a subject or a language it does not
+        know: "a surgeon"), whose images are its default figure, else None (Engine.prompt_note)."""
+        if self.world.knows_subject(prompt):
+            return None
+        people = self.world.subjects_of("person")
+        languages = ", ".join(sorted(self.world.languages))
+        return (f"the synthetic world knows no subject in '{prompt}', so it draws its default figure: these images "
+                f"say nothing about what the prompt names (it knows {len(people)} people such as "
+                f"{', '.join(people[:5])}, and {len(self.world.subjects_of('object'))} objects, in {languages})")
+
     def parse_prompt(self, text: str) -> tuple[str, dict[str, str]]:
         """(subject, {axis: value}) as the renderer reads the prompt."""
         return self.world.parse_prompt(text)

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ...common import llm_prompts
-from .phrasing import article_for, with_attributes, with_subject
+from .phrasing import article_for, back_translate, translate, with_attributes, with_subject
 from .world import World, seed_int
 
 MIN_TIBET_AXES = 3
@@ -45,6 +45,7 @@ TEMPLATE_TASKS = {
     "mutations": _template_pattern(llm_prompts.MUTATIONS),
     "random_prompts": _template_pattern(llm_prompts.RANDOM_PROMPTS),
     "axis_question": _template_pattern(llm_prompts.AXIS_QUESTION),
+    "translate": _template_pattern(llm_prompts.TRANSLATE),
 }
 TIBET_COUNTERFACTUALS_OPENING = "generate many counterfactuals"
 TIBET_TO_JSON_OPENING = "convert these to a json"
@@ -242,6 +243,21 @@ class SyntheticLLM:
         kind = self.world.axes[known[0]].applies_to[0] if known else "person"
         thing = "the person" if kind == "person" else "the object"
         return json.dumps({"question": f"What is the {axis} ({values}) of {thing} in the image?"})
+
+    # -- Languages ------------------------------------------------------------------------------------
+    def _translate(self, fields: dict, rng: np.random.Generator | None) -> str:
+        """{"translation": ...}: the prompt in a language the world speaks (phrasing.translate), or back
+        in English (phrasing.back_translate); a prompt naming nothing it knows is left as it is."""
+        language, _, clause = (fields["language"] + fields["form_clause"]).partition(",")
+        name = language.strip().lower()
+        code = next((c for c, spoken in self.world.languages.items() if name in (c, spoken.name.lower())), None)
+        if code is None:
+            names = ", ".join(spoken.name for spoken in self.world.languages.values())
+            return f"I cannot translate into {language.strip()}: the synthetic world speaks {names}."
+        form = "feminine" if "feminine" in clause else "star" if "gender star" in clause else "default"
+        prompt = fields["prompt"].strip()
+        text = back_translate(self.world, prompt) if code == "en" else translate(self.world, prompt, code, form)
+        return json.dumps({"translation": text or prompt}, ensure_ascii=False)
 
     def _prose_help(self) -> str:
         persons = ", ".join(self.world.subjects_of("person")[:6])

@@ -127,3 +127,43 @@ def describe(world: World, scene: dict) -> str:
     else:
         noun = subject.phrase
     return with_attributes(world, f"{article_for(noun)} {noun}", values)
+
+
+def translate(world: World, prompt: str, code: str, form: str = "default") -> str | None:
+    """`prompt` as the synthetic LLM writes it in language `code` (World.languages): the language's
+    frame around its phrase for the prompt's subject in `form` ("default", "feminine" or "star"; the
+    default form where the language has no such form), the attributes the prompt names kept as the
+    world's English phrases after a comma. None when the prompt names no subject the world knows.
+    English ("en") gets "a photo of a <subject>" with its attributes in place."""
+    parsed = world.parse(prompt)
+    if parsed.subject_span is None:
+        return None
+    if code == "en":
+        return _english(world, parsed.subject, dict(parsed.values))
+    language = world.languages[code]
+    forms = language.translations.get(parsed.subject) or {}
+    noun = forms.get(form) or forms.get("default")
+    if not noun:
+        return None
+    text = language.frame.format(noun=noun)
+    named = [world.axes[a].phrase(v, parsed.kind if parsed.kind in world.axes[a].applies_to
+                                  else world.axes[a].applies_to[0]) for a, v in parsed.values.items()]
+    return text + (", " + ", ".join(named) if named else "")
+
+
+def back_translate(world: World, text: str) -> str | None:
+    """`text` (in any language the world speaks) in English, as the synthetic LLM translates it back:
+    "a photo of a <subject>" with the attributes it names, a feminine noun read as "female"; None when
+    it names no subject the world knows."""
+    parsed = world.parse(text)
+    if parsed.subject_span is None:
+        return None
+    values = dict(parsed.values)
+    if parsed.form == "feminine" and "gender" in world.axes and "gender" not in values:
+        values["gender"] = "female"
+    return _english(world, parsed.subject, values)
+
+
+def _english(world: World, subject: str, values: dict[str, str]) -> str:
+    phrase = world.subjects[subject].phrase
+    return with_attributes(world, f"a photo of {article_for(phrase)} {phrase}", values)

@@ -19,6 +19,11 @@ import numpy as np
 
 DEFAULT_TABLE_PATH = Path(__file__).resolve().parents[3] / "assets" / "synthetic_world.json"
 TABLES_DIR = DEFAULT_TABLE_PATH.parent / "synthetic_tables"   # named tables: `synthetic_generator:NAME`
+ENGLISH = "en"
+FORMS = ("masculine", "feminine", "neutral")   # grammatical forms a language's phrase names a subject by
+# A word character of a script that separates its words with spaces: a phrase of such a script matches
+# whole words only, and a character of Chinese, Japanese or Korean next to it is no part of its word.
+_SPACED_WORD = r"[^\W\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]"
 
 # Part of every synthetic id: bump it when the drawing changes, so cached images are redrawn.
 RENDERER_VERSION = 1
@@ -76,6 +81,7 @@ class Mention:
     value: str | None = None
     subject: str | None = None             # set for subject phrases
     noun: bool = False                     # a gender noun such as "woman" also names a person
+    form: str | None = None                # a subject named in another language: its grammatical form (FORMS)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,19 @@ class ParsedPrompt:
     values: dict[str, str]                 # axis -> value, the first phrase per axis wins
     mentions: tuple[Mention, ...]
     subject_span: tuple[int, int] | None   # where the subject is named (a gender noun counts)
+    form: str | None = None                # the grammatical form the subject is named by (None: English)
+
+
+@dataclass(frozen=True)
+class Language:
+    """A language the world speaks (assets/synthetic_languages.json): how the synthetic LLM writes a
+    prompt in it (`frame` with each subject's `translations[subject][form]`, form "default",
+    "feminine" or "star")."""
+
+    code: str
+    name: str
+    frame: str
+    translations: dict[str, dict[str, str]]
 
 
 class World:
@@ -103,11 +122,18 @@ class World:
                              f"{list(self.sampling_order)} for axes {list(self.axes)}")
         self.rules: list[Rule] = _load_rules(table, self.axes, self.subjects)
         self.embedder_config: dict = dict(table.get("embedder") or {})
-        self._lexicon = _build_lexicon(self.axes, self.subjects)
-        self._pattern = re.compile(
-            r"(?<![\w-])(" + "|".join(_phrase_regex(p) for p in sorted(self._lexicon, key=len, reverse=True))
-            + r")(?![\w-])", re.IGNORECASE)
-        canonical = json.dumps(table, sort_keys=True, ensure_ascii=True)
+        spoken = _load_language_table(table.get("languages"))
+        self.languages: dict[str, Language] = _load_languages(spoken, self.subjects)
+        self.pull: dict[str, tuple[str, str, float]] = _load_pull(spoken, self.axes)
+        self._lexicon, unbounded = _build_lexicon(self.axes, self.subjects, spoken)
+        bounded = sorted(set(self._lexicon) - unbounded, key=len, reverse=True)
+        pattern = (rf"(?<!-)(?<!{_SPACED_WORD})(" + "|".join(_phrase_regex(p) for p in bounded)
+                   + rf")(?!{_SPACED_WORD})(?!-)")
+        if unbounded:   # Chinese, Japanese, Korean: no spaces around words
+            pattern += "|(" + "|".join(_phrase_regex(p) for p in sorted(unbounded, key=len, reverse=True)) + ")"
+        self._pattern = re.compile(pattern, re.IGNORECASE)
+        self._parsed: dict[str, ParsedPrompt] = {}
+        canonical = json.dumps({**table, "languages": spoken} if spoken else table, sort_keys=True, ensure_ascii=True)
         self.hash: str = hashlib.sha256(f"{canonical}|renderer={RENDERER_VERSION}".encode()).hexdigest()[:10]
 
     # -- structure --------------------------------------------------------------------------------
@@ -124,13 +150,24 @@ class World:
         """Every lexicon phrase in `text`, left to right, longest phrase first at each position."""
         found = []
         for match in self._pattern.finditer(text or ""):
-            meaning = self._lexicon[_normalise_phrase(match.group(1))]
-            found.append(Mention(match.start(), match.end(), match.group(1), **meaning))
+            phrase = match.group(1) if match.group(1) is not None else match.group(2)
+            meaning = self._lexicon[_normalise_phrase(phrase)]
+            found.append(Mention(match.start(), match.end(), phrase, **meaning))
         return found
 
     def parse(self, text: str) -> ParsedPrompt:
         """The subject (the first named subject; else 'person' if a person word or gender noun
-        appears; else the default subject) and the attribute values the text names."""
+        appears; else the default subject), the attribute values the text names and the grammatical
+        form its subject is named by (another language's masculine or feminine noun; None in
+        English). Cached per text (every image of a set parses its prompt)."""
+        parsed = self._parsed.get(text)
+        if parsed is None:
+            if len(self._parsed) >= 4096:
+                self._parsed.clear()
+            parsed = self._parsed[text] = self._parse(text)
+        return parsed
+
+    def _parse(self, text: str) -> ParsedPrompt:
         mentions = self.mentions(text)
         values: dict[str, str] = {}
         for m in mentions:
@@ -140,15 +177,21 @@ class World:
         named = [m for m in mentions if m.subject and m.subject not in generic]
         person_words = [m for m in mentions if m.subject == "person" or m.noun]
         default_words = [m for m in mentions if m.subject == self.default_subject]
+        form = None
         if named:
-            subject, span = named[0].subject, (named[0].start, named[0].end)
+            subject, span, form = named[0].subject, (named[0].start, named[0].end), named[0].form
         elif person_words and "person" in self.subjects:
             subject, span = "person", (person_words[0].start, person_words[0].end)
         elif default_words:
             subject, span = self.default_subject, (default_words[0].start, default_words[0].end)
         else:
             subject, span = self.default_subject, None
-        return ParsedPrompt(subject, self.subjects[subject].kind, values, tuple(mentions), span)
+        return ParsedPrompt(subject, self.subjects[subject].kind, values, tuple(mentions), span, form)
+
+    def knows_subject(self, text: str) -> bool:
+        """False when `text` names nothing the world knows (no subject, person word or its default
+        subject's own phrase): it is drawn as the default figure, whatever it meant ("a surgeon")."""
+        return self.parse(text).subject_span is not None
 
     def parse_prompt(self, text: str) -> tuple[str, dict[str, str]]:
         """(subject name, {axis: value}) for the values the text names, applicable or not."""
@@ -196,7 +239,7 @@ class World:
         fixed = {a: v for a, v in parsed.values.items() if a in axes}
         for axis, u in zip(self.sampling_order, uniforms):
             if axis in axes and axis not in fixed:
-                dist = self._effective(parsed.subject, axis, fixed, guidance, excluded)
+                dist = self._effective(parsed.subject, axis, fixed, guidance, excluded, parsed.form)
                 fixed[axis] = _inverse_cdf(dist, u)
         ordered = {a: fixed[a] for a in self.axes if a in axes}
         return {"subject": parsed.subject, "kind": parsed.kind, **ordered}
@@ -220,7 +263,7 @@ class World:
                 if a in named:
                     continue
                 value = combo[free.index(a)]
-                weight *= self._effective(parsed.subject, a, fixed, guidance, excluded)[value]
+                weight *= self._effective(parsed.subject, a, fixed, guidance, excluded, parsed.form)[value]
                 fixed[a] = value
                 if weight == 0.0:
                     break
@@ -237,8 +280,13 @@ class World:
         return named
 
     def _effective(self, subject: str, axis: str, fixed: dict[str, str], guidance: float,
-                   excluded: dict[str, set[str]]) -> dict[str, float]:
-        dist = sharpen(self.distribution(subject, axis, fixed), guidance)
+                   excluded: dict[str, set[str]], form: str | None = None) -> dict[str, float]:
+        dist = self.distribution(subject, axis, fixed)
+        pull = self.pull.get(form or "")
+        if pull and pull[0] == axis:   # a masculine or feminine noun pulls gender its way (languages table)
+            toward, weight = pull[1], pull[2]
+            dist = {v: (1 - weight) * p + (weight if v == toward else 0.0) for v, p in dist.items()}
+        dist = sharpen(dist, guidance)
         if excluded.get(axis):
             kept = {v: (0.0 if v in excluded[axis] else p) for v, p in dist.items()}
             if sum(kept.values()) > 0:
@@ -387,15 +435,21 @@ def _plural(phrase: str) -> str:
     return " ".join(words[:-1] + [last])
 
 
-def _build_lexicon(axes: dict[str, AxisSpec], subjects: dict[str, Subject]) -> dict[str, dict]:
-    """phrase -> meaning (the keyword arguments of a Mention). A phrase may mean one thing only."""
+def _build_lexicon(axes: dict[str, AxisSpec], subjects: dict[str, Subject],
+                   spoken: dict | None = None) -> tuple[dict[str, dict], set[str]]:
+    """(phrase -> meaning (the keyword arguments of a Mention), the phrases of languages written
+    without spaces, matched inside runs of characters). A phrase may mean one thing only; a
+    language's phrase that another already gives the same subject keeps its first meaning."""
     lexicon: dict[str, dict] = {}
+    unbounded: set[str] = set()
 
     def add(phrase: str, meaning: dict, origin: str) -> None:
         key = _normalise_phrase(phrase)
         if not key:
             return
         if key in lexicon and lexicon[key] != meaning:
+            if "form" in meaning and lexicon[key].get("subject") == meaning["subject"]:
+                return
             raise ValueError(f"synthetic world: the phrase '{key}' ({origin}) already means {lexicon[key]}")
         lexicon[key] = meaning
 
@@ -412,7 +466,64 @@ def _build_lexicon(axes: dict[str, AxisSpec], subjects: dict[str, Subject]) -> d
             add(phrase, {"subject": subject.name}, f"subject {subject.name}")
             if _normalise_phrase(_plural(phrase)) not in lexicon:
                 add(_plural(phrase), {"subject": subject.name}, f"subject {subject.name}")
-    return lexicon
+    for code, language in ((spoken or {}).get("languages") or {}).items():
+        for name, forms in (language.get("subjects") or {}).items():
+            for form in FORMS:
+                for phrase in forms.get(form) or []:
+                    add(phrase, {"subject": name, "form": form}, f"language {code}, subject {name}")
+                    if language.get("boundaries") is False:
+                        unbounded.add(_normalise_phrase(phrase))
+        for name, sentences in (language.get("sentences") or {}).items():
+            for sentence in sentences:
+                add(sentence, {"subject": name, "form": "neutral"}, f"language {code}, a sentence about {name}")
+    return lexicon, unbounded
+
+
+def _load_language_table(source) -> dict:
+    """The languages table a world's "languages" key names: a file name (beside the shipped table),
+    a path, or the table itself; {} (English only) without one."""
+    if not source:
+        return {}
+    if isinstance(source, dict):
+        return source
+    path = Path(source).expanduser()
+    path = path if path.is_absolute() else DEFAULT_TABLE_PATH.parent / path
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"synthetic world: cannot read its languages table {path}: {exc}") from exc
+
+
+def _load_languages(spoken: dict, subjects: dict[str, Subject]) -> dict[str, Language]:
+    """English (the table's own phrases) and every language of the languages table."""
+    english = {s.name: {"default": s.phrase} for s in subjects.values()}
+    languages = {ENGLISH: Language(ENGLISH, "English", "a photo of {noun}", english)}
+    for code, spec in (spoken.get("languages") or {}).items():
+        unknown = set(spec.get("subjects") or {}) | set(spec.get("sentences") or {})
+        unknown -= set(subjects)
+        if unknown:
+            raise ValueError(f"synthetic world: language '{code}' names unknown subjects {sorted(unknown)}")
+        for name, forms in (spec.get("subjects") or {}).items():
+            odd = set(forms) - set(FORMS) - {"translate"}
+            if odd:
+                raise ValueError(f"synthetic world: language '{code}', subject '{name}': unknown forms {sorted(odd)}")
+        if code == ENGLISH:
+            continue   # English's subjects are the table's; its entry only adds sentences
+        translations = {name: dict(forms.get("translate") or {}) for name, forms in (spec.get("subjects") or {}).items()}
+        languages[code] = Language(code, str(spec.get("name") or code), str(spec.get("frame") or "{noun}"), translations)
+    return languages
+
+
+def _load_pull(spoken: dict, axes: dict[str, AxisSpec]) -> dict[str, tuple[str, str, float]]:
+    """form -> (axis, value, weight): how a masculine or feminine noun pulls an axis."""
+    pull = {}
+    for form, spec in (spoken.get("pull") or {}).items():
+        axis, value, weight = spec.get("axis"), spec.get("value"), float(spec.get("weight", 0.0))
+        if form not in FORMS or axis not in axes or value not in axes[axis].values or not 0.0 <= weight <= 1.0:
+            raise ValueError(f"synthetic world: the languages table's pull for '{form}' must name a form "
+                             f"{FORMS}, an axis and one of its values, and a weight from 0 to 1")
+        pull[form] = (axis, value, weight)
+    return pull
 
 
 # -- loading ------------------------------------------------------------------------------------------
