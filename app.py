@@ -23,7 +23,7 @@ from engine.hosting.limits import Budget  # noqa: E402
 from engine.hosting.storage import upload_limit  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
 from engine.report import charts  # noqa: E402
-from tabs import BUILDERS, fair_queue, model_panel, session_state  # noqa: E402
+from tabs import BUILDERS, boundary, fair_queue, model_panel, session_state  # noqa: E402
 from tabs.common import LoadHook, bind_visitors  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
@@ -85,6 +85,7 @@ def build_app(engine: Engine) -> gr.Blocks:
             if hook.after_model_change:   # e.g. the placeholders naming the model's default steps
                 model_status.change(hook.after_model_change, None, hook.outputs, api_name=False)
     session_state.install(demo)
+    boundary.install(demo)   # every value a page or API client sends is checked before a handler sees it
     if not engine.public:  # One GPU: one generation at a time; other requests wait in Gradio's queue.
         demo.queue(default_concurrency_limit=1)
         return demo

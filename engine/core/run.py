@@ -191,6 +191,7 @@ def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estima
     starting nothing (a tab checks a request before its run streams)."""
 
     def preflight(request, engine) -> None:
+        limits.check_request_texts(request)   # first: a method's check may look a text up in the store
         check(request, engine)
         limits.check(request, engine.preset.name)
         backend_choices.check(engine, request)
@@ -198,6 +199,7 @@ def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estima
     def wrap(fn):
         @functools.wraps(fn)
         def run_method(request, engine):
+            limits.check_request_texts(request)
             check(request, engine)
             # nothing stored if refused
             cost = engine.admit(method, priced(request, engine) if priced else request, estimate)
