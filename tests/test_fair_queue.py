@@ -213,10 +213,43 @@ def test_a_generation_past_its_time_limit_stops_at_its_next_step():
     assert closed == [True]
 
 
-def test_the_client_address_is_the_proxys_last_forwarded_entry_on_a_space_else_the_peer():
-    assert access.client_address("10.0.0.5", "1.2.3.4, 5.6.7.8", behind_proxy=True) == "5.6.7.8"
-    assert access.client_address("10.0.0.5", "1.2.3.4", behind_proxy=False) == "10.0.0.5"
-    assert access.client_address(None, None, behind_proxy=True) == ""
+def test_the_client_address_is_read_as_werkzeugs_proxyfix_reads_it():
+    """`hops` trusted proxies: the entry that many from the right of X-Forwarded-For, the peer when
+    there are fewer entries (or hops is 0), exactly as Werkzeug's ProxyFix(x_for=hops) reads a header."""
+    from werkzeug.middleware.proxy_fix import ProxyFix
+
+    proxy_fix = ProxyFix(None)
+    for header in ("5.6.7.8", "1.2.3.4, 5.6.7.8", "9.9.9.9,1.2.3.4 , 5.6.7.8", ""):
+        for hops in (1, 2, 3):
+            expected = proxy_fix._get_real_value(hops, header) or "10.0.0.5"
+            assert access.client_address("10.0.0.5", header, hops) == expected, (header, hops)
+    assert access.client_address("10.0.0.5", "1.2.3.4", 0) == "10.0.0.5"
+    assert access.client_address(None, None, 1) == ""
+
+
+def test_a_clients_own_forwarded_lines_never_name_its_address_in_either_order():
+    """Issue 43: a client sends two X-Forwarded-For lines and the proxy appends the real address (10.1.1.1)
+    to the first (the attack) or to the last: the client's own entry (10.10.10.10, 9.9.9.9) never counts;
+    lines that disagree leave the peer, whichever way the proxy appends; lines that agree count."""
+    attack = ["10.9.9.9, 10.1.1.1", "10.10.10.10"]   # appended to the first line: joined, the client's is last
+    other_order = ["9.9.9.9", "10.9.9.9, 10.1.1.1"]  # appended to the last line (or a line of its own)
+    assert access.client_address("10.0.0.5", attack, 1) == "10.0.0.5"
+    assert access.client_address("10.0.0.5", other_order, 1) == "10.0.0.5"
+    assert access.client_address("10.0.0.5", ["10.1.1.1", "10.1.1.1"], 1) == "10.1.1.1"
+    assert access.client_address("10.0.0.5", ["7.7.7.7, 10.1.1.1, 10.0.0.9", "10.1.1.1, 10.0.0.9"], 2) == "10.1.1.1"
+
+
+def test_the_forwarded_hops_default_to_one_on_a_space_and_follow_the_flag(monkeypatch):
+    import app
+
+    monkeypatch.delenv(access.FORWARDED_HOPS, raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert access.forwarded_hops() == 0 and app.parse_args([]).forwarded_hops == 0
+    monkeypatch.setenv("SPACE_ID", "someone/gaplens")
+    assert access.forwarded_hops() == 1 and app.parse_args([]).forwarded_hops == 1
+    assert app.parse_args(["--forwarded-hops", "2"]).forwarded_hops == 2
+    monkeypatch.setenv(access.FORWARDED_HOPS, "2")
+    assert access.forwarded_hops() == 2
 
 
 # Every wait of the page below is on state; the bound only ends a hung test. It is generous because
