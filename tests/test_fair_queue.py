@@ -54,7 +54,7 @@ def test_a_flood_from_other_addresses_leaves_a_visitor_served_and_its_events_are
 
 
 def test_fresh_sessions_and_addresses_cannot_spend_past_the_apps_hour(tmp_path):
-    flags = ["--hourly-images", "8", "--hourly-images-total", "20", "--hourly-llm-calls", "2",
+    flags = ["--hourly-images", "8", "--hourly-images-total", "20", "--hourly-llm-calls", "4",
              "--visitors-per-address", "2"]
     with public_server(tmp_path, *flags) as (url, proc):
         def measure(address, n, prompt="a photo of a cook", headers=None, **values):
@@ -65,12 +65,14 @@ def test_fresh_sessions_and_addresses_cannot_spend_past_the_apps_hour(tmp_path):
         ok, error = measure("127.0.0.2", 2, until=0.01)
         assert not ok and "each visitor may generate 8 images per hour; 8 are left this hour and this request " \
                           "needs up to 64" in error
-        # LLM calls are charged (the synthetic LLM's): the gap score asks for one per new prompt
+        # LLM calls are charged (the synthetic LLM's): the gap score asks one question per new prompt, which
+        # may take three calls (JSON_ATTEMPTS): a request is admitted while three are left
         session = uuid.uuid4().hex
         assert measure("127.0.0.2", 2, "a photo of a judge", session=session) == (True, "")
         assert measure("127.0.0.2", 2, "a photo of a pilot", session=session) == (True, "")
         ok, error = measure("127.0.0.2", 2, "a photo of a baker", session=session)
-        assert not ok and "each visitor may make 2 LLM calls per hour; 0 are left" in error
+        assert not ok and "each visitor may make 4 LLM calls per hour; 2 are left this hour and this request needs " \
+                          "up to 3" in error
         # a fresh session starts a visitor's budget, not its address's (2 visitors' worth) nor the app's
         assert measure("127.0.0.2", 8)[0]                                # address 127.0.0.2: 12 of 16 images
         ok, error = measure("127.0.0.2", 8)

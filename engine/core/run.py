@@ -53,6 +53,15 @@ class RunLifecycle:
                             {"llm_calls": cost.llm_calls}, what=method)
         return cost.images
 
+    def afford(self, what: str, **needed: int) -> None:
+        """OverBudgetError unless the current visitor's hourly budgets still hold `needed` ({kind: amount},
+        `spending.KINDS`): the most that work charged as it is made (an LLM call at a time) can spend,
+        checked before any of it, as admission checks a run's estimate. Nothing in local mode, for the host
+        or in a view whose work was charged up front (compare models)."""
+        visitor = access.visitor_for(self.public)
+        if self.public and not visitor.host and not self.prepaid:
+            spending.charge(self.store, self.budget, visitor, {}, needed, what=what)
+
     def charge(self, what: str = "", **spend: int) -> None:
         """Charge work done outside a run's admission (an LLM call, a regenerated image, an export's
         bytes: `spending.KINDS`) to the current visitor of a public GapLens; OverBudgetError when
