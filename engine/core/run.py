@@ -96,7 +96,7 @@ class RunLifecycle:
         record = self.store.get_run(run_id)
         if record is None or record["method"] != method or not self.store.run_writable(run_id):
             raise InputError(f"no {method} run '{run_id}' of yours in the store")
-        self.store.update_run(run_id, status="running")
+        self.store.update_run(run_id, status="running", ended=False)
         return Run(self, run_id, method, request)
 
     def for_run(self, run: Run):
@@ -177,7 +177,7 @@ class Run:
     def finish(self, results: dict, summary: dict | None = None) -> Done:
         summary = dict(summary or {})
         summary.setdefault("seconds", round(time.perf_counter() - self.started, 2))
-        self.engine.store.update_run(self.id, status="done", results=results, summary=summary)
+        self.engine.store.update_run(self.id, status="done", results=results, summary=summary, ended=True)
         return Done(self.id, results, summary)
 
 
@@ -223,13 +223,13 @@ def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estima
             except GeneratorExit:
                 events.close()      # the method saves what it has (e.g. a search's state)
                 if not finished:    # a consumer closing the stream after Done did not stop the run
-                    engine.store.update_run(run.id, status="stopped")
+                    engine.store.update_run(run.id, status="stopped", ended=True)
                 raise
             except GapLensError as exc:
-                engine.store.update_run(run.id, status="failed", error=str(exc))
+                engine.store.update_run(run.id, status="failed", error=str(exc), ended=True)
                 raise
             except Exception as exc:
-                engine.store.update_run(run.id, status="failed",
+                engine.store.update_run(run.id, status="failed", ended=True,
                                         error="".join(traceback.format_exception_only(type(exc), exc)).strip())
                 raise
         run_method.method = method

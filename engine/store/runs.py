@@ -10,7 +10,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..common import access
 from ..common.encoding import json_default
@@ -92,8 +92,13 @@ class Runs:
                        for i in run_ids)
 
     def update_run(self, run_id: str, *, status: str | None = None, results: dict | None = None,
-                   summary: dict | None = None, error: str | None = None) -> None:
+                   summary: dict | None = None, error: str | None = None, ended: bool | None = None) -> None:
+        """Change a run's record; `ended`: True when the process running it ends it (done, failed,
+        stopped), False when one runs it again (a resume); None leaves it."""
         sets, args = ["updated=?"], [time.time()]
+        if ended is not None:
+            sets.append("ended=?")
+            args.append(args[0] if ended else None)
         for column, value in (("status", status), ("error", error)):
             if value is not None:
                 sets.append(f"{column}=?")
@@ -123,20 +128,20 @@ class Runs:
         rows = self._read("SELECT * FROM runs WHERE id=?" + (f" AND {where}" if where else ""), (run_id, *args))
         if not rows:
             return None
-        run = {k: v for k, v in dict(rows[0]).items() if k not in ("pid", "host", "cost")}  # bookkeeping only
+        run = {k: v for k, v in dict(rows[0]).items() if k not in ("pid", "host", "cost", "ended")}  # bookkeeping only
         for column in ("request", "results", "summary", "models"):
             run[column] = _decoded(run[column])
         run["images"] = [dict(r) for r in self._read(
             "SELECT image_key, label, position FROM run_images WHERE run_id=? ORDER BY position", (run_id,))]
         return run
 
-    def run_status(self, run_id: str) -> tuple[str, float] | None:
-        """(status, updated) of the run, or None as `get_run` gives it: what a loop watching a run
-        reads without decoding its results."""
+    def run_status(self, run_id: str) -> "RunStatus | None":
+        """(status, updated, ended) of the run, or None as `get_run` gives it: what a loop watching a
+        run reads without decoding its results."""
         where, args = self._scope()
-        rows = self._read("SELECT status, updated FROM runs WHERE id=?" + (f" AND {where}" if where else ""),
+        rows = self._read("SELECT status, updated, ended FROM runs WHERE id=?" + (f" AND {where}" if where else ""),
                           (run_id, *args))
-        return (rows[0]["status"], rows[0]["updated"]) if rows else None
+        return RunStatus(rows[0]["status"], rows[0]["updated"], rows[0]["ended"] is not None) if rows else None
 
     def require_run(self, run_id: str, method: str | None = None, what: str = "run", hint: str = "") -> dict:
         """The run (`get_run`) when the current visitor may see it and it is of `method` (any when
@@ -264,6 +269,14 @@ class Runs:
             insert(db, "answers", answers, "INSERT OR IGNORE")
             insert(db, "embeddings", embeddings, "INSERT OR IGNORE")
             insert(db, "labels", labels, "INSERT OR REPLACE")
+
+
+class RunStatus(NamedTuple):
+    """A run's status, when its record last changed, and whether the process running it has ended it."""
+
+    status: str
+    updated: float
+    ended: bool
 
 
 class Ledger:
