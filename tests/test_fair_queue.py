@@ -122,7 +122,7 @@ def test_oversized_uploads_texts_and_studies_are_refused_before_they_are_read(tm
             visitor.predict(key_path=handle_file(str(key)), answer_paths=[handle_file(str(answers))],
                             exclude_inattentive=True, api_name="/study_analyse")
         # texts: a search over the text limit, a post over the body limit
-        with pytest.raises(AppError, match="the search is 1001 characters long; the maximum is 1000"):
+        with pytest.raises(AppError, match="“Search” is 1001 characters long; the maximum is 1000"):
             visitor.predict(search="a" * 1001, method="all", status="all", sort="newest", selected=[], page=1,
                             api_name="/runs_list")
         fn_index, data = endpoint(url, "runs_list", search="a" * (3 * 2**20))
