@@ -18,12 +18,13 @@ import gradio as gr  # noqa: E402
 
 from engine.cli import make_engine  # noqa: E402
 from engine.core.engine import DEFAULT_MAX_IMAGES, Engine, default_data_dir  # noqa: E402
+from engine.common import access  # noqa: E402
 from engine.common.errors import GapLensError  # noqa: E402
 from engine.hosting.limits import Budget  # noqa: E402
 from engine.hosting.storage import upload_limit  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
 from engine.report import charts  # noqa: E402
-from tabs import BUILDERS, fair_queue, model_panel, session_state  # noqa: E402
+from tabs import BUILDERS, boundary, fair_queue, model_panel, session_state  # noqa: E402
 from tabs.common import LoadHook, bind_visitors  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
@@ -85,6 +86,7 @@ def build_app(engine: Engine) -> gr.Blocks:
             if hook.after_model_change:   # e.g. the placeholders naming the model's default steps
                 model_status.change(hook.after_model_change, None, hook.outputs, api_name=False)
     session_state.install(demo)
+    boundary.install(demo)   # every value a page or API client sends is checked before a handler sees it
     if not engine.public:  # One GPU: one generation at a time; other requests wait in Gradio's queue.
         demo.queue(default_concurrency_limit=1)
         return demo
@@ -148,7 +150,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--forwarded-allow-ips", default=os.environ.get("FORWARDED_ALLOW_IPS", ""), metavar="IPS",
                    help="comma-separated proxy addresses (or networks) whose X-Forwarded-For is believed for the "
                         "client's address (default $FORWARDED_ALLOW_IPS, else none: uvicorn's own default would "
-                        "believe any local peer); on a Space the Space's proxy's last entry counts")
+                        "believe any local peer); on a Space see --forwarded-hops instead")
+    p.add_argument("--forwarded-hops", type=int, default=access.forwarded_hops(), metavar="N",
+                   help="proxies in front of GapLens that append to X-Forwarded-For: the client's address is the "
+                        "entry N from the right of all its lines, as Werkzeug's ProxyFix reads it (default "
+                        "$GAPLENS_FORWARDED_HOPS, else 1 on a Hugging Face Space and 0 elsewhere: the socket peer)")
     p.add_argument("--allow-empty-database", action="store_true",
                    help="start even when the data directory's gaplens.sqlite is an empty (0-byte) file, with an "
                         "empty store and ledger (refused by default: an empty database usually means a lost one)")
@@ -202,6 +208,7 @@ def main(argv=None) -> None:
     demo = build_app(engine)
     # uvicorn reads this when Gradio starts it; its default believes X-Forwarded-For from any local peer
     os.environ["FORWARDED_ALLOW_IPS"] = args.forwarded_allow_ips
+    os.environ[access.FORWARDED_HOPS] = str(max(0, args.forwarded_hops))   # engine.common.access.client_address
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options(engine, demo))
 
 

@@ -52,8 +52,8 @@ def build(engine, prefix: str, examples: list[str], example_axes: bool = False) 
     table.render()
     notes = gr.Markdown("", elem_id=f"{prefix}-axes-notes")
 
-    # TIBET's meta-prompt: three LLM turns (re-asked at most once more each when the output is unusable)
-    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 0, llm_calls=2 * cfsets.PROPOSE_CALLS), specs=lambda **form: [engine.preset.llm])
+    # TIBET's meta-prompt: three LLM turns, the last re-asked while its output is unusable (PROPOSE_CALLS at most)
+    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 0, llm_calls=cfsets.PROPOSE_CALLS), specs=lambda **form: [engine.preset.llm])
     def propose_axes(prompt_text, fill_text):
         try:
             axes, problems = cfsets.propose_for(engine, engine.check_prompt(prompt_text), parse_fill(fill_text))

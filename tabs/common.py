@@ -198,7 +198,7 @@ def visitor_of(request: gr.Request | None) -> access.Visitor:
     forwarded = (headers.getlist("x-forwarded-for") if hasattr(headers, "getlist")   # every line, not the first
                  else headers.get("x-forwarded-for"))
     address = access.client_address(getattr(getattr(request, "client", None), "host", None), forwarded,
-                                    behind_proxy=bool(os.environ.get("SPACE_ID")))
+                                    access.forwarded_hops())
     username = None
     try:
         info = request.session.get("oauth_info") or {}

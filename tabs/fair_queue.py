@@ -31,9 +31,9 @@ ran though nobody listened. In public mode `install` puts this in front of it:
   most `streams_per_address` per address, `streams_per_session` per session and `streams_total` in
   all (429 past them).
 
-The client address is `engine.common.access.client_address`: on a Space, the last X-Forwarded-For
-entry of all its lines (the one the Space's proxy appended); elsewhere the socket peer, which uvicorn
-rewrites only for the proxies the host names (app.py's --forwarded-allow-ips).
+The client address is `engine.common.access.client_address`: behind `--forwarded-hops` proxies (1 on a
+Space), the X-Forwarded-For entry that many from the right (Werkzeug's ProxyFix); elsewhere the socket
+peer, which uvicorn rewrites only for the proxies the host names (app.py's --forwarded-allow-ips).
 """
 from __future__ import annotations
 
@@ -41,7 +41,6 @@ import asyncio
 import functools
 import inspect
 import math
-import os
 import time
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
@@ -408,7 +407,7 @@ class FairQueueMiddleware:
         headers = dict(lines)
         address = access.client_address((scope.get("client") or ("",))[0],
                                         [v for k, v in lines if k == "x-forwarded-for"],
-                                        behind_proxy=bool(os.environ.get("SPACE_ID")))
+                                        access.forwarded_hops())
         if scope["method"] == "GET" and (path.rstrip("/").rsplit("/", 1)[-1] in PAGES or path == "/"):
             burst, rate = fair.policy.page_loads
             if not fair.page_buckets.setdefault(address, _Bucket(burst, rate)).take():

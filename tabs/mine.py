@@ -270,27 +270,32 @@ def render(engine, event, view: View) -> dict:
 
 def stop_mining(engine, view_state):
     """Stop: marks the visitor's running run stopped in the store (which the process running it, maybe
-    ZeroGPU's worker, reads), waits until that process saved its state, and shows what was kept."""
+    ZeroGPU's worker, reads between steps), waits until that process has ended the run (stopped, or
+    done when it finished first: `RunStatus.ended`), and shows what the store holds then."""
     run_id = (view_state or {}).get("run_id")
     record = engine.store.get_run(run_id) if run_id else None
     if record is None:
         return in_order(LIVE, {"progress": "Nothing is running."})
     if record["status"] != "running":   # e.g. Stop after the run finished: leave its results alone
         return in_order(LIVE, {"progress": f"Nothing is running: run `{run_id}` is {record['status']}."})
-    asked = time.time()
     engine.store.update_run(run_id, status="stopped")
-    deadline = asked + STOP_WAIT
-    while time.time() < deadline:   # the run's own process saves its state when it closes the run
+    deadline, status = time.time() + STOP_WAIT, None
+    while time.time() < deadline:   # the run's own process ends it: saves its state, or finishes first
         status = engine.store.run_status(run_id)
-        if status is None or status[1] > asked + 1e-3:
+        if status is None or status.ended:
             break
         time.sleep(0.1)
     record = engine.store.get_run(run_id)
     if record is None:
         return in_order(LIVE, {"progress": "Stopped."})
-    status = ("Done (it finished before Stop took effect)" if record["status"] == "done"
-              else "Stopped; everything computed is kept. Resume it below")
-    return in_order(LIVE, {**results_update(engine, run_id, record["results"], status),
+    if status is not None and not status.ended:
+        return in_order(LIVE, {"progress": f"Stop asked: run `{run_id}` is still finishing its current step after "
+                                           f"{STOP_WAIT} s; it keeps its state when it closes, and the run list "
+                                           f"says how it ended (Refresh)"})
+    said = {"done": "Done (it finished before Stop took effect)",
+            "failed": f"Failed: {record.get('error') or 'see the run'}"}.get(
+        record["status"], "Stopped; everything computed is kept. Resume it below")
+    return in_order(LIVE, {**results_update(engine, run_id, record["results"], said),
                            "runs": runs_update(engine, picked=run_id)})
 
 

@@ -25,6 +25,35 @@ from .common import LoadHook, export_dir, gallery_items, user_errors
 HEADERS = ["run", "method", "prompt", "generator", "date", "headline score", "status"]
 ALL = "all"
 
+# A clicked row joins the selection when its event answers; until then the page remembers the click, and
+# every event that reads the selection sends it with the clicks not yet answered (`with_clicks`), so a
+# second click, or Compare, right after a first click is never answered with a selection lacking it.
+SELECTION_JS = """
+if (!window.glRunsSelection) {
+  const clicked = [];   // ids of clicked rows whose events have not answered yet, oldest first
+  document.addEventListener('pointerdown', (e) => {
+    const cell = e.target.closest && e.target.closest('#runs-table [data-row][data-col]');
+    if (!cell) return;
+    const first = document.querySelector(`#runs-table [data-row="${cell.dataset.row}"][data-col="0"]`);
+    const id = first && first.innerText.trim();
+    if (id) clicked.push(id);
+  }, true);
+  window.glRunsSelection = (selected) => {
+    const shown = Array.isArray(selected) ? selected : (selected ? [selected] : []);
+    return [...shown, ...clicked.filter((id, i) => !shown.includes(id) && clicked.indexOf(id) === i)];
+  };
+  window.glRunsClickAnswered = () => { clicked.shift(); };
+}
+"""
+
+
+def with_clicks(inputs: list, selected) -> str:
+    """The `js` of an event with `inputs` that reads the selection `selected` (one of them): the
+    selection sent is the one shown plus the rows clicked whose events have not answered yet."""
+    i = inputs.index(selected)
+    return (f"(...values) => {{ const v = values.slice(0, {len(inputs)}); "
+            f"if (window.glRunsSelection) v[{i}] = window.glRunsSelection(v[{i}]); return v; }}")
+
 
 def _ids(selected) -> list[str]:
     if not selected:
@@ -80,6 +109,7 @@ def build(engine) -> list:
     gallery = gr.Gallery(label="Images of the run", columns=8, height=280, elem_id="runs-gallery",
                          object_fit="contain", allow_preview=True)
     exported = gr.State([])   # every file this session exported, listed under Downloads
+    gr.HTML("", js_on_load=SELECTION_JS, elem_id="runs-selection-js", container=False, padding=False)
     spotcheck.build(engine, lambda selected: (_ids(selected) or [None])[-1], selected, "runs-spot")
 
     with gr.Accordion("Import runs from an exported zip", open=False):
@@ -125,25 +155,30 @@ def build(engine) -> list:
 
     list_inputs = [search, method, status, sort, selected, page]
     list_outputs = [table, selected, method, message]
-    refresh.click(list_runs, list_inputs, list_outputs, api_name="runs_list")
+    listing = dict(js=with_clicks(list_inputs, selected))
+    refresh.click(list_runs, list_inputs, list_outputs, api_name="runs_list", **listing)
     for trigger in (search.submit, method.change, status.change, sort.change, page.submit):
-        trigger(list_runs, list_inputs, list_outputs, api_name=False)
-    table.select(click_row, [selected], [selected, view, gallery], api_name=False)
+        trigger(list_runs, list_inputs, list_outputs, api_name=False, **listing)
+    # every click counts, also while an earlier one's event runs (Gradio's default drops it)
+    table.select(click_row, [selected], [selected, view, gallery], api_name=False, trigger_mode="multiple",
+                 js=with_clicks([selected], selected)).then(None, js="() => { window.glRunsClickAnswered(); }")
     clear.click(lambda: gr.Dropdown(value=[]), None, [selected], api_name=False)
-    open_btn.click(open_selected, [selected], [view, gallery], api_name="runs_open")
-    compare_btn.click(user_errors(with_engine(compare, engine)), [selected], [comparison], api_name="runs_compare")
+    open_btn.click(open_selected, [selected], [view, gallery], api_name="runs_open", js=with_clicks([selected], selected))
+    compare_btn.click(user_errors(with_engine(compare, engine)), [selected], [comparison], api_name="runs_compare",
+                      js=with_clicks([selected], selected))
     relist = dict(fn=lambda *values: list_runs(*values)[:3], inputs=list_inputs, outputs=list_outputs[:3],
-                  api_name=False)   # after delete/import: refresh the table, keep the action's message
+                  api_name=False, **listing)   # after delete/import: refresh the table, keep the action's message
     delete_btn.click(user_errors(with_engine(delete, engine)), [selected, confirm, keep_images],
-                     [selected, confirm, message, view, gallery], api_name="runs_delete").then(**relist)
+                     [selected, confirm, message, view, gallery], api_name="runs_delete",
+                     js=with_clicks([selected, confirm, keep_images], selected)).then(**relist)
     for button, fmt in ((json_btn, "scores"), (zip_btn, "zip"), (html_btn, "html")):
         button.click(user_errors(with_engine(export_runs, engine, fmt)), [selected, exported],
-                     [files, message, exported], api_name=f"runs_export_{fmt}")
+                     [files, message, exported], api_name=f"runs_export_{fmt}", js=with_clicks([selected, exported], selected))
     import_btn.click(user_errors(with_engine(import_runs, engine)), [upload], [selected, message],
                      api_name="runs_import").then(**relist)
-    build_btn.click(user_errors(with_engine(build_study, engine)),
-                    [selected, question, axis, per_set, seed, raters, checks], [pack_file, pack_info],
-                    api_name="study_build")
+    study_inputs = [selected, question, axis, per_set, seed, raters, checks]
+    build_btn.click(user_errors(with_engine(build_study, engine)), study_inputs, [pack_file, pack_info],
+                    api_name="study_build", js=with_clicks(study_inputs, selected))
     analyse_btn.click(user_errors(analyse), [key_file, answer_files, exclude], [analysis], api_name="study_analyse")
     # opening the tab re-lists with the filters and selection as they are: runs made since are there
     return [LoadHook(lambda: list_runs("", ALL, ALL, "newest", [])[:3], [table, selected, method],

@@ -85,6 +85,13 @@ def test_counterfactuals_page_edit_a_counterfactual_run_and_drill_down(app_url):
                                " >= 8", timeout=30_000)
         assert "Top-K" in page.inner_text("#cf-drill-panel")
         screenshot(page, "counterfactuals")
+        # the picker's first entry, the initial prompt (issue 42: an "Error" toast, KeyError 'initialinitial')
+        page.click("#cf-pick input")
+        page.get_by_role("option", name="initial prompt", exact=True).click()
+        page.wait_for_selector("#cf-drill-panel:not(:has([data-side='counterfactual'])) [data-side='initial']",
+                               timeout=30_000)
+        assert "a photo of a firefighter" in page.inner_text("#cf-drill-panel")
+        assert page.locator(".toast-body").count() == 0
 
 
 @pytest.mark.browser

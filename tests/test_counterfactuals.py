@@ -247,3 +247,24 @@ def test_cli_prints_axes_cas_and_mad_as_json(tmp_path):
     bad = cli("counterfactuals", "--preset", "synthetic", "--prompt", "a photo of a doctor", "--fill", "nurse",
               data_dir=tmp_path)
     assert bad.returncode == 2 and "placeholder" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_drill_down_opens_every_set_the_picker_lists_the_initial_ones_included(engine):
+    """Issue 42: picking "initial prompt" raised KeyError 'initialinitial'; the initial set is shown alone,
+    a counterfactual beside its prompt's initial set, in aggregate mode too."""
+    from engine.report import counterfactuals as page
+    from tabs.counterfactuals import set_choices
+
+    axes = {"gender": ["a photo of a male {occupation}", "a photo of a female {occupation}"]}
+    for fill in ([], ["nurse", "firefighter"]):
+        prompt = "a photo of a {occupation}" if fill else "a photo of a nurse"
+        results, _ = measure(engine, prompt, fill=fill, n=2, n_boot=0,
+                             axes=axes if fill else {"gender": ["a photo of a male nurse", "a photo of a female nurse"]})
+        for _, label in set_choices(results):
+            drill = str(page.drill_html(results, label))
+            sides = drill.count('class="gl-drill"')
+            if results["sets"][label]["axis"] is None:
+                assert sides == 1 and 'data-side="initial"' in drill
+            else:
+                assert sides == 2 and 'data-side="counterfactual"' in drill
+            assert results["sets"][page.initial_label(label)]["prompt"] in drill

@@ -54,7 +54,7 @@ def test_a_flood_from_other_addresses_leaves_a_visitor_served_and_its_events_are
 
 
 def test_fresh_sessions_and_addresses_cannot_spend_past_the_apps_hour(tmp_path):
-    flags = ["--hourly-images", "8", "--hourly-images-total", "20", "--hourly-llm-calls", "2",
+    flags = ["--hourly-images", "8", "--hourly-images-total", "20", "--hourly-llm-calls", "4",
              "--visitors-per-address", "2"]
     with public_server(tmp_path, *flags) as (url, proc):
         def measure(address, n, prompt="a photo of a cook", headers=None, **values):
@@ -65,12 +65,14 @@ def test_fresh_sessions_and_addresses_cannot_spend_past_the_apps_hour(tmp_path):
         ok, error = measure("127.0.0.2", 2, until=0.01)
         assert not ok and "each visitor may generate 8 images per hour; 8 are left this hour and this request " \
                           "needs up to 64" in error
-        # LLM calls are charged (the synthetic LLM's): the gap score asks for one per new prompt
+        # LLM calls are charged (the synthetic LLM's): the gap score asks one question per new prompt, which
+        # may take three calls (JSON_ATTEMPTS): a request is admitted while three are left
         session = uuid.uuid4().hex
         assert measure("127.0.0.2", 2, "a photo of a judge", session=session) == (True, "")
         assert measure("127.0.0.2", 2, "a photo of a pilot", session=session) == (True, "")
         ok, error = measure("127.0.0.2", 2, "a photo of a baker", session=session)
-        assert not ok and "each visitor may make 2 LLM calls per hour; 0 are left" in error
+        assert not ok and "each visitor may make 4 LLM calls per hour; 2 are left this hour and this request needs " \
+                          "up to 3" in error
         # a fresh session starts a visitor's budget, not its address's (2 visitors' worth) nor the app's
         assert measure("127.0.0.2", 8)[0]                                # address 127.0.0.2: 12 of 16 images
         ok, error = measure("127.0.0.2", 8)
@@ -120,7 +122,7 @@ def test_oversized_uploads_texts_and_studies_are_refused_before_they_are_read(tm
             visitor.predict(key_path=handle_file(str(key)), answer_paths=[handle_file(str(answers))],
                             exclude_inattentive=True, api_name="/study_analyse")
         # texts: a search over the text limit, a post over the body limit
-        with pytest.raises(AppError, match="the search is 1001 characters long; the maximum is 1000"):
+        with pytest.raises(AppError, match="“Search” is 1001 characters long; the maximum is 1000"):
             visitor.predict(search="a" * 1001, method="all", status="all", sort="newest", selected=[], page=1,
                             api_name="/runs_list")
         fn_index, data = endpoint(url, "runs_list", search="a" * (3 * 2**20))
@@ -213,10 +215,43 @@ def test_a_generation_past_its_time_limit_stops_at_its_next_step():
     assert closed == [True]
 
 
-def test_the_client_address_is_the_proxys_last_forwarded_entry_on_a_space_else_the_peer():
-    assert access.client_address("10.0.0.5", "1.2.3.4, 5.6.7.8", behind_proxy=True) == "5.6.7.8"
-    assert access.client_address("10.0.0.5", "1.2.3.4", behind_proxy=False) == "10.0.0.5"
-    assert access.client_address(None, None, behind_proxy=True) == ""
+def test_the_client_address_is_read_as_werkzeugs_proxyfix_reads_it():
+    """`hops` trusted proxies: the entry that many from the right of X-Forwarded-For, the peer when
+    there are fewer entries (or hops is 0), exactly as Werkzeug's ProxyFix(x_for=hops) reads a header."""
+    from werkzeug.middleware.proxy_fix import ProxyFix
+
+    proxy_fix = ProxyFix(None)
+    for header in ("5.6.7.8", "1.2.3.4, 5.6.7.8", "9.9.9.9,1.2.3.4 , 5.6.7.8", ""):
+        for hops in (1, 2, 3):
+            expected = proxy_fix._get_real_value(hops, header) or "10.0.0.5"
+            assert access.client_address("10.0.0.5", header, hops) == expected, (header, hops)
+    assert access.client_address("10.0.0.5", "1.2.3.4", 0) == "10.0.0.5"
+    assert access.client_address(None, None, 1) == ""
+
+
+def test_a_clients_own_forwarded_lines_never_name_its_address_in_either_order():
+    """Issue 43: a client sends two X-Forwarded-For lines and the proxy appends the real address (10.1.1.1)
+    to the first (the attack) or to the last: the client's own entry (10.10.10.10, 9.9.9.9) never counts;
+    lines that disagree leave the peer, whichever way the proxy appends; lines that agree count."""
+    attack = ["10.9.9.9, 10.1.1.1", "10.10.10.10"]   # appended to the first line: joined, the client's is last
+    other_order = ["9.9.9.9", "10.9.9.9, 10.1.1.1"]  # appended to the last line (or a line of its own)
+    assert access.client_address("10.0.0.5", attack, 1) == "10.0.0.5"
+    assert access.client_address("10.0.0.5", other_order, 1) == "10.0.0.5"
+    assert access.client_address("10.0.0.5", ["10.1.1.1", "10.1.1.1"], 1) == "10.1.1.1"
+    assert access.client_address("10.0.0.5", ["7.7.7.7, 10.1.1.1, 10.0.0.9", "10.1.1.1, 10.0.0.9"], 2) == "10.1.1.1"
+
+
+def test_the_forwarded_hops_default_to_one_on_a_space_and_follow_the_flag(monkeypatch):
+    import app
+
+    monkeypatch.delenv(access.FORWARDED_HOPS, raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert access.forwarded_hops() == 0 and app.parse_args([]).forwarded_hops == 0
+    monkeypatch.setenv("SPACE_ID", "someone/gaplens")
+    assert access.forwarded_hops() == 1 and app.parse_args([]).forwarded_hops == 1
+    assert app.parse_args(["--forwarded-hops", "2"]).forwarded_hops == 2
+    monkeypatch.setenv(access.FORWARDED_HOPS, "2")
+    assert access.forwarded_hops() == 2
 
 
 # Every wait of the page below is on state; the bound only ends a hung test. It is generous because

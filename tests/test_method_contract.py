@@ -224,10 +224,10 @@ def test_a_public_request_is_bounded_by_its_rows_estimate(name, tmp_path):
 
 
 def test_an_estimate_fills_in_its_requests_own_defaults():
-    # Mine: T defaults to mine.DEFAULT_ITERATIONS = 5, b = 12, N = 16, s = 3: T·b·N images and
-    # T·(b + 1 + s) LLM calls
+    # Mine: T defaults to mine.DEFAULT_ITERATIONS = 5, b = 12, N = 16, s = 3, 3 re-asks of repeats: T·b·N
+    # images and, every question asked at most 3 times, 3·(T·b + (1 + 3)·(T + s·(T − 1))) LLM calls
     assert mine.DEFAULT_ITERATIONS == 5
-    assert METHODS["mine"].estimate(mine.MineRequest()) == Estimate(960, 80, generations=5)
+    assert METHODS["mine"].estimate(mine.MineRequest()) == Estimate(960, 3 * (60 + 4 * (5 + 12)), generations=5)
     # Compare models: the audit's own default N (16 per set), 1 + 4 sets per model, two models
     axes = {"gender": ["a male doctor", "a female doctor"], "age": ["a young doctor", "an old doctor"]}
     request = compare_models.CompareModelsRequest("counterfactuals", ["a", "b"], {"prompt": "a doctor", "axes": axes})

@@ -298,6 +298,45 @@ def test_the_tabs_handlers_are_functions_of_the_engine_and_the_forms_values(engi
     assert f"run `{run_id}` is done" in stopped["progress"] and engine.store.get_run(run_id)["status"] == "done"
 
 
+def test_stop_says_what_the_store_ends_with_when_the_run_finishes_before_stop_takes_effect(engine, monkeypatch):
+    """Issue 42: Stop is pressed while the run's last step runs; the run's process does not look at the
+    store before it ends (its loop reads it every UPDATE_EVERY s: never, here), saves once more and
+    finishes. The page said "Stopped" at that save while the store ended "done"; Stop now waits until
+    the run's process has ended the run, and says what the store holds then (the ZeroGPU test covers a
+    Stop the run's process notices)."""
+    import threading
+
+    from engine.core import run as lifecycle
+    from tabs import mine as tab
+    from waiting import wait_until
+
+    monkeypatch.setattr(tab, "UPDATE_EVERY", 10**9)
+    store, polls, returned = engine.store, [], threading.Event()
+    status_of, finish = store.run_status, lifecycle.Run.finish
+    monkeypatch.setattr(store, "run_status", lambda run_id: polls.append(run_id) or status_of(run_id))
+
+    def finish_after_stop(self, results, summary=None):   # the run's own process, at its end
+        wait_until(lambda: status_of(self.id)[0] == "stopped", 120, "Stop to be pressed")
+        self.save(results, summary)                        # a save, as between any two steps
+        seen = len(polls)
+        wait_until(lambda: len(polls) >= seen + 2 or returned.is_set(), 120, "Stop to look at the store again")
+        return finish(self, results, summary)
+
+    monkeypatch.setattr(lifecycle.Run, "finish", finish_after_stop)
+    updates = []
+    runner = threading.Thread(target=lambda: updates.extend(tab.start_mining(engine, *MINE_ARGS)), daemon=True)
+    runner.start()
+    run_id = wait_until(lambda: next((r["id"] for r in store.list_runs("mine") if r["status"] == "running"), None),
+                        120, "the mining run to start")
+    shown = dict(zip(tab.LIVE, tab.stop_mining(engine, {"run_id": run_id})))
+    returned.set()
+    runner.join(300)
+    record = store.get_run(run_id)
+    assert record["status"] == "done" and len(record["results"]["iterations"]) == 2
+    assert shown["progress"].startswith("**Done (it finished before Stop took effect)**"), shown["progress"]
+    assert '<span id="mine-iterations">2</span> of 2 iterations' in shown["progress"]
+
+
 def test_unscored_prompts_show_a_dash_and_a_search_that_ran_out_of_prompts_shows_its_last_population(tmp_path):
     from tabs import mine as tab
 

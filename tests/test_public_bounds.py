@@ -98,17 +98,21 @@ def test_a_cpu_spaces_engine_refuses_a_device_model_with_the_panels_sentence(tmp
     assert engine.models.loaded() == []
 
 
-def test_the_client_address_is_the_last_entry_of_every_forwarded_line(server):
+def test_a_clients_own_forwarded_lines_never_give_it_a_fresh_address(server):
+    """On a Space (one proxy hop): the proxy's entry, the last of one line, counts; a client that adds
+    lines of its own, before or after the line the proxy appended to, is counted by its peer (here
+    127.0.0.9), never by an address it wrote (issue 43)."""
     url, _, data_dir = server
     real = [("X-Forwarded-For", "5.6.7.8")]
     assert call(url, "single_prompt", headers=real, prompt="a photo of a judge", n=16)["success"]   # its hour spent
-    forged = [("X-Forwarded-For", "9.9.9.9"), *real]   # a line of the client's own, then the proxy's
-    status = json.dumps(call(url, "status", headers=forged))
-    assert "generate 0 images" in status
-    done = call(url, "single_prompt", headers=forged, prompt="a photo of a chef", n=16)
+    assert "generate 0 images" in json.dumps(call(url, "status", headers=[("X-Forwarded-For", "1.1.1.1, 5.6.7.8")]))
+    orders = ([("X-Forwarded-For", "9.9.9.9"), *real],                                   # a line before the proxy's
+              [("X-Forwarded-For", "10.9.9.9, 5.6.7.8"), ("X-Forwarded-For", "10.10.10.10")])   # a line after it
+    assert call(url, "single_prompt", "127.0.0.9", headers=orders[0], prompt="a photo of a chef", n=16)["success"]
+    done = call(url, "single_prompt", "127.0.0.9", headers=orders[1], prompt="a photo of a cook", n=16)
     assert not done["success"] and "from one client address may generate 16 images per hour together; 0 are " \
                                     "left" in _error(done)
-    assert {a for a, images, _ in _charges(data_dir, "%") if images} <= {"127.0.0.2", "5.6.7.8"}
+    assert {a for a, images, _ in _charges(data_dir, "%") if images} <= {"127.0.0.2", "5.6.7.8", "127.0.0.9"}
 
 
 def _heartbeat(url: str, source: str, session: str, stop: threading.Event) -> None:

@@ -50,7 +50,8 @@ def events_of(run) -> list:
 
 # -- what a request is charged -------------------------------------------------------------------
 def test_until_is_charged_the_largest_set_and_llm_calls_are_charged_as_they_are_made(tmp_path):
-    engine = public_engine(tmp_path, hourly_images=200, hourly_llm_calls=3)
+    # a gap score's question may be asked three times (JSON_ATTEMPTS): a request is admitted when three fit
+    engine = public_engine(tmp_path, hourly_images=200, hourly_llm_calls=5)
     with access.acting_as(A):
         made, calls = engine.stats.images_generated, engine.stats.llm_calls
         result = done_event(single_prompt.run(single_prompt.SinglePromptRequest(
@@ -62,12 +63,14 @@ def test_until_is_charged_the_largest_set_and_llm_calls_are_charged_as_they_are_
         done_event(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a nurse", n=2, n_boot=100), engine))
         done_event(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a nurse", n=2, n_boot=100), engine))
         assert charged(engine, A) == (68, 2)
-        with pytest.raises(OverBudgetError, match=r"each visitor may make 3 LLM calls per hour; 1 are left"):
-            # the gap score's call fits, a proposal's three do not: refused before any work
+        with pytest.raises(OverBudgetError, match=r"each visitor may make 5 LLM calls per hour; 3 are left this hour "
+                                                  r"and this request needs up to 5"):
+            # a gap score's worst case fits, a proposal's (three turns, the last asked up to three times) does not:
+            # refused before any work
             events_of(counterfactuals.run(counterfactuals.CounterfactualsRequest("a photo of a judge", n=2), engine))
         done_event(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a judge", n=2, n_boot=100), engine))
-        with pytest.raises(OverBudgetError, match=r"each visitor may make 3 LLM calls per hour; 0 are left .*"
-                                                  r"frees up at \d\d:\d\d UTC \(in (59|60) min\)"):
+        with pytest.raises(OverBudgetError, match=r"each visitor may make 5 LLM calls per hour; 2 are left .*needs up "
+                                                  r"to 3; enough frees up at \d\d:\d\d UTC \(in (59|60) min\)"):
             events_of(single_prompt.run(single_prompt.SinglePromptRequest("a photo of a chef", n=2), engine))
         # deleting runs gives nothing back
         runs.delete_runs(engine.store, [r["id"] for r in engine.store.list_runs()])

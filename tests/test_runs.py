@@ -60,7 +60,7 @@ def test_export_delete_import_reopens_identical(engine, tmp_path):
     raw_after = store.run_rows([sp])[0]
     assert json.loads(raw_after.pop("models")) == {k: runs.short_model(v) for k, v in
                                                    json.loads(raw_before.pop("models")).items()}  # no host paths
-    process = ("pid", "host", "cost")  # who ran it where: not exported
+    process = ("pid", "host", "cost", "ended")  # who ran it where, and when it ended it: not exported
     assert {k: v for k, v in raw_after.items() if k not in process} == \
         {k: v for k, v in raw_before.items() if k not in process}            # the same results JSON, byte for byte
     run_before["models"] = {k: runs.short_model(v) for k, v in run_before["models"].items()}

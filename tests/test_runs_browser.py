@@ -174,3 +174,24 @@ def test_the_runs_tab_lists_runs_made_after_the_page_opened_and_keeps_its_filter
         open_in_runs_tab(page, "a photo of a tailor", "a photo of a tailor", "#runs-view")
         assert page.input_value(search) == "tailor"
         assert "a photo of a baker" not in page.inner_text("#runs-table")   # the search still applies
+
+
+def test_compare_right_after_clicking_two_rows_compares_the_two_runs_the_selection_shows(engine, browser):
+    """Issue 42: two rows clicked, then Compare at once (no wait between the clicks): the selection holds
+    both runs, as the page shows, and Compare compares them (it once answered "pick at least two runs")."""
+    first, second = _single(engine, "a photo of a potter", n=4), _single(engine, "a photo of a weaver", n=4)
+    with running_app(engine) as url:
+        page = browser
+        page.goto(url, wait_until="load")
+        page.get_by_role("tab", name="Runs").click()
+        page.wait_for_function("['a photo of a potter', 'a photo of a weaver'].every(p => "
+                               "document.querySelector('#runs-table').innerText.includes(p))", timeout=30_000)
+        for prompt in ("a photo of a potter", "a photo of a weaver"):
+            page.locator("#runs-table").get_by_text(prompt).filter(visible=True).first.click()
+        page.click("#runs-compare-btn")
+        page.wait_for_selector("#runs-comparison .gl-compare-table", timeout=60_000)
+        compared = page.inner_text("#runs-comparison")
+        assert first in compared and second in compared
+        page.wait_for_function("ids => ids.every(i => document.querySelector('#runs-selected').innerText.includes(i))",
+                               arg=[first, second], timeout=30_000)
+        assert page.locator(".toast-body").count() == 0

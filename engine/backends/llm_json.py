@@ -16,6 +16,9 @@ from typing import Any, Callable, Sequence
 
 from ..common.errors import LLMOutputError
 
+JSON_RETRIES = 2                  # re-asks of a reply that is no usable JSON (ask_json's default)
+JSON_ATTEMPTS = JSON_RETRIES + 1  # the most calls one JSON question makes: what a request's worst case counts
+
 RETRY_MESSAGE = ("Your previous reply could not be used: {reason}. "
                  "Reply again with only the JSON, without any other text.")
 
@@ -389,7 +392,7 @@ def as_axis_dict(min_axes: int = 3, min_cfs: int = 2) -> Callable[[Any], dict[st
 
 # --- asking ---------------------------------------------------------------------------------------
 
-def ask_json(llm, messages: Sequence[dict], *, validate: Callable[[Any], Any], retries: int = 2,
+def ask_json(llm, messages: Sequence[dict], *, validate: Callable[[Any], Any], retries: int = JSON_RETRIES,
              temperature: float = 1.0, seed: int = 0, max_tokens: int = 1024) -> Any:
     """Asks `llm` (a TextGenerator) and returns `validate(extract_json(reply))`.
 

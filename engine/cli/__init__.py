@@ -24,6 +24,7 @@ import time
 
 from ..common.encoding import json_default
 from ..common.errors import GapLensError, InputError
+from ..common.texts import check_text
 from ..common.events import Done, Progress, Warning
 from ..methods import METHODS
 from ..methods.compare_models import AUDITS
@@ -145,6 +146,12 @@ class ProgressPrinter:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        check_arguments(argv)
+    except GapLensError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     from ..core import distributed  # imports torch only when a launcher started several processes
 
@@ -160,6 +167,28 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as other shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def check_arguments(argv) -> None:
+    """InputError naming the option when an argument is not text GapLens may take (a NUL, or an
+    unpaired surrogate: Python decodes a byte that is not UTF-8 in argv as one, e.g. $'\\xff' as
+    U+DCFF; engine/common/texts.py), before anything reads it. Lengths are the request's checks."""
+    option = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--") and "=" in arg:
+            name, value = arg.split("=", 1)
+        else:
+            name, value = (option if option else f"argument {i + 1}"), arg
+        check_text(value, name, limit=None)
+        option = arg if arg.startswith("-") and "=" not in arg and not _is_number(arg) else None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def run_command(args) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from dataclasses import dataclass, field
 
 from .errors import NotAllowedError
@@ -56,18 +57,40 @@ def visitor_for(public: bool) -> Visitor:
     return current() or ANONYMOUS
 
 
-def client_address(peer: str | None, forwarded_for, behind_proxy: bool) -> str:
+FORWARDED_HOPS = "GAPLENS_FORWARDED_HOPS"   # app.py's --forwarded-hops, for every process serving the app
+
+
+def forwarded_hops() -> int:
+    """How many proxies in front of the app append to X-Forwarded-For and are believed
+    (app.py's --forwarded-hops, kept in $GAPLENS_FORWARDED_HOPS): by default 1 on a Hugging Face
+    Space ($SPACE_ID set: the Space's proxy), else 0 (the socket peer is the client)."""
+    try:
+        return max(0, int(os.environ[FORWARDED_HOPS]))
+    except (KeyError, ValueError):
+        return 1 if os.environ.get("SPACE_ID") else 0
+
+
+def client_address(peer: str | None, forwarded_for, hops: int) -> str:
     """The address a request came from, decided here for every use (budgets, queue admission, the
-    fair queue's HTTP side): behind a proxy that appends the client's address to X-Forwarded-For (a
-    Hugging Face Space's), the last entry of all of that header's lines joined (`forwarded_for`: a
-    line or the list of lines; a client may send lines of its own, but the proxy's entry comes
-    last); otherwise the socket peer (which uvicorn rewrites only for the proxies a host names in
-    FORWARDED_ALLOW_IPS, app.py's --forwarded-allow-ips). '' when neither is known."""
-    if behind_proxy and forwarded_for:
-        lines = [forwarded_for] if isinstance(forwarded_for, str) else list(forwarded_for)
-        last = ",".join(lines).split(",")[-1].strip()
-        if last:
-            return last[:64]
+    fair queue's HTTP side), with the semantics of Werkzeug's ProxyFix (`x_for`) and uvicorn's
+    ProxyHeadersMiddleware: `hops` proxies are trusted, each appending the address it was reached
+    from to X-Forwarded-For (`forwarded_for`: a line or the list of the header's lines), so the
+    client is the `hops`-th entry from the right of all lines joined in order; with fewer entries,
+    or `hops` 0, the socket peer (which uvicorn rewrites only for the proxies a host names in
+    FORWARDED_ALLOW_IPS, app.py's --forwarded-allow-ips).
+
+    A client may send lines of its own. A proxy that joins them, or adds its entry at the end,
+    leaves the right end to itself; one that appends to the first line leaves a client's later
+    line at the right end. So when a request has several lines, the header is believed only if
+    the first line alone names the same client: lines that disagree are a client's claims, and
+    the peer counts. '' when nothing is known."""
+    lines = [forwarded_for] if isinstance(forwarded_for, str) else list(forwarded_for or [])
+    if hops > 0 and lines:
+        joined = [entry.strip() for entry in ",".join(lines).split(",")]
+        first = [entry.strip() for entry in lines[0].split(",")]
+        address = joined[-hops] if len(joined) >= hops else ""
+        if address and (len(lines) == 1 or (len(first) >= hops and first[-hops] == address)):
+            return address[:64]
     return (peer or "")[:64]
 
 

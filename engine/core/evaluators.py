@@ -109,10 +109,12 @@ class Evaluation:
         return CachedLLM(self)
 
     def ask_json(self, messages: list[dict], validate: Callable, *, temperature: float = 1.0,
-                 seed: int = 0, retries: int = 2, max_tokens: int = 1024):
-        """Ask the LLM for JSON, repair and validate it (engine.backends.llm_json)."""
-        from ..backends.llm_json import ask_json
+                 seed: int = 0, retries: int | None = None, max_tokens: int = 1024):
+        """Ask the LLM for JSON, repair and validate it (engine.backends.llm_json): at most 1 + `retries`
+        calls (default JSON_RETRIES re-asks; a request's estimate counts JSON_ATTEMPTS per question)."""
+        from ..backends.llm_json import JSON_RETRIES, ask_json
 
+        retries = JSON_RETRIES if retries is None else retries
         return ask_json(self.llm, messages, validate=validate, retries=retries,
                         temperature=temperature, seed=seed, max_tokens=max_tokens)
 

@@ -53,6 +53,15 @@ class RunLifecycle:
                             {"llm_calls": cost.llm_calls}, what=method)
         return cost.images
 
+    def afford(self, what: str, **needed: int) -> None:
+        """OverBudgetError unless the current visitor's hourly budgets still hold `needed` ({kind: amount},
+        `spending.KINDS`): the most that work charged as it is made (an LLM call at a time) can spend,
+        checked before any of it, as admission checks a run's estimate. Nothing in local mode, for the host
+        or in a view whose work was charged up front (compare models)."""
+        visitor = access.visitor_for(self.public)
+        if self.public and not visitor.host and not self.prepaid:
+            spending.charge(self.store, self.budget, visitor, {}, needed, what=what)
+
     def charge(self, what: str = "", **spend: int) -> None:
         """Charge work done outside a run's admission (an LLM call, a regenerated image, an export's
         bytes: `spending.KINDS`) to the current visitor of a public GapLens; OverBudgetError when
@@ -87,7 +96,7 @@ class RunLifecycle:
         record = self.store.get_run(run_id)
         if record is None or record["method"] != method or not self.store.run_writable(run_id):
             raise InputError(f"no {method} run '{run_id}' of yours in the store")
-        self.store.update_run(run_id, status="running")
+        self.store.update_run(run_id, status="running", ended=False)
         return Run(self, run_id, method, request)
 
     def for_run(self, run: Run):
@@ -168,7 +177,7 @@ class Run:
     def finish(self, results: dict, summary: dict | None = None) -> Done:
         summary = dict(summary or {})
         summary.setdefault("seconds", round(time.perf_counter() - self.started, 2))
-        self.engine.store.update_run(self.id, status="done", results=results, summary=summary)
+        self.engine.store.update_run(self.id, status="done", results=results, summary=summary, ended=True)
         return Done(self.id, results, summary)
 
 
@@ -191,6 +200,7 @@ def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estima
     starting nothing (a tab checks a request before its run streams)."""
 
     def preflight(request, engine) -> None:
+        limits.check_request_texts(request)   # first: a method's check may look a text up in the store
         check(request, engine)
         limits.check(request, engine.preset.name)
         backend_choices.check(engine, request)
@@ -198,6 +208,7 @@ def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estima
     def wrap(fn):
         @functools.wraps(fn)
         def run_method(request, engine):
+            limits.check_request_texts(request)
             check(request, engine)
             # nothing stored if refused
             cost = engine.admit(method, priced(request, engine) if priced else request, estimate)
@@ -212,13 +223,13 @@ def recorded(method: str, check: Callable, estimate: Callable[..., limits.Estima
             except GeneratorExit:
                 events.close()      # the method saves what it has (e.g. a search's state)
                 if not finished:    # a consumer closing the stream after Done did not stop the run
-                    engine.store.update_run(run.id, status="stopped")
+                    engine.store.update_run(run.id, status="stopped", ended=True)
                 raise
             except GapLensError as exc:
-                engine.store.update_run(run.id, status="failed", error=str(exc))
+                engine.store.update_run(run.id, status="failed", error=str(exc), ended=True)
                 raise
             except Exception as exc:
-                engine.store.update_run(run.id, status="failed",
+                engine.store.update_run(run.id, status="failed", ended=True,
                                         error="".join(traceback.format_exception_only(type(exc), exc)).strip())
                 raise
         run_method.method = method

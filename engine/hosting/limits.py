@@ -5,8 +5,9 @@ Two layers:
 - `check` applies everywhere (CLI, local app, public app): every number of a method's
   request dataclass is range-checked by its field name (seeds 0…2³²−1, `n_boot` 0 where its
   field's metadata "zero_off" says 0 means "no intervals" and otherwise 100…100 000, steps
-  and size bounded per preset, every text at most `MAX_TEXT_CHARS`), so bad input is one
-  sentence instead of a traceback.
+  and size bounded per preset, every text checked by engine/common/texts.py: at most
+  `MAX_TEXT_CHARS`, no NUL, no unpaired surrogate), so bad input is one sentence instead of a
+  traceback, and nothing stored is a text the store could not encode or an import would refuse.
 - `Budget` applies in public mode (`python app.py --public`): per request, images, steps, size,
   mining generations and mitigation steps (`check_budget`); per hour, images and LLM calls per
   visitor, per client address and for the whole app (engine/hosting/spending.py); storage per visitor
@@ -20,12 +21,11 @@ from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Callable
 
 from ..common.errors import InputError, OverBudgetError
+from ..common.texts import check_texts
 
 SEED_MAX = 2**32 - 1
 SEED_FIELDS = ("seed", "image_seed", "llm_seed")
 N_BOOT_MIN, N_BOOT_MAX = 100, 100_000
-MAX_TEXT_CHARS = 1000
-MAX_LIST_ITEMS = 500
 MIN_SIDE = 64
 
 # preset -> (largest steps, largest width/height). Turbo/schnell models are distilled for 1-4 steps.
@@ -84,37 +84,22 @@ def _int(value, what: str) -> int:
         raise InputError(f"{what} must be a whole number, not {str(value)[:40]!r}") from None
 
 
-def _texts(obj, path: str = "request"):
-    """Yield (where, text) for every string in a request, and check list lengths."""
-    if isinstance(obj, str):
-        yield path, obj
-    elif isinstance(obj, dict):
-        if len(obj) > MAX_LIST_ITEMS:
-            raise InputError(f"{path} has {len(obj)} entries; at most {MAX_LIST_ITEMS} are accepted")
-        for k, v in obj.items():
-            yield from _texts(str(k), f"{path} key")
-            yield from _texts(v, f"{path}.{k}")
-    elif isinstance(obj, (list, tuple)):
-        if len(obj) > MAX_LIST_ITEMS:
-            raise InputError(f"{path} has {len(obj)} items; at most {MAX_LIST_ITEMS} are accepted")
-        for v in obj:
-            yield from _texts(v, path)
-
-
-def check_text(text: str | None, what: str) -> None:
-    """InputError when `text` (a search, a name typed in a box) is longer than MAX_TEXT_CHARS."""
-    if text is not None and len(text) > MAX_TEXT_CHARS:
-        raise InputError(f"the {what} is {len(text)} characters long; the maximum is {MAX_TEXT_CHARS}")
+def check_request_texts(request) -> None:
+    """InputError (one sentence naming the field) when a text of `request` (a method's request
+    dataclass or dict) may not enter (engine/common/texts.py: length, NUL, unpaired surrogates),
+    or a list in it is too long or it nests too deeply: checked before anything else looks at
+    the request (a method's own checks may look a text up in the store)."""
+    fields = asdict(request) if is_dataclass(request) else dict(request)
+    for name, value in fields.items():
+        check_texts(value, name)
 
 
 def check(request, preset_name: str) -> None:
     """Raise InputError (one sentence) when a field of `request` (a method's request
-    dataclass or dict) is out of range. Returns None; changes nothing."""
+    dataclass or dict) is out of range, its texts included (`check_request_texts`). Returns
+    None; changes nothing."""
+    check_request_texts(request)
     fields = asdict(request) if is_dataclass(request) else dict(request)
-    for where, text in _texts(fields):
-        if len(text) > MAX_TEXT_CHARS:
-            raise InputError(f"{where.removeprefix('request.')} is {len(text)} characters long; the maximum is "
-                             f"{MAX_TEXT_CHARS}")
     for name, value in fields.items():   # NaN or ±Infinity: never a setting (json lets them through)
         if isinstance(value, float) and not math.isfinite(value):
             raise InputError(f"{name.replace('_', ' ')} must be a finite number; got {value}")

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..backends.llm_json import as_axis_dict
+from ..backends.llm_json import JSON_ATTEMPTS, as_axis_dict
 from ..common.errors import InputError, LLMOutputError
 from ..common.events import Table, Warning
 from ..common.llm_prompts import axis_question_prompt, tibet_turns
@@ -183,8 +183,9 @@ def propose_axes(engine: Engine, prompt: str, seed: int = 0,
                  max_length_change: int = MAX_LENGTH_CHANGE) -> tuple[dict[str, list[str]], list[str]]:
     """TIBET's three-turn conversation (thesis §2.3, temperature 1 as in the paper): bias axes,
     then counterfactuals, then their JSON; replies are cached in the store. Returns the
-    checked axes and the dropped counterfactuals. A reply that cannot be parsed, or keeps no
-    axis with two counterfactuals, is asked again (bounded); then LLMOutputError."""
+    checked axes (at most MAX_PROPOSED_AXES) and the dropped counterfactuals. A reply that cannot be
+    parsed, or keeps no axis with two counterfactuals, is asked again (bounded: at most
+    PROPOSE_CALLS calls in all); then LLMOutputError."""
     prompt = engine.check_prompt(prompt)
     turns = tibet_turns(prompt)
     messages: list[dict] = []
@@ -209,6 +210,11 @@ def propose_axes(engine: Engine, prompt: str, seed: int = 0,
         axes = engine.ask_json(messages, validate, temperature=1.0, seed=seed, max_tokens=2048)
     except LLMOutputError as exc:
         raise LLMOutputError(f"{exc}. Type the axes and counterfactuals into the table by hand instead.") from exc
+    if len(axes) > MAX_PROPOSED_AXES:   # each may cost a question (QUESTION_CALLS): the estimates count these
+        extra = list(axes)[MAX_PROPOSED_AXES:]
+        problems.append(f"axes after the first {MAX_PROPOSED_AXES} ({', '.join(extra)}) (dropped: a proposal keeps "
+                        f"at most {MAX_PROPOSED_AXES}; type more into the table)")
+        axes = {a: cfs for a, cfs in list(axes.items())[:MAX_PROPOSED_AXES]}
     return axes, problems
 
 
@@ -258,6 +264,7 @@ def propose_for(engine: Engine, prompt: str, fill: list[str], seed: int = 0,
     """`propose_axes` for the first prompt of a run; with a placeholder, the counterfactuals
     are written back as templates (those not naming the fill value are left out)."""
     first = expand(prompt, fill)[0]
+    engine.afford("propose axes", llm_calls=PROPOSE_CALLS)   # its worst case, before the first call
     axes, problems = propose_axes(engine, first, seed, max_length_change)
     name = placeholder(prompt)
     if name:
@@ -284,7 +291,11 @@ def fit_proposed(engine: Engine, estimate: Callable, request, axes: dict[str, li
 
 
 SETS_GUESS = 13  # sets of a request whose axes the LLM will propose (1 + 3 axes × 4)
-PROPOSE_CALLS = 3  # TIBET's three-turn axes proposal (propose_axes)
+# The most LLM calls of TIBET's three-turn axes proposal (propose_axes): two chat turns, then the JSON
+# turn, asked again while its reply is unusable (JSON_ATTEMPTS in all)
+PROPOSE_CALLS = 2 + JSON_ATTEMPTS
+QUESTION_CALLS = JSON_ATTEMPTS   # the most LLM calls of one axis' VQA question (axis_question)
+MAX_PROPOSED_AXES = 10           # axes a proposal keeps (each may need a question)
 
 
 def one_set_each(axes: dict[str, list[str]]) -> int:
@@ -297,12 +308,20 @@ def estimate_sets(request: SetsRequest, sets_per_prompt: Callable[[dict], int], 
     """What a request of counterfactual image sets can spend: N images per set and
     `sets_per_prompt(axes)` sets per prompt and fill value; when the LLM proposes the axes,
     SETS_GUESS sets (a guess) or `proposed`, the images the request is held to (its sets are cut
-    to fit, `fit_proposed`). LLM calls: the proposal's, and with `asks_per_axis` one per axis."""
-    fills = max(1, len(request.fill or []))
+    to fit, `fit_proposed`). LLM calls, at most: the proposal's (PROPOSE_CALLS), and with
+    `asks_per_axis` QUESTION_CALLS per axis not given a question (a proposal keeps at most
+    MAX_PROPOSED_AXES, and for a visitor those whose sets, two counterfactuals each at least, fit)."""
+    fills, n = max(1, len(request.fill or [])), max(1, int(request.n))
     if not (isinstance(request.axes, dict) and request.axes):
-        return Estimate(proposed if proposed is not None else int(request.n) * SETS_GUESS * fills, PROPOSE_CALLS)
-    questions = len(request.axes) if asks_per_axis else 0
-    return Estimate(int(request.n) * sets_per_prompt(request.axes) * fills, questions)
+        images = proposed if proposed is not None else n * SETS_GUESS * fills
+        most = MAX_PROPOSED_AXES   # a visitor's proposal keeps the axes whose sets fit its images (fit_proposed)
+        while proposed is not None and most and n * fills * sets_per_prompt(
+                {f"axis {i}": ["a", "b"] for i in range(most)}) > proposed:
+            most -= 1
+        return Estimate(images, PROPOSE_CALLS + (QUESTION_CALLS * most if asks_per_axis else 0))
+    given = getattr(request, "questions", None) or {}   # settle_questions_and_ideals asks for the others
+    asked = {axis_name(a) for a in request.axes} - set(given) if asks_per_axis else set()
+    return Estimate(n * sets_per_prompt(request.axes) * fills, QUESTION_CALLS * len(asked))
 
 
 def check(request: SetsRequest, engine: Engine) -> None:

@@ -30,7 +30,7 @@ from typing import TypedDict
 import numpy as np
 
 from ..backends.base import GenerationSettings
-from ..backends.llm_json import as_string_list
+from ..backends.llm_json import JSON_ATTEMPTS, as_string_list
 from ..common.errors import GapLensError, InputError, LLMOutputError
 from ..common.events import Event, Images, Progress, Table, Warning
 from ..common.llm_prompts import mutations_prompt, random_prompts_prompt
@@ -641,14 +641,18 @@ def _priced(request: MineRequest, engine: Engine) -> MineRequest:
 
 
 def estimate(request: MineRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
-    """T·b·N images and T generations (spec A.9); LLM calls per iteration: a variation call per
-    prompt, the population's call and, for the genetic search, a mutation call per selected
-    prompt (none when ranking a source's prompts)."""
+    """T·b·N images and T generations (spec A.9); LLM calls, at most: per iteration a variations
+    question per new prompt (its gap score), and, but when ranking a source's prompts, the
+    random prompts' question and, from the second iteration of the genetic search, a mutation
+    question per selected prompt, each asked again (1 + max_requery times) while its replies repeat
+    prompts seen; every question is JSON_ATTEMPTS calls at most."""
     iterations = int(request.iterations or DEFAULT_ITERATIONS)
     population = max(1, int(request.population))
     select = int(request.select) if request.strategy == "ga" else 0
-    calls = 0 if request.strategy == "source" else iterations * (population + 1 + select)
-    return Estimate(int(request.n) * population * iterations, calls, generations=iterations)
+    questions = iterations * population
+    if request.strategy != "source":
+        questions += (1 + max(0, int(request.max_requery))) * (iterations + select * (iterations - 1))
+    return Estimate(int(request.n) * population * iterations, JSON_ATTEMPTS * questions, generations=iterations)
 
 
 @recorded("mine", check, estimate, continues=lambda request: request.resume, priced=_priced)

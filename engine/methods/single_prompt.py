@@ -14,6 +14,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from ..backends.llm_json import JSON_ATTEMPTS
 from ..common.errors import InputError
 from ..common.events import Event, Headline, Progress, Table, Warning
 from ..core.engine import Engine, Run, recorded, stream_image_set
@@ -185,9 +186,10 @@ def other_evaluators(engine: Engine, request: SinglePromptRequest) -> list:
 
 def estimate(request: SinglePromptRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
     """N images, or up to `until_cap` (the largest N the user may grow a set to; None: not
-    counted) when `until_half_width` grows the set; one LLM call for the gap score's variations."""
+    counted) when `until_half_width` grows the set; the gap score's variations: one JSON question
+    to the LLM, asked again while its reply is unusable (JSON_ATTEMPTS calls at most)."""
     n = int(request.n)
-    return Estimate(max(n, until_cap or 0) if request.until_half_width else n, 1 if request.gap else 0)
+    return Estimate(max(n, until_cap or 0) if request.until_half_width else n, JSON_ATTEMPTS if request.gap else 0)
 
 
 @recorded("single_prompt", check, estimate)

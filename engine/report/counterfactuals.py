@@ -70,7 +70,10 @@ def counterfactual_rows(results: dict) -> list[list[str]]:
 
 
 def initial_label(label: str) -> str:
-    """The label of the initial set of the prompt a set label belongs to."""
+    """The label of the initial set of the prompt a set label belongs to (cfsets.set_label): an
+    initial set's own label, else its prompt's prefix ("prompt=<prompt>|" in aggregate mode) + "initial"."""
+    if label == "initial" or label.endswith("|initial"):
+        return label
     return label.split("axis=")[0] + "initial"
 
 
@@ -83,11 +86,14 @@ def _concepts(s: dict, axis: str | None, side: str) -> dict:
 
 
 def drill_html(results: dict, label: str) -> Markup:
-    """The initial set next to the set `label`: their concept histograms and Top-K lists."""
+    """The initial set next to the set `label`: their concept histograms and Top-K lists (the
+    initial set alone when `label` is one)."""
     chosen = results["sets"][label]
     initial = results["sets"][initial_label(label)]
-    return macro("counterfactuals.html", "drill")(
-        [_concepts(initial, chosen["axis"], "initial"), _concepts(chosen, chosen["axis"], "counterfactual")])
+    sides = [_concepts(initial, chosen["axis"], "initial")]
+    if chosen is not initial:
+        sides.append(_concepts(chosen, chosen["axis"], "counterfactual"))
+    return macro("counterfactuals.html", "drill")(sides)
 
 
 def sets_html(records_by_label: dict[str, list], url=lambda path: f"gradio_api/file={path}") -> Markup:

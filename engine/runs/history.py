@@ -18,7 +18,7 @@ from typing import Iterable
 from ..common.errors import InputError
 from ..common.names import readable
 from ..common.scores import Score, as_interval, difference, number, short_number
-from ..hosting.limits import check_text
+from ..common.texts import check_text
 from ..methods import METHODS
 from ..store.store import ImageRecord, Store
 
@@ -163,7 +163,7 @@ def list_runs(store: Store, search: str = "", method: str | None = None, status:
     headline; `sort` is one of SORTS."""
     if sort not in SORTS:
         raise InputError(f"unknown sort '{sort}'; choose one of {', '.join(SORTS)}")
-    check_text(search, "search")
+    check_text(search, "the search")
     rows = [_row(run) for run in store.list_runs(method or None) if not status or run["status"] == status]
     words = (search or "").lower().split()
     if words:
@@ -190,7 +190,7 @@ def list_page(store: Store, search: str = "", method: str | None = None, status:
     or filters, newest/oldest pages are read straight from the database (an index on
     `created`), so the first page costs the same with 20 runs or 20,000."""
     page, per_page = max(1, int(page)), max(1, int(per_page))
-    check_text(search, "search")
+    check_text(search, "the search")
     if not search.strip() and not method and not status and sort in ("newest", "oldest"):
         total = store.count_runs()
         pages = max(1, -(-total // per_page))

@@ -37,8 +37,9 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from ..common.encoding import json_default, parse_json
+from ..common.encoding import MAX_JSON_DEPTH, json_default, parse_json
 from ..common.errors import InputError
+from ..common.texts import check_texts, needs_readable, text_problem
 from ..hosting.storage import import_room
 from ..store.store import MAX_PUBLIC_RESULTS_BYTES, Store, content_key, is_key, is_run_id
 
@@ -61,8 +62,11 @@ def _text(limit: int, allowed: set | None = None, optional: bool = False) -> Cal
     def check(v):
         if v is None and optional:
             return None
-        if not isinstance(v, str) or len(v) > limit or "\x00" in v:
+        if not isinstance(v, str):
             raise ValueError(f"expected text of at most {limit} characters")
+        problem = text_problem(v, limit)   # what the app checks before it stores a text, too
+        if problem:
+            raise ValueError(f"the text {problem}")
         if allowed is not None and v not in allowed:
             raise ValueError(f"expected one of {', '.join(sorted(allowed))}")
         return v
@@ -105,8 +109,14 @@ def _json_text(limit: int, kind: type) -> Callable:
     def check(v):
         if not isinstance(v, str) or len(v) > limit:
             raise ValueError(f"expected JSON text of at most {limit} characters")
-        if not isinstance(parse_json(v, "the value"), kind):
+        value = parse_json(v, "the value")
+        if not isinstance(value, kind):
             raise ValueError(f"expected a JSON {kind.__name__}")
+        if needs_readable(v):   # a text in it may not be stored (a NUL, an unpaired surrogate)
+            try:
+                check_texts(value, "a text in it", limit=None, items=len(v), depth=MAX_JSON_DEPTH)
+            except InputError as exc:
+                raise ValueError(str(exc)) from None
         return v
     return check
 

@@ -10,11 +10,12 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from ..common import access
 from ..common.encoding import json_default
 from ..common.errors import InputError, NotAllowedError
+from ..common.texts import check_texts, needs_readable, readable
 from .schema import MAX_PUBLIC_RESULTS_BYTES, MAX_REQUEST_BYTES, in_chunks
 
 
@@ -42,6 +43,7 @@ class Runs:
         """A new run in status 'running', owned by the current visitor and recording this
         process (pid, host). Returns its id. InputError when the request is too large to store."""
         run_id = run_id or self.new_run_id()  # ids from outside are checked where they enter (engine/runs/imports.py)
+        check_texts(request, "request", limit=None)   # checked where it entered; never stored unencodable
         request_json = json.dumps(request, default=str)
         if len(request_json) > MAX_REQUEST_BYTES:
             raise InputError(f"the request is {len(request_json) // 1024} KiB; at most {MAX_REQUEST_BYTES // 1024} "
@@ -90,15 +92,20 @@ class Runs:
                        for i in run_ids)
 
     def update_run(self, run_id: str, *, status: str | None = None, results: dict | None = None,
-                   summary: dict | None = None, error: str | None = None) -> None:
+                   summary: dict | None = None, error: str | None = None, ended: bool | None = None) -> None:
+        """Change a run's record; `ended`: True when the process running it ends it (done, failed,
+        stopped), False when one runs it again (a resume); None leaves it."""
         sets, args = ["updated=?"], [time.time()]
+        if ended is not None:
+            sets.append("ended=?")
+            args.append(args[0] if ended else None)
         for column, value in (("status", status), ("error", error)):
             if value is not None:
                 sets.append(f"{column}=?")
-                args.append(value)
+                args.append(readable(value))   # an error may quote a model's reply
         for column, value in (("results", results), ("summary", summary)):
             if value is not None:
-                text = json.dumps(value, default=json_default)
+                text = _storable_json(value)
                 if self.public and len(text) > MAX_PUBLIC_RESULTS_BYTES and not access.visitor_for(True).host:
                     raise InputError(f"this run's {column} are {len(text) / 2**20:.0f} MiB; a public GapLens keeps at "
                                      f"most {MAX_PUBLIC_RESULTS_BYTES // 2**20} MiB per run (ask for fewer images or sets)")
@@ -121,20 +128,20 @@ class Runs:
         rows = self._read("SELECT * FROM runs WHERE id=?" + (f" AND {where}" if where else ""), (run_id, *args))
         if not rows:
             return None
-        run = {k: v for k, v in dict(rows[0]).items() if k not in ("pid", "host", "cost")}  # bookkeeping only
+        run = {k: v for k, v in dict(rows[0]).items() if k not in ("pid", "host", "cost", "ended")}  # bookkeeping only
         for column in ("request", "results", "summary", "models"):
-            run[column] = json.loads(run[column])
+            run[column] = _decoded(run[column])
         run["images"] = [dict(r) for r in self._read(
             "SELECT image_key, label, position FROM run_images WHERE run_id=? ORDER BY position", (run_id,))]
         return run
 
-    def run_status(self, run_id: str) -> tuple[str, float] | None:
-        """(status, updated) of the run, or None as `get_run` gives it: what a loop watching a run
-        reads without decoding its results."""
+    def run_status(self, run_id: str) -> "RunStatus | None":
+        """(status, updated, ended) of the run, or None as `get_run` gives it: what a loop watching a
+        run reads without decoding its results."""
         where, args = self._scope()
-        rows = self._read("SELECT status, updated FROM runs WHERE id=?" + (f" AND {where}" if where else ""),
+        rows = self._read("SELECT status, updated, ended FROM runs WHERE id=?" + (f" AND {where}" if where else ""),
                           (run_id, *args))
-        return (rows[0]["status"], rows[0]["updated"]) if rows else None
+        return RunStatus(rows[0]["status"], rows[0]["updated"], rows[0]["ended"] is not None) if rows else None
 
     def require_run(self, run_id: str, method: str | None = None, what: str = "run", hint: str = "") -> dict:
         """The run (`get_run`) when the current visitor may see it and it is of `method` (any when
@@ -163,7 +170,7 @@ class Runs:
         for r in rows:
             d = dict(r)
             for column in ("request", "summary", "models"):
-                d[column] = json.loads(d[column])
+                d[column] = _decoded(d[column])
             out.append(d)
         return out
 
@@ -183,11 +190,11 @@ class Runs:
         return bool(self._read("SELECT 1 FROM runs WHERE id=?", (run_id,)))
 
     def run_rows(self, run_ids: Sequence[str]) -> list[dict]:
-        """The raw `runs` rows (JSON columns left as text) the visitor may see, in the order of `run_ids`."""
+        """The raw `runs` rows (JSON columns left as text, `readable`) the visitor may see, in the order of `run_ids`."""
         where, args = self._scope()
         by_id = {}
         for marks, chunk in in_chunks(run_ids):
-            by_id.update({r["id"]: dict(r) for r in self._read(
+            by_id.update({r["id"]: _readable_row(r) for r in self._read(
                 f"SELECT * FROM runs WHERE id IN ({marks})" + (f" AND {where}" if where else ""),
                 (*chunk, *args))})
         return [by_id[i] for i in run_ids if i in by_id]
@@ -264,6 +271,14 @@ class Runs:
             insert(db, "labels", labels, "INSERT OR REPLACE")
 
 
+class RunStatus(NamedTuple):
+    """A run's status, when its record last changed, and whether the process running it has ended it."""
+
+    status: str
+    updated: float
+    ended: bool
+
+
 class Ledger:
     """The `charges` table inside a write transaction (Store.ledger)."""
 
@@ -290,6 +305,34 @@ class Ledger:
                         (now, visitor, address, *(int(spend.get(k, 0)) for k in ("images", "llm_calls", "export_bytes")),
                          what[:200]))
         self.db.execute("DELETE FROM charges WHERE created<?", (now - self.KEEP_S,))
+
+
+JSON_COLUMNS = ("request", "results", "summary", "models")
+
+
+def _decoded(text: str):
+    """A JSON column's value; `readable` when its text escapes a surrogate or a NUL (a store written
+    before texts were checked where they enter, engine/common/texts.py, may hold them)."""
+    value = json.loads(text)
+    return readable(value) if needs_readable(text) else value
+
+
+def _storable_json(value) -> str:
+    """The JSON text a run's results or summary are stored as: `readable` when they quote a text that
+    no store or archive may hold (a model's reply; the request's texts were checked where they entered)."""
+    text = json.dumps(value, default=json_default)
+    return json.dumps(readable(json.loads(text))) if needs_readable(text) else text
+
+
+def _readable_row(row) -> dict:
+    """A raw `runs` row as exports copy it: its JSON columns and error `readable`, so it re-imports."""
+    out = dict(row)
+    for column in JSON_COLUMNS:
+        if isinstance(out.get(column), str) and needs_readable(out[column]):
+            out[column] = json.dumps(readable(json.loads(out[column])))
+    if isinstance(out.get("error"), str):
+        out["error"] = readable(out["error"])
+    return out
 
 
 def _alive(pid) -> bool:

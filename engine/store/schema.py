@@ -72,12 +72,13 @@ CREATE INDEX IF NOT EXISTS charges_by_address ON charges(address, created);
 # answers.text (the evaluator's own words beside the chosen class, '' when it wrote none; issue 35);
 # runs.owner (the public-mode visitor, '' = the host), runs.published (shown read-only to every
 # visitor), runs.pid/host (the process running it, to spot runs a dead process left
-# 'running'), runs.cost (images the request was budgeted for).
+# 'running'), runs.cost (images the request was budgeted for), runs.ended (when the process running it
+# ended it, done, failed or stopped; NULL while one runs it: what a Stop pressed elsewhere waits for).
 COLUMNS = {
     "images": [("provenance", "TEXT NOT NULL DEFAULT 'local'"), ("used", "REAL"), ("bytes", "INTEGER")],
     "answers": [("probs", "TEXT NOT NULL DEFAULT ''"), ("text", "TEXT NOT NULL DEFAULT ''")],
     "runs": [("owner", "TEXT NOT NULL DEFAULT ''"), ("published", "INTEGER NOT NULL DEFAULT 0"),
-             ("pid", "INTEGER"), ("host", "TEXT"), ("cost", "INTEGER NOT NULL DEFAULT 0")],
+             ("pid", "INTEGER"), ("host", "TEXT"), ("cost", "INTEGER NOT NULL DEFAULT 0"), ("ended", "REAL")],
 }
 INDEXES = """
 CREATE INDEX IF NOT EXISTS runs_by_created ON runs(created);

@@ -48,7 +48,7 @@ from .. import __version__
 from ..common.encoding import parse_json
 from ..common.errors import InputError
 from ..common.scores import is_finite, is_missing
-from ..hosting.limits import MAX_TEXT_CHARS
+from ..common.texts import MAX_TEXT_CHARS
 from ..runs.history import get_run, run_prompt, run_records, short_model
 from ..runs.imports import ArchiveLimits, check_archive
 
