@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine.backends.base import ModelSpec
+from engine.backends.llm_json import JSON_ATTEMPTS
 from engine.backends.synthetic import SyntheticLLM, load_world
 from engine.backends.synthetic.phrasing import back_translate, translate
 from engine.cli import main
@@ -200,7 +201,7 @@ def test_prompts_come_from_translations_then_magbigs_files_then_the_llm(engine):
 
 def test_the_estimate_counts_images_and_every_llm_request_with_its_retries():
     row = METHODS["languages"]
-    worst = 1 + languages.LLM_RETRIES
+    worst = JSON_ATTEMPTS
     # en -> de, fr by the LLM, both translated back
     assert row.estimate(row.request(prompt="a photo of a doctor", languages=["en", "de", "fr"], n=8)) == \
         Estimate(24, 4 * worst)

@@ -36,6 +36,9 @@ CASES = {
     "compare_models": [{"method": "counterfactuals", "generators": ["synthetic", "world-copy"],   # a second name
                         "request": {"prompt": PROMPT, "n": 2, "n_boot": 0}}],                    # of the world
     "validate": [None],   # a stored run's id, made first
+    "check": [{"base": "synthetic", "candidate": "synthetic_generator:doctor-male-95", "prompts": [PROMPT], "n": 2, "axes": ["gender"],
+               "n_boot": 100, "n_perm": 100}],                                            # no LLM at all
+    "languages": [{"prompt": PROMPT, "languages": ["en", "de", "fr"], "n": 2, "axes": ["gender"], "n_boot": 100}],
 }
 CALLS = [(name, i) for name, cases in CASES.items() for i in range(len(cases))]
 RETRY = RETRY_MESSAGE.split("{reason}")[0]
@@ -101,7 +104,7 @@ def test_no_request_makes_more_llm_calls_than_its_rows_estimate(name, i, tmp_pat
         assert llm.calls >= cfsets.PROPOSE_CALLS   # the proposal's worst case was reached, and counted
 
 
-@pytest.mark.parametrize("name,i", [(n, i) for n, i in CALLS if n not in ("generate", "explore", "validate")])
+@pytest.mark.parametrize("name,i", [(n, i) for n, i in CALLS if n not in ("generate", "explore", "validate", "check")])
 def test_a_visitor_is_refused_before_the_first_call_unless_the_worst_case_fits(name, i, tmp_path, monkeypatch):
     visitor = access.Visitor("session:llm", address="10.0.0.7")
     for room in ("short", "exact"):

@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TypedDict
 
+from ..backends.llm_json import JSON_ATTEMPTS
 from ..common.errors import GapLensError, InputError, LLMOutputError
 from ..common.events import Done, Event, Progress, Table, Warning
 from ..common.llm_prompts import translate_prompt
@@ -63,7 +64,6 @@ THESIS_OCCUPATIONS = {"computer programmer": "computer programmer", "elementary 
                       "engineer": "engineer", "musician": "musician", "social worker": "social worker",
                       "sales person": "salesperson", "farmer": "farmer", "mechanic": "mechanic",
                       "firefighter": "firefighter"}
-LLM_RETRIES = 2          # a translation re-asked at most this often when its JSON is unusable
 DEFAULT_AXES = ("gender",)
 
 
@@ -302,14 +302,14 @@ def _asks(request: LanguagesRequest) -> int:
 
 def estimate(request: LanguagesRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
     """N images per language (and occupation); each LLM request (translation, back-translation) up to
-    1 + LLM_RETRIES calls."""
+    JSON_ATTEMPTS calls (its re-asks when the JSON is unusable)."""
     sets = len(codes_of(request))
     if request.prompt_set:
         try:
             sets *= len(occupations_of(request))
         except InputError:
             pass
-    return Estimate(int(request.n) * sets, _asks(request) * (1 + LLM_RETRIES))
+    return Estimate(int(request.n) * sets, _asks(request) * JSON_ATTEMPTS)
 
 
 # -- step 1: every language's prompt --------------------------------------------------------------------
@@ -337,10 +337,10 @@ def _translation(obj) -> str:
 
 def translate(engine: Engine, text: str, code: str, seed: int = 0) -> str:
     """`text` translated by the engine's LLM into the language `code` (its variant asking for feminine
-    forms or the gender star), at temperature 0; LLMOutputError after LLM_RETRIES re-asks."""
+    forms or the gender star), at temperature 0; LLMOutputError after ask_json's re-asks."""
     base, variant = parse_code(code)
     return engine.ask_json([{"role": "user", "content": translate_prompt(text, LANGUAGE_NAMES[base], variant)}],
-                           _translation, temperature=0.0, seed=seed, retries=LLM_RETRIES)
+                           _translation, temperature=0.0, seed=seed)
 
 
 def propose_translations(engine: Engine, prompt: str, codes: list[str], back: bool = True, seed: int = 0) -> dict:
