@@ -2,6 +2,7 @@
 tree, hovers a dot (its thumbnail appears), clicks it (the image opens), copies the view's link and
 opens it in a new page (the same view, no image generated); another visitor's page opening that link
 reads exactly as a missing id; the tree's HTML export opens offline with its charts."""
+import contextlib
 import os
 import re
 
@@ -18,6 +19,15 @@ pytestmark = pytest.mark.browser
 HOST_TOKEN = "test-host-token-explore-0123456789"
 PARENTS = "els => els.map(e => (e.parentElement.closest('li[data-node]') || {dataset: {}}).dataset.node || '')"
 DOT = "#ex-strips .gl-vega[data-chart='explore-strips'][data-rendered] svg g.mark-symbol.role-mark path"
+IMAGE_OPEN = ("(() => { const i = document.querySelector('#ex-image img'); "
+              "return i && i.complete && i.naturalWidth > 0; })()")
+
+
+def centre(page, selector: str) -> dict:
+    """The first element matching `selector`, scrolled into view: its box with its centre ("cx", "cy")."""
+    page.locator(selector).first.scroll_into_view_if_needed()
+    box = page.locator(selector).first.bounding_box()
+    return {**box, "cx": box["x"] + box["width"] / 2, "cy": box["y"] + box["height"] / 2}
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +73,13 @@ def test_a_tree_its_dots_and_its_link(app, tmp_path):
         assert page.inner_text("#explore-lean-text").startswith("This set leans 'a photo of a woman' 1.00")
         # hover a dot: its thumbnail; click it: the image opens with its seed and caption
         page.wait_for_selector(DOT, timeout=30_000)
-        page.locator(DOT).first.scroll_into_view_if_needed()
-        box = page.locator(DOT).first.bounding_box()
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        box = centre(page, DOT)
+        page.mouse.move(box["cx"], box["cy"])
         page.wait_for_function("(() => { const i = document.querySelector('#vg-tooltip-element img'); "
                                "return i && i.complete && i.naturalWidth > 0; })()", timeout=20_000)
         screenshot(page, "explore_hover")
-        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        page.wait_for_function("(() => { const i = document.querySelector('#ex-image img'); "
-                               "return i && i.complete && i.naturalWidth > 0; })()", timeout=30_000)
+        page.mouse.click(box["cx"], box["cy"])
+        page.wait_for_function(IMAGE_OPEN, timeout=30_000)
         assert "Seed" in page.inner_text("#ex-details") and "Caption" in page.inner_text("#ex-details")
         screenshot(page, "explore_tree")
         link = page.eval_on_selector("#ex-link textarea", "e => e.value")
@@ -132,21 +140,20 @@ def grown(app):
     return {"root": root, "child": child}
 
 
-def host_page(browser_page_, url: str, tree: str, node: str, extra: str = ""):
-    """The host's page opened at the link of `node` in `tree`, its strips drawn."""
-    page = browser_page_
-    page.set_viewport_size(VIEWPORT)
-    page.context.set_extra_http_headers({"x-gaplens-host-token": HOST_TOKEN})
-    page.goto(f"{url}?tab=explore&tree={tree}&run={node}{extra}", wait_until="load")
-    page.wait_for_selector(f"#ex-tree-view li.gl-selected[data-node='{node}']", timeout=60_000)
-    page.wait_for_selector(DOT, timeout=30_000)
-    return page
+@contextlib.contextmanager
+def opened(app, tree: str, node: str):
+    """A host's page opened at the link of `node` in `tree` (1440×900), its strips drawn."""
+    _, url = app
+    with browser_page(**VIEWPORT) as page:
+        page.context.set_extra_http_headers({"x-gaplens-host-token": HOST_TOKEN})
+        page.goto(f"{url}?tab=explore&tree={tree}&run={node}", wait_until="load")
+        page.wait_for_selector(f"#ex-tree-view li.gl-selected[data-node='{node}']", timeout=60_000)
+        page.wait_for_selector(DOT, timeout=30_000)
+        yield page
 
 
 def test_no_clear_lean_is_claimed_where_the_interval_holds_the_even_share(app, grown):
-    _, url = app
-    with browser_page() as page:
-        host_page(page, url, grown["root"], grown["root"])
+    with opened(app, grown["root"], grown["root"]) as page:
         assert page.inner_text("#explore-lean-text").startswith(
             "This set has no clear lean: 'a photo of a man' 0.56 [0.39, 0.72] includes the even share 0.50 (N = 32)")
         badge = page.inner_text(f"#ex-tree-view li[data-node='{grown['root']}'] > .gl-badge")
@@ -155,9 +162,7 @@ def test_no_clear_lean_is_claimed_where_the_interval_holds_the_even_share(app, g
 
 
 def test_strips_are_padded_with_medians_over_the_dots_and_a_log_odds_axis(app, grown):
-    _, url = app
-    with browser_page() as page:
-        host_page(page, url, grown["root"], grown["root"])
+    with opened(app, grown["root"], grown["root"]) as page:
         chart = "#ex-strips .gl-vega[data-chart='explore-strips'][data-rendered] svg"
         inside = page.eval_on_selector(chart, """svg => {
           const plot = svg.querySelector('path.background').getBoundingClientRect();
@@ -178,17 +183,13 @@ def test_strips_are_padded_with_medians_over_the_dots_and_a_log_odds_axis(app, g
 
 
 def test_a_clicked_dot_opens_its_image_beside_the_charts(app, grown):
-    _, url = app
-    with browser_page() as page:
-        host_page(page, url, grown["root"], grown["child"])
+    with opened(app, grown["root"], grown["child"]) as page:
         last = "#ex-strips .gl-vega[data-chart='explore-inverse-1'][data-rendered] svg g.mark-symbol.role-mark path"
         page.wait_for_selector(last, timeout=30_000)
-        page.locator(last).first.scroll_into_view_if_needed()
-        box = page.locator(last).first.bounding_box()
+        box = centre(page, last)
         assert box["y"] > 0 and page.evaluate("window.scrollY") > 900    # far down the page
-        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        page.wait_for_function("(() => { const i = document.querySelector('#ex-image img'); "
-                               "return i && i.complete && i.naturalWidth > 0; })()", timeout=30_000)
+        page.mouse.click(box["cx"], box["cy"])
+        page.wait_for_function(IMAGE_OPEN, timeout=30_000)
         image = page.locator("#ex-image img").bounding_box()
         assert 0 <= image["y"] and image["y"] + image["height"] <= VIEWPORT["height"]     # in view, not off-screen
         assert image["x"] > box["x"]                                                      # beside the chart
@@ -196,9 +197,7 @@ def test_a_clicked_dot_opens_its_image_beside_the_charts(app, grown):
 
 
 def test_opening_a_node_or_a_link_restores_its_settings(app, grown):
-    _, url = app
-    with browser_page() as page:
-        host_page(page, url, grown["root"], grown["root"])
+    with opened(app, grown["root"], grown["root"]) as page:
         value = "e => e.value"
         assert page.eval_on_selector("#ex-n input[type=number]", value) == "32"
         assert page.eval_on_selector("#ex-prompt textarea", value) == SURGEON
@@ -213,9 +212,7 @@ def test_opening_a_node_or_a_link_restores_its_settings(app, grown):
 
 
 def test_tree_labels_say_what_a_node_holds_and_inverse_queries_sit_side_by_side(app, grown):
-    _, url = app
-    with browser_page() as page:
-        host_page(page, url, grown["root"], grown["child"])
+    with opened(app, grown["root"], grown["child"]) as page:
         holds = page.inner_text(f"#ex-tree-view li[data-node='{grown['child']}'] > .gl-node-holds")
         assert holds == ("man / woman × a young person / an old person · inverse: an old doctor, smiling · "
                          "N = 8, seeds 3–10")
@@ -230,9 +227,7 @@ def test_tree_labels_say_what_a_node_holds_and_inverse_queries_sit_side_by_side(
 
 
 def test_the_node_picker_reads_whole_and_the_scatter_legend_names_its_axes(app, grown):
-    _, url = app
-    with browser_page() as page:
-        host_page(page, url, grown["root"], grown["child"])
+    with opened(app, grown["root"], grown["child"]) as page:
         fit = page.eval_on_selector("#ex-node input", """i => {
           const arrow = i.closest('.wrap-inner').querySelector('.icon-wrap').getBoundingClientRect();
           const box = i.getBoundingClientRect(), pad = parseFloat(getComputedStyle(i).paddingRight);
@@ -247,12 +242,9 @@ def test_the_node_picker_reads_whole_and_the_scatter_legend_names_its_axes(app, 
 
 
 def test_a_dots_image_credits_each_answer_to_its_evaluator_with_probabilities(app, grown):
-    engine, url = app
-    with browser_page() as page:
-        host_page(page, url, grown["root"], grown["root"])
-        page.locator(DOT).first.scroll_into_view_if_needed()
-        box = page.locator(DOT).first.bounding_box()
-        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    with opened(app, grown["root"], grown["root"]) as page:
+        box = centre(page, DOT)
+        page.mouse.click(box["cx"], box["cy"])
         page.wait_for_selector("#ex-details .gl-evaluator", timeout=30_000)
         evaluator = page.get_attribute("#ex-details .gl-evaluator", "data-evaluator")
         assert evaluator.startswith("synthetic-vqa:")          # the id its answers are stored under
@@ -261,9 +253,7 @@ def test_a_dots_image_credits_each_answer_to_its_evaluator_with_probabilities(ap
 
 
 def test_clusters_name_their_shares_and_runs_by_what_tells_them_apart(app, grown):
-    _, url = app
-    with browser_page() as page:
-        host_page(page, url, grown["root"], grown["root"])
+    with opened(app, grown["root"], grown["root"]) as page:
         page.click("text=Identity clusters, label-free")
         field = page.locator("#ex-cluster-runs input")
         field.click()

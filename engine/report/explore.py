@@ -43,28 +43,22 @@ def _x(score, scale: str):
     return None if score is None else (log_odds(score) if scale == "log-odds" else float(score))
 
 
-def beeswarm(values: list[float], width: float) -> list[int]:
-    """A lane per value so that values closer than `width` never share one: 0, 1, -1, 2, -2, ... in order of
-    value (a beeswarm: dots of equal scores stack across the strip instead of hiding each other)."""
-    lanes = [0] * len(values)
-    taken: list[tuple[float, int]] = []    # (value, lane) of the dots placed, the last `width` of them
+BEESWARM_LANES = 13                    # lanes across a strip: 0, ±1, ..., ±6
+
+
+def beeswarm(values: list[float], width: float, lanes: int = BEESWARM_LANES) -> list[int]:
+    """A lane per value (0, 1, -1, 2, -2, ...): values within `width` of the first of their run share a bin and
+    take the bin's lanes in turn (after `lanes` of them the lanes repeat), so dots of equal scores stack across
+    the strip instead of hiding each other (a beeswarm, in O(n log n))."""
+    order = [0] + [s * k for k in range(1, lanes // 2 + 1) for s in (1, -1)]
+    out = [0] * len(values)
+    start, taken = None, 0
     for i in sorted(range(len(values)), key=lambda i: (values[i], i)):
-        taken = [(v, lane) for v, lane in taken if values[i] - v < width]
-        used = {lane for _, lane in taken}
-        lane = next(c for c in _lanes() if c not in used)
-        lanes[i] = lane
-        taken.append((values[i], lane))
-    return lanes
-
-
-def _lanes():
-    """0, 1, -1, 2, -2, ..."""
-    yield 0
-    k = 1
-    while True:
-        yield k
-        yield -k
-        k += 1
+        if start is None or values[i] - start >= width:
+            start, taken = values[i], 0
+        out[i] = order[taken % len(order)]
+        taken += 1
+    return out
 
 
 def strip_rows(images: list[dict], concepts: list[str], thumbs: dict | None = None, group: str = "",
