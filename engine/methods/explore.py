@@ -13,8 +13,10 @@ cosines would put the dots of different prompts and embedders on incomparable ra
 cosines crowd into 0.2–0.35); the softmax reads as "how much more like c than like the other
 concepts", is in [0, 1] and sums to 1 over the concepts. The **lean** is the share of images
 whose nearest concept (largest cosine, the same as the largest score) is c, with its Jeffreys
-interval (engine/metrics/intervals.py); each strip's median score has the distribution-free
-95% interval of a quantile (scipy.stats.quantile_test, order statistics).
+interval (engine/metrics/intervals.py); a set *leans* to its largest share only when that interval
+excludes the even share 1/k of k concepts, else it has *no clear lean* (`lean_claim`, the one rule
+every text of a lean goes through). Each strip's median score has the distribution-free 95%
+interval of a quantile (scipy.stats.quantile_test, order statistics).
 
 The tree: a node is an Explore run; a child names its parent's run id (`parent`), and every
 node records its tree's id (the root's run id) in its results. A tree is therefore stored,
