@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from urllib.parse import urlencode
 
 import gradio as gr
@@ -18,6 +19,7 @@ from engine.methods.axes import known_axes
 from engine.methods.explore import ExploreRequest, StripsMeasured
 from engine.report import explore as report
 from engine.report.explore import tree_document
+from engine.runs.history import run_prompt, short_model
 
 from .common import View, checked, default, export_dir, gpu, gpu_seconds_for, served, served_url, streamed
 from .common import LoadHook, user_errors
@@ -51,7 +53,8 @@ def build(engine) -> list:
             axes = gr.CheckboxGroup(list(known_axes()), value=default(Request, "axes"), elem_id="ex-axes",
                                     label="Also measure attributes with VQA (optional; cached answers reused): "
                                           "the node shows their distributions")
-            with gr.Accordion("Inverse queries: which concept do images of a test concept lean to?", open=False):
+            with gr.Accordion("Inverse queries: which concept do images of a test concept lean to?",
+                              open=False) as inverse_panel:
                 inverse = gr.Textbox(lines=2, label="Test concepts (one per line)", elem_id="ex-inverse",
                                      placeholder="smiling\nan old doctor")
                 carrier = gr.Textbox(label="Carrier prompt ({} is the test concept)", elem_id="ex-carrier",
@@ -63,16 +66,20 @@ def build(engine) -> list:
                 negative = gr.Textbox(label="Negative prompt", elem_id="ex-negative")
                 generation = generation_fields("ex", ("steps", "guidance", "width", "height"))
             go = gr.Button("Generate and place (a child of the selected node)", variant="primary", elem_id="ex-go")
-        with gr.Column(scale=3):
+        with gr.Column(scale=4):
             progress = gr.Markdown("", elem_id="ex-progress")
             link = gr.Textbox(label="Link to this view (reopens it from the store)", buttons=["copy"],
                               interactive=False, elem_id="ex-link")
             query = gr.Textbox(visible="hidden", elem_id="ex-query")
             tree_view = gr.HTML(elem_id="ex-tree-view", js_on_load=NODE_JS)
-            strips = gr.HTML(elem_id="ex-strips", js_on_load=CLICK_JS)
-            with gr.Row():
-                image = gr.Image(label="Image", interactive=False, height=256, elem_id="ex-image")
-                details = gr.Markdown(NO_IMAGE, elem_id="ex-details")
+            scale = gr.Radio(list(report.SCALES), value="probability", elem_id="ex-scale", label="Strips' axis",
+                             info="log-odds, ln(s / (1 − s)), spreads scores near 0 and 1")
+            with gr.Row(equal_height=False):
+                with gr.Column(scale=5, min_width=420):
+                    strips = gr.HTML(elem_id="ex-strips", js_on_load=CLICK_JS)
+                with gr.Column(scale=2, min_width=240, elem_id="ex-viewer"):   # beside the charts (CSS: sticky)
+                    image = gr.Image(label="Image", interactive=False, height=256, elem_id="ex-image")
+                    details = gr.HTML(NO_IMAGE, elem_id="ex-details")
             with gr.Row():
                 export_json = gr.Button("Export tree (JSON)", size="sm", elem_id="ex-export-json")
                 export_html = gr.Button("Export tree (HTML page)", size="sm", elem_id="ex-export-html")
@@ -91,20 +98,24 @@ def build(engine) -> list:
     with_engine = functools.partial
     form = dict(prompt=prompt, concepts=concepts, versus=versus, n=n, seed=seed, run_id=stored, inverse=inverse,
                 carrier=carrier, m=m, parent=node_pick, negative_prompt=negative, **generation.fields, axes=axes)
-    view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress, prompt, concepts, versus, axes]
+    # a view: the tree, the node, its page, and the form as the node was made (issue 42: N, seeds, concepts, axes)
+    view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress, prompt, concepts, versus, axes,
+                    n, seed, stored, inverse, carrier, m, negative, inverse_panel]
     run = gpu(engine, duration=with_engine(step_seconds, engine))(with_engine(step, engine))
     checked(go.click, engine, "explore", explore_request, inputs_kwargs=form).success(
         run, inputs_kwargs=form, outputs=[progress, state], api_name="explore").then(
-        user_errors(with_engine(after_step, engine)), [state], view_outputs, api_name=False)
-    tree_pick.input(user_errors(with_engine(open_tree, engine)), [tree_pick], view_outputs, api_name=False)
+        user_errors(with_engine(after_step, engine)), [state, scale], view_outputs, api_name=False)
+    tree_pick.input(user_errors(with_engine(open_tree, engine)), [tree_pick, scale], view_outputs, api_name=False)
     # the trees again when the picker opens (one imported in Runs meanwhile)
     tree_pick.focus(user_errors(with_engine(trees_update, engine)), [tree_pick], [tree_pick], api_name=False)
-    node_pick.input(user_errors(with_engine(open_node, engine)), [state, node_pick], view_outputs, api_name=False)
+    node_pick.input(user_errors(with_engine(open_node, engine)), [state, node_pick, scale], view_outputs,
+                    api_name=False)
 
-    def node_clicked(state, evt: gr.EventData):   # a click on a node of the tree selects it
-        return open_node(engine, state, (getattr(evt, "_data", None) or {}).get("node"))
+    def node_clicked(state, scale, evt: gr.EventData):   # a click on a node of the tree selects it
+        return open_node(engine, state, (getattr(evt, "_data", None) or {}).get("node"), scale)
 
-    tree_view.select(user_errors(node_clicked), [state], view_outputs, api_name=False)
+    tree_view.select(user_errors(node_clicked), [state, scale], view_outputs, api_name=False)
+    scale.input(user_errors(with_engine(rescale, engine)), [state, scale], [strips, query], api_name=False)
     query.change(None, [query], [link], js=LINK_JS, api_name=False)
     open_image = gpu(engine, duration=lambda state, data: gpu_seconds_for(engine, 1),
                      specs=lambda state, data: [engine.preset.vqa])(with_engine(show_image, engine))
@@ -112,7 +123,7 @@ def build(engine) -> list:
     def clicked(state, evt: gr.EventData):   # Gradio passes the event data by this annotation
         return open_image(state, getattr(evt, "_data", None) or {})
 
-    strips.select(clicked, [state], [image, details], api_name=False)
+    strips.select(clicked, [state], [image, details], api_name=False).then(None, js=SHOW_IMAGE_JS, api_name=False)
     for fmt, button in (("json", export_json), ("html", export_html), ("zip", export_zip)):
         button.click(user_errors(with_engine(export_tree, engine, fmt)), [state], [files], api_name=False)
     clustered = gpu(engine, duration=lambda run_ids, k: gpu_seconds_for(engine, 1),
@@ -123,10 +134,12 @@ def build(engine) -> list:
     defaults = generation.hook(engine)
 
     def linked(request: gr.Request):   # Gradio passes the page's request (its ?query) by this annotation
-        return (*open_link(engine, dict(getattr(request, "query_params", {}) or {})), *defaults.fn())
+        params = dict(getattr(request, "query_params", {}) or {})
+        shown = params.get("scale") if params.get("scale") in report.SCALES else "probability"
+        return (*open_link(engine, params), shown, *defaults.fn())
 
     # one page-load event for the tab (a public GapLens bounds each visitor's events at once)
-    return [LoadHook(linked, view_outputs + defaults.outputs, lambda: (gr.skip(),) * VIEW + tuple(
+    return [LoadHook(linked, view_outputs + [scale] + defaults.outputs, lambda: (gr.skip(),) * (VIEW + 1) + tuple(
         defaults.after_model_change()))]
 
 
@@ -146,6 +159,14 @@ element.addEventListener('click', (e) => {
 """
 # The link: this page's address with the view's query.
 LINK_JS = "(q) => q ? window.location.origin + window.location.pathname + q : ''"
+# An opened image: beside the charts (#ex-viewer sticks to the top while they scroll); where the columns
+# stack (a narrow window), scroll it into view.
+SHOW_IMAGE_JS = """() => {
+  const viewer = document.getElementById('ex-viewer');
+  if (!viewer) return;
+  const box = viewer.getBoundingClientRect();
+  if (box.top < 0 || box.top > window.innerHeight - 120) viewer.scrollIntoView({block: 'nearest'});
+}"""
 
 
 # -- handlers: (engine, the inputs' values) -> the outputs' values --------------------------------------------
@@ -196,55 +217,94 @@ def render(event, view: View) -> dict:
     return {}
 
 
-def after_step(engine, state):
+def after_step(engine, state, scale="probability"):
     """The view of the node a step just made (its tree, the node selected)."""
     if not (state or {}).get("node"):
         return (gr.skip(),) * VIEW
-    return view_of(engine, state["tree"], state["node"], keep_progress=True)
+    return view_of(engine, state["tree"], state["node"], keep_progress=True, scale=scale)
 
 
-def open_tree(engine, tree_id):
+def open_tree(engine, tree_id, scale="probability"):
     """The view of a tree's root ('' : a new tree, nothing selected)."""
     if not tree_id:
-        return (trees_update(engine, ""), gr.Dropdown(choices=[], value=None), "", "", {}, "", "") + (gr.skip(),) * 4
-    return view_of(engine, tree_id, tree_id)
+        return (trees_update(engine, ""), gr.Dropdown(choices=[], value=None), "", "", {}, "", "") + \
+            (gr.skip(),) * (VIEW - 7)
+    return view_of(engine, tree_id, tree_id, scale=scale)
 
 
-def open_node(engine, state, node_id):
+def open_node(engine, state, node_id, scale="probability"):
     """The view of another node of the open tree."""
     if not node_id or not (state or {}).get("tree"):
         return (gr.skip(),) * VIEW
-    return view_of(engine, state["tree"], node_id)
+    return view_of(engine, state["tree"], node_id, scale=scale)
 
 
-VIEW = 11   # the outputs of a view: build's view_outputs
+VIEW = 19   # the outputs of a view: build's view_outputs
 
 
-def view_of(engine, tree_id: str, node_id: str, keep_progress: bool = False) -> tuple:
-    """(tree picker, node picker, tree, strips, state, link query, status, prompt, concepts, second
-    axis, VQA axes) of one node of a tree (the form starts from the node: edit it for a child), read from
-    the store (nothing is generated). InputError, reading like a missing id, for a tree or node the
-    visitor may not see."""
+def view_of(engine, tree_id: str, node_id: str, keep_progress: bool = False, scale: str = "probability") -> tuple:
+    """(tree picker, node picker, tree, strips, state, link query, status, then the form as the node was made:
+    prompt, concepts, second axis, VQA axes, N, first seed, stored run, test concepts, carrier, m, negative
+    prompt, and the inverse queries' panel opened when it has some) of one node of a tree, read from the store (nothing is generated): a child made next starts from
+    the node's own settings (issue 42). InputError, reading like a missing id, for a tree or node the visitor
+    may not see."""
     nodes = explore.tree_nodes(engine, tree_id)
     if node_id not in {n["id"] for n in nodes}:
         raise InputError(f"no node '{str(node_id)[:80]}' in tree '{str(tree_id)[:80]}'")
     record = engine.store.get_run(node_id)
-    results = record.get("results") or {}
-    choices = [(f"{n['prompt'][:50]} · {report.lean_text(n['lean']) or n['status']} · {n['id']}", n["id"])
-               for n in nodes]
+    results, request = record.get("results") or {}, record.get("request") or {}
+    choices = [(node_choice(i, n), n["id"]) for i, n in enumerate(nodes)]
     state = {"tree": tree_id, "node": node_id, "keys": [i["key"] for i in explore.node_images(results)]}
-    query = "?" + urlencode({"tab": TAB, "tree": tree_id, "run": node_id})
-    return (trees_update(engine, tree_id), gr.Dropdown(choices=choices, value=node_id),
-            report.tree_html(nodes, node_id), report.page(results, thumbnails(engine, results)), state, query,
-            gr.skip() if keep_progress else f"Opened node `{node_id}` of tree `{tree_id}` from the store.",
-            results.get("prompt", ""), "\n".join(results.get("concepts") or []), "\n".join(results.get("versus") or []),
-            [a for a in results.get("axes") or {} if a in known_axes()])
+    query = link_query(tree_id, node_id, scale)
+    form = (results.get("prompt", "") if not request.get("run") else "", "\n".join(results.get("concepts") or []),
+            "\n".join(results.get("versus") or []), [a for a in results.get("axes") or {} if a in known_axes()],
+            min(int(request.get("n") or 0), engine.max_images) or gr.skip(), int(request.get("seed") or 0),
+            request.get("run") or "", "\n".join(request.get("inverse") or []), request.get("carrier") or "",
+            min(int(request.get("m") or 0), engine.max_images) or gr.skip(), request.get("negative_prompt") or "",
+            gr.Accordion(open=True) if request.get("inverse") else gr.skip())   # a child would repeat them: shown
+    holds = next(f"{i + 1}. {explore.node_holds(n)}" for i, n in enumerate(nodes) if n["id"] == node_id)
+    return (trees_update(engine, tree_id), gr.Dropdown(choices=choices, value=node_id, info=holds),
+            report.tree_html(nodes, node_id), report.page(results, thumbnails(engine, results), scale), state, query,
+            gr.skip() if keep_progress else f"Opened node `{node_id}` of tree `{tree_id}` from the store.", *form)
+
+
+def link_query(tree_id: str, node_id: str, scale: str = "probability") -> str:
+    """The view's query: `?tab=explore&tree=<id>&run=<node>` (and `&scale=log-odds` when so drawn)."""
+    params = {"tab": TAB, "tree": tree_id, "run": node_id}
+    if scale != "probability" and scale in report.SCALES:
+        params["scale"] = scale
+    return "?" + urlencode(params)
+
+
+def rescale(engine, state, scale):
+    """(strips, link query) of the open node drawn on another axis (from the store: nothing is computed)."""
+    if not (state or {}).get("node"):
+        return gr.skip(), gr.skip()
+    explore.tree_nodes(engine, state["tree"])   # the tree is still the visitor's to see
+    results = (engine.store.require_run(state["node"], "explore", what="node").get("results")) or {}
+    return report.page(results, thumbnails(engine, results), scale), link_query(state["tree"], state["node"], scale)
+
+
+def node_choice(i: int, node: dict) -> str:
+    """The node picker's label, short enough to read whole in the picker (issue 42): its number, its prompt and
+    what it adds ("3. a photo of an old doctor · 2 axes, inverse"); the picker's info line and the tree view
+    say all it holds (`engine.methods.explore.node_holds`)."""
+    adds = [what for what, has in (("2 axes", node.get("versus")), ("inverse", node.get("inverse")),
+                                   ("VQA", node.get("axes")), ("scored", node.get("source_run"))) if has]
+    return f"{i + 1}. {clip(str(node.get('prompt') or ''), 26)}" + (f" · {', '.join(adds)}" if adds else "")
+
+
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit` - 1 characters and "…"."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def trees_update(engine, selected: str):
-    """The tree picker listing the trees the visitor may see."""
+    """The tree picker listing the trees the visitor may see: each root's prompt first (a scored run's
+    says so after it), its size and its id."""
     trees = explore.list_trees(engine)
-    choices = [(NEW_TREE, "")] + [(f"{t['prompt'][:50]} ({t['nodes']} node(s)) · {t['id']}", t["id"]) for t in trees]
+    choices = [(NEW_TREE, "")] + [(f"{clip(t['prompt'], 26)} · {t['nodes']} node(s) · …{t['id'][-6:]}", t["id"])
+                                  for t in trees]
     if selected and selected not in {c[1] for c in choices}:
         choices.append((selected, selected))
     return gr.Dropdown(choices=choices, value=selected)
@@ -266,14 +326,15 @@ def open_link(engine, params: dict) -> tuple:
         if not tree_id:
             record = engine.store.require_run(node_id, "explore", what="Explore run")
             tree_id = (record.get("results") or {}).get("tree") or node_id
-        return view_of(engine, tree_id, node_id or tree_id)
+        return view_of(engine, tree_id, node_id or tree_id, scale=params.get("scale") or "probability")
     except InputError as exc:
-        return (trees_update(engine, ""), gr.skip(), "", "", {}, "", f"**Link**: {exc}.") + (gr.skip(),) * 4
+        return (trees_update(engine, ""), gr.skip(), "", "", {}, "", f"**Link**: {exc}.") + (gr.skip(),) * (VIEW - 7)
 
 
 def show_image(engine, state, data: dict):
-    """(image, details) of a clicked dot: the image, its seed, prompt and scores, its stored VQA answers
-    and its caption. Only the open node's images can be opened."""
+    """(image, details) of a clicked dot: the image, its seed, prompt and scores, its caption and its stored
+    VQA answers, each credited to its evaluator with its probabilities ("can't tell" below the engine's
+    threshold, issue 42). Only the open node's images can be opened."""
     key = str((data or {}).get("key") or "")
     if not key or key not in set((state or {}).get("keys") or []):
         return gr.skip(), NO_IMAGE
@@ -284,11 +345,8 @@ def show_image(engine, state, data: dict):
     answers = [a for a in engine.store.answers_for_image(key) if a["question"] != "<caption>"]
     results = (engine.store.get_run(state["node"]) or {}).get("results") or {}
     item = next((i for i in explore.node_images(results) if i["key"] == key), {})
-    scores = "\n".join(f"- {c}: **{s:.3f}**" for c, s in (item.get("scores") or {}).items())
-    asked = "\n".join(f"- *{a['question']}* → **{a['answer']}**" for a in answers) or "- (no VQA answers stored)"
-    text = (f"**Seed {record.seed}**: *{record.prompt}* (key `{key[:12]}…`)\n\nScores:\n{scores}\n\n"
-            f"Caption: *{caption}*\n\nVQA answers:\n{asked}")
-    return served(record.path), text
+    return served(record.path), report.image_panel(record, key, item.get("scores") or {}, caption, answers,
+                                                   engine.cant_tell_below)
 
 
 def export_tree(engine, fmt: str, state):
@@ -312,10 +370,22 @@ def export_tree(engine, fmt: str, state):
 
 
 def run_choices(engine):
-    """The cluster picker listing the runs the visitor may see (with images)."""
-    rows = engine.store.list_runs(limit=500)
-    return gr.Dropdown(choices=[(f"{r['id']} · {r['method']} · {str((r['request'] or {}).get('prompt', ''))[:40]}",
-                                 r["id"]) for r in rows])
+    """The cluster picker listing the runs the visitor may see (with images), each by what tells it from the
+    others (issue 42): prompt, model, N, seeds, date, method and id."""
+    return gr.Dropdown(choices=[(run_label(r), r["id"]) for r in engine.store.list_runs(limit=500)])
+
+
+def run_label(row: dict) -> str:
+    """"a photo of a doctor · synthetic_generator:synthetic_world.json · N = 16, seeds 0–15 · 2026-05-01 12:00 ·
+    single_prompt · <id>" of a row of `Store.list_runs`."""
+    request, summary = row.get("request") or {}, row.get("summary") or {}
+    n, seed = request.get("n") or summary.get("n"), request.get("seed")
+    images = f"N = {n}" + (f", seeds {seed}–{seed + n - 1}" if isinstance(seed, int) and isinstance(n, int)
+                           and n > 0 and not request.get("run") else "") if n else ""
+    model = short_model((row.get("models") or {}).get("generator", ""))
+    created = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["created"])) if row.get("created") else ""
+    parts = [str(run_prompt(row))[:60], model, images, created, row.get("method", ""), row["id"]]
+    return " · ".join(p for p in parts if p)
 
 
 def cluster(engine, run_ids, k):

@@ -114,9 +114,10 @@ def test_a_node_measures_its_attribute_distribution_with_vqa_from_cached_answers
     page = str(report.page(again))
     assert 'id="explore-axes"' in page and "axis-gender" in page
     assert "explore-axes" not in str(report.page(cli_json(engine, capsys, "--run", printed["run_id"])))  # off: no VQA
-    # a scored run's prompt in the Runs table (list_runs carries no results)
+    # a scored run's prompt in the Runs table (list_runs carries no results): the prompt first, so a cut
+    # label still names it (issue 42)
     row = next(r for r in engine.store.list_runs("explore") if r["id"] == again["run_id"])
-    assert run_prompt(row) == f"scores of run {printed['run_id']}: a photo of a doctor"
+    assert run_prompt(row) == f"a photo of a doctor (scores of run {printed['run_id']})"
 
 
 def grow_tree(engine) -> list[str]:

@@ -220,6 +220,8 @@ def run_command(args) -> int:
     if done is not None:
         if args.json:
             print(json.dumps({"run_id": done.run_id, **done.results}, indent=2, default=json_default))
+        elif getattr(args, "done_text", None):   # a command that says its result in words (explore)
+            print(args.done_text(done))
         else:
             print(f"run {done.run_id} done: {json.dumps(done.summary, default=str)}", file=sys.stderr)
         if getattr(args, "after_run", None) is not None:   # a command's own output and exit status (check)

@@ -13,8 +13,10 @@ cosines would put the dots of different prompts and embedders on incomparable ra
 cosines crowd into 0.2–0.35); the softmax reads as "how much more like c than like the other
 concepts", is in [0, 1] and sums to 1 over the concepts. The **lean** is the share of images
 whose nearest concept (largest cosine, the same as the largest score) is c, with its Jeffreys
-interval (engine/metrics/intervals.py); each strip's median score has the distribution-free
-95% interval of a quantile (scipy.stats.quantile_test, order statistics).
+interval (engine/metrics/intervals.py); a set *leans* to its largest share only when that interval
+excludes the even share 1/k of k concepts, else it has *no clear lean* (`lean_claim`, the one rule
+every text of a lean goes through). Each strip's median score has the distribution-free 95%
+interval of a quantile (scipy.stats.quantile_test, order statistics).
 
 The tree: a node is an Explore run; a child names its parent's run id (`parent`), and every
 node records its tree's id (the root's run id) in its results. A tree is therefore stored,
@@ -22,7 +24,9 @@ listed, owned, published, exported and imported exactly as its runs are (`tree_n
 """
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -345,33 +349,78 @@ def _images_of(engine: Engine, source: dict, run_id: str) -> tuple[list[ImageRec
 
 
 def summary_of(results: dict) -> dict:
-    """The leading concept, its share and interval, N, the tree and parent (the Runs table's numbers);
-    with a scored run, "prompt": "scores of run <id>: <its prompt>" (the request names no prompt); when VQA
-    ran, "axes": {axis: {"top", "share", "ci"}} (its most frequent answer)."""
-    top = leading(results.get("lean") or {})
+    """The leading concept, its share and interval, whether the lean is clear (`lean_claim`), N, the tree and
+    parent (the Runs table's numbers); with a scored run, "prompt": "<its prompt> (scores of run <id>)" (the
+    request names no prompt; the prompt first, so that a cut label still names it); when VQA ran, "axes":
+    {axis: {"top", "share", "ci"}} (its most frequent answer)."""
+    claim = lean_claim(results.get("lean") or {})
     summary = {"n": measured(results.get("lean")), "tree": results.get("tree", ""),
                "parent": results.get("parent", "")}
     if results.get("source_run"):
-        summary["prompt"] = f"scores of run {results['source_run']}: {results.get('prompt', '')}"
+        summary["prompt"] = scored_name(results.get("prompt", ""), results["source_run"])
     for axis, m in (results.get("axes") or {}).items():   # VQA ran: each axis' most frequent answer
         answer = leading(distribution(m))
         if answer:
             summary.setdefault("axes", {})[axis] = {"top": answer[0], "share": answer[1]["share"],
                                                     "ci": answer[1]["ci"]}
-    if top:
-        summary.update(leans_to=top[0], lean_share=top[1]["share"], lean_low=top[1]["ci"][0],
-                       lean_high=top[1]["ci"][1])
+    if claim:
+        summary.update(leans_to=claim["concept"], lean_share=claim["share"], lean_low=claim["ci"][0],
+                       lean_high=claim["ci"][1], lean_clear=claim["clear"], even_share=tidy(claim["even"]))
     return summary
 
 
-def lean_sentence(lean: dict, what: str = "images") -> str:
-    """"images lean to 'a photo of a man': 0.71 [0.62, 0.80] (N = 16)", '' when nothing was measured."""
+def scored_name(prompt: str, source_run: str) -> str:
+    """"a photo of a doctor (scores of run <id>)": the name of a node that scores a stored run."""
+    return f"{prompt} (scores of run {source_run})"
+
+
+# -- what a lean may claim (issue 42): one rule for the CLI, the tab, the tree, the page and exports ------------
+def claim_of(concept: str, share: float, ci, even: float) -> dict:
+    """The claim a set may make about its largest share: {"concept", "share", "ci", "even", "clear"}, `clear`
+    only when the share's 95% interval excludes the even share `even` (1/k of k concepts): an interval that
+    includes it is as consistent with an even split as with a lean."""
+    lo, hi = (list(ci) + [None, None])[:2] if ci else (None, None)
+    lo, hi = number(lo), number(hi)
+    return {"concept": concept, "share": share, "ci": [lo, hi], "even": even,
+            "clear": lo is not None and lo > even}
+
+
+def lean_claim(lean: dict) -> dict | None:
+    """`claim_of` the concept with the largest share of `lean` (k = the concepts it lists), with "n": the
+    images measured; None when nothing was measured."""
     top = leading(lean)
     if not top:
-        return ""
+        return None
+    k = sum(1 for v in lean.values() if isinstance(v, dict))
     concept, v = top
-    lo, hi = v["ci"]
-    return f"{what} lean to '{concept}': {v['share']:.2f} [{lo:.2f}, {hi:.2f}] (N = {measured(lean)})"
+    return {**claim_of(concept, v["share"], v.get("ci"), 1 / max(k, 2)), "n": measured(lean)}
+
+
+def claim_text(claim: dict | None) -> str:
+    """"leans 'a photo of a man' 0.71 [0.62, 0.80]" when the claim is clear, else "no clear lean: 'a photo of
+    a man' 0.56 [0.39, 0.72] includes the even share 0.50" ('' for no claim)."""
+    if not claim:
+        return ""
+    lo, hi = claim["ci"]
+    numbers = f"'{claim['concept']}' {claim['share']:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None
+                                                              and hi is not None else "")
+    if claim["clear"]:
+        return f"leans {numbers}"
+    return f"no clear lean: {numbers} includes the even share {claim['even']:.2f}"
+
+
+def lean_text(lean: dict) -> str:
+    """`claim_text` of a lean: "leans 'a photo of a man' 0.71 [0.62, 0.80]" or "no clear lean: ..."."""
+    return claim_text(lean_claim(lean))
+
+
+def lean_sentence(lean: dict, what: str = "This set") -> str:
+    """"This set leans 'a photo of a man' 0.71 [0.62, 0.80] (N = 16)", or "This set has no clear lean: 'a
+    photo of a man' 0.56 [0.39, 0.72] includes the even share 0.50 (N = 16)"; '' when nothing was measured."""
+    claim = lean_claim(lean)
+    if not claim:
+        return ""
+    return f"{what} {'' if claim['clear'] else 'has '}{claim_text(claim)} (N = {claim['n']})"
 
 
 def scores(results: dict, summary: dict) -> list[Score]:
@@ -387,51 +436,126 @@ def scores(results: dict, summary: dict) -> list[Score]:
 
 
 def headline(record: dict) -> tuple[str, float | None]:
-    """("leans 'a photo of a man' 0.71 [0.62, 0.80]", 0.71) of a stored run."""
+    """("leans 'a photo of a man' 0.71 [0.62, 0.80]", 0.71) of a stored run, or ("no clear lean: ...", 0.56)
+    when the interval includes the even share (`claim_of`; runs stored before the rule get it too)."""
     s = record.get("summary") or {}
     share = number(s.get("lean_share"))
     if share is None:
         return "", None
-    lo, hi = number(s.get("lean_low")), number(s.get("lean_high"))
-    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
-    return f"leans '{s.get('leans_to', '')}' {share:.2f}{ci}", share
+    k = len(clean_concepts((record.get("request") or {}).get("concepts") or DEFAULT_CONCEPTS))
+    even = number(s.get("even_share")) or 1 / max(k, 2)
+    return claim_text(claim_of(str(s.get("leans_to", "")), share, [s.get("lean_low"), s.get("lean_high")], even)), share
 
 
 # -- the tree --------------------------------------------------------------------------------------------
+# Every walk of a tree is bounded whatever the store holds (issue 43: an imported loop or a 1,000-node chain):
+# it remembers the nodes it has seen and stops at these limits, and says so (the root node's "cut").
+MAX_TREE_NODES = 1000
+MAX_TREE_DEPTH = 1000
+
+
 def tree_nodes(engine: Engine, tree_id: str) -> list[dict]:
     """The tree's nodes the current visitor may see (root first, then each parent before its
-    children, oldest first): {"id", "parent", "prompt", "concepts", "lean", "inverse", "status",
-    "source_run", "n"}. InputError, reading like a missing id, when the visitor may not see the root."""
-    return _nodes(_tree_records(engine, tree_id))
+    children, oldest first; at most MAX_TREE_NODES, at most MAX_TREE_DEPTH below the root): {"id",
+    "parent", "depth", "prompt", "concepts", "versus", "lean", "inverse", "axes", "status", "source_run",
+    "n", "seeds"}; the root has "cut", a sentence, when the walk stopped at a limit. InputError, reading
+    like a missing id, when the visitor may not see the root."""
+    return _tree(engine, tree_id)[0]
 
 
-def _tree_records(engine: Engine, tree_id: str) -> list[dict]:
-    """The run records (`Store.get_run`) of `tree_nodes`, in its order."""
+def _tree(engine: Engine, tree_id: str) -> tuple[list[dict], list[dict]]:
+    """(`tree_nodes`, their run records)."""
+    records, depths, cut = _tree_records(engine, tree_id)
+    nodes = _nodes(records)
+    for node, depth in zip(nodes, depths):
+        node["depth"] = depth
+    if cut and nodes:
+        nodes[0]["cut"] = cut
+    return nodes, records
+
+
+def _tree_records(engine: Engine, tree_id: str) -> tuple[list[dict], list[int], str]:
+    """(the run records (`Store.get_run`) of `tree_nodes` in its order, their depths, '' or the sentence saying
+    where the walk stopped). Breadth first from the root, each run at most once (a loop of parent links
+    ends where it comes back), within MAX_TREE_NODES and MAX_TREE_DEPTH."""
     root = engine.store.require_run(tree_id, "explore", what="tree")
     children: dict[str, list[str]] = {}
     for r in engine.store.list_runs("explore", oldest_first=True):
         children.setdefault((r["request"] or {}).get("parent") or "", []).append(r["id"])
-    order, todo = [], [root["id"]]
+    order, depths, seen, todo = [], [], {root["id"]}, deque([(root["id"], 0)])
+    cut = ""
     while todo:
-        node = todo.pop(0)
+        node, depth = todo.popleft()
+        if len(order) == MAX_TREE_NODES:
+            cut = f"this tree has more than {MAX_TREE_NODES} nodes; the first {MAX_TREE_NODES} are shown"
+            break
         order.append(node)
-        todo += children.get(node, [])
-    return [root] + [engine.store.get_run(run_id) for run_id in order[1:]]
+        depths.append(depth)
+        for child in children.get(node, []):
+            if child in seen:
+                continue
+            if depth + 1 > MAX_TREE_DEPTH:
+                cut = f"nodes more than {MAX_TREE_DEPTH} levels below the root are left out"
+                continue
+            seen.add(child)
+            todo.append((child, depth + 1))
+    rows = {r["id"]: r for r in engine.store.run_rows(order[1:])}   # one query per 500 nodes, not two a node
+    records = [root] + [_decoded(rows.get(run_id)) for run_id in order[1:]]
+    kept = [i for i, r in enumerate(records) if r is not None]   # a run deleted meanwhile
+    return [records[i] for i in kept], [depths[i] for i in kept], cut
+
+
+def _decoded(row: dict | None) -> dict | None:
+    """A raw runs row (`Store.run_rows`) with the JSON columns a node reads decoded (as `Store.get_run` has them)."""
+    if row is None:
+        return None
+    return {**row, **{column: json.loads(row[column] or "{}") for column in ("request", "results", "summary")}}
 
 
 def _nodes(records: list[dict]) -> list[dict]:
     """`tree_nodes` of the tree's run records (root first)."""
     nodes = []
     for i, record in enumerate(records):
-        results = record.get("results") or {}
-        nodes.append({"id": record["id"], "parent": (record["request"].get("parent") or "") if i else "",
-                      "prompt": results.get("prompt") or record["request"].get("prompt", ""),
-                      "concepts": results.get("concepts") or record["request"].get("concepts", []),
+        results, request = record.get("results") or {}, record.get("request") or {}
+        n, seed = request.get("n"), request.get("seed")
+        seeds = [seed, seed + n - 1] if isinstance(n, int) and isinstance(seed, int) and n > 0 \
+            and not request.get("run") else None
+        nodes.append({"id": record["id"], "parent": (request.get("parent") or "") if i else "",
+                      "prompt": results.get("prompt") or request.get("prompt", ""),
+                      "concepts": results.get("concepts") or request.get("concepts", []),
+                      "versus": results.get("versus") or [],
                       "lean": results.get("lean") or {}, "inverse": results.get("inverse") or {},
                       "source_run": results.get("source_run", ""), "status": record["status"],
-                      "n": measured(results.get("lean")),
+                      "n": measured(results.get("lean")), "seeds": seeds,
                       "axes": {a: distribution(m) for a, m in (results.get("axes") or {}).items()}})
     return nodes
+
+
+def short_concepts(concepts: list[str]) -> list[str]:
+    """The concepts without the words they all begin with ('a photo of a man', 'a photo of a woman' -> 'man',
+    'woman'); as they are when that would leave one empty."""
+    words = [str(c).split() for c in concepts]
+    if len(words) < 2:
+        return [str(c) for c in concepts]
+    common = 0
+    while all(len(w) > common + 1 and w[common] == words[0][common] for w in words):
+        common += 1
+    return [" ".join(w[common:]) for w in words]
+
+
+def node_holds(node: dict) -> str:
+    """What a node holds, in one line: its concepts (and second axis), its inverse queries, its VQA axes, its
+    images ("man / woman × young / old · inverse: smiling · VQA: gender · N = 16, seeds 0–15")."""
+    parts = [" / ".join(short_concepts(node.get("concepts") or []))
+             + (" × " + " / ".join(short_concepts(node["versus"])) if node.get("versus") else "")]
+    if node.get("inverse"):
+        parts.append("inverse: " + ", ".join(node["inverse"]))
+    if node.get("axes"):
+        parts.append("VQA: " + ", ".join(node["axes"]))
+    seeds = node.get("seeds")
+    images = f"N = {node.get('n', 0)}" + (f", seeds {seeds[0]}–{seeds[1]}" if seeds else "")
+    parts.append(images + (f", scored from run {node['source_run']}" if node.get("source_run") else ""))
+    return " · ".join(p for p in parts if p)
 
 
 def distribution(metrics: dict) -> dict:
@@ -451,8 +575,7 @@ def node_images(results: dict) -> list[dict]:
 def tree_json(engine: Engine, tree_id: str) -> dict:
     """The tree as a JSON document: {"format": "gaplens-explore-tree", "tree": id, "nodes": [...]},
     each node with its images (key, seed, scores) too."""
-    records = _tree_records(engine, tree_id)
-    nodes = _nodes(records)
+    nodes, records = _tree(engine, tree_id)
     for node, record in zip(nodes, records):
         results = record["results"] or {}
         node["images"] = [{"key": i["key"], "seed": i["seed"], "scores": i.get("scores")}
@@ -478,10 +601,11 @@ def list_trees(engine: Engine) -> list[dict]:
 def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: int = 4, seed: int = 0) -> dict:
     """KMeans (scikit-learn) on the image embeddings of stored runs: no labels, no VQA.
 
-    Returns {"k", "groups": [{"run_id", "label", "n"}], "clusters": [{"size", "central": [image
-    json of the `central` images nearest its centre], "shares": {group label: {"share", "ci",
-    "count"}}}]}: each group's (run's prompt, or model when prompts repeat) share of every cluster
-    with its Jeffreys interval. Embeddings come from the store's cache."""
+    Returns {"k", "groups": [{"run_id", "label", "prompt", "model", "seeds", "n"}], "clusters": [{"size",
+    "central": [image json of the `central` images nearest its centre], "shares": {group label: {"share",
+    "ci", "count"}}}]}: the share of each group's (run's) images that falls in every cluster, with its
+    Jeffreys interval, groups in the order given. Labels are unique (`group_labels`). Embeddings come from
+    the store's cache."""
     from sklearn.cluster import KMeans
 
     run_ids = list(dict.fromkeys(r.strip() for r in run_ids if r and r.strip()))
@@ -494,14 +618,14 @@ def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: i
         source = engine.store.require_run(run_id, what="run")
         found, prompt = _images_of(engine, source, run_id)
         found = unflagged(found)
-        models = source.get("models") or {}
-        groups.append({"run_id": run_id, "label": prompt, "model": models.get("generator", ""), "n": len(found)})
+        model = str((source.get("models") or {}).get("generator", ""))
+        seeds = sorted(r.seed for r in found)
+        backend, sep, name = model.partition(":")   # 'synthetic_generator:/a/b/world.json' -> '…:world.json'
+        groups.append({"run_id": run_id, "prompt": prompt, "model": backend + sep + name.rsplit("/", 1)[-1],
+                       "seeds": f"seeds {seeds[0]}–{seeds[-1]}" if seeds else "", "n": len(found)})
         records += found
         owner += [len(groups) - 1] * len(found)
-    labels = [g["label"] for g in groups]
-    for g in groups:   # the same prompt twice: the runs differ by their model
-        if labels.count(g["label"]) > 1:
-            g["label"] = f"{g['label']} ({g['model'] or g['run_id']})"
+    group_labels(groups)
     k = int(k)
     if not 2 <= k <= min(20, len(records)):
         raise InputError(f"k must be between 2 and {min(20, len(records))} (the images to cluster)")
@@ -519,3 +643,15 @@ def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: i
                          "shares": shares})
     clusters.sort(key=lambda c: -c["size"])
     return {"k": k, "groups": groups, "clusters": clusters}
+
+
+def group_labels(groups: list[dict]) -> None:
+    """Give every group a unique "label" (issue 41): its prompt; where prompts repeat, with the model; where
+    those repeat too, with the seed range; then with the run id (ids are unique)."""
+    for g in groups:
+        g["label"] = g["prompt"]
+    for extra in ("model", "seeds", "run_id"):
+        counts = Counter(g["label"] for g in groups)
+        for g in groups:
+            if counts[g["label"]] > 1 and g.get(extra):
+                g["label"] = f"{g['label']} · {g[extra]}"

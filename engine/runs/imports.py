@@ -274,6 +274,7 @@ def import_zip(store: Store, path: str | os.PathLike, replace: bool = False, tru
             plan = _read(zf, name, store, replace, trust, results_limit)
         except (KeyError, ValueError, TypeError, UnicodeDecodeError, zipfile.BadZipFile, binascii.Error) as exc:
             raise InputError(f"{name} is not a valid GapLens export: {exc}") from None
+        check_parent_links(store, plan["runs"], plan["renamed"], name)
         return _write(store, plan, trust, zf)
 
 
@@ -448,3 +449,48 @@ def replace_strings(obj, mapping: dict):
     if isinstance(obj, list):
         return [replace_strings(v, mapping) for v in obj]
     return obj
+
+
+PARENT_COLUMNS = ("request", "results")   # where a run names its parent (an Explore node: "parent")
+
+
+def check_parent_links(store: Store, runs: list[dict], renamed: dict, name: str = "the archive") -> None:
+    """InputError, in one sentence, unless the parent links of the archive's runs form a forest with the
+    store's (issue 43): following "parent" (in a run's request, and in its results) from any run of the
+    archive must end at a run without one, never come back to a run already passed. Each link is followed
+    as it will be after the import (`renamed` archive ids, store runs as the store has them, an archive run
+    in place of the store's run of its id); a run already checked is not walked again, so a chain costs
+    one step a run."""
+    ids = {run["id"] for run in runs}
+    links: dict[str, dict[str, str]] = {column: {} for column in PARENT_COLUMNS}
+    for run in runs:
+        for column in PARENT_COLUMNS:
+            value = parse_json(run[column], f"the {column} of run {run['id'][:80]}")
+            parent = value.get("parent") if isinstance(value, dict) else None
+            if isinstance(parent, str) and parent:
+                links[column][run["id"]] = renamed.get(parent, parent)
+
+    def parent_of(column: str, run_id: str) -> str:
+        if run_id in ids:
+            return links[column].get(run_id, "")
+        rows = store.run_rows([run_id])   # a store run (or none: the link ends there)
+        value = parse_json(rows[0][column], "a stored run") if rows and rows[0].get(column) else None
+        parent = value.get("parent") if isinstance(value, dict) else None
+        return parent if isinstance(parent, str) else ""
+
+    for column, own in links.items():
+        ended: set[str] = set()   # runs whose parent links are known to end
+        for start in own:
+            path, on_path, node = [], set(), start
+            while node and node not in ended:
+                if node in on_path:
+                    loop = path[path.index(node):] + [node]
+                    if ids & set(loop):
+                        shown = " → ".join(loop if len(loop) <= 6 else loop[:3] + ["…"] + loop[-2:])
+                        raise InputError(f"{name}: the parent links of its runs form a loop ({shown}), so they are "
+                                         f"not a tree; nothing was imported")
+                    break   # a loop the store held already: not this archive's, and every walk of it is bounded
+                path.append(node)
+                on_path.add(node)
+                node = parent_of(column, node)
+            ended |= on_path
