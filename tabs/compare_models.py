@@ -107,7 +107,7 @@ def render(event, view: View, engine=None) -> dict:
         return {"view": str(page(view.kept, images))}   # page reads the results' keys only
     if isinstance(event, Done):
         return {"progress": f"**Done**: {len(event.results['runs'])} generators compared in "
-                            f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`; each model's audit is a "
+                            f"{view.waited():.1f} s (run `{event.run_id}`; each model's audit is a "
                             f"run of its own in Runs).", "view": str(page(event.results, images))}
     return {}
 

@@ -120,14 +120,10 @@ def build(engine) -> list:
     cluster_go.click(clustered, [cluster_runs, k], [clusters_out], api_name="explore_clusters")
 
     clusters_panel.expand(user_errors(with_engine(run_choices, engine)), None, [cluster_runs], api_name=False)
-    defaults = generation.hook(engine)
-
     def linked(request: gr.Request):   # Gradio passes the page's request (its ?query) by this annotation
-        return (*open_link(engine, dict(getattr(request, "query_params", {}) or {})), *defaults.fn())
+        return open_link(engine, dict(getattr(request, "query_params", {}) or {}))
 
-    # one page-load event for the tab (a public GapLens bounds each visitor's events at once)
-    return [LoadHook(linked, view_outputs + defaults.outputs, lambda: (gr.skip(),) * VIEW + tuple(
-        defaults.after_model_change()))]
+    return [LoadHook(linked, view_outputs), generation.hook(engine)]
 
 
 # Strips: a click on a dot (static/vega_runtime.js: gl-vega-click) selects its image.
