@@ -121,3 +121,30 @@ def test_a_runs_done_line_counts_from_the_click_not_from_its_run_record(engine):
     seconds = float(progress.split(" measured in ", 1)[1].split(" s", 1)[0])
     assert seconds >= 30.0 > engine.store.get_run(state["run_id"])["summary"]["seconds"]
     assert View().started <= time.perf_counter()   # no click known (an API call): from now
+
+
+@pytest.mark.browser
+def test_a_links_charts_draw_in_a_fresh_browser_from_the_runtime_file_which_a_second_visit_does_not_fetch(engine):
+    from apphelpers import browser_page, running_app
+
+    from engine.methods import explore
+
+    tree = next(e for e in explore.run(explore.ExploreRequest(prompt="a photo of a doctor", n=8), engine)
+                if type(e).__name__ == "Done").run_id
+    chart = ".gl-vega[data-rendered] svg"
+    runtime = "performance.getEntriesByType('resource').filter(e => e.name.includes('gaplens-charts-'))" \
+              ".map(e => e.transferSize)"
+    with running_app(engine) as url, browser_page() as page:
+        responses, joins = [], []
+        page.on("response", lambda r: responses.append(r))
+        page.on("request", lambda r: joins.append(r.url) if r.method == "POST" and "/queue/join" in r.url else None)
+        page.goto(f"{url}?tab=explore&tree={tree}", wait_until="load")
+        page.wait_for_selector(chart, timeout=120_000)
+        document = next(r for r in responses if r.request.resource_type == "document")
+        assert len(document.body()) < 1_000_000                              # 1.7 MB with the runtime inlined
+        file = next(r for r in responses if "gaplens-charts-" in r.url)
+        assert file.status == 200 and file.headers["cache-control"] == "public, max-age=31536000, immutable"
+        assert page.evaluate(runtime)[0] > 0 and len(joins) == 2            # fetched once; two load events
+        page.goto(f"{url}?tab=explore&tree={tree}", wait_until="load")      # a second visit: from the cache
+        page.wait_for_selector(chart, timeout=120_000)
+        assert page.evaluate(runtime) == [0]
