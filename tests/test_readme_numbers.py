@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.models.presets import SYNTHETIC_TABLE
+from test_compare_models import flipped_world  # noqa: F401 - the README's second world (a fixture)
 from test_intersectional import pilot_engine  # noqa: F401 - the README's pilot world (a fixture)
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
@@ -24,6 +25,12 @@ def said(pattern: str) -> tuple[str, ...]:
     found = re.findall(re.sub(r"(\\ |\s)+", r"\\s+", pattern), README)
     assert len(found) == 1, f"the README should say this once: {pattern}"
     return found[0] if isinstance(found[0], tuple) else (found[0],)
+
+
+def agrees(pattern: str, printed: tuple, sentence: str) -> None:
+    """The README passage `pattern` matches gives the numbers `printed`; else the failure says to
+    write `sentence` (its {} filled with them)."""
+    assert said(pattern) == tuple(printed), "write: " + sentence.format(*printed)
 
 
 def num(x: float, digits: int = 3) -> str:
@@ -47,29 +54,17 @@ def command_json(capsys, *args) -> dict:
 def test_the_quick_starts_doctor_share_is_what_single_prompt_prints_and_the_world_plants(tmp_path, capsys):
     world = json.loads(Path(SYNTHETIC_TABLE).read_text())
     planted = world["subjects"]["doctor"]["dist"]["gender"]["male"]
-    assert said(r'the synthetic world has biases planted on purpose \("doctor" is\s+drawn (\d+)% male\)') == (
-        f"{planted:.0%}".rstrip("%"),)
+    agrees(r'the synthetic world has biases planted on purpose \("doctor" is\s+drawn (\d+)% male\)',
+           (f"{planted:.0%}".rstrip("%"),), '("doctor" is drawn {}% male)')
     shown = {}
     for n in (16, 64):
         gender = command_json(capsys, "single-prompt", "--preset", "synthetic", "--data-dir", str(tmp_path / str(n)),
                               "--prompt", "a photo of a doctor", "-n", str(n))["axes"]["gender"]
         male, low_high = gender["counts"]["male"], gender["share_ci"]["male"]
         shown[n] = (num(male / n, 2), interval(*low_high, digits=2), str(male))
-    written = said(r"the gender bar reads (\S+) male (\[\S+, \S+\]) \((\d+) of 16;")
-    assert written == shown[16], f"write: the gender bar reads {shown[16][0]} male {shown[16][1]} ({shown[16][2]} of 16;"
-    written = said(r"at N = 64 it reads (\S+) (\[\S+, \S+\]) \((\d+) of 64\)")
-    assert written == shown[64], f"write: at N = 64 it reads {shown[64][0]} {shown[64][1]} ({shown[64][2]} of 64)"
-
-
-@pytest.fixture
-def flipped_world(tmp_path) -> str:
-    """The README's second world: doctors 20% male, their gender-by-age rules removed."""
-    table = json.loads(Path(SYNTHETIC_TABLE).read_text())
-    table["subjects"]["doctor"]["dist"]["gender"] = {"male": 0.2, "female": 0.8}
-    table["rules"] = [r for r in table["rules"] if not (r["subject"] == "doctor" and "gender" in r["then"])]
-    path = tmp_path / "flipped_world.json"
-    path.write_text(json.dumps(table))
-    return str(path)
+    agrees(r"the gender bar reads (\S+) male (\[\S+, \S+\]) \((\d+) of 16;", shown[16],
+           "the gender bar reads {} male {} ({} of 16;")
+    agrees(r"at N = 64 it reads (\S+) (\[\S+, \S+\]) \((\d+) of 64\)", shown[64], "at N = 64 it reads {} {} ({} of 64)")
 
 
 def test_compare_models_intervals_are_what_the_command_prints(tmp_path, capsys, flipped_world):
@@ -80,10 +75,9 @@ def test_compare_models_intervals_are_what_the_command_prints(tmp_path, capsys, 
     (a, b), d = male["values"], male["differences"][0]
     printed = (num(a["value"]), interval(a["low"], a["high"]), num(b["value"]), interval(b["low"], b["high"]),
                num(d["value"]), interval(d["low"], d["high"]))
-    written = said(r"gives male shares (\S+) (\[\S+, \S+\]) vs (\S+) (\[\S+, \S+\]) at N = 48 \(seeds 0–47\), a "
-                   r"difference of (\S+) (\[\S+, \S+\])")
-    assert written == printed, ("write: gives male shares {} {} vs {} {} at N = 48 (seeds 0–47), a difference of {} {}"
-                                .format(*printed))
+    agrees(r"gives male shares (\S+) (\[\S+, \S+\]) vs (\S+) (\[\S+, \S+\]) at N = 48 \(seeds 0–47\), a "
+           r"difference of (\S+) (\[\S+, \S+\])", printed,
+           "gives male shares {} {} vs {} {} at N = 48 (seeds 0–47), a difference of {} {}")
 
 
 def test_explores_leans_and_inverse_queries_are_what_the_command_prints(tmp_path, capsys):
@@ -102,12 +96,11 @@ def test_explores_leans_and_inverse_queries_are_what_the_command_prints(tmp_path
                       "-m", "48")["inverse"]
     printed = (lean(doctor[man]), lean(firefighter[man]), lean(nurse[woman]), lean(inverse["an old doctor"][man]),
                lean(inverse["a young doctor"][man]))
-    written = said(r'doctor leans "a man" (\S+ \[\S+, \S+\]) \(planted 0.8\), firefighter (\S+ \[\S+, \S+\]) \(0.9\), '
-                   r'nurse leans "a woman" (\S+ \[\S+, \S+\]) \(0.9\); inverse queries with m = 48: "an old doctor" '
-                   r'(\S+ \[\S+, \S+\]) male vs "a young doctor" (\S+ \[\S+, \S+\])')
-    assert written == printed, ('write: doctor leans "a man" {} (planted 0.8), firefighter {} (0.9), nurse leans '
-                                '"a woman" {} (0.9); inverse queries with m = 48: "an old doctor" {} male vs "a young '
-                                'doctor" {}'.format(*printed))
+    agrees(r'doctor leans "a man" (\S+ \[\S+, \S+\]) \(planted 0.8\), firefighter (\S+ \[\S+, \S+\]) \(0.9\), '
+           r'nurse leans "a woman" (\S+ \[\S+, \S+\]) \(0.9\); inverse queries with m = 48: "an old doctor" '
+           r'(\S+ \[\S+, \S+\]) male vs "a young doctor" (\S+ \[\S+, \S+\])', printed,
+           'doctor leans "a man" {} (planted 0.8), firefighter {} (0.9), nurse leans "a woman" {} (0.9); inverse '
+           'queries with m = 48: "an old doctor" {} male vs "a young doctor" {}')
 
 
 @pytest.mark.slow
@@ -126,9 +119,8 @@ def test_the_intersectional_pilot_and_librarian_numbers_are_what_the_method_give
     i, j = s["axes"].index("age"), s["axes"].index("gender")
     printed = (num(s["matrix"][i][j], 2), interval(s["ci_low"][i][j], s["ci_high"][i][j], digits=2),
                f"{r['p_values']['age']['gender']:.0e}".replace("e-0", "e-"))
-    written = said(r"N = 96\s+gives IS\(age → gender\) = (\S+) (\[\S+, \S+\]) \(exact: −0.40\), its edge kept at p = (\S+),")
-    assert written == printed, "write: gives IS(age → gender) = {} {} (exact: −0.40), its edge kept at p = {},".format(
-        *printed)
+    agrees(r"N = 96\s+gives IS\(age → gender\) = (\S+) (\[\S+, \S+\]) \(exact: −0.40\), its edge kept at p = (\S+),",
+           printed, "gives IS(age → gender) = {} {} (exact: −0.40), its edge kept at p = {},")
     librarian = Engine("synthetic", data_dir=str(tmp_path / "librarian"))
     axes = {"clothing": ["a photo of a librarian in formal attire", "a photo of a librarian in informal attire"],
             "age": ["a photo of a young librarian", "a photo of a middle-aged librarian", "a photo of an old librarian"]}
@@ -136,7 +128,7 @@ def test_the_intersectional_pilot_and_librarian_numbers_are_what_the_method_give
                           librarian)).results
     p = r["p_values"]["clothing"]["age"]
     assert ("clothing", "age") in {(e["source"], e["target"]) for e in r["kept_edges"]}
-    assert said(r"\(edge kept,\s+p ≈ (\S+) at N = 48\)") == (f"{p:.0e}".replace("e-0", "e-"),), f"write: p ≈ {p:.0e}"
+    agrees(r"\(edge kept,\s+p ≈ (\S+) at N = 48\)", (f"{p:.0e}".replace("e-0", "e-"),), "(edge kept, p ≈ {} at N = 48)")
 
 
 def test_mitigates_doctor_numbers_are_what_the_command_prints(tmp_path, capsys):
@@ -158,16 +150,15 @@ def test_mitigates_doctor_numbers_are_what_the_command_prints(tmp_path, capsys):
                one["steps"][0]["axis"], " → ".join(num(s["tau"]) for s in every["states"]),
                "/".join(map(str, final["counts"])), interval(final["low"][0], final["high"][0], digits=2),
                percent(start["shares"][0]), f"[{percent(start['low'][0])}, {percent(start['high'][0])}]")
-    written = said(r"priorities gender 0.7, age 0.3\): τ (\S+) (\[\S+, \S+\]) → (\S+) (\[\S+, \S+\]) in one step "
-                   r"\((\w+)\), while mitigating every axis takes two \(([^)]*)\); the final gender distribution is "
-                   r"(\S+) \(its 95% interval (\[\S+, \S+\]) holds 0.5\), from (\S+) male (\[\S+, \S+\])")
-    assert written == printed, ("write: priorities gender 0.7, age 0.3): τ {} {} → {} {} in one step ({}), while "
-                                "mitigating every axis takes two ({}); the final gender distribution is {} (its 95% "
-                                "interval {} holds 0.5), from {} male {}".format(*printed))
+    agrees(r"priorities gender 0.7, age 0.3\): τ (\S+) (\[\S+, \S+\]) → (\S+) (\[\S+, \S+\]) in one step "
+           r"\((\w+)\), while mitigating every axis takes two \(([^)]*)\); the final gender distribution is "
+           r"(\S+) \(its 95% interval (\[\S+, \S+\]) holds 0.5\), from (\S+) male (\[\S+, \S+\])", printed,
+           "priorities gender 0.7, age 0.3): τ {} {} → {} {} in one step ({}), while mitigating every axis takes two "
+           "({}); the final gender distribution is {} (its 95% interval {} holds 0.5), from {} male {}")
     age = mitigate("-n", "20", "--priorities", "gender=0.5,age=0.5", "--epsilon", "0.01",
                    "--target", "age=young:0.3,middle-aged:0.4,old:0.3")["report"]["age"]
     printed = ("/".join(f"{s:.0%}".rstrip("%") for s in age["initial"]["shares"]) + "%",
                "/".join(map(str, age["final"]["counts"])),
                "/".join(f"{s:.0%}".rstrip("%") for s in age["final"]["shares"]) + "%")
-    written = said(r"With age 30/40/30 and N = 20,\s+age goes from (\S+) to (\S+) images = (\S+)\.")
-    assert written == printed, "write: age goes from {} to {} images = {}.".format(*printed)
+    agrees(r"With age 30/40/30 and N = 20,\s+age goes from (\S+) to (\S+) images = (\S+)\.", printed,
+           "With age 30/40/30 and N = 20, age goes from {} to {} images = {}.")
