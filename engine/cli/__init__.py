@@ -193,7 +193,7 @@ def run_command(args) -> int:
             print(json.dumps({"run_id": done.run_id, **done.results}, indent=2, default=json_default))
         else:
             for line in (args.after_run(done) if getattr(args, "after_run", None) and not args.quiet else ()):
-                print(line, file=sys.stderr)
+                print(f"\n{line}", file=sys.stderr)   # on a line of its own, as warnings (after a progress bar)
             print(f"run {done.run_id} done: {json.dumps(done.summary, default=str)}", file=sys.stderr)
     return 0
 
