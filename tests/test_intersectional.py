@@ -294,6 +294,7 @@ def test_pooled_occupations_keep_no_edge_the_world_did_not_plant_and_say_why_non
     if not r["kept_edges"]:   # pooled over three occupations the rules may be too weak: the page says why
         note = ic.no_edge_note(r)
         assert note["tested"] == 9 and "3 could not be tested (disability: no answer within the choices)" in note["text"]
+        assert "the counts of the 3 prompts are pooled, so a dependence of one prompt alone weighs 1/3" in note["text"]
         assert str(escape(note["text"])) in str(biasgraph.summary_html(r))
 
 
