@@ -2,15 +2,13 @@
 opened in headless Chromium with an empty cache each time (issue 42.14; target: a link's first
 chart in ≤ 3 s on a quiet machine).
 
-    python bench/page_load.py [--repeats 3] [--before main]
+    python bench/page_load.py [--repeats 3] [--before REV]   # e.g. --before $(git merge-base main HEAD)
 
 Every time is the whole wait, measured around the browser from the moment the address is asked
 for (navigation, the page, its scripts, the start-up load events, the server's work), not a part
 the server timed itself:
 - page_kb: the page's HTML as sent (what the browser downloads before it can draw anything);
 - front_form_s: a fresh page until its Single Prompt form can be typed in;
-- front_loaded_s: a fresh page until every start-up load event has answered (the queue's
-  stream for the session closes);
 - sp_click_to_done_s, sp_reported_s: Single Prompt on the synthetic world (N = 16, two
   evaluators) from the click until the page says Done, and the seconds that line reports;
 - link_first_chart_s (headline, last): an Explore link (`?tab=explore&tree=…`) opened in a fresh
@@ -34,9 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _common import ROOT, report
-
-sys.path.insert(0, str(ROOT / "tests"))
+from _common import ROOT, report   # also puts tests/ (apphelpers) on the path
 
 SEED_TREE = """
 import sys
@@ -53,14 +49,10 @@ ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GRADIO_ANALYTICS_ENA
 TIMEOUT_MS = 120_000
 
 
-def free_port() -> int:
-    from apphelpers import free_port as port
-
-    return port()
-
-
 def serve(app_dir: Path, data_dir: Path):
     """Starts `python app.py --preset synthetic` in `app_dir` on a free port; returns (url, process)."""
+    from apphelpers import free_port
+
     port = free_port()
     env = {**os.environ, **ENV}
     proc = subprocess.Popen([sys.executable, "app.py", "--preset", "synthetic", "--data-dir", str(data_dir),
@@ -87,37 +79,29 @@ def seed_tree(app_dir: Path, data_dir: Path) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def fresh(browser, url: str, until, *, watch_loads: bool = False) -> dict:
+def fresh(browser, url: str, until) -> dict:
     """Opens `url` in a new context (empty cache) and waits for `until(page)`; returns the seconds
-    from asking for the page to `until`, the page's size and (with `watch_loads`) the seconds until
-    the session's queue stream closed, i.e. every start-up load event had answered."""
+    from asking for the page to `until`, the page and its context, and the page's size."""
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     page = context.new_page()
-    sizes, closed = {}, []
+    sizes = {}
     page.on("response", lambda r: sizes.setdefault("page", r) if r.request.resource_type == "document" else None)
-    if watch_loads:
-        page.on("requestfinished", lambda r: closed.append(time.perf_counter()) if "/queue/data" in r.url else None)
     start = time.perf_counter()
     page.goto(url, wait_until="commit", timeout=TIMEOUT_MS)
     until(page)
     out = {"seconds": time.perf_counter() - start, "page": page, "context": context}
-    if watch_loads:
-        while not closed and time.perf_counter() - start < TIMEOUT_MS / 1000:
-            page.wait_for_timeout(50)
-        out["loaded"] = closed[0] - start if closed else float("nan")
     body = sizes["page"].body() if "page" in sizes else b""
     out["page_kb"] = len(body) / 1024
     return out
 
 
 def measure_once(browser, url: str, tree: str) -> dict:
-    """One fresh front page (its form, its load events, a Single Prompt run) and one fresh link."""
-    got = fresh(browser, url, lambda page: page.wait_for_selector("#sp-prompt textarea", timeout=TIMEOUT_MS),
-                watch_loads=True)
+    """One fresh front page (its form, then a Single Prompt run) and one fresh link (its first chart)."""
+    got = fresh(browser, url, lambda page: page.wait_for_selector("#sp-prompt textarea", timeout=TIMEOUT_MS))
     wall, reported = single_prompt(got["page"])
     got["context"].close()
-    out = {"page_kb": got["page_kb"], "front_form_s": got["seconds"], "front_loaded_s": got["loaded"],
-           "sp_click_to_done_s": wall, "sp_reported_s": reported}
+    out = {"page_kb": got["page_kb"], "front_form_s": got["seconds"], "sp_click_to_done_s": wall,
+           "sp_reported_s": reported}
     got = fresh(browser, f"{url}?tab=explore&tree={tree}",
                 lambda page: page.wait_for_selector(".gl-vega[data-rendered] svg", timeout=TIMEOUT_MS))
     got["context"].close()
