@@ -3,8 +3,8 @@
 One module per command in this package (like diffusers' `commands/`); each exposes
 `add_parser(sub, common_arguments)`, which adds its sub-parser and sets `method` (a generator
 `fn(request, engine)`, or None for `status`), `make_request` (args -> request) and optionally
-`before_run(request, engine)` (e.g. a budget on stderr) and `after_run(done)` (sentences on the
-results, printed before the summary line) as defaults. A method's command
+`before_run(request, engine)` (e.g. a budget on stderr) and `after_run(done, args) -> exit status` (e.g.
+the check's table, report and status) as defaults. A method's command
 (engine/cli/<method>.py) builds its options from the request's fields (engine/cli/options.py)
 and adds its extras (without extras the module is not needed: `method_parser` builds the
 command from METHODS). `--help` lists every row of METHODS that has a command (read when the
@@ -192,9 +192,9 @@ def run_command(args) -> int:
         if args.json:
             print(json.dumps({"run_id": done.run_id, **done.results}, indent=2, default=json_default))
         else:
-            for line in (args.after_run(done) if getattr(args, "after_run", None) and not args.quiet else ()):
-                print(f"\n{line}", file=sys.stderr)   # on a line of its own, as warnings (after a progress bar)
             print(f"run {done.run_id} done: {json.dumps(done.summary, default=str)}", file=sys.stderr)
+        if getattr(args, "after_run", None) is not None:   # a command's own output and exit status (check)
+            return args.after_run(done, args)
     return 0
 
 

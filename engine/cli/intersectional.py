@@ -1,4 +1,6 @@
 """`python -m engine intersectional --prompt ... -n 8 [--axes JSON] [--generators A B] [--json]`"""
+import sys
+
 from ..methods.intersectional import IntersectionalRequest, load_reference_csv, no_edge_note
 from .options import method_parser, request_from_args, set_fields, set_options
 
@@ -13,7 +15,10 @@ def add_parser(sub, common_arguments) -> None:
         after_run=why_no_edge)
 
 
-def why_no_edge(done) -> list[str]:
-    """What the page says when no edge passes (methods.intersectional.no_edge_note), for the terminal."""
+def why_no_edge(done, args) -> int:
+    """When no edge passes, what the page says about it (methods.intersectional.no_edge_note), on
+    stderr after the summary line (not with --json or --quiet). Exit status 0."""
     note = no_edge_note(done.results)
-    return [note["text"]] if note else []
+    if note and not (args.json or args.quiet):
+        print(note["text"], file=sys.stderr)
+    return 0
