@@ -23,9 +23,9 @@ from engine.common.errors import GapLensError  # noqa: E402
 from engine.hosting.limits import Budget  # noqa: E402
 from engine.hosting.storage import upload_limit  # noqa: E402
 from engine.methods import METHODS  # noqa: E402
-from engine.report import charts  # noqa: E402
-from tabs import BUILDERS, boundary, fair_queue, model_panel, session_state  # noqa: E402
-from tabs.common import LoadHook, bind_visitors  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
+from tabs import BUILDERS, boundary, chart_runtime, fair_queue, model_panel, optional, session_state  # noqa: E402
+from tabs.common import LoadHook, bind_visitors, together  # noqa: E402
 
 CSS = (Path(__file__).parent / "assets" / "style.css").read_text()
 HEADER = ("# GapLens\nAudit text-to-image models for bias: generate, measure with confidence "
@@ -81,7 +81,10 @@ def build_app(engine: Engine) -> gr.Blocks:
                     if hook.on_tab_open:   # e.g. the Runs list: current whenever its tab is opened
                         opened.select(**hook.on_tab_open)
                 load_hooks += hooks
-        for hook in load_hooks:
+        load_hooks.append(optional.emptied(demo))
+        # A fresh page sends two events: what it shows, then what may load a model (the generator's defaults)
+        for hooks in ([h for h in load_hooks if not h.loads_models], [h for h in load_hooks if h.loads_models]):
+            hook = together(hooks)
             demo.load(hook.fn, None, hook.outputs, api_name=False)
             if hook.after_model_change:   # e.g. the placeholders naming the model's default steps
                 model_status.change(hook.after_model_change, None, hook.outputs, api_name=False)
@@ -104,10 +107,14 @@ def build_app(engine: Engine) -> gr.Blocks:
 def launch_options(engine: Engine, demo: gr.Blocks) -> dict:
     """What `demo.launch` takes besides the address: looks, the paths Gradio may serve, and in
     public mode the upload limit and the fair queue's HTTP side."""
+    middleware = [Middleware(chart_runtime.CacheForever)]
     options = dict(css=CSS, theme=gr.themes.Soft(), allowed_paths=allowed_paths(engine), footer_links=["api"],
-                   head=charts.runtime_head())   # draws every chart (engine/report/static/vega_runtime.js)
+                   head=chart_runtime.head(),   # draws every chart (engine/report/static/vega_runtime.js)
+                   app_kwargs={"middleware": middleware})
     if engine.public:  # uploads: exports to import, study packs, answer CSVs
-        options.update(max_file_size=upload_limit(engine.budget), **fair_queue.launch_kwargs(demo.fair_queue))
+        queue = fair_queue.launch_kwargs(demo.fair_queue)
+        middleware += queue.pop("app_kwargs")["middleware"]
+        options.update(max_file_size=upload_limit(engine.budget), **queue)
     return options
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import hmac
 import inspect
+import logging
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from engine.methods import METHODS
 from engine.methods.options import field_default
 from engine.hosting.space import gpu_seconds, needs_gpu
 
+logger = logging.getLogger(__name__)
 GPU_HANDLER = "gaplens_gpu_handler"   # set on the function of every handler `gpu` wraps
 
 
@@ -115,12 +117,51 @@ class LoadHook(NamedTuple):
     """What a tab's `build` returns for each update of a page when it opens: `fn()` updates
     `outputs`; `after_model_change` (no inputs, the same outputs), when given, runs again
     after the Models panel changes a model; `on_tab_open`, when given, is an event (Gradio's
-    listener arguments) run each time the tab is opened (app.py wires all three)."""
+    listener arguments) run each time the tab is opened; `fn(request)`, when its parameter is named
+    `request`, gets the page's gr.Request (its ?query); `loads_models`: `fn` may load a model
+    (the generator, for its defaults), so the page's other updates do not wait for it. app.py
+    wires them, the hooks of a page together (`together`)."""
 
     fn: Callable
     outputs: list
     after_model_change: Callable | None = None
     on_tab_open: dict | None = None
+    loads_models: bool = False
+
+
+def together(hooks: list[LoadHook]) -> LoadHook:
+    """One hook doing what each of `hooks` does, their outputs in order: a page's start-up sends
+    one event instead of one per hook (each a queue round trip for the page and an event's state
+    for the server: 23 of them took ~1 s of a fresh page on a quiet 2-core machine). A hook that
+    fails leaves its outputs as they were and says why in a toast; the others still update.
+    `after_model_change` runs those of the hooks that have one (the others' outputs skipped)."""
+    def run(step: Callable[[LoadHook], Callable | None], request: gr.Request | None = None) -> tuple:
+        values, failed = [], []
+        for hook in hooks:
+            fn, got = step(hook), None
+            try:
+                if fn is not None:
+                    got = fn(request) if "request" in inspect.signature(fn).parameters else fn()
+            except Exception as exc:  # noqa: BLE001 - one part of the page failing leaves the rest
+                if not isinstance(exc, gr.Error):
+                    logger.exception("a page-load update failed")
+                failed.append(exc.message if isinstance(exc, gr.Error) else f"{type(exc).__name__}: {exc}")
+                fn = None
+            if fn is None:
+                values += [gr.skip()] * len(hook.outputs)
+            else:   # Gradio's own rule: a hook with one output returns its value, not a sequence of one
+                values += [got] if len(hook.outputs) == 1 else list(got)
+        for message in failed:
+            gr.Warning(f"part of the page could not be filled in: {message}")
+        return tuple(values)
+
+    def start(request: gr.Request):   # Gradio passes the page's request by this annotation
+        return run(lambda hook: hook.fn, request)
+
+    changes = any(hook.after_model_change for hook in hooks)
+    return LoadHook(start, [o for hook in hooks for o in hook.outputs],
+                    (lambda: run(lambda hook: hook.after_model_change)) if changes else None,
+                    loads_models=any(hook.loads_models for hook in hooks))
 
 
 def default(request_class, name: str):
@@ -172,6 +213,7 @@ def checked(trigger, engine, method: str, make_request, **event):
 
     @user_errors
     def check(*args, **kwargs):
+        clicked()
         preflight(make_request(*args, **kwargs), engine)
 
     check.__signature__ = inspect.signature(make_request)   # Gradio passes the inputs by these names
@@ -267,22 +309,57 @@ def bind_visitors(demo: gr.Blocks) -> None:
 UPDATE_EVERY = 0.5   # seconds between two updates of a page by frequent events (progress, live tables)
 
 
+# -- how long a visitor waits: from their click, not from when the run's own record started -------------------
+_CLICKS: dict[str, float] = {}   # Gradio session -> time.perf_counter() of its last run button's check
+_CLICKS_KEPT = 4096
+
+
+def _session() -> str | None:
+    """The Gradio session of the event being handled (None outside one, e.g. in a ZeroGPU worker)."""
+    from gradio.context import LocalContext
+
+    return getattr(LocalContext.request.get(None), "session_hash", None)
+
+
+def clicked() -> None:
+    """Notes that this session's run button was pressed now: its check (`checked`) is the first
+    step a click runs, before the queue, the models and the run record."""
+    session = _session()
+    if session:
+        _CLICKS.pop(session, None)
+        _CLICKS[session] = time.perf_counter()
+        while len(_CLICKS) > _CLICKS_KEPT:   # sessions whose check was refused and that never ran
+            _CLICKS.pop(next(iter(_CLICKS)))
+
+
+def since_click() -> float:
+    """When the run being handled was asked for: its session's last click (`clicked`, used up),
+    else now (a direct API call, or a worker process that cannot see the click)."""
+    started = _CLICKS.pop(_session() or "", None)
+    return started if started is not None else time.perf_counter()
+
+
 @dataclass
 class View:
     """One streamed run as its tab shows it, which the tab's `render(event, view)` reads and
     updates: the run's warnings (listed under the status line: they belong to the result they
-    describe, not to a toast over it), when it started, the latest value of every output shown,
-    and what the tab keeps between events."""
+    describe, not to a toast over it), when it was asked for (the click: `since_click`), the
+    latest value of every output shown, and what the tab keeps between events."""
 
     notes: list[str] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=since_click)
     shown: dict = field(default_factory=dict)
     kept: dict = field(default_factory=dict)
+
+    def waited(self) -> float:
+        """Seconds since the run was asked for: what the visitor waited (the run's own record
+        starts later, after the check, the queue and loading its models)."""
+        return time.perf_counter() - self.started
 
     def progress_text(self, event: Progress) -> str:
         """'**stage**, about N s left (T s)': the status line of a Progress event."""
         eta = f", about {event.eta_s:.0f} s left" if event.eta_s else ""
-        return f"**{event.message or event.stage}**{eta} ({time.perf_counter() - self.started:.1f} s)"
+        return f"**{event.message or event.stage}**{eta} ({self.waited():.1f} s)"
 
 
 def streamed(events: Iterable[Event], render: Callable[[Event, View], dict], outputs: list, *,

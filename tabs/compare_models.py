@@ -161,7 +161,7 @@ def render(event, view: View, engine=None) -> dict:
         paired = " Paired by seed: the models ran on the same seeds." if (
             event.results.get("comparison") or {}).get("paired") else ""
         return {"progress": f"**Done**: {len(event.results['runs'])} generators compared in "
-                            f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`; each model's audit is a "
+                            f"{view.waited():.1f} s (run `{event.run_id}`; each model's audit is a "
                             f"run of its own in Runs).{paired}", "view": str(page(event.results, images)),
                 "suite": suite_file(event.results, event.run_id)}
     return {}

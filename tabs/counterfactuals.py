@@ -139,7 +139,7 @@ def render(event, view: View) -> dict:
         claim = (r.get("headline") or {}).get("text") or (  # issue 16: the claim states how sure it is
             f"Most biased axis: {r['mad_order'][0]} (MAD {fmt(r['mad'][r['mad_order'][0]], 2)})")
         text = (f"**Done**: {len(r['sets'])} sets of {r['n']} images, {len(r['prompts'])} prompt(s), in "
-                f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`). {claim[0].upper()}{claim[1:]}.")
+                f"{view.waited():.1f} s (run `{event.run_id}`). {claim[0].upper()}{claim[1:]}.")
         return {"progress": text, "mad": report.mad_html(r), "cas": report.cas_html(report.by_axis(r)),
                 "table": report.counterfactual_rows(r), "pick": gr.update(choices=choices, value=first_cf),
                 "state": {"results": r, "run_id": event.run_id}}

@@ -131,16 +131,13 @@ def build(engine) -> list:
     cluster_go.click(clustered, [cluster_runs, k], [clusters_out], api_name="explore_clusters")
 
     clusters_panel.expand(user_errors(with_engine(run_choices, engine)), None, [cluster_runs], api_name=False)
-    defaults = generation.hook(engine)
 
     def linked(request: gr.Request):   # Gradio passes the page's request (its ?query) by this annotation
         params = dict(getattr(request, "query_params", {}) or {})
         shown = params.get("scale") if params.get("scale") in report.SCALES else "probability"
-        return (*open_link(engine, params), shown, *defaults.fn())
+        return (*open_link(engine, params), shown)
 
-    # one page-load event for the tab (a public GapLens bounds each visitor's events at once)
-    return [LoadHook(linked, view_outputs + [scale] + defaults.outputs, lambda: (gr.skip(),) * (VIEW + 1) + tuple(
-        defaults.after_model_change()))]
+    return [LoadHook(linked, view_outputs + [scale]), generation.hook(engine)]
 
 
 # Strips: a click on a dot (static/vega_runtime.js: gl-vega-click) selects its image.

@@ -7,7 +7,7 @@ ran though nobody listened. In public mode `install` puts this in front of it:
 - Admission (wrapped around `Queue.push`, before Gradio creates any per-session state): at most
   `per_visitor` queued or running events per visitor and `per_address` per client address, of
   them `gpu_per_visitor` / `gpu_per_address` generating (the GPU concurrency group). A page's own
-  start-up (its ~18 load events, sent at once) does not count: a visitor may have at most one of each
+  start-up (its load events, sent at once) does not count: a visitor may have at most one of each
   load event waiting or running instead, so a fresh page is never refused by itself. New sessions
   are rationed per address, and those without an open page (a heartbeat) for everyone
   (`new_sessions`, `new_sessions_total`: each costs Gradio ~0.2 s of its event loop and ~0.8 MB

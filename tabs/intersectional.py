@@ -182,7 +182,7 @@ def render(event, view: View) -> dict:
         pairs = [(f"{x} → {y}", f"{x}|{y}") for x in axes for y in axes if x != y]
         best = intersectional.default_pair(r)     # a kept edge, never a pruned pair
         text = (f"**Done**: {len(axes)} axes, {len(r['prompts'])} prompt(s), N = {r['n']} per set, in "
-                f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+                f"{view.waited():.1f} s (run `{event.run_id}`).")
         graph_view = report.graph_frame(r, elem_id="ic-graph-frame") if r["kept_edges"] else NO_EDGE
         return {"progress": text, "summary": report.summary_html(r), "matrix": report.matrix_html(r),
                 "graph": graph_view, "edges": edge_rows(r),

@@ -264,7 +264,7 @@ def render(engine, event, view: View) -> dict:
     else:
         return {}
     rows = [r[:-1] for r in sorted(kept.get("population", {}).values(), key=lambda r: r[2])]
-    return {"progress": f"{kept.get('message', '')} ({time.perf_counter() - view.started:.1f} s, run "
+    return {"progress": f"{kept.get('message', '')} ({view.waited():.1f} s, run "
                         f"`{kept.get('run_id', '')}`)", "population": rows}
 
 

@@ -347,7 +347,7 @@ def render(event, view: View) -> dict:
         r = event.results
         generated = kept["stats"].images_generated - kept["generated_before"]
         text = (f"**{mitigate.outcome(r)}**. {generated} image(s) generated, the rest from the store; "
-                f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`).")
+                f"{view.waited():.1f} s (run `{event.run_id}`).")
         return {"progress": text, "view": report.page(r, with_preview=False, images=before_after(kept["sample"])),
                 "preview": report.preview_html(r.get("preview")),
                 "export": None if kept["request"].preview_only else _export_file(r, event.run_id)}

@@ -4,7 +4,7 @@ placeholder names what empty means ("empty: 30, the model's default"), so the sc
 runs, whether its panel is open or closed.
 
 Gradio leaves a None value out of the page config and its number field then shows and sends 0;
-`optional_number` sets the empty value on page load instead, which the field keeps.
+the page's start-up update sets the empty value instead (`emptied`), which the field keeps.
 """
 from __future__ import annotations
 
@@ -23,9 +23,7 @@ GENERATION_LABELS = {"steps": "Steps", "guidance": "Guidance", "width": "Width (
 MODEL_DEFAULT = "the model's default"
 
 
-def empty() -> None:
-    """The value of an optional number on page load: empty (None), not Gradio's 0."""
-    return None
+EMPTY_ON_LOAD = "gaplens_empty_on_load"   # set on every number `optional_number` makes
 
 
 def placeholder(default: str) -> str:
@@ -36,8 +34,17 @@ def placeholder(default: str) -> str:
 def optional_number(label: str, default: str, *, integer: bool = False, elem_id: str | None = None) -> gr.Number:
     """A number field that may stay empty; empty sends None, and its placeholder says what that
     means (`default`, e.g. "30, the model's default"). `integer`: whole numbers only."""
-    return gr.Number(empty, label=label, placeholder=placeholder(default), precision=0 if integer else None,
-                     elem_id=elem_id)
+    number = gr.Number(None, label=label, placeholder=placeholder(default), precision=0 if integer else None,
+                       elem_id=elem_id)
+    setattr(number, EMPTY_ON_LOAD, True)
+    return number
+
+
+def emptied(blocks: gr.Blocks) -> LoadHook:
+    """Every optional number of `blocks` set empty (None) when a page opens, not Gradio's 0: one
+    update of the page's start-up (a number whose value is a function would send an event each)."""
+    numbers = [block for block in blocks.blocks.values() if getattr(block, EMPTY_ON_LOAD, False)]
+    return LoadHook(lambda: None if len(numbers) == 1 else (None,) * len(numbers), numbers)
 
 
 def number_or_none(value, kind=float):
@@ -83,7 +90,7 @@ class GenerationFields:
         """Name the defaults when a page opens (loading the generator, as a run would, except on
         ZeroGPU) and again, without loading anything, after the Models panel changes a model."""
         return LoadHook(lambda: self.placeholders(engine), list(self.fields.values()),
-                        lambda: self.placeholders(engine, load=False))
+                        lambda: self.placeholders(engine, load=False), loads_models=True)
 
 
 def generation_fields(prefix: str, names=("steps", "guidance")) -> GenerationFields:

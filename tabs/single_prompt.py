@@ -163,7 +163,7 @@ def render(event, view: View) -> dict:
         if event.results.get("all_flagged"):
             return {"progress": f"**Nothing measured**: {event.results['message']} (run `{event.run_id}`)."}
         return {"progress": f"**Done**: {len(kept['records'])} images measured in "
-                            f"{event.summary.get('seconds', 0):.1f} s (run `{event.run_id}`)."}
+                            f"{view.waited():.1f} s (run `{event.run_id}`)."}
     return {}
 
 

@@ -223,7 +223,7 @@ def test_killed_rank_relaunched_finishes_without_generating_an_image_twice(tiny_
     assert not set(made_second) & made_first  # nothing generated twice
     assert len(made_second) == len(set(made_second)) and made_first | set(made_second) == set(baseline["images"])
     job = final["summary"]["distributed"]
-    assert job["images_from_earlier_shards"] == len(set(generated_keys(first_lines.values())) - stored)
+    assert job["rows_from_earlier_shards"] == len(set(generated_keys(first_lines.values())) - stored)
     assert job["images_generated"] == 16 - len(made_first) == len(made_second)
     assert job["generator_calls"] == sum(e["calls"] for entries in second_lines.values() for e in entries)
     assert all(r["calls"] > 0 for r in job["per_rank"])
@@ -305,6 +305,24 @@ def test_shards_then_a_final_run_equal_one_process(tmp_path, capsys):
     assert without_paths(final) == without_paths(expected)
     assert main([*args, "--data-dir", str(data), "--shard", "2/2"]) == 2
     assert "--shard takes I/N" in capsys.readouterr().err
+
+
+def test_a_shard_says_it_is_one_process_and_counts_what_it_adopted_as_rows(tmp_path, capsys):
+    """Issue 42.19: a `--shard` process is one process (its slice of N), not "N processes", and what it
+    adopted from earlier shards is rows of every kind, not images beside the images it wants."""
+    from engine.__main__ import main
+
+    args = [a for a in counterfactual_args(4) if a not in ("--json", "--quiet")]
+    data = tmp_path / "shared"
+    capsys.readouterr()
+    assert main([*args, "--data-dir", str(data), "--shard", "1/2"]) == 0
+    err = capsys.readouterr().err
+    assert "images generated in this process (slice 1/2)" in err and "in this process (slice 1/2)" in err
+    assert "on 2 processes" not in err
+    steps = json.loads(err.split("shard 1/2 done: ", 1)[1])
+    assert [(s["processes"], s["slice"]) for s in steps] == [(1, "1/2")] * 2
+    assert all("rows_from_earlier_shards" in s and not any(k.endswith("_from_earlier_shards") and k != "rows_from_"
+                                                                "earlier_shards" for k in s) for s in steps)
 
 
 def test_mining_run_on_two_processes_finds_what_one_process_finds(tmp_path):

@@ -230,3 +230,85 @@ def test_when_no_edge_passes_the_page_says_what_was_tested_and_the_n_that_would_
     results["min_abs_is"] = 0.5
     assert ic.no_edge_note(results)["n_needed"] is None and "more images do not change" in ic.no_edge_note(results)["text"]
     assert ic.no_edge_note(RESULTS) is None
+
+
+# -- issue 42.18: the occupation preset on the synthetic world ------------------------------------------------
+
+def _preset_axes(occupation: str, names) -> dict:
+    return {a: [c.format(occupation=occupation) for c in cfsets.load_preset("occupations")["axes"][a]] for a in names}
+
+
+def test_the_synthetic_vqa_answers_an_axis_it_does_not_draw_within_the_choices_as_a_flat_guess(engine):
+    records = engine.image_set("a photo of a doctor", range(12))
+    vqa = engine.models.get(engine.preset.vqa)
+    question = "What is the disability (fit, blind, hearing aid, wheelchair) of the person in the image?"
+    choices = ["fit", "blind", "hearing aid", "wheelchair"]
+    images = [r.image for r in records]
+    answers = vqa.answer(images, question, choices)
+    assert set(answers) <= set(choices) and len(set(answers)) > 1          # a choice each, not one default
+    assert answers == vqa.answer(images, question, choices)                 # fixed per image and question
+    scored = vqa.answer_classes(images, question, choices)
+    assert [a.answer for a in scored] == answers
+    assert all(a.probs[a.answer] == pytest.approx(0.26) and max(a.probs.values()) == a.probs[a.answer] for a in scored)
+    # a drawn axis is read as before; a value no choice names is still "other"
+    assert vqa.answer(images[:1], "What is the gender?", ["robot", "alien"]) == ["other"]
+
+
+def test_the_planted_age_to_gender_rule_of_doctors_is_the_one_kept_edge_and_an_unanswered_axis_is_named(engine):
+    import warnings
+
+    axes = _preset_axes("doctor", ("gender", "age", "emotion", "disability"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)   # nothing is averaged over nothing
+        events = list(ic.run(ic.IntersectionalRequest("A photo of a doctor", axes=axes, n=48, n_boot=100), engine))
+    r = done_event(events).results
+    # the world's rules (assets/synthetic_world.json): a doctor's gender depends on age; emotion on nothing
+    assert {(e["source"], e["target"]) for e in r["kept_edges"]} == {("age", "gender")}
+    assert r["max_impact"] == "age" and r["max_influenced"] == "gender"
+    # disability is drawn by nothing: every answer is a guess the evaluator cannot tell, said once
+    assert r["unanswered"] == ["disability"] and r["cant_tell"]["disability"]["cant_tell_share"] == 1.0
+    said = [e.message for e in events if isinstance(e, ic.Warning) and "disability" in e.message]
+    assert said == ["disability: none of about 672 answers was one of its choices (672 \"can't tell\"), so it has no "
+                    "distribution: no edge can point to it and it is left out of every share and w̄"]
+    j = r["sensitivity"]["axes"].index("disability")
+    assert all(row[j] is None for row in r["sensitivity"]["matrix"])
+    assert all(row[j] is None for row in r["sensitivity"]["p_positive"])
+
+
+@pytest.mark.slow
+def test_pooled_occupations_keep_no_edge_the_world_did_not_plant_and_say_why_none_passed(engine):
+    import warnings
+
+    from markupsafe import escape
+
+    occupations = ["doctor", "librarian", "teacher"]
+    axes = {a: [c.replace("doctor", "{occupation}") for c in cfs]
+            for a, cfs in _preset_axes("doctor", ("gender", "age", "clothing", "disability")).items()}
+    request = ic.IntersectionalRequest("A photo of a {occupation}", axes=axes, fill=occupations, n=48, n_boot=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = done_event(ic.run(request, engine)).results
+    assert r["level"] == "aggregated" and r["unanswered"] == ["disability"]
+    planted = {("age", "gender"), ("clothing", "age")}   # doctors: age -> gender; librarians: clothing -> age
+    assert {(e["source"], e["target"]) for e in r["kept_edges"]} <= planted
+    if not r["kept_edges"]:   # pooled over three occupations the rules may be too weak: the page says why
+        note = ic.no_edge_note(r)
+        assert note["tested"] == 9 and "3 could not be tested (disability: no answer within the choices)" in note["text"]
+        assert "the counts of the 3 prompts are pooled, so a dependence of one prompt alone weighs 1/3" in note["text"]
+        assert str(escape(note["text"])) in str(biasgraph.summary_html(r))
+
+
+@pytest.mark.slow
+def test_the_occupation_study_on_the_command_line_names_the_unanswered_axis_and_says_why_no_edge_passed(tmp_path):
+    from test_cli import cli
+
+    out = cli("intersectional", "--preset", "synthetic", "--axes-preset", "occupations", "--fill", "doctor", "nurse",
+              "-n", "8", "--n-boot", "100", data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "Mean of empty slice" not in out.stderr and "RuntimeWarning" not in out.stderr
+    assert "disability: none of about 432 answers was one of its choices (432 \"can't tell\")" in out.stderr
+    assert "answers about disability were outside its choices" not in out.stderr
+    summary = json.loads(out.stderr.rsplit(" done: ", 1)[1].splitlines()[0])
+    assert summary["kept_edges"] == 0   # pooled over a doctor and a nurse at N = 8: the terminal says why, as the page does
+    assert out.stderr.rstrip().splitlines()[-1].startswith("No edge passes: 49 of the 56 ordered pairs")
+    assert "7 could not be tested" in out.stderr

@@ -480,7 +480,8 @@ def _run_step(cluster, engine, kind: str, batches: list, shares: list, summary: 
     started = time.perf_counter()
     cluster.broadcast(order)
     cluster.busy = True
-    yield Progress(0, total, kind, f"0/{total} {unit} to make on {cluster.world} processes")
+    where = _where(cluster)
+    yield Progress(0, total, kind, f"0/{total} {unit} to make {where}")
     work = _run_order(cluster, engine, order)
     done = calls = 0
     while True:
@@ -492,7 +493,7 @@ def _run_step(cluster, engine, kind: str, batches: list, shares: list, summary: 
         elapsed = time.perf_counter() - started
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else None
-        yield Progress(done, total, kind, f"{done}/{total} {what} on {cluster.world} processes"
+        yield Progress(done, total, kind, f"{done}/{total} {what} {where}"
                        + (f" ({rate:.2f}/s)" if rate else ""), eta)
     work_seconds = time.perf_counter() - started
     per_rank = cluster.gather(mine)
@@ -503,6 +504,20 @@ def _run_step(cluster, engine, kind: str, batches: list, shares: list, summary: 
                     merged_key: merged, seconds_key: round(work_seconds, 3),
                     rate_key: round(done / work_seconds, 3) if work_seconds > 0 else None})
     return summary
+
+
+def _where(cluster) -> str:
+    """Where a step's work runs, for its progress line: 'on N processes' for a launched job, 'in
+    this process (slice I/N)' for a `--shard` process, which is one process whatever N is."""
+    return f"in this process (slice {cluster.rank}/{cluster.world})" if cluster.shard else f"on {cluster.world} processes"
+
+
+def _step_summary(cluster, store: Store) -> dict:
+    """A step's first summary keys: its start, the processes doing it (1 for a `--shard` process,
+    with its `slice` I/N) and `rows_from_earlier_shards`, the rows (images, answers and embeddings
+    together) adopted first from shards left by earlier runs (merge_unmerged)."""
+    where = {"processes": 1, "slice": f"{cluster.rank}/{cluster.world}"} if cluster.shard else {"processes": cluster.world}
+    return {"_started": time.perf_counter(), **where, "rows_from_earlier_shards": merge_unmerged(store)}
 
 
 def distributed_image_sets(engine, sets: Iterable[Sequence], final: bool = False):
@@ -521,8 +536,7 @@ def distributed_image_sets(engine, sets: Iterable[Sequence], final: bool = False
         return {}
     if cluster.shard and cluster.steps:
         raise ShardDone(cluster.steps)   # the method's next step depends on every shard's results
-    summary = {"_started": time.perf_counter(), "processes": cluster.world,
-               "images_from_earlier_shards": merge_unmerged(engine.store)}
+    summary = _step_summary(cluster, engine.store)
     batches, wanted = plan_batches(engine, sets, skip_stored=not cluster.shard)
     shares = deal(batches, cluster.world)
     if cluster.shard:  # this slice's share, less what an earlier attempt of it stored
@@ -563,8 +577,7 @@ def distributed_evaluation(engine, sets: Iterable[Sequence], asks: Sequence = ()
     if cluster.shard:
         share = set(set_image_keys(engine, cluster.images or []))
         images = [i for i in images if i in share]
-    summary = {"_started": time.perf_counter(), "processes": cluster.world,
-               "units_from_earlier_shards": merge_unmerged(engine.store)}
+    summary = _step_summary(cluster, engine.store)
     batches, evaluators = plan_evaluation(engine, images, asks, caption, embed)
     if cluster.shard:  # every unit of this slice's images is its own
         shares = [batches if r == cluster.rank else [] for r in range(cluster.world)]

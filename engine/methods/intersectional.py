@@ -144,6 +144,7 @@ class IntersectionalResults(TypedDict, total=False):
     distortion: float                   # 𝓘
     distributions: dict[str, dict]      # per axis: values, ideal, initial and mixed (per x) distributions
     outside_choices: dict[str, int]     # answers outside each axis' choices ("can't tell" not among them)
+    unanswered: list[str]               # axes with no answer within their choices at all (no distribution)
     cant_tell: dict[str, dict]          # per axis: measure.cant_tell_counts (left out of every distribution)
     answers: dict[str, dict[str, str]]  # image key -> axis -> VQA answer
     answer_probs: dict[str, dict]       # image key -> axis -> class -> probability (evaluators that score classes)
@@ -261,11 +262,30 @@ def answer_sets(request: IntersectionalRequest, engine: Engine, run_record: Run,
             answers.outside[y] += outside_count(labels, values[y])
         answers.weights[spec.label] = resample_weights(len(records), request.n_boot, request.seed, i)
     total = len(specs) * request.n
+    unanswered = unanswered_axes(answers, request.other_policy)
     for y, count in answers.outside.items():
-        if count:
+        if y in unanswered:
+            yield Warning(unanswered_sentence(y, total, count, answers.asked.cant_tell().get(y, {}).get("cant_tell", 0)))
+        elif count:
             yield Warning(f"{count} of about {total} answers about {y} were outside its choices "
                           f"({'dropped' if request.other_policy == 'drop' else 'counted as other'})")
     return answers
+
+
+def unanswered_axes(answers: Answers, other_policy: str) -> list[str]:
+    """The axes no image of any set was answered for within the choices (every answer outside
+    them or "can't tell"; with the "other_bin" policy, outside answers count as other): such an
+    axis has no distribution, so no edge can point to it and no share or w̄ is computed for it."""
+    axes = dict.fromkeys(y for sets in answers.onehot.values() for y in sets)
+    return [y for y in axes if not any(sets[y].sum() > 0 for sets in answers.onehot.values() if y in sets)]
+
+
+def unanswered_sentence(axis: str, total: int, outside: int, cant_tell: int) -> str:
+    """One sentence naming an axis without any answer within its choices (`unanswered_axes`)."""
+    why = " and ".join(part for part in (f"{cant_tell} \"can't tell\"" if cant_tell else "",
+                                         f"{outside} outside its choices" if outside else "") if part) or "none"
+    return (f"{axis}: none of about {total} answers was one of its choices ({why}), so it has no distribution: "
+            f"no edge can point to it and it is left out of every share and w̄")
 
 
 def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, list[str]], specs: list[SetSpec],
@@ -313,6 +333,7 @@ def measure(request: IntersectionalRequest, prompts: list[str], axes: dict[str, 
                                             "mixed": {x: cant_tell_of[x].get(y, cant_tell_counts([])) for x in axes}}}
                           for y in axes},
         "outside_choices": answers.outside,
+        "unanswered": unanswered_axes(answers, policy),
         "cant_tell": answers.asked.cant_tell(),
         **answers.asked.json(),
     }
@@ -375,8 +396,9 @@ def cell_claims(axes: list[str], matrix, draws: np.ndarray, n: int) -> tuple[dic
             if i != j and math.isfinite(matrix[i, j]) and np.isfinite(d).mean() > 0.9:
                 values[f"{axes[i]} → {axes[j]}"] = abs(float(matrix[i, j]))
                 cell_draws[f"{axes[i]} → {axes[j]}"] = np.where(np.isfinite(d), np.abs(d), 0.0)
-    with np.errstate(invalid="ignore"):
-        positive = np.nanmean(np.where(np.isfinite(draws), draws > 0, np.nan), axis=0)
+    finite = np.isfinite(draws)   # a cell without any finite draw (an axis nothing answered) has no share: nan
+    counted = finite.sum(axis=0)
+    positive = np.where(counted > 0, (finite & (np.nan_to_num(draws) > 0)).sum(axis=0) / np.maximum(counted, 1), np.nan)
     clear = sum(1 for i in range(k) for j in range(k)
                 if i != j and math.isfinite(positive[i, j]) and (positive[i, j] >= 0.975 or positive[i, j] <= 0.025))
     claim = headline_claim(values, cell_draws, n, what="strongest intersectional effect (|IS|)",
@@ -406,10 +428,19 @@ def no_edge_note(results: dict) -> dict | None:
     axes = len(results.get("axes") or (results.get("sensitivity") or {}).get("axes") or [])
     cells = axes * (axes - 1)
     tested = [e for e in edges if e.get("dof") and number(e.get("is")) is not None and math.isfinite(e["is"])]
-    what = (f"No edge passes: all {len(edges)} of the {cells} ordered pairs (off the diagonal) were tested with a χ² "
-            f"test of independence between the row axis' counterfactual sets and the column axis' answers, "
-            f"needing p < {p:g}" + (f" and |IS| ≥ {min_is:g}" if min_is else "") + f" ({results.get('level')} level)")
-    out = {"tested": len(edges), "cells": cells, "level": results.get("level"), "p_threshold": p,
+    unanswered = results.get("unanswered") or []
+    untested = len(edges) - len(tested)
+    what = (f"No edge passes: {f'all {len(edges)}' if not untested else len(tested)} of the {cells} ordered pairs "
+            f"(off the diagonal) were tested with a χ² test of independence between the row axis' counterfactual "
+            f"sets and the column axis' answers, needing p < {p:g}" + (f" and |IS| ≥ {min_is:g}" if min_is else "")
+            + f" ({results.get('level')} level)"
+            + (f"; {untested} could not be tested" + (f" ({', '.join(unanswered)}: no answer within the choices)"
+                                                     if unanswered else " (one answer only on those sets)")
+               if untested else "")
+            + (f"; the counts of the {len(results['prompts'])} prompts are pooled, so a dependence of one prompt "
+               f"alone weighs 1/{len(results['prompts'])} of them (each prompt's own matrix: per_prompt)"
+               if results.get("aggregate") and len(results.get("prompts") or ()) > 1 else ""))
+    out = {"tested": len(tested), "cells": cells, "level": results.get("level"), "p_threshold": p,
            "min_abs_is": min_is, "strongest": None, "n": n, "n_needed": None}
     if not tested or not 0 < p < 1:
         return {**out, "text": what + "."}

@@ -7,14 +7,17 @@ carrying the Vega-Lite spec as JSON in its `data-spec` attribute (autoescaped by
 `templates/charts.html`) and a one-line text fallback for readers without JavaScript.
 `static/vega_runtime.js` draws every such element (SVG renderer, hover tooltips) in the app and
 in an exported report; `runtime_js()` is the vega/vega-lite/vega-embed bundle of
-`vl-convert-python` plus that loader, so both render offline, with the same spec.
+`vl-convert-python` plus that loader, so both render offline, with the same spec: an exported
+report inlines it (`runtime_head`), the app links it as a cached file (`runtime_file`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import os
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..common.scores import is_finite
@@ -87,8 +90,28 @@ def runtime_js() -> str:
 
 
 def runtime_head() -> Markup:
-    """`<script>` with `runtime_js()`, for a page's head (the app's and an exported report's)."""
+    """`<script>` with `runtime_js()` inlined, for an exported report's head: it opens with the
+    network off. The app links the same text as a file instead (`runtime_file`, `runtime_link`)."""
     return macro("charts.html", "runtime")(Markup(runtime_js()))
+
+
+def runtime_file(directory: str | Path) -> Path:
+    """`runtime_js()` written once to `directory/gaplens-charts-<hash of its text>.js` and that
+    path: a name that changes whenever the text does, so a browser may keep the file for good."""
+    text = runtime_js().encode("utf-8")
+    path = Path(directory) / f"gaplens-charts-{hashlib.sha256(text).hexdigest()[:16]}.js"
+    if not path.is_file() or path.stat().st_size != len(text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")   # another process may write it too
+        part.write_bytes(text)
+        os.replace(part, path)
+    return path
+
+
+def runtime_link(url: str) -> Markup:
+    """`<script src=url defer>`: the chart runtime as a separate file, for the app's head; the
+    page draws its charts once it has loaded (static/vega_runtime.js watches for them)."""
+    return macro("charts.html", "runtime_link")(url)
 
 
 def _title(alt, title: str) -> dict:

@@ -9,6 +9,11 @@ question). The pattern of the confusion is planted too: "uniform" picks any othe
 "shift" (the `error` option, issue 16) always says the next one — the next choice in the
 list asked, or the next value of the axis — so the evaluator's confusion matrix is known:
 M = (1 − rate)·I + rate·(cyclic shift).
+
+Asked to choose about something the world does not draw (a disability: "fit, blind, hearing aid,
+wheelchair"), it still answers one of the choices, as a real evaluator must: a guess, fixed per
+(image, question), whose class probabilities are flat (the guess 1/K + 0.01), so that the
+"can't tell" threshold (engine.backends.base.label_of) reads it as the guess it is.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ OTHER = "other"
 NOT_MODELLED = "not modelled in the synthetic world"
 SCENE_CACHE_SIZE = 4096
 CONFIDENCE_CONCENTRATION = 4.0   # κ of the planted confidences: larger keeps them closer to 1 − e
+ANSWERS_VERSION = 2              # in the id, which keys stored answers: bumped when an answer changes (2: guesses)
+GUESS_MARGIN = 0.01              # a guess's probability above the even 1/K (the most probable, barely)
 PATTERNS = ("uniform", "shift")
 
 _PRESENCE = re.compile(r"\b(is|are)\s+there\b|\bdoes\s+(the|this)\s+(image|picture|photo)\s+(contain|show|have)\b")
@@ -65,7 +72,7 @@ class SyntheticVQA:
         self.error_rate = float(error_rate)
         self.pattern = pattern
         suffix = f":error={self.error_rate:g}" + (f":{pattern}" if pattern != "uniform" else "")
-        self.id = f"synthetic-vqa:{world.hash}" + (suffix if self.error_rate else "")
+        self.id = f"synthetic-vqa:{world.hash}:v{ANSWERS_VERSION}" + (suffix if self.error_rate else "")
         # the engine asks several questions of each image: read its pixels once
         self._scenes: OrderedDict[str, dict] = OrderedDict()
 
@@ -82,8 +89,9 @@ class SyntheticVQA:
         choice gets confidence c, the others (1 − c) evenly. With error rate e, c is drawn from
         Beta(κ(1 − e) + 1, κe) for a right answer and Beta(κ(1 − e), κe + 1) for a wrong one
         (κ = CONFIDENCE_CONCENTRATION), so that P(right | c) = c and the mean confidence is 1 − e;
-        c is kept above 1/K so the chosen choice stays the most probable. Without errors c = 1.
-        An answer outside the choices ('other') has no probabilities."""
+        c is kept above 1/K so the chosen choice stays the most probable. Without errors c = 1; a
+        guess (a question about nothing the world draws) has c = 1/K + GUESS_MARGIN. An answer
+        outside the choices ('other') has no probabilities."""
         names = [c.strip().lower() for c in choices]
         query = self.interpret(question, names)
         out = []
@@ -93,11 +101,13 @@ class SyntheticVQA:
                 out.append(ClassAnswer(answer))
                 continue
             confidence = 1.0
-            if self.error_rate > 0:
+            if self._guesses(query):
+                confidence = 1 / len(names) + GUESS_MARGIN
+            elif self.error_rate > 0:
                 rng = np.random.default_rng(seed_int("vqa-confidence", digest, question))
                 a, b = CONFIDENCE_CONCENTRATION * (1 - self.error_rate), CONFIDENCE_CONCENTRATION * self.error_rate
                 confidence = rng.beta(max(a, 1e-3), b + 1) if wrong else rng.beta(a + 1, max(b, 1e-3))
-                confidence = max(float(confidence), 1 / len(names) + 0.01)
+                confidence = max(float(confidence), 1 / len(names) + GUESS_MARGIN)
             rest = (1 - confidence) / max(1, len(names) - 1)
             out.append(ClassAnswer(answer, {c: confidence if c == answer else rest for c in names}))
         return out
@@ -106,6 +116,9 @@ class SyntheticVQA:
                     choices: list[str] | None) -> tuple[str, bool, str]:
         """(the answer, whether the planted error changed it, the image's pixel digest)."""
         digest, scene = self._read(image)
+        if choices and self._guesses(query):
+            guess = np.random.default_rng(seed_int("vqa-guess", digest, question))
+            return choices[int(guess.integers(len(choices)))], False, digest
         truth = self._truth(scene, query)
         rng = np.random.default_rng(seed_int("vqa-error", digest, question))
         wrong = self.error_rate > 0 and rng.random() < self.error_rate
@@ -114,6 +127,12 @@ class SyntheticVQA:
         if wrong:
             truth = self._flip(truth, query, scene, rng)
         return self._phrase(truth, query, scene), wrong, digest
+
+    @staticmethod
+    def _guesses(query: Query) -> bool:
+        """Whether the question asks about nothing the world draws (no axis, subject or check of
+        one), so that an answer among choices can only be a guess."""
+        return query.kind == "caption"
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """One caption per image, e.g. 'a young slim light-skinned female doctor in formal
