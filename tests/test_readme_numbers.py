@@ -74,10 +74,12 @@ def test_compare_models_intervals_are_what_the_command_prints(tmp_path, capsys, 
     male = next(r for r in out["comparison"]["rows"] if r["group"] == "gender" and r["metric"] == "share: male")
     (a, b), d = male["values"], male["differences"][0]
     printed = (num(a["value"]), interval(a["low"], a["high"]), num(b["value"]), interval(b["low"], b["high"]),
-               num(d["value"]), interval(d["low"], d["high"]))
+               num(d["value"]), interval(d["low"], d["high"]), interval(*d["unpaired"]))
+    assert d["paired"]   # both sets ran on seeds 0-47
     agrees(r"gives male shares (\S+) (\[\S+, \S+\]) vs (\S+) (\[\S+, \S+\]) at N = 48 \(seeds 0–47\), a "
-           r"difference of (\S+) (\[\S+, \S+\])", printed,
-           "gives male shares {} {} vs {} {} at N = 48 (seeds 0–47), a difference of {} {}")
+           r"difference of (\S+) (\[\S+, \S+\]) paired by seed \(unpaired (\[\S+, \S+\])\)", printed,
+           "gives male shares {} {} vs {} {} at N = 48 (seeds 0–47), a difference of {} {} paired by seed "
+           "(unpaired {})")
 
 
 def test_explores_leans_and_inverse_queries_are_what_the_command_prints(tmp_path, capsys):
