@@ -342,6 +342,72 @@ def build_tiny_qwen2_vl(root: str | Path, *, name: str = "tiny-qwen2-vl") -> Mod
     return spec
 
 
+def build_tiny_paligemma(root: str | Path, *, name: str = "tiny-paligemma") -> ModelSpec:
+    """Writes a tiny PaliGemma (a 2-layer SigLIP vision tower, 64x64 images = 16 image tokens, a 2-layer
+    Gemma decoder) and its PaliGemmaProcessor (no chat template: the backend's prompt_template) to
+    root/name. Its prompt is a bidirectional prefix (token_type_ids 0); what follows it is 1.
+
+    Returns the ModelSpec that loads it (backend "vlm")."""
+    path = Path(root) / name
+    spec = ModelSpec("vlm", str(path), {"max_new_tokens": 6})
+    if (path / "config.json").exists():
+        return spec
+    from transformers import (GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, PaliGemmaProcessor,
+                              SiglipImageProcessor, SiglipVisionConfig)
+
+    tok = _chat_tokenizer(None)
+    images = SiglipImageProcessor(size={"height": 64, "width": 64})
+    images.image_seq_length = 16
+    processor = PaliGemmaProcessor(image_processor=images, tokenizer=tok)   # adds <image> and PaliGemma's extra tokens
+    config = PaliGemmaConfig(
+        vision_config=SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                         num_hidden_layers=2, image_size=64, patch_size=16).to_dict(),
+        text_config=GemmaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=8, num_hidden_layers=2, max_position_embeddings=256,
+                                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                pad_token_id=tok.pad_token_id).to_dict(),
+        image_token_index=processor.image_token_id, projection_dim=32)
+    _seed(8)
+    PaliGemmaForConditionalGeneration(config).save_pretrained(path)
+    processor.save_pretrained(path)
+    return spec
+
+
+def train_to_reply(spec: ModelSpec, out: str | Path, images, prompt: str, reply: str, steps: int = 80) -> ModelSpec:
+    """Fine-tunes the tiny VLM `spec` names until its greedy reply to `prompt` (sent as the backend
+    sends it) about each of `images` is `reply` and then its end-of-turn token, and saves it (and its
+    processor) to `out`. Returns the ModelSpec that loads the trained copy."""
+    import torch
+    from transformers import AutoProcessor
+
+    from engine.backends import load_backend
+
+    spec_out = ModelSpec(spec.backend, str(out), {**spec.options, "max_new_tokens": 24})   # the whole reply
+    if (Path(out) / "config.json").exists():
+        return spec_out
+    vqa = load_backend(spec)
+    tokenizer = vqa.processor.tokenizer
+    target = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    inputs = {k: v for k, v in vqa._inputs(list(images), prompt).items() if k != "labels"}
+    n = len(target)
+    ids = torch.cat([inputs["input_ids"], torch.tensor([target] * len(images))], dim=1)
+    labels = torch.full_like(ids, -100)
+    labels[:, -n:] = torch.tensor(target)
+    grown = {k: torch.cat([v, torch.full((len(images), n), int(k == "token_type_ids"), dtype=v.dtype)], dim=1)
+             for k, v in inputs.items() if k in ("token_type_ids", "mm_token_type_ids")}
+    batch = {**inputs, **grown, "input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    _seed(9)
+    model = vqa.model.train()
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        optimiser.zero_grad()
+        model(**batch).loss.backward()
+        optimiser.step()
+    model.eval().save_pretrained(out)
+    AutoProcessor.from_pretrained(spec.model).save_pretrained(out)
+    return spec_out
+
+
 def _blip_parts():
     """A tiny BlipConfig and BlipProcessor sharing the CLIP BPE tokenizer (+ [CLS]/[SEP]/[DEC])."""
     from transformers import BlipConfig, BlipImageProcessor, BlipProcessor, BlipTextConfig, BlipVisionConfig

@@ -70,6 +70,8 @@ class ImageGenerator(Protocol):
 @runtime_checkable
 class Embedder(Protocol):
     id: str
+    # Optional: `logit_scale` and `logit_bias`, the model's image-text logits scale · cosine + bias (its learned
+    # temperature; `logit_temperature` reads them, CLIP_LOGIT_SCALE and 0 when it has none).
 
     def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         """(n, d) float32, rows L2-normalised."""
@@ -100,6 +102,19 @@ class VQA(Protocol):
 
     # Optional, for an evaluator that scores the classes (BLIP, VLMs, CLIP zero-shot, faces, the synthetic
     # VQA): answer_classes(images, question, choices) -> list[ClassAnswer], one per image.
+
+
+# CLIP's trained temperature, for an embedder that states none: logit_scale is learned from ln(1/0.07) and clipped at
+# ln(100), where OpenAI's and OpenCLIP's released models sit (Radford et al. 2021, §2.5); logits = 100 × cosine.
+CLIP_LOGIT_SCALE = 100.0
+
+
+def logit_temperature(embedder) -> tuple[float, float]:
+    """Returns (scale, bias) of `embedder`'s image-text logits, scale · cosine + bias: its `logit_scale` and
+    `logit_bias` (the loaded model's learned ones: SigLIP's scale is about 110-120 with a bias near -10-16),
+    else CLIP_LOGIT_SCALE and 0. A softmax over choices is unchanged by the bias; a sigmoid is not."""
+    return (float(getattr(embedder, "logit_scale", CLIP_LOGIT_SCALE) or CLIP_LOGIT_SCALE),
+            float(getattr(embedder, "logit_bias", 0.0) or 0.0))
 
 
 CANT_TELL = "can't tell"

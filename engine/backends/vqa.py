@@ -47,7 +47,8 @@ from PIL import Image
 
 from ..common.errors import ModelLoadError
 from . import device as devices
-from .base import ClassAnswer, ModelSpec, class_answer, clear_generation_defaults, decoding_settings
+from .base import (ClassAnswer, ModelSpec, class_answer, clear_generation_defaults, decoding_settings,
+                   logit_temperature)
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +57,6 @@ VLM_CAPTION_PROMPT = "Describe the image in one short sentence."
 VLM_PROMPT_TEMPLATE = "Question: {question} Answer:"
 VLM_SUFFIX = " Answer with a single word or phrase."  # LLaVA's short-answer VQA instruction
 VLM_CHOICES_SUFFIX = " Answer with one of: {choices}."   # a question asked with its classes listed
-# CLIP's trained temperature: logit_scale is learned from ln(1/0.07) and clipped at ln(100), where OpenAI's and
-# OpenCLIP's released models sit (Radford et al. 2021, §2.5); logits = 100 × cosine similarity.
-LOGIT_SCALE = 100.0
 
 # Words a free answer may use for a choice. Only the choices actually offered are consulted,
 # so "boy" means "male" for a gender question and "young" for an age question.
@@ -205,6 +203,64 @@ def _strip_prompt(output, input_ids):
     return output
 
 
+# Model types whose prompt is a bidirectional prefix marked by token_type_ids 0 (PaliGemma, PaliGemma 2): what
+# follows it, a generated reply included, is 1 (PaliGemmaForConditionalGeneration._update_model_kwargs_for_generation).
+PREFIX_LM_MODEL_TYPES = frozenset({"paligemma"})
+REPLY_ENDINGS = ("", ".")   # a short reply with or without its final period (`_short` drops it)
+
+
+def appended_token_types(model, inputs: dict, n: int) -> dict:
+    """Returns the per-token inputs beside the ids (token types) of the prompt `inputs` grown by `n` appended
+    tokens, as the model's own generation grows them (GenerationMixin._update_model_kwargs_for_generation):
+    PaliGemma's token_type_ids with 1 (the causal suffix; 0 would put the tokens in the bidirectional
+    prefix, each seeing itself and the ones after it), other token_type_ids with the prompt's last value
+    (Gemma 3's: 0, text), mm_token_type_ids (Qwen2-VL's) with 0 (text)."""
+    import torch
+
+    out = {}
+    for key in ("token_type_ids", "mm_token_type_ids"):
+        value = inputs.get(key)
+        if value is None:
+            continue
+        if key == "token_type_ids" and model.config.model_type in PREFIX_LM_MODEL_TYPES:
+            grown = torch.ones((value.shape[0], n), dtype=value.dtype, device=value.device)
+        elif key == "token_type_ids":
+            grown = value[:, -1:].expand(-1, n)
+        else:
+            grown = torch.zeros((value.shape[0], n), dtype=value.dtype, device=value.device)
+        out[key] = torch.cat([value, grown], dim=1)
+    return out
+
+
+def reply_variants(choices: Sequence[str]) -> list[tuple[int, str]]:
+    """Returns (choice index, text) for each way a model writes a choice as its whole reply: as given,
+    lower-case and with a capital first letter, each bare and with a final period; repeats dropped."""
+    out = []
+    for i, choice in enumerate(choices):
+        text = str(choice).strip()
+        for cased in dict.fromkeys((text, text.lower(), text[:1].upper() + text[1:].lower())):
+            out += [(i, cased + end) for end in REPLY_ENDINGS]
+    return list(dict.fromkeys(out))
+
+
+def _stop_ids(model, tokenizer) -> list[int]:
+    """Returns the token ids that end the model's reply: what its generation stops at (its
+    generation_config's eos_token_id, e.g. Qwen2-VL-Instruct's <|im_end|> and <|endoftext|>), else the
+    tokenizer's end-of-sequence token."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    return sorted({int(i) for i in ([ids] if isinstance(ids, int) else ids or [])})
+
+
+def _per_choice(scores: np.ndarray, owner: np.ndarray, k: int) -> np.ndarray:
+    """Returns (rows, k): per choice the log of the summed probability of its variants' `scores` (rows,
+    variants), `owner[j]` naming variant j's choice."""
+    from scipy.special import logsumexp
+
+    return np.stack([logsumexp(scores[:, owner == i], axis=1) for i in range(k)], axis=1)
+
+
 class _GenerativeVQA:
     """What the transformers-generation VQA backends share: model, processor, batching, decoding."""
 
@@ -271,9 +327,15 @@ class BlipVQA(_GenerativeVQA):
         return _finish(answers, choices, self.synonyms)
 
     def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
-        """Returns per image the choices ranked as BLIP ranks candidate answers (salesforce/BLIP
-        `BLIP_VQA.rank_answer`): each choice's likelihood as the whole answer, "[DEC] tokens [SEP]",
-        decoded from the question encoded over the image; their softmax is the probability."""
+        """Returns per image each choice's probability as BLIP's whole answer: its log-likelihood as
+        "[DEC] tokens [SEP]" decoded from the question encoded over the image (the candidates of
+        salesforce/BLIP `BLIP_VQA.rank_answer`), their softmax over the choices.
+
+        Not BLIP's own ranking score: `rank_answer` scores candidates with the decoder's training loss,
+        which has label smoothing 0.1 (`BertLMHeadModel`, `reduction='none'`, `label_smoothing=0.1`), a
+        mixture with the uniform distribution over the vocabulary that favours short answers and is no
+        probability of the answer. GapLens keeps the pure log-likelihood: the model's probability of
+        writing exactly that answer, the better probability to calibrate and to abstain on."""
         import torch
 
         model, tokenizer = self.model, self.processor.tokenizer
@@ -336,7 +398,9 @@ class VLMVQA(_GenerativeVQA):
                 conversations, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt",
                 processor_kwargs={"padding": True})
         prompt = self.prompt_template.format(question=text)
-        return self.processor(images=batch, text=[prompt] * len(batch), return_tensors="pt", padding=True)
+        inputs = self.processor(images=batch, text=[prompt] * len(batch), return_tensors="pt", padding=True)
+        inputs.pop("labels", None)   # PaliGemma's processor adds training labels: nothing to train here
+        return inputs
 
     def ask(self, images: Sequence[Image.Image], text: str) -> list[str]:
         """Returns the model's greedy reply to `text` (sent as is) for each image."""
@@ -349,38 +413,52 @@ class VLMVQA(_GenerativeVQA):
         return _finish(self.ask(images, self.prefix + question + self.suffix), choices, self.synonyms)
 
     def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
-        """Returns per image the probability of each choice as the model's reply to the question with the
-        choices listed (VLM_CHOICES_SUFFIX): each choice's tokens scored as the continuation of the prompt
-        (one forward pass per choice), their softmax; and the model's own greedy reply as the text."""
-        import torch
+        """Returns per image the probability of each choice as the model's whole reply to the question with
+        the choices listed (VLM_CHOICES_SUFFIX), and the model's own greedy reply as the text.
 
+        A choice's score is the probability that the reply is that choice and nothing more: its tokens
+        and then the token the model ends its turn with (`_stop_ids`), summed over the ways a model writes
+        it (`reply_variants`: "male", "Male", "Male."), so a choice that is the start of another
+        ("middle" of "middle class") does not win by being shorter, and Qwen2-VL's usual "Male" counts.
+        The softmax of the scores over the choices is the probability."""
         text = self.prefix + question + VLM_CHOICES_SUFFIX.format(choices=", ".join(str(c) for c in choices))
         replies = self.ask(images, text)
         tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        options = [tokenizer(str(c), add_special_tokens=False).input_ids for c in choices]
-        dtype = next(self.model.parameters()).dtype
-        device = devices.weights_device(self.model)
-        # only the logits that predict the option: a whole sequence's over a 150k vocabulary would take gigabytes
-        keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        variants = reply_variants(choices)
+        sequences = [tokenizer(v, add_special_tokens=False).input_ids for _, v in variants]
+        owner = np.array([i for i, _ in variants])
+        stops = _stop_ids(self.model, tokenizer)
         scores = []
         for batch in _batches(_rgb(images), self.batch_size):
-            inputs = _to(self._inputs(batch, text), device, dtype)
-            prompt, rows = inputs["input_ids"], []
-            for option in options:
-                tail = torch.tensor([option], device=device).expand(len(batch), -1)
-                # per-token inputs beside the ids (token types) grow with zeros: the option is plain text
-                longer = {k: torch.cat([v, torch.zeros_like(tail, dtype=v.dtype)], dim=1) for k, v in inputs.items()
-                          if hasattr(v, "shape") and tuple(v.shape) == tuple(prompt.shape)}
-                ids = torch.cat([prompt, tail], dim=1)
-                mask = torch.cat([inputs["attention_mask"], torch.ones_like(tail)], dim=1)
-                extra = {"logits_to_keep": len(option) + 1} if keep else {}
-                with torch.inference_mode():
-                    logits = self.model(**{**inputs, **longer, "input_ids": ids, "attention_mask": mask}, **extra).logits
-                # the logits that predict the option's tokens, and those tokens (after the prompt's last one)
-                span = ids[:, prompt.shape[1] - 1:]
-                rows.append(_continuation_log_probs(logits[:, -len(option) - 1:-1], span, torch.ones_like(span)))
-            scores += torch.stack(rows, dim=1).cpu().numpy().tolist()
+            inputs = _to(self._inputs(batch, text), devices.weights_device(self.model), next(self.model.parameters()).dtype)
+            tokens, ends = self._continuations(inputs, sequences, stops)
+            scores += _per_choice(tokens + ends, owner, len(choices)).tolist()
         return [class_answer(choices, row, reply) for row, reply in zip(scores, replies)]
+
+    def _continuations(self, inputs: dict, sequences: list[list[int]], stops: list[int]):
+        """Returns (tokens, ends), each (batch, len(sequences)): the log-likelihood of each token sequence as
+        the continuation of the prompt `inputs`, and the log-probability that the model's turn then ends
+        (any of `stops`). The appended tokens get the token types the model's own generation gives new
+        tokens (`appended_token_types`)."""
+        import torch
+
+        prompt = inputs["input_ids"]
+        device = prompt.device
+        # only the logits that predict the sequence: a whole prompt's over a 150k vocabulary would take gigabytes
+        keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        tokens, ends = [], []
+        for sequence in sequences:
+            tail = torch.tensor([sequence], device=device).expand(len(prompt), -1)
+            longer = appended_token_types(self.model, inputs, len(sequence))
+            ids = torch.cat([prompt, tail], dim=1)
+            mask = torch.cat([inputs["attention_mask"], torch.ones_like(tail)], dim=1)
+            extra = {"logits_to_keep": len(sequence) + 1} if keep else {}
+            with torch.inference_mode():
+                logits = self.model(**{**inputs, **longer, "input_ids": ids, "attention_mask": mask}, **extra).logits
+            log_probs = torch.log_softmax(logits[:, -len(sequence) - 1:].float(), dim=-1)
+            tokens.append(log_probs[:, :-1].gather(-1, tail[:, :, None]).squeeze(-1).sum(dim=1))
+            ends.append(torch.logsumexp(log_probs[:, -1, stops], dim=-1) if stops else torch.zeros_like(tokens[-1]))
+        return torch.stack(tokens, dim=1).cpu().numpy(), torch.stack(ends, dim=1).cpu().numpy()
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns one short caption per image (the reply to `caption_prompt`, without the VQA prefix)."""
@@ -442,11 +520,13 @@ class ClipVQA:
         return [options[i].lower() for i in best]
 
     def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
-        """Returns per image the softmax over the choices of CLIP's logits, LOGIT_SCALE × cosine similarity
-        (the temperature CLIP was trained with; option-free)."""
+        """Returns per image the softmax over the choices of the model's logits, scale × cosine similarity +
+        bias, with the loaded model's own learned temperature (base.logit_temperature: 100 for OpenAI/LAION
+        CLIP, SigLIP's learned scale and bias; option-free)."""
         if not images:
             return []
-        logits = LOGIT_SCALE * self.scores(images, question, [str(c) for c in choices])
+        scale, bias = logit_temperature(self.embedder)
+        logits = scale * self.scores(images, question, [str(c) for c in choices]) + bias
         return [class_answer(choices, row) for row in logits]
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:

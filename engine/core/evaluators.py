@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..backends.base import DEFAULT_CANT_TELL_BELOW, ClassAnswer, label_of
+from ..backends.base import DEFAULT_CANT_TELL_BELOW, ClassAnswer, label_of, logit_temperature
 from ..store.store import CAPTION, ImageRecord, answer_key, choices_json, content_key, embedding_key
 
 
@@ -28,6 +28,12 @@ class Evaluation:
         keys = [content_key("text-embedding", emb_id, t) for t in texts]
         return self._cached_embeddings(keys, list(texts), emb_id, lambda e, items: e.embed_texts(items),
                                        subject=lambda t: t)
+
+    def logit_temperature(self) -> tuple[float, float]:
+        """(scale, bias) of the embedder's image-text logits, scale · cosine + bias: the loaded model's learned
+        temperature (base.logit_temperature; 100 and 0 for CLIP and for an embedder that states none)."""
+        spec, context = self._spec_and_context("embedder")
+        return logit_temperature(self.models.peek(spec, **context))
 
     def _cached_embeddings(self, keys, items, emb_id, compute: Callable, subject: Callable) -> np.ndarray:
         found = self.store.get_embeddings(keys)
