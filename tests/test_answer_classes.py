@@ -122,7 +122,7 @@ def test_clip_zero_shot_is_a_softmax_over_the_class_prompts(tiny):
     answers = vqa.answer_classes(IMAGES, QUESTION, SKIN)
     _probs_ok(answers, SKIN)
     cosine = vqa.scores(IMAGES, QUESTION, SKIN)
-    scale = float(embedder.model.logit_scale.exp())      # the loaded model's temperature (100 for released CLIPs)
+    scale = float(embedder.model.logit_scale.detach().exp())   # the loaded model's temperature (100 for released CLIPs)
     assert np.allclose([[a.probs[c] for c in SKIN] for a in answers], [_softmax(scale * row) for row in cosine])
     assert [a.answer for a in answers] == vqa.answer(IMAGES, QUESTION, SKIN)   # the same class as before
 

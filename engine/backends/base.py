@@ -101,7 +101,20 @@ class VQA(Protocol):
         """One short caption per image."""
 
     # Optional, for an evaluator that scores the classes (BLIP, VLMs, CLIP zero-shot, faces, the synthetic
-    # VQA): answer_classes(images, question, choices) -> list[ClassAnswer], one per image.
+    # VQA): answer_classes(images, question, choices) -> list[ClassAnswer], one per image; and, for one that
+    # asks all of an image's questions at once (each image preprocessed and encoded once: BLIP, VLMs, CLIP
+    # zero-shot, the synthetic VQA), answer_questions(images, asks) -> per (question, choices) of `asks`, per
+    # image, a ClassAnswer (`answer_all` calls whichever it has).
+
+
+def answer_all(vqa, images: Sequence[Image.Image], asks: Sequence[tuple[str, Sequence[str]]],
+               **context) -> list[list[ClassAnswer]]:
+    """Returns per (question, choices) of `asks`, per image, the evaluator's ClassAnswer: from one call of its
+    `answer_questions` when it has one (`context`, e.g. clip_vqa's `embeddings`, is passed on), else one
+    `answer_classes` call per question."""
+    if callable(getattr(vqa, "answer_questions", None)):
+        return vqa.answer_questions(images, list(asks), **context)
+    return [vqa.answer_classes(images, question, list(choices)) for question, choices in asks]
 
 
 # CLIP's trained temperature, for an embedder that states none: logit_scale is learned from ln(1/0.07) and clipped at

@@ -39,7 +39,7 @@ from ..metrics.intervals import share_interval, tidy
 from ..metrics import biasbench
 from ..store.store import ImageRecord
 from .axes import axis_for
-from .measure import measure_axes
+from .measure import AskedAnswers, measure_axes
 from .options import GenerationOptions, settle_settings
 
 DEFAULT_CONCEPTS = ["a photo of a man", "a photo of a woman"]
@@ -304,11 +304,11 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
     # 3. The node's attribute distributions (VQA, cached answers reused), when asked for.
     axes = [axis_for(a) for a in clean_concepts(request.axes)]
     if axes:
-        results["axes"], results["answer_probs"] = {}, {}
-        answers_by_axis, _ = yield from measure_axes(engine, usable, axes, results["axes"], mode=request.mode,
-                                                     n_boot=request.n_boot, answer_probs=results["answer_probs"])
+        results["axes"], results["answer_probs"], asked = {}, {}, AskedAnswers()
+        yield from measure_axes(engine, usable, axes, results["axes"], mode=request.mode, n_boot=request.n_boot,
+                                answer_probs=results["answer_probs"], asked=asked)
         # image key -> axis -> answer, beside answer_probs (issue 35), as Single Prompt's JSON has them
-        results["answers"] = {r.key: {a: got[j] for a, got in answers_by_axis.items()} for j, r in enumerate(usable)}
+        results["answers"] = asked.answers
         run_record.save(results)
     # 4. Inverse queries: which concept do images of each test concept lean to?
     inverse, sets = {}, {}

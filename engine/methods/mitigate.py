@@ -296,8 +296,9 @@ class Measurer:
             self.records[spec.label] = valid
             yield Progress(done, total, stage, f"{stage}: asking the VQA about '{spec.prompt}'")
             self.answers[spec.label] = {}
-            for y in self.setup.axes:
-                labels = self.asked.ask(self.engine, spec.label, y, valid, self.setup.questions[y], self.setup.values[y])
+            asked = self.asked.ask_all(self.engine, spec.label, valid, {y: (self.setup.questions[y], self.setup.values[y])
+                                                                         for y in self.setup.axes})
+            for y, labels in asked.items():
                 self.answers[spec.label][y] = one_hot(labels, self.setup.values[y], self.setup.policy)
                 self.outside[y] += outside_count(labels, self.setup.values[y])
             if self.request.n_boot:

@@ -102,6 +102,12 @@ class SyntheticVQA:
             out.append(ClassAnswer(answer, {c: confidence if c == answer else rest for c in names}))
         return out
 
+    def answer_questions(self, images: Sequence[Image.Image],
+                         asks: Sequence[tuple[str, Sequence[str]]]) -> list[list[ClassAnswer]]:
+        """Per (question, choices) of `asks`, per image, `answer_classes` (each image's pixels read once for
+        every question: the scene cache)."""
+        return [self.answer_classes(images, question, choices) for question, choices in asks]
+
     def _answer_one(self, image: Image.Image, question: str, query: Query,
                     choices: list[str] | None) -> tuple[str, bool, str]:
         """(the answer, whether the planted error changed it, the image's pixel digest)."""
