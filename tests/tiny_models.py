@@ -212,9 +212,10 @@ def build_tiny_open_clip(root: str | Path, *, name: str = "tiny-open-clip") -> M
     return spec
 
 
-def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE, extra_special: tuple[str, ...] = ()):
-    """A byte-level BPE tokenizer (about 300 tokens) trained in-process on _CHAT_CORPUS, with the
-    ChatML markers, "<image>" and `extra_special` as special tokens."""
+def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE, extra_special: tuple[str, ...] = (),
+                    corpus: list[str] | None = None):
+    """A byte-level BPE tokenizer (about 300 tokens) trained in-process on _CHAT_CORPUS (or `corpus`), with
+    the ChatML markers, "<image>" and `extra_special` as special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -222,7 +223,7 @@ def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE, extra_special: tu
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", *extra_special]
-    bpe.train_from_iterator(_CHAT_CORPUS, trainers.BpeTrainer(
+    bpe.train_from_iterator(corpus or _CHAT_CORPUS, trainers.BpeTrainer(
         vocab_size=500, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
                                   pad_token="<|endoftext|>", additional_special_tokens=special[1:])

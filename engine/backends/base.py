@@ -13,7 +13,10 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 from PIL import Image
 
-from .gpu_costs import COST_OPTIONS
+# The cost model's options (engine/backends/gpu_costs.py): they change how long a synthetic call sleeps, never
+# what it returns.
+COST_OPTIONS = frozenset({"gpu", "seconds_per_image", "seconds_per_question", "seconds_per_caption",
+                          "seconds_per_embedding", "image_share"})
 
 
 @dataclass(frozen=True)

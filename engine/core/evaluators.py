@@ -109,6 +109,14 @@ class Evaluation:
             if wanted:
                 groups.setdefault(wanted, []).append(i)
         spec, context = self._spec_and_context("vqa")
+        if spec.backend == "distilled":   # probes on stored embeddings, taught by the teacher (engine/core/distilled.py)
+            from .distilled import distilled_answers
+
+            wanted = {a: sorted(rows) for a, rows in enumerate(lacking) if rows}
+            out = distilled_answers(self, self.models.peek(spec, **context), records, asks, wanted) if wanted else {}
+            with self._backend("vqa") as vqa:
+                out.update(self._free_answers(vqa, records, asks, scored, missing))
+            return out
         contexts = {wanted: self._stored_embeddings(self.models.peek(spec, **context), [records[i] for i in images])
                     for wanted, images in groups.items()}   # before the evaluator's lock: the embedder has its own
         out: dict[tuple[int, int], ClassAnswer] = {}
@@ -117,11 +125,29 @@ class Evaluation:
                 answers = answer_all(vqa, [records[i].image for i in images], [asks[a] for a in wanted],
                                      **contexts[wanted])
                 out.update({(a, i): got for a, column in zip(wanted, answers) for i, got in zip(images, column)})
-            for a, (question, choices) in enumerate(asks):
-                if missing[a] and not scored[a]:
-                    replies = vqa.answer([records[i].image for i in missing[a]], question, choices)
-                    out.update({(a, i): ClassAnswer(reply) for i, reply in zip(missing[a], replies)})
+            out.update(self._free_answers(vqa, records, asks, scored, missing))
         return out
+
+    @staticmethod
+    def _free_answers(vqa, records, asks, scored: list[bool], missing: list[list[int]]) -> dict:
+        """{(ask index, image index): ClassAnswer} of the missing free answers, one `answer` call per question."""
+        out = {}
+        for a, (question, choices) in enumerate(asks):
+            if missing[a] and not scored[a]:
+                replies = vqa.answer([records[i].image for i in missing[a]], question, choices)
+                out.update({(a, i): ClassAnswer(reply) for i, reply in zip(missing[a], replies)})
+        return out
+
+    def answer_sources(self, records: Sequence[ImageRecord], question: str, choices: Sequence[str]) -> dict | None:
+        """For the distilled evaluator: how many of its answers to `question` about `records` came from its probe
+        and how many from its teacher, the probe's held-out agreement and a sentence when it is not used
+        (engine/core/distilled.answer_sources); None for any other evaluator."""
+        spec, context = self._spec_and_context("vqa")
+        if spec.backend != "distilled" or not choices:
+            return None
+        from .distilled import answer_sources
+
+        return answer_sources(self, self.models.peek(spec, **context), records, question, list(choices))
 
     def _stored_embeddings(self, vqa, records) -> dict:
         """{"embeddings": the records' stored image embeddings} when `vqa` answers from the preset's own

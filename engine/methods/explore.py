@@ -108,6 +108,7 @@ class ExploreResults(TypedDict, total=False):
     inverse: dict            # test concept -> a lean of the same shape as `lean`
     inverse_sets: dict       # test concept -> {"prompt", "images": [...]}
     axes: dict               # with `axes`: as Single Prompt's, axis -> its distribution and metrics with intervals
+    answer_sources: dict     # with `axes` and the distilled evaluator: axis -> answers by its probe and by its teacher
     tree: str                # the tree's id: its root node's run id
     parent: str              # the parent node's run id ('' for a root)
     excluded: int            # flagged or refused images left out
@@ -309,6 +310,8 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
                                 answer_probs=results["answer_probs"], asked=asked)
         # image key -> axis -> answer, beside answer_probs (issue 35), as Single Prompt's JSON has them
         results["answers"] = asked.answers
+        if asked.sources:   # the distilled evaluator: which answers its probe gave, which its teacher
+            results["answer_sources"] = asked.sources
         run_record.save(results)
     # 4. Inverse queries: which concept do images of each test concept lean to?
     inverse, sets = {}, {}

@@ -147,6 +147,7 @@ class IntersectionalResults(TypedDict, total=False):
     cant_tell: dict[str, dict]          # per axis: measure.cant_tell_counts (left out of every distribution)
     answers: dict[str, dict[str, str]]  # image key -> axis -> VQA answer
     answer_probs: dict[str, dict]       # image key -> axis -> class -> probability (evaluators that score classes)
+    answer_sources: dict                # the distilled evaluator: axis -> answers by its probe and by its teacher
     per_prompt: dict[str, list]         # aggregate mode: each prompt's own matrix
     headline: dict                      # the strongest effect and how sure the bootstrap is of it
 

@@ -149,6 +149,7 @@ class AskedAnswers:
         self.answers: dict[str, dict[str, str]] = {}   # image key -> axis -> answer
         self.probs: dict[str, dict[str, dict]] = {}    # image key -> axis -> class -> probability
         self.labels: dict[str, dict[str, list[str]]] = {}   # set label -> axis -> its answers
+        self.sources: dict[str, dict] = {}   # the distilled evaluator's: axis -> answers by probe and by teacher
 
     def ask_all(self, engine: Engine, set_label: str, records: list,
                 questions: dict[str, tuple[str, list[str] | None]]) -> dict[str, list[str]]:
@@ -158,7 +159,17 @@ class AskedAnswers:
         got = asked_with_probs(engine, records, list(questions.values()))
         for axis, (labels, probs) in zip(questions, got):
             self.record(set_label, axis, records, labels, probs)
+            self.count_sources(axis, engine.answer_sources(records, *questions[axis]) if records else None)
         return {axis: labels for axis, (labels, _) in zip(questions, got)}
+
+    def count_sources(self, axis: str, sources: dict | None) -> None:
+        """Adds one set's `sources` (Engine.answer_sources: the distilled evaluator's answers by its probe and
+        by its teacher; None for another evaluator) to the axis' counts."""
+        if sources is None:
+            return
+        seen = self.sources.setdefault(axis, {"probe": 0, "teacher": 0})
+        seen.update({k: v for k, v in sources.items() if k not in ("probe", "teacher")},
+                    probe=seen["probe"] + sources["probe"], teacher=seen["teacher"] + sources["teacher"])
 
     def ask(self, engine: Engine, set_label: str, axis: str, records: list, question: str,
             choices: list[str] | None = None) -> list[str]:
@@ -177,8 +188,11 @@ class AskedAnswers:
                 self.probs[r.key][axis] = p
 
     def json(self) -> dict:
-        """Returns {"answers": image key -> axis -> answer, "answer_probs": image key -> axis -> class -> p}."""
-        return {"answers": self.answers, "answer_probs": self.probs}
+        """Returns {"answers": image key -> axis -> answer, "answer_probs": image key -> axis -> class -> p}, and
+        with the distilled evaluator "answer_sources": axis -> {"probe", "teacher", "teacher_id", "held_out",
+        "note"} (which answers came from its probe and which from its teacher)."""
+        return {"answers": self.answers, "answer_probs": self.probs,
+                **({"answer_sources": self.sources} if self.sources else {})}
 
     def cant_tell(self, set_labels=None) -> dict[str, dict]:
         """Returns {axis: cant_tell_counts of its answers} over the sets `set_labels`, or (None) over

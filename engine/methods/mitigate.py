@@ -637,6 +637,7 @@ class MitigateResults(TypedDict, total=False):
     cant_tell: dict[str, dict]                  # per axis: measure.cant_tell_counts (left out of every distribution)
     answers: dict[str, dict[str, str]]          # image key -> axis -> VQA answer
     answer_probs: dict[str, dict]               # image key -> axis -> class -> probability
+    answer_sources: dict                        # the distilled evaluator: axis -> answers by its probe and its teacher
 
 
 def estimate(request: MitigateRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:

@@ -109,6 +109,7 @@ class SinglePromptResults(TypedDict, total=False):
     headline: dict                       # the most biased axis and how sure the intervals are of it
     answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer (a class, "can't tell" or "other")
     answer_probs: dict[str, dict]        # image key -> axis -> class -> probability (evaluators that score classes)
+    answer_sources: dict                 # the distilled evaluator: axis -> answers by its probe and by its teacher
     diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
     evaluators: dict                     # several evaluators compared (when request.evaluators): compare_evaluators_on
     gap: dict                            # gap_for_images (when request.gap)
@@ -237,6 +238,8 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     results["headline"] = most_biased_axis(results["axes"], draws)
     yield Headline(results["headline"])
     results["answers"] = asked.answers   # image key -> axis -> answer
+    if asked.sources:   # the distilled evaluator: which answers its probe gave, which its teacher
+        results["answer_sources"] = asked.sources
     run_record.save(results)
     if request.evaluators:   # every axis with classes answered by each other evaluator too (issue 35)
         yield Progress(0, 1, "vqa", f"asking {len(request.evaluators)} more evaluator(s)")

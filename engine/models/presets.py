@@ -76,7 +76,7 @@ HUB_FILES = {"diffusers": "model_index.json", "open_clip": None, "hf_clip": "con
 
 def parse_model_override(text: str, role: str | None = None) -> ModelSpec:
     """'backend:model' (e.g. 'diffusers:/models/tiny-sd' or 'hf_chat:Qwen/Qwen2.5-0.5B-Instruct'; a
-    backend of backends.DEFAULT_MODELS may leave the model empty: 'faces:').
+    backend of backends.DEFAULT_MODELS may leave the model out: 'faces:', 'distilled').
     With `role`, the backend name is read as that role means it ('openai' is an images
     endpoint for the generator, a vision chat model for VQA; engine.backends.ROLE_ALIASES)."""
     from ..backends import DEFAULT_MODELS, backend_for_role
@@ -84,7 +84,7 @@ def parse_model_override(text: str, role: str | None = None) -> ModelSpec:
 
     backend, sep, model = text.partition(":")
     default = DEFAULT_MODELS.get(backend.strip().replace("-", "_"))
-    if not sep or not (model.strip() or default):
+    if not (sep or default) or not (model.strip() or default):
         raise InputError(f"model override '{text}' must look like 'backend:model-id-or-path'")
     try:
         return ModelSpec(backend_for_role(backend, role), model.strip() or default)

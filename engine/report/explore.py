@@ -11,6 +11,7 @@ import time
 from .. import __version__
 from . import Markup, charts, macro, render, static, thumbnail_data_uri
 from .charts import PALETTE
+from .distilled import sources_html
 from .single_prompt import axes_html, axis_html
 
 STRIPS_ID = "explore-strips"
@@ -168,7 +169,7 @@ def page(results: dict, thumbs: dict | None = None) -> Markup:
         strips=vega_chart(strips, STRIPS_ID) if strips else "", inverse=inverse, second=second,
         scale=norm.get("logit_scale", 100), tree=results.get("tree", ""), parent=results.get("parent", ""),
         axes=axes_html(axis_html(name, m) for name, m in (results.get("axes") or {}).items())
-        if results.get("axes") else "")
+        + sources_html(results.get("answer_sources")) if results.get("axes") else "")
 
 
 def tree_html(nodes: list[dict], selected: str = "") -> Markup:

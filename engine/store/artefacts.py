@@ -142,6 +142,23 @@ class Artefacts:
                 db.executemany("INSERT OR REPLACE INTO answers (key, image_key, evaluator, question, choices, answer, "
                                "probs, text, created) VALUES (?,?,?,?,?,?,?,?,?)", data)
 
+    def scored_answers_to(self, evaluator: str, question: str, choices_json: str) -> dict[str, str]:
+        """{image key: answer} of every stored answer `evaluator` gave `question` with these choices and a
+        probability per class (the distilled evaluator's pool of teacher answers)."""
+        rows = self._read("SELECT image_key, answer FROM answers WHERE evaluator=? AND question=? AND choices=? "
+                          "AND probs != ''", (evaluator, question, choices_json))
+        return {r["image_key"]: r["answer"] for r in rows}
+
+    def get_probe(self, key: str) -> dict | None:
+        """The stored probe record of that key (engine/core/distilled.py), or None."""
+        rows = self._read("SELECT record FROM probes WHERE key=?", (key,))
+        return json.loads(rows[0]["record"]) if rows else None
+
+    def put_probe(self, key: str, teacher: str, embedder: str, question: str, choices_json: str, record: dict) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO probes VALUES (?,?,?,?,?,?,?)",
+                       (key, teacher, embedder, question, choices_json, json.dumps(record), time.time()))
+
     def answers_for_image(self, image_key: str) -> list[dict]:
         return [dict(r) for r in self._read(
             "SELECT evaluator, question, choices, answer, probs, text FROM answers WHERE image_key=? ORDER BY created",
