@@ -413,7 +413,7 @@ def test_a_workers_shard_is_adopted_once_and_a_damaged_line_is_not(data_dir, tmp
 
 
 def test_gpu_cost_model_reads_the_table_and_changes_no_output(tmp_path):
-    assert call_seconds("vqa", {"gpu": "vlm"}) == {"question": 0.25, "image_share": 0.85, "caption": 1.0}
+    assert call_seconds("vqa", {"gpu": "vlm"}) == {"question": 0.25, "image_share": 0.73, "caption": 1.0}
     assert call_seconds("generator", {"gpu": "1", "seconds_per_image": "0.5"}) == {"step": 0.012, "decode": 0.02,
                                                                                    "image": 0.5}
     assert call_seconds("embedder", {"gpu": "off"}) == {}

@@ -242,7 +242,8 @@ class DiffusersGenerator:
         if self._max_sequence_length and self.family in ("sd3", "flux"):
             kwargs["max_sequence_length"] = self._max_sequence_length
         try:
-            images = self.pipe(**kwargs).images
+            with torch.inference_mode():   # the pipeline's own no_grad still tracks tensor versions; this does not
+                images = self.pipe(**kwargs).images
             flags = self._flag_nsfw(images)
         except Exception as exc:
             if devices.is_oom(exc):

@@ -30,16 +30,19 @@ H200_DECODE_SECONDS = 0.02      # the VAE decode and safety check of one image
 QUESTION_SECONDS = {"blip_vqa": 0.01, "vlm": 0.25, "clip_vqa": 0.002}   # one VQA question about one image, asked alone
 # The share of QUESTION_SECONDS spent on the image itself, done once per image however many of its closed-set
 # questions are asked at once (answer_questions); the rest is paid per question. Sources, measured by
-# bench/evaluation_cost.py on a CPU (compute-bound FLOP shares, assumed to hold on a GPU):
-# - blip_vqa 0.9: at BlipConfig() size (blip-vqa-base) one question alone costs a vision pass (79% of its
-#   CPU seconds), the question encoder (15%, of which 77% by FLOPs is the image tokens' cross-attention
-#   keys and values, computed once per image) and the ranking of its choices (6%): 0.79 + 0.77 x 0.15 ≈ 0.9.
-# - vlm 0.85: a Qwen2-VL at Qwen2-VL-2B's width (4 of 28 decoder and 4 of 32 vision layers): the 8 questions
-#   one call each against one call for all (the prefix prefilled once) give vlm_prefix_reuse_ratio ≈ 4.5,
-#   so 8 / 4.5 = 0.85 + 8 x 0.15 → share 0.85 (its reply of up to 8 tokens and the options per question).
+# bench/evaluation_cost.py on a CPU (one thread, CPU seconds; the shares are assumed to hold on a GPU):
+# - blip_vqa 0.91: at BlipConfig() size (blip-vqa-base, 384 px) one question asked alone costs a vision pass
+#   (80% of its seconds), the question encoder (14%, of which 77% by FLOPs is projecting the 577 image tokens
+#   into every layer's cross-attention keys and values: once per image now) and the ranking of its choices
+#   (5%): 0.80 + 0.77 x 0.14 = 0.91.
+# - vlm 0.73: a Qwen2-VL at Qwen2-VL-2B's width with 4 of its 28 decoder and 4 of its 32 vision layers, 448 px
+#   (256 image tokens): the 8 questions one call each took 2.77 times as long as one call for all (the prefix
+#   prefilled once), so 8 / 2.77 = 0.73 + 8 x 0.27. The per-question part is the question's tokens, its
+#   options scored and a 4-token reply; at full depth the layers outweigh the 152k-token head and the FLOPs
+#   put the image's share near 0.9, so 0.73 is on the safe side.
 # - clip_vqa 0.95: the image embedding; a question's choices are text embeddings cached per backend, so a
 #   question costs one matrix product (estimate).
-IMAGE_SHARE = {"blip_vqa": 0.9, "vlm": 0.85, "clip_vqa": 0.95}
+IMAGE_SHARE = {"blip_vqa": 0.91, "vlm": 0.73, "clip_vqa": 0.95}
 CAPTION_SECONDS = {"blip_vqa": 0.05, "vlm": 1.0}                        # one caption
 EMBED_SECONDS = 0.005          # one CLIP embedding
 TEXT_EMBED_SECONDS = 0.001     # one CLIP text embedding: 77 tokens through the text tower (~1/5 of ViT-B's FLOPs)

@@ -30,20 +30,28 @@ class Artefacts:
     def put_image(self, key: str, generator_id: str, prompt: str, seed: int, settings,
                   image: Image.Image, nsfw: bool = False) -> ImageRecord:
         """Write the PNG atomically, then its row. Returns the record (with the image attached)."""
-        path = self._image_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        image.save(buf, format="PNG", compress_level=1)
-        data = buf.getvalue()
-        self._write_file(path, data)
-        now = time.time()
-        with self._write() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (key, generator_id, prompt, settings.negative_prompt, int(seed), int(settings.steps),
-                 float(settings.guidance), int(settings.width), int(settings.height), settings.scheduler,
-                 str(path), hashlib.sha256(data).hexdigest(), int(bool(nsfw)), now, "local", now, len(data)))
-        return ImageRecord(key, prompt, int(seed), str(path), bool(nsfw), False, image.convert("RGB"))
+        return self.put_images(generator_id, prompt, settings, [(key, seed, image, nsfw)])[0]
+
+    def put_images(self, generator_id: str, prompt: str, settings, images: Sequence[tuple]) -> list[ImageRecord]:
+        """Write each image's PNG atomically, then all their rows in one transaction (one commit per generator
+        call, not per image). `images`: (key, seed, PIL image, nsfw). Returns the records (images attached)."""
+        rows, records = [], []
+        for key, seed, image, nsfw in images:
+            path = self._image_path(key)
+            buf = io.BytesIO()
+            image.save(buf, format="PNG", compress_level=1)
+            data = buf.getvalue()
+            self._write_file(path, data)
+            now = time.time()
+            rows.append((key, generator_id, prompt, settings.negative_prompt, int(seed), int(settings.steps),
+                         float(settings.guidance), int(settings.width), int(settings.height), settings.scheduler,
+                         str(path), hashlib.sha256(data).hexdigest(), int(bool(nsfw)), now, "local", now, len(data)))
+            records.append(ImageRecord(key, prompt, int(seed), str(path), bool(nsfw), False,
+                                       image if image.mode == "RGB" else image.convert("RGB")))
+        if rows:
+            with self._write() as db:
+                db.executemany("INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        return records
 
     def _write_file(self, path: Path, data: bytes) -> None:
         """Write `data` to `path` atomically (temporary name, then rename; no leftover on failure)."""
