@@ -264,18 +264,18 @@ class Artefacts:
             try:
                 if row["key"] in known or row[subject] not in images:
                     continue
-                if table == "answers":
-                    expected = answer_key(row["evaluator"], row["image_key"], row["question"], json.loads(row["choices"]),
-                                          scored=bool(row.get("probs")))
+                if table == "answers":   # asked for class scores, an answer outside the classes ("other") has none
+                    expected = {answer_key(row["evaluator"], row["image_key"], row["question"],
+                                           json.loads(row["choices"]), scored=scored) for scored in (True, False)}
                     row = {**row, "answer": str(row["answer"])}
                 else:
                     vector = base64.b64decode(row["vector"], validate=True)
                     if len(vector) != 4 * int(row["dim"]):
                         continue
-                    expected, row = embedding_key(row["evaluator"], row["subject"]), {**row, "vector": vector}
+                    expected, row = {embedding_key(row["evaluator"], row["subject"])}, {**row, "vector": vector}
             except (KeyError, TypeError, ValueError):
                 continue   # a row without its fields, or with ones of the wrong kind
-            if expected != row["key"]:
+            if row["key"] not in expected:
                 continue
             add.append({c: row[c] for c in columns if c in row})   # a column it lacks takes its default
             known.add(row["key"])
