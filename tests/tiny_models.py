@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import math
 from pathlib import Path
 
 from engine.backends.base import ModelSpec
@@ -77,7 +78,9 @@ def _tiny_clip_config(tokenizer, image_size: int = 64):
                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
                               image_size=image_size, patch_size=16)
-    return CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=32)
+    # the logit scale every released CLIP sits at (exp = 100, its training clamp): zero-shot answers as sure as theirs
+    return CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=32,
+                      logit_scale_init_value=math.log(100))
 
 
 def _clip_image_processor(image_size: int = 64):
@@ -185,6 +188,7 @@ TINY_OPEN_CLIP_CONFIG = {
     "embed_dim": 64,
     "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
     "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
+    "init_logit_scale": math.log(100),   # where every released CLIP/OpenCLIP model sits
 }
 
 
@@ -349,13 +353,12 @@ def build_tiny_paligemma(root: str | Path, *, name: str = "tiny-paligemma") -> M
     root/name. Its prompt is a bidirectional prefix (token_type_ids 0); what follows it is 1.
 
     Returns the ModelSpec that loads it (backend "vlm")."""
-    path = Path(root) / name
-    spec = ModelSpec("vlm", str(path), {"max_new_tokens": 6})
-    if (path / "config.json").exists():
-        return spec
     from transformers import (GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, PaliGemmaProcessor,
                               SiglipImageProcessor, SiglipVisionConfig)
 
+    spec = ModelSpec("vlm", str(Path(root) / name), {"max_new_tokens": 6})
+    if (Path(spec.model) / "config.json").exists():
+        return spec
     tok = _chat_tokenizer(None)
     images = SiglipImageProcessor(size={"height": 64, "width": 64})
     images.image_seq_length = 16
@@ -369,8 +372,8 @@ def build_tiny_paligemma(root: str | Path, *, name: str = "tiny-paligemma") -> M
                                 pad_token_id=tok.pad_token_id).to_dict(),
         image_token_index=processor.image_token_id, projection_dim=32)
     _seed(8)
-    PaliGemmaForConditionalGeneration(config).save_pretrained(path)
-    processor.save_pretrained(path)
+    PaliGemmaForConditionalGeneration(config).save_pretrained(spec.model)
+    processor.save_pretrained(spec.model)
     return spec
 
 

@@ -169,7 +169,8 @@ class Artefacts:
 
     def answers_for_image(self, image_key: str) -> list[dict]:
         return [dict(r) for r in self._read(
-            "SELECT evaluator, question, choices, answer, probs, text FROM answers WHERE image_key=? ORDER BY created",
+            "SELECT evaluator, question, choices, answer, probs, text FROM answers WHERE image_key=? "
+            "ORDER BY created, evaluator, question, choices",   # answers stored together share `created`
             (image_key,))]
 
     def get_llm_reply(self, key: str) -> str | None:
