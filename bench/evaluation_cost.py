@@ -362,13 +362,14 @@ def distilled_section(args, work: Path) -> dict:
     drawn = sum(s["teacher"] for s in answered) / (len(records) * len(answered)) if answered else 0.0
     held = [s["held_out"]["accuracy"] for s in answered if s.get("held_out") and s["held_out"]["accuracy"] is not None]
     # quality: a 20% noisy teacher, distilled and alone, against the renderer's truth (the noiseless VQA)
+    _, _, truths, _ = distilled_run(work, "truth", ModelSpec("synthetic_vqa", "default"), occupations, n)
     noisy = {"teacher": teacher, "teacher_options": {"error_rate": 0.2}, **({"min_sample": 40} if args.tiny else {})}
     _, _, distilled_labels, _ = distilled_run(work, "noisy-distilled", ModelSpec("distilled", "probe", noisy),
                                               occupations, n)
     _, _, teacher_labels, _ = distilled_run(work, "noisy-teacher", ModelSpec("synthetic_vqa", "default",
                                                                               {"error_rate": 0.2}), occupations, n)
     covered = {"distilled": [], "teacher": []}
-    for (_, choices), truth, d, t in zip(asks, labels, distilled_labels, teacher_labels):
+    for (_, choices), truth, d, t in zip(asks, truths, distilled_labels, teacher_labels):
         classes = [c for c in choices if c in set(truth)]
         if len(classes) < 2:
             continue   # an axis the synthetic world does not draw (disability): nothing to cover
