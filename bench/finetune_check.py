@@ -65,10 +65,13 @@ def null_flags(comparisons: int) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--null", type=int, default=100, help="null comparisons")
+    parser.add_argument("--n", type=int, default=96, help="images per prompt and generator")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first this many prompts")
     args = parser.parse_args()
+    prompts = PROMPTS[:args.prompts]
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        suite = {"prompts": PROMPTS, "n": 96, "axes": ["gender", "age", "skin tone"]}
+        suite = {"prompts": prompts, "n": args.n, "axes": ["gender", "age", "skin tone"]}
         code, out, cold = run_check(workdir, suite, "synthetic_generator:doctor-male-95")
         _, _, warm = run_check(workdir, suite, "synthetic_generator:doctor-male-95")
     row = next(r for r in out["rows"] if r["prompt"] == PROMPTS[0] and r["axis"] == "gender")
@@ -78,7 +81,7 @@ def main() -> None:
            planted_delta=row["delta"], planted_q=row["q"],
            paired_ci_width=row["ci"][1] - row["ci"][0], unpaired_ci_width=row["ci_unpaired"][1] - row["ci_unpaired"][0],
            paired_narrower=row["narrower"], null_comparisons=args.null, null_false_flag_rate=null_comparisons,
-           null_row_flag_rate=null_rows, check_rows=len(out["rows"]), check_images=2 * 96 * len(PROMPTS),
+           null_row_flag_rate=null_rows, check_rows=len(out["rows"]), check_images=2 * args.n * len(prompts),
            check_seconds_cached=warm, check_seconds=cold)
 
 

@@ -1,7 +1,7 @@
 """Mine Prompts throughput: prompts scored per second on the synthetic stacks (cold store,
 then the same run replayed from the store), and what a resumed run serves from the cache.
 
-    python bench/mine_throughput.py
+    python bench/mine_throughput.py [--iterations 4] [--population 8] [-n 16]
 
 The resume case is the hard one: a CLI run is killed (SIGKILL, no chance to save) in the
 middle of an iteration, then resumed in this process. Its saved state is up to a second
@@ -48,8 +48,8 @@ def killed_then_resumed() -> dict:
 
     data = tempfile.mkdtemp(prefix="gaplens-bench-resume-")
     cmd = [sys.executable, "-m", "engine", "mine", "--preset", "synthetic", "--data-dir", data, "--quiet",
-           *[f"--{k.replace('_', '-')}={v}" for k, v in {"iterations": 4, "population": 8, "select": 2,
-                                                         "mutations": 3, "seed": 0}.items()], "-n", "16"]
+           *[f"--{k.replace('_', '-')}={GA[k]}" for k in ("iterations", "population", "select", "mutations", "seed")],
+           "-n", str(GA["n"])]
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     engine = Engine("synthetic", data_dir=data, max_images=256)
@@ -61,7 +61,7 @@ def killed_then_resumed() -> dict:
             results = engine.store.get_run(run_id)["results"]
             pending = results.get("pending") or {}
             scored = sum(n.get("score") is not None for n in results.get("nodes", []))
-            if pending.get("iteration") == 1 and engine.store.count("images") >= (scored + 2) * 16:
+            if pending.get("iteration") == 1 and engine.store.count("images") >= (scored + 2) * GA["n"]:
                 break                                   # images made after the last saved state
         time.sleep(0.05)
     child.send_signal(signal.SIGKILL)
@@ -89,6 +89,14 @@ def killed_then_resumed() -> dict:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iterations", type=int, default=GA["iterations"])
+    ap.add_argument("--population", type=int, default=GA["population"])
+    ap.add_argument("-n", type=int, default=GA["n"], help="images per prompt")
+    args = ap.parse_args()
+    GA.update(iterations=args.iterations, population=args.population, n=args.n)
     colour = throughput("colour")
     synthetic = throughput("synthetic")
     resumed = killed_then_resumed()

@@ -1,12 +1,14 @@
 """Scale out: one job on 1 process vs several (gloo), measured in one run, as a ratio.
 
-    python bench/scale_out.py [--occupations 6] [--n 16] [--processes 4] [--vqa-cost blip_vqa]
+    python bench/scale_out.py [--occupations 6] [--n 16] [--processes 4] [--vqa-cost blip_vqa] [--projection]
+    python bench/scale_out.py --projection-only [--teacher-share 0.2]
     python bench/scale_out.py --tiny-sd [--prompts 16] [--n 4] [--steps 4] [--threads 1] [--repeats 1]
 
 Default: the occupation study's subset (BiasConnect, `intersectional --axes-preset occupations`): the
 first `--occupations` occupations × all 27 sets × N images, 8 multiple-choice questions per image, on
 the synthetic world with the GPU cost model (engine/backends/gpu_costs.py: every generator and VQA
-call sleeps the time an H100/H200 would take: sd-turbo 0.032 s an image, BLIP 0.01 s a question).
+call sleeps the time an H100/H200 would take: sd-turbo 0.032 s an image, BLIP 0.01 s a question asked
+alone, 0.017 s an image's 8 questions asked at once).
 The arithmetic of the synthetic world is about 2 ms an image, so the figures measure the
 orchestration: what runs on every rank and what on rank 0 alone. Both sides are timed by the run's
 own clock (`seconds` in its summary: from the request to the record, process start left out), the
@@ -16,7 +18,9 @@ records of shards/: planning, dealing, every rank working, adopting), when rank 
 others wait. Headline last: scale_out_ratio (1-process seconds over P-process seconds; P is linear).
 `--projection` adds the time of the full study (26 occupations, 48 images: 33,696 images, 269,568
 answers) on 1 and 8 GPUs: from the cost model's GPU seconds (plus, on 8, the measured rank-0-alone
-seconds per image), and from the measured per-image seconds of the 1-process run.
+seconds per image) with the `--vqa-cost` evaluator, a VLM and the distilled evaluator taught by the VLM
+(`projection`), and from the measured per-image seconds of the 1-process run; `--projection-only`
+prints the cost model's alone, running no job.
 
 `--tiny-sd`: images/s of one generate job on 1 vs 2 processes (tiny SD pipeline, CPU):
 
@@ -98,20 +102,36 @@ def occupation_study(args) -> None:
                   run_s_1proc=one, run_s_nproc=many, wall_s_1proc=walls[1], wall_s_nproc=walls[args.processes],
                   rank0_alone_s=alone, rank0_alone_share=alone / many if many else 0.0)
     if args.projection:
-        # the full study (26 occupations x 27 sets x 48 images, 8 answers each): the cost model's GPU
-        # seconds alone, and the measured run's seconds per image (GPU time + this machine's overheads),
-        # its P-process rank-0-alone seconds scaled by the images (they grow with the units adopted)
-        from engine.backends.gpu_costs import QUESTION_SECONDS, image_seconds
-
-        full = 26 * 27 * 48
-        gpu_per_image = image_seconds(args.generator_cost, 1) + 8 * QUESTION_SECONDS[args.vqa_cost]
         per_image, alone_per_image = one / images, alone / images
-        values.update(full_study_images=full, full_study_answers=full * 8,
-                      cost_model_full_study_min_1gpu=full * gpu_per_image / 60,
-                      cost_model_full_study_min_8gpu=full * (gpu_per_image / 8 + alone_per_image) / 60,
-                      measured_full_study_min_1gpu=full * per_image / 60,
-                      measured_full_study_min_8gpu=full * ((per_image - alone_per_image) / 8 + alone_per_image) / 60)
+        values.update(projection(args, alone_per_image),
+                      measured_full_study_min_1gpu=FULL_STUDY_IMAGES * per_image / 60,
+                      measured_full_study_min_8gpu=FULL_STUDY_IMAGES * ((per_image - alone_per_image) / 8
+                                                                        + alone_per_image) / 60)
     report(**values, scale_out_ratio=one / many)
+
+
+FULL_STUDY_IMAGES = 26 * 27 * 48   # the occupation study: 26 occupations x 27 sets x 48 images, 8 answers each
+
+
+def projection(args, alone_per_image: float = 0.0) -> dict:
+    """The full occupation study's GPU minutes by the cost model (engine/backends/gpu_costs.py), on 1 and 8
+    H100s (8: the GPU seconds dealt out, plus the measured rank-0-alone seconds per image), with the
+    evaluator of `--vqa-cost`, with a VLM, and with the distilled evaluator whose teacher is the VLM: every
+    image embedded once (its probe reads the embedding) and `--teacher-share` of the images (the calibration
+    sample and the unsure ones; bench/evaluation_cost.py's distilled_teacher_share) asked of the teacher.
+    Each image's 8 questions are asked at once (gpu_costs.vqa_seconds)."""
+    from engine.backends.gpu_costs import EMBED_SECONDS, image_seconds, vqa_seconds
+
+    generation = image_seconds(args.generator_cost, 1)
+    evaluators = {args.vqa_cost: vqa_seconds(args.vqa_cost, 8), "vlm": vqa_seconds("vlm", 8),
+                  "distilled_vlm": EMBED_SECONDS + args.teacher_share * vqa_seconds("vlm", 8)}
+    out = {"full_study_images": FULL_STUDY_IMAGES, "full_study_answers": FULL_STUDY_IMAGES * 8,
+           "teacher_share": args.teacher_share}
+    for name, evaluation in evaluators.items():
+        per_image = generation + evaluation
+        out[f"cost_model_full_study_min_1gpu_{name}"] = FULL_STUDY_IMAGES * per_image / 60
+        out[f"cost_model_full_study_min_8gpu_{name}"] = FULL_STUDY_IMAGES * (per_image / 8 + alone_per_image) / 60
+    return out
 
 
 def main() -> None:
@@ -122,12 +142,17 @@ def main() -> None:
     ap.add_argument("--generator-cost", default="sd-turbo", help="the generator's entry in the GPU cost table")
     ap.add_argument("--vqa-cost", default="blip_vqa", help="the VQA's entry in the GPU cost table (vlm: a VLM)")
     ap.add_argument("--projection", action="store_true", help="project the full study's time on 1 and 8 GPUs")
+    ap.add_argument("--projection-only", action="store_true", help="the cost model's projection alone (no job runs)")
+    ap.add_argument("--teacher-share", type=float, default=0.2,
+                    help="the distilled evaluator's share of images asked of its teacher (for the projection)")
     ap.add_argument("--prompts", type=int, default=16, help=f"prompts in the job (at most {len(WORDS)})")
     ap.add_argument("--n", type=int, default=None, help="images per set (default 16; --tiny-sd: 4 per prompt)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1, help="torch/OpenMP threads per process")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
+    if args.projection_only:
+        return report(**projection(args))
     if not args.tiny_sd:
         args.n = args.n or 16
         return occupation_study(args)

@@ -1,7 +1,7 @@
 """Single Prompt speed: time to the first image vs. to all images (N=16, tiny SD pipeline,
 streamed through the method), and the metric suite's time on 1,000 images.
 
-    python bench/single_prompt_speed.py
+    python bench/single_prompt_speed.py [--n 16] [--metric-images 1000] [--n-boot 1000]
 
 The first image should arrive after about one batch's worth of generation; the metric suite
 (3 axes with 1,000-draw bootstrap CIs, Vendi, mean pairwise similarity, the gap score) must be
@@ -9,6 +9,7 @@ negligible next to generation (under 1 s). Headline figures last.
 """
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 
@@ -37,7 +38,7 @@ def metric_suite(n: int = 1000, dim: int = 512, n_variations: int = 16, n_boot: 
     from engine.methods.axes import axis_for
     from engine.metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
     from engine.metrics.gap import gap_score
-    from engine.methods.single_prompt import axis_metrics_with_ci
+    from engine.methods.measure import axis_metrics_with_ci
 
     rng = np.random.default_rng(0)
     labels = {"gender": rng.choice(["male", "female"], n, p=[.8, .2]).tolist(),
@@ -54,11 +55,16 @@ def metric_suite(n: int = 1000, dim: int = 512, n_variations: int = 16, n_boot: 
 
 
 def main() -> None:
-    s = streaming()
-    suite = metric_suite()
-    report(**thread_settings(), **{k: v for k, v in s.items()}, metric_suite_images=1000,
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=16, help="images streamed through Single Prompt")
+    ap.add_argument("--metric-images", type=int, default=1000, help="images of the metric suite")
+    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap draws of the metric suite")
+    args = ap.parse_args()
+    s = streaming(args.n)
+    suite = metric_suite(args.metric_images, n_boot=args.n_boot)
+    report(**thread_settings(), **{k: v for k, v in s.items()}, metric_suite_images=args.metric_images,
            first_over_all_ratio=s["time_to_first_image_s"] / s["time_to_all_images_s"],
-           metric_suite_1000_images_s=suite)
+           **{f"metric_suite_{args.metric_images}_images_s": suite})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from PIL import Image
 from engine.backends import load_backend
 from engine.backends import gpu_costs
 from engine.backends.base import CANT_TELL, ClassAnswer, label_of
-from engine.backends.vqa import VLM_CHOICES_SUFFIX, ClipVQA, match_choice
+from engine.backends.vqa import VLM_CHOICES_SUFFIX, ClipVQA, match_choice, reply_variants
 from engine.core.engine import Engine
 from tests import tiny_models
 
@@ -85,7 +85,7 @@ def test_blip_ranks_the_classes_by_their_likelihood_as_the_whole_answer(tiny):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("builder", ["build_tiny_qwen2_vl", "build_tiny_vlm"])
+@pytest.mark.parametrize("builder", ["build_tiny_qwen2_vl", "build_tiny_vlm", "build_tiny_paligemma"])
 def test_a_vlm_reads_each_listed_options_probability_from_its_token_scores(tiny_root, builder):
     import torch
 
@@ -96,20 +96,22 @@ def test_a_vlm_reads_each_listed_options_probability_from_its_token_scores(tiny_
     assert [a.text for a in answers] == vqa.ask(IMAGES, text)        # its own words, kept beside the class
     tokenizer = vqa.processor.tokenizer
     for image, got in zip(IMAGES[:2], answers):
-        inputs = vqa._inputs([image], text)
+        inputs = {k: v for k, v in vqa._inputs([image], text).items() if k != "labels"}
         scores = []
-        for choice in SKIN:       # the model's own loss on the option after the prompt, prompt tokens masked
-            option = tokenizer(choice, add_special_tokens=False).input_ids
-            ids = torch.cat([inputs["input_ids"], torch.tensor([option])], dim=1)
-            labels = torch.full_like(ids, -100)
-            labels[0, -len(option):] = torch.tensor(option)
-            text_only = {k: torch.cat([v, torch.zeros((1, len(option)), dtype=v.dtype)], dim=1)   # Qwen2-VL's mm_token_type_ids
-                         for k, v in inputs.items() if k not in ("input_ids", "attention_mask")
-                         and tuple(getattr(v, "shape", ())) == tuple(inputs["input_ids"].shape)}
-            with torch.inference_mode():
-                loss = vqa.model(**{**inputs, **text_only, "input_ids": ids, "attention_mask": torch.ones_like(ids)},
-                                 labels=labels).loss
-            scores.append(-float(loss) * len(option))
+        for choice in SKIN:       # the model's own loss on each way of writing the option, then its end of turn
+            variants = []
+            for written in reply_variants([choice]):
+                option = tokenizer(written[1], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+                ids = torch.cat([inputs["input_ids"], torch.tensor([option])], dim=1)
+                labels = torch.full_like(ids, -100)
+                labels[0, -len(option):] = torch.tensor(option)
+                grown = {k: torch.cat([v, torch.full((1, len(option)), int(k == "token_type_ids"), dtype=v.dtype)], dim=1)
+                         for k, v in inputs.items() if k in ("token_type_ids", "mm_token_type_ids")}   # PaliGemma: 1
+                with torch.inference_mode():
+                    loss = vqa.model(**{**inputs, **grown, "input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                                     labels=labels).loss
+                variants.append(-float(loss) * len(option))
+            scores.append(float(np.log(np.exp(variants).sum())))
         assert np.allclose(_softmax(scores), [got.probs[c] for c in SKIN], atol=1e-4)
 
 
@@ -120,7 +122,8 @@ def test_clip_zero_shot_is_a_softmax_over_the_class_prompts(tiny):
     answers = vqa.answer_classes(IMAGES, QUESTION, SKIN)
     _probs_ok(answers, SKIN)
     cosine = vqa.scores(IMAGES, QUESTION, SKIN)
-    assert np.allclose([[a.probs[c] for c in SKIN] for a in answers], [_softmax(100 * row) for row in cosine])
+    scale = float(embedder.model.logit_scale.detach().exp())   # the loaded model's temperature (100 for released CLIPs)
+    assert np.allclose([[a.probs[c] for c in SKIN] for a in answers], [_softmax(scale * row) for row in cosine])
     assert [a.answer for a in answers] == vqa.answer(IMAGES, QUESTION, SKIN)   # the same class as before
 
 

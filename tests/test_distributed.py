@@ -431,11 +431,11 @@ def test_a_workers_shard_is_adopted_once_and_a_damaged_line_is_not(data_dir, tmp
 
 
 def test_gpu_cost_model_reads_the_table_and_changes_no_output(tmp_path):
-    assert call_seconds("vqa", {"gpu": "vlm"}) == {"question": 0.25, "caption": 1.0}
+    assert call_seconds("vqa", {"gpu": "vlm"}) == {"question": 0.25, "image_share": 0.73, "caption": 1.0}
     assert call_seconds("generator", {"gpu": "1", "seconds_per_image": "0.5"}) == {"step": 0.012, "decode": 0.02,
                                                                                    "image": 0.5}
     assert call_seconds("embedder", {"gpu": "off"}) == {}
-    for bad in ({"gpu": "tpu"}, {"seconds_per_question": "fast"}, {"seconds_per_caption": -1}):
+    for bad in ({"gpu": "tpu"}, {"seconds_per_question": "fast"}, {"seconds_per_caption": -1}, {"image_share": 1.5}):
         with pytest.raises(ModelLoadError):
             call_seconds("vqa", bad)
     plain = Engine("synthetic", data_dir=str(tmp_path / "plain"))
@@ -459,3 +459,21 @@ def test_the_synthetic_generator_takes_a_gpus_batch_size_and_changes_no_output(t
         with pytest.raises(ModelLoadError, match="batch_size"):
             Engine("synthetic", data_dir=str(tmp_path / bad), options={"generator": {"batch_size": bad}}).image_set(
                 "a photo of a nurse", range(1))
+
+
+def test_an_answer_outside_the_classes_is_adopted_from_a_workers_shard(data_dir, tmp_path):
+    """Asked for class scores, the synthetic VQA says "other" (no probabilities) to a question the world does
+    not draw; a worker's such answers were refused on adoption, so rank 0 asked them all again alone."""
+    main = Engine("synthetic", data_dir=data_dir)
+    worker = Engine("synthetic", data_dir=str(tmp_path / "scratch"))
+    worker.store.image_dir = main.store.image_dir      # a worker's PNGs go to the job's store
+    records = worker.image_set("a photo of a judge", range(3))
+    assert main.store.adopt_images(worker.store.image_rows([r.key for r in records])) == 3
+    asks = [("Does the person use a wheelchair?", ["fit", "blind", "hearing aid", "wheelchair"]),
+            ("What is the gender (male, female) of the person in the image?", ["male", "female"])]
+    worker.ask_many(records, asks)
+    rows = worker.store.artefact_rows("answers", [row["key"] for row in worker.store._read("SELECT key FROM answers")])
+    assert any(not row["probs"] for row in rows) and any(row["probs"] for row in rows)
+    assert main.store.adopt_artefacts("answers", rows) == 6
+    main.ask_many(records, asks)
+    assert main.stats.answers_computed == 0       # every answer a hit: none asked again on rank 0

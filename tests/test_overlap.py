@@ -24,6 +24,7 @@ def test_vqa_of_one_batch_runs_while_the_next_batch_generates(data_dir):
     gen.batch_size = 4
     vqa_started, waited, calls = threading.Event(), [], []
     real_generate, real_answer, real_classes = gen.generate, vqa.answer, vqa.answer_classes
+    real_questions = vqa.answer_questions
 
     def generate(prompt, seeds, settings):
         if len(calls) == 1:
@@ -40,7 +41,12 @@ def test_vqa_of_one_batch_runs_while_the_next_batch_generates(data_dir):
         vqa_started.set()
         return real_classes(images, question, choices)
 
+    def answer_questions(images, asks):   # every closed-set question of a batch at once (issue 46)
+        vqa_started.set()
+        return real_questions(images, asks)
+
     gen.generate, vqa.answer, vqa.answer_classes = generate, answer, answer_classes   # these instances only
+    vqa.answer_questions = answer_questions
     overlapped, overlapped_answers = results(engine)
     assert waited == [True]
 

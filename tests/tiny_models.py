@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import math
 from pathlib import Path
 
 from engine.backends.base import ModelSpec
@@ -77,7 +78,9 @@ def _tiny_clip_config(tokenizer, image_size: int = 64):
                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
                               image_size=image_size, patch_size=16)
-    return CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=32)
+    # the logit scale every released CLIP sits at (exp = 100, its training clamp): zero-shot answers as sure as theirs
+    return CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=32,
+                      logit_scale_init_value=math.log(100))
 
 
 def _clip_image_processor(image_size: int = 64):
@@ -185,6 +188,7 @@ TINY_OPEN_CLIP_CONFIG = {
     "embed_dim": 64,
     "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
     "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
+    "init_logit_scale": math.log(100),   # where every released CLIP/OpenCLIP model sits
 }
 
 
@@ -212,9 +216,10 @@ def build_tiny_open_clip(root: str | Path, *, name: str = "tiny-open-clip") -> M
     return spec
 
 
-def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE, extra_special: tuple[str, ...] = ()):
-    """A byte-level BPE tokenizer (about 300 tokens) trained in-process on _CHAT_CORPUS, with the
-    ChatML markers, "<image>" and `extra_special` as special tokens."""
+def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE, extra_special: tuple[str, ...] = (),
+                    corpus: list[str] | None = None):
+    """A byte-level BPE tokenizer (about 300 tokens) trained in-process on _CHAT_CORPUS (or `corpus`), with
+    the ChatML markers, "<image>" and `extra_special` as special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -222,7 +227,7 @@ def _chat_tokenizer(chat_template: str | None = CHAT_TEMPLATE, extra_special: tu
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", *extra_special]
-    bpe.train_from_iterator(_CHAT_CORPUS, trainers.BpeTrainer(
+    bpe.train_from_iterator(corpus or _CHAT_CORPUS, trainers.BpeTrainer(
         vocab_size=500, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
                                   pad_token="<|endoftext|>", additional_special_tokens=special[1:])
@@ -340,6 +345,71 @@ def build_tiny_qwen2_vl(root: str | Path, *, name: str = "tiny-qwen2-vl") -> Mod
     Qwen2VLProcessor(image_processor=images, tokenizer=tok, video_processor=Qwen2VLVideoProcessor(),
                      chat_template=QWEN2_VL_CHAT_TEMPLATE).save_pretrained(path)
     return spec
+
+
+def build_tiny_paligemma(root: str | Path, *, name: str = "tiny-paligemma") -> ModelSpec:
+    """Writes a tiny PaliGemma (a 2-layer SigLIP vision tower, 64x64 images = 16 image tokens, a 2-layer
+    Gemma decoder) and its PaliGemmaProcessor (no chat template: the backend's prompt_template) to
+    root/name. Its prompt is a bidirectional prefix (token_type_ids 0); what follows it is 1.
+
+    Returns the ModelSpec that loads it (backend "vlm")."""
+    from transformers import (GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, PaliGemmaProcessor,
+                              SiglipImageProcessor, SiglipVisionConfig)
+
+    spec = ModelSpec("vlm", str(Path(root) / name), {"max_new_tokens": 6})
+    if (Path(spec.model) / "config.json").exists():
+        return spec
+    tok = _chat_tokenizer(None)
+    images = SiglipImageProcessor(size={"height": 64, "width": 64})
+    images.image_seq_length = 16
+    processor = PaliGemmaProcessor(image_processor=images, tokenizer=tok)   # adds <image> and PaliGemma's extra tokens
+    config = PaliGemmaConfig(
+        vision_config=SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                         num_hidden_layers=2, image_size=64, patch_size=16).to_dict(),
+        text_config=GemmaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=8, num_hidden_layers=2, max_position_embeddings=256,
+                                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                pad_token_id=tok.pad_token_id).to_dict(),
+        image_token_index=processor.image_token_id, projection_dim=32)
+    _seed(8)
+    PaliGemmaForConditionalGeneration(config).save_pretrained(spec.model)
+    processor.save_pretrained(spec.model)
+    return spec
+
+
+def train_to_reply(spec: ModelSpec, out: str | Path, images, prompt: str, reply: str, steps: int = 80) -> ModelSpec:
+    """Fine-tunes the tiny VLM `spec` names until its greedy reply to `prompt` (sent as the backend
+    sends it) about each of `images` is `reply` and then its end-of-turn token, and saves it (and its
+    processor) to `out`. Returns the ModelSpec that loads the trained copy."""
+    import torch
+    from transformers import AutoProcessor
+
+    from engine.backends import load_backend
+
+    spec_out = ModelSpec(spec.backend, str(out), {**spec.options, "max_new_tokens": 24})   # the whole reply
+    if (Path(out) / "config.json").exists():
+        return spec_out
+    vqa = load_backend(spec)
+    tokenizer = vqa.processor.tokenizer
+    target = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    inputs = {k: v for k, v in vqa._inputs(list(images), prompt).items() if k != "labels"}
+    n = len(target)
+    ids = torch.cat([inputs["input_ids"], torch.tensor([target] * len(images))], dim=1)
+    labels = torch.full_like(ids, -100)
+    labels[:, -n:] = torch.tensor(target)
+    grown = {k: torch.cat([v, torch.full((len(images), n), int(k == "token_type_ids"), dtype=v.dtype)], dim=1)
+             for k, v in inputs.items() if k in ("token_type_ids", "mm_token_type_ids")}
+    batch = {**inputs, **grown, "input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    _seed(9)
+    model = vqa.model.train()
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        optimiser.zero_grad()
+        model(**batch).loss.backward()
+        optimiser.step()
+    model.eval().save_pretrained(out)
+    AutoProcessor.from_pretrained(spec.model).save_pretrained(out)
+    return spec_out
 
 
 def _blip_parts():

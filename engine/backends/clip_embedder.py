@@ -15,7 +15,9 @@
 loaded with AutoModel + AutoProcessor. Options: revision, dtype, batch_size, token, cache_dir.
 
 Both return float32 numpy arrays of L2-normalised rows. `id` names the weights: the open_clip
-model and pretrained tag (a local checkpoint adds its fingerprint), or the hub commit.
+model and pretrained tag (a local checkpoint adds its fingerprint), or the hub commit. `logit_scale`
+and `logit_bias` are the loaded model's image-text temperature (`_temperature`): 100 and 0 for
+OpenAI/LAION CLIP, SigLIP's learned scale and bias for SigLIP/SigLIP2.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from PIL import Image
 
 from ..common.errors import ModelLoadError
 from . import device as devices
-from .base import ModelSpec, l2_normalise
+from .base import CLIP_LOGIT_SCALE, ModelSpec, l2_normalise
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class OpenClipEmbedder:
         self._preprocess = preprocess
         self._tokenizer = tokenizer
         self._autocast = autocast and str(device).startswith("cuda")
+        self.logit_scale, self.logit_bias = _temperature(model)
         # With open_clip's fp16/bf16 precision only conv/linear weights are cast: match the first one.
         weights = [m.weight for m in model.visual.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
         self._input_dtype = weights[0].dtype if weights else torch.float32
@@ -120,6 +123,7 @@ class HFClipEmbedder:
         self._max_length = int(getattr(text_config, "max_position_embeddings", 77))
         # SigLIP was trained on texts padded to the full length; shorter padding changes its embeddings.
         self._pad_to_max = model.config.model_type.startswith("siglip")
+        self.logit_scale, self.logit_bias = _temperature(model)
         self.dim = int(self.embed_texts(["a photo"]).shape[1])
 
     def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
@@ -160,6 +164,17 @@ class HFClipEmbedder:
         self.model.to(device)
         self.device = device
         return True
+
+
+def _temperature(model) -> tuple[float, float]:
+    """(scale, bias) of the model's image-text logits, scale · cosine + bias: the exponential of its learned
+    `logit_scale` (CLIP's sits at its clamp, 100; SigLIP learns its own) and its learned `logit_bias`
+    (SigLIP, open_clip's SigLIP models; 0 without one). CLIP_LOGIT_SCALE for a model with no scale."""
+    import torch
+
+    scale, bias = getattr(model, "logit_scale", None), getattr(model, "logit_bias", None)
+    return (float(scale.detach().float().exp().reshape(-1)[0]) if isinstance(scale, torch.Tensor) else CLIP_LOGIT_SCALE,
+            float(bias.detach().float().reshape(-1)[0]) if isinstance(bias, torch.Tensor) else 0.0)
 
 
 def _features(output) -> np.ndarray:

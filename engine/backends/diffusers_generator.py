@@ -262,7 +262,8 @@ class DiffusersGenerator:
         if self.family == "hunyuandit":   # draw the size asked for (the pipeline would snap it to a trained shape)
             kwargs["use_resolution_binning"] = False
         try:
-            images = self.pipe(**kwargs).images
+            with torch.inference_mode():   # the pipeline's own no_grad still tracks tensor versions; this does not
+                images = self.pipe(**kwargs).images
             flags = self._flag_nsfw(images)
         except Exception as exc:
             if devices.is_oom(exc):

@@ -34,6 +34,7 @@ trust_remote_code (off unless set).
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import json
@@ -47,7 +48,8 @@ from PIL import Image
 
 from ..common.errors import ModelLoadError
 from . import device as devices
-from .base import ClassAnswer, ModelSpec, class_answer, clear_generation_defaults, decoding_settings
+from .base import (ClassAnswer, ModelSpec, class_answer, clear_generation_defaults, decoding_settings,
+                   logit_temperature)
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +58,6 @@ VLM_CAPTION_PROMPT = "Describe the image in one short sentence."
 VLM_PROMPT_TEMPLATE = "Question: {question} Answer:"
 VLM_SUFFIX = " Answer with a single word or phrase."  # LLaVA's short-answer VQA instruction
 VLM_CHOICES_SUFFIX = " Answer with one of: {choices}."   # a question asked with its classes listed
-# CLIP's trained temperature: logit_scale is learned from ln(1/0.07) and clipped at ln(100), where OpenAI's and
-# OpenCLIP's released models sit (Radford et al. 2021, §2.5); logits = 100 × cosine similarity.
-LOGIT_SCALE = 100.0
 
 # Words a free answer may use for a choice. Only the choices actually offered are consulted,
 # so "boy" means "male" for a gender question and "young" for an age question.
@@ -197,12 +196,133 @@ def _continuation_log_probs(logits, ids, mask):
     return (log_probs * mask[:, 1:]).sum(dim=1)
 
 
+def torch_index(values: np.ndarray, device):
+    """Returns `values` as a long tensor on `device` (indexing rows by a numpy array)."""
+    import torch
+
+    return torch.as_tensor(values, dtype=torch.long, device=device)
+
+
 def _strip_prompt(output, input_ids):
     """Returns only the generated tokens: decoder-only models echo the prompt, encoder-decoders do not."""
     n = input_ids.shape[1]
     if output.shape[1] > n and (output[:, :n].cpu() == input_ids.cpu()).all():
         return output[:, n:]
     return output
+
+
+# Model types whose prompt is a bidirectional prefix marked by token_type_ids 0 (PaliGemma, PaliGemma 2): what
+# follows it, a generated reply included, is 1 (PaliGemmaForConditionalGeneration._update_model_kwargs_for_generation).
+PREFIX_LM_MODEL_TYPES = frozenset({"paligemma"})
+REPLY_ENDINGS = ("", ".")   # a short reply with or without its final period (`_short` drops it)
+
+
+def appended_token_types(model, inputs: dict, n: int) -> dict:
+    """Returns the per-token inputs beside the ids (token types) of the prompt `inputs` grown by `n` appended
+    tokens, as the model's own generation grows them (GenerationMixin._update_model_kwargs_for_generation):
+    PaliGemma's token_type_ids with 1 (the causal suffix; 0 would put the tokens in the bidirectional
+    prefix, each seeing itself and the ones after it), other token_type_ids with the prompt's last value
+    (Gemma 3's: 0, text), mm_token_type_ids (Qwen2-VL's) with 0 (text)."""
+    import torch
+
+    out = {}
+    for key in ("token_type_ids", "mm_token_type_ids"):
+        value = inputs.get(key)
+        if value is None:
+            continue
+        if key == "token_type_ids" and model.config.model_type in PREFIX_LM_MODEL_TYPES:
+            grown = torch.ones((value.shape[0], n), dtype=value.dtype, device=value.device)
+        elif key == "token_type_ids":
+            grown = value[:, -1:].expand(-1, n)
+        else:
+            grown = torch.zeros((value.shape[0], n), dtype=value.dtype, device=value.device)
+        out[key] = torch.cat([value, grown], dim=1)
+    return out
+
+
+def reply_variants(choices: Sequence[str]) -> list[tuple[int, str]]:
+    """Returns (choice index, text) for each way a model writes a choice as its whole reply: as given,
+    lower-case and with a capital first letter, each bare and with a final period; repeats dropped."""
+    out = []
+    for i, choice in enumerate(choices):
+        text = str(choice).strip()
+        for cased in dict.fromkeys((text, text.lower(), text[:1].upper() + text[1:].lower())):
+            out += [(i, cased + end) for end in REPLY_ENDINGS]
+    return list(dict.fromkeys(out))
+
+
+def _per_token(value, length: int) -> bool:
+    """Whether a processor output is per token (input_ids, attention_mask, token types) of a prompt `length` long."""
+    return hasattr(value, "shape") and len(value.shape) == 2 and value.shape[1] == length
+
+
+def _new_token_types(model, prompt: dict, n: int, repeats: int) -> dict:
+    """The token types of `n` tokens appended to `prompt` (`appended_token_types`), alone, each row repeated
+    `repeats` times (the rows of `_sequence_log_probs`)."""
+    return {k: v[:, -n:].repeat_interleave(repeats, dim=0) for k, v in appended_token_types(model, prompt, n).items()}
+
+
+class _images_once:
+    """Within it, the processor preprocesses a list of images once however many prompts it is called with
+    (its `image_processor` answers a repeated call with the same images and settings from memory): every
+    question's prompt about the same images gets the very same pixels without recomputing them."""
+
+    def __init__(self, processor):
+        self.processor = processor
+
+    def __enter__(self):
+        inner = getattr(self.processor, "image_processor", None)
+        if inner is not None:
+            self.processor.image_processor = _RememberedImages(inner)
+        return self
+
+    def __exit__(self, *exc):
+        remembered = getattr(self.processor, "image_processor", None)
+        if isinstance(remembered, _RememberedImages):
+            self.processor.image_processor = remembered.inner
+        return False
+
+
+class _RememberedImages:
+    """An image processor that computes each (images, settings) call once (`_images_once`)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self._seen: dict = {}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, images, *args, **kwargs):
+        key = (_identities(images), repr(args), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
+        if key not in self._seen:
+            self._seen[key] = self.inner(images, *args, **kwargs)
+        return self._seen[key]
+
+
+def _identities(images) -> tuple:
+    """The identities of the images in a (nested) list: a chat template's per-conversation lists included."""
+    if isinstance(images, (list, tuple)):
+        return tuple(_identities(x) for x in images)
+    return id(images)
+
+
+def _stop_ids(model, tokenizer) -> list[int]:
+    """Returns the token ids that end the model's reply: what its generation stops at (its
+    generation_config's eos_token_id, e.g. Qwen2-VL-Instruct's <|im_end|> and <|endoftext|>), else the
+    tokenizer's end-of-sequence token."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    return sorted({int(i) for i in ([ids] if isinstance(ids, int) else ids or [])})
+
+
+def _per_choice(scores: np.ndarray, owner: np.ndarray, k: int) -> np.ndarray:
+    """Returns (rows, k): per choice the log of the summed probability of its variants' `scores` (rows,
+    variants), `owner[j]` naming variant j's choice."""
+    from scipy.special import logsumexp
+
+    return np.stack([logsumexp(scores[:, owner == i], axis=1) for i in range(k)], axis=1)
 
 
 class _GenerativeVQA:
@@ -271,38 +391,107 @@ class BlipVQA(_GenerativeVQA):
         return _finish(answers, choices, self.synonyms)
 
     def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
-        """Returns per image the choices ranked as BLIP ranks candidate answers (salesforce/BLIP
-        `BLIP_VQA.rank_answer`): each choice's likelihood as the whole answer, "[DEC] tokens [SEP]",
-        decoded from the question encoded over the image; their softmax is the probability."""
+        """Returns per image each choice's probability as BLIP's whole answer (`answer_questions` with one
+        question)."""
+        return self.answer_questions(images, [(question, choices)])[0]
+
+    def answer_questions(self, images: Sequence[Image.Image],
+                         asks: Sequence[tuple[str, Sequence[str]]]) -> list[list[ClassAnswer]]:
+        """Returns per (question, choices) of `asks`, per image, each choice's probability as BLIP's whole
+        answer: its log-likelihood as "[DEC] tokens [SEP]" decoded from the question encoded over the image
+        (the candidates of salesforce/BLIP `BLIP_VQA.rank_answer`), their softmax over the choices.
+
+        Every question of an image at once: each image is preprocessed and passed through the vision tower
+        once; its questions are encoded side by side in one row (`_encode_questions`), so the projection of
+        the image tokens into every layer's cross-attention keys and values, nearly all of the question
+        encoder's work, is done once per image; then every question's choices are ranked in one decoder call.
+        The same numbers as asking one question at a time (to float rounding).
+
+        Not BLIP's own ranking score: `rank_answer` scores candidates with the decoder's training loss,
+        which has label smoothing 0.1 (`BertLMHeadModel` in salesforce/BLIP models/med.py,
+        `reduction='none'`, `label_smoothing=0.1`), a mixture with the uniform distribution over the
+        vocabulary that favours short answers and is no probability of the answer. GapLens keeps the pure
+        log-likelihood: the model's probability of writing exactly that answer, the better probability to
+        calibrate and to abstain on."""
+        import torch
+
+        if not images or not asks:
+            return [[] for _ in asks]
+        model = self.model
+        device, dtype = devices.weights_device(model), next(model.parameters()).dtype
+        questions = self.processor(text=[q for q, _ in asks], add_special_tokens=True).input_ids
+        ids, mask, owner = self._answer_rows([c for _, c in asks], device)
+        out: list[list[ClassAnswer]] = [[] for _ in asks]
+        for batch in _batches(_rgb(images), self.batch_size):
+            pixels = _to(self.processor(images=batch, return_tensors="pt"), device, dtype)["pixel_values"]
+            with torch.inference_mode():
+                image_embeds = model.vision_model(pixel_values=pixels)[0]
+                scores = self._rank(self._encode_questions(image_embeds, questions), ids, mask, owner).cpu().numpy()
+            for a, (_, choices) in enumerate(asks):
+                out[a] += [class_answer(choices, row) for row in scores[:, owner == a]]
+        return out
+
+    def _answer_rows(self, choice_lists: list, device):
+        """(ids, mask, owner): every choice of every question as a decoder row "[DEC] tokens [SEP]" (padded),
+        its attention mask, and the index of the question it answers (numpy)."""
         import torch
 
         model, tokenizer = self.model, self.processor.tokenizer
         text = model.config.text_config
         rows = [[model.decoder_start_token_id, *tokenizer(str(c), add_special_tokens=False).input_ids, text.sep_token_id]
-                for c in choices]
+                for choices in choice_lists for c in choices]
+        owner = np.array([a for a, choices in enumerate(choice_lists) for _ in choices])
         width = max(map(len, rows))
-        device, dtype = devices.weights_device(model), next(model.parameters()).dtype
         ids = torch.tensor([r + [text.pad_token_id] * (width - len(r)) for r in rows], device=device)
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
-        out = []
-        for batch in _batches(_rgb(images), self.batch_size):
-            inputs = _to(self.processor(images=batch, text=[question] * len(batch), return_tensors="pt", padding=True),
-                         device, dtype)
-            with torch.inference_mode():
-                image_embeds = model.vision_model(pixel_values=inputs["pixel_values"])[0]
-                question_states = model.text_encoder(
-                    input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                    encoder_hidden_states=image_embeds,
-                    encoder_attention_mask=torch.ones(image_embeds.shape[:-1], dtype=torch.long, device=device),
-                    return_dict=False)[0]
-                k = len(rows)
-                logits = model.text_decoder(
-                    input_ids=ids.repeat(len(batch), 1), attention_mask=mask.repeat(len(batch), 1),
-                    encoder_hidden_states=question_states.repeat_interleave(k, 0),
-                    encoder_attention_mask=inputs["attention_mask"].repeat_interleave(k, 0), return_logits=True)
-                scores = _continuation_log_probs(logits, ids.repeat(len(batch), 1), mask.repeat(len(batch), 1))
-            out += [class_answer(choices, row) for row in scores.view(len(batch), k).cpu().numpy()]
-        return out
+        return ids, mask, owner
+
+    def _encode_questions(self, image_embeds, questions: list[list[int]]) -> list:
+        """Returns every question encoded over each image: per question its states (images, its tokens, d).
+        The questions sit side by side in one row of the text encoder: each attends only to its own tokens
+        (a block-diagonal self-attention mask) from position 0, and all of them to the image, whose keys and
+        values each layer then projects once for all of them."""
+        import torch
+
+        device, dtype = image_embeds.device, image_embeds.dtype
+        lengths = [len(q) for q in questions]
+        n = sum(lengths)
+        block = torch.repeat_interleave(torch.arange(len(questions), device=device), torch.tensor(lengths, device=device))
+        blocked = torch.zeros((n, n), dtype=dtype, device=device).masked_fill(
+            block[:, None] != block[None, :], torch.finfo(dtype).min)
+        rows = len(image_embeds)
+        states = self.model.text_encoder(
+            input_ids=torch.tensor([t for q in questions for t in q], device=device).expand(rows, n),
+            position_ids=torch.cat([torch.arange(k, device=device) for k in lengths]).expand(rows, n),
+            attention_mask=blocked.expand(rows, 1, n, n),
+            encoder_hidden_states=image_embeds,
+            encoder_attention_mask=torch.ones(image_embeds.shape[:-1], dtype=torch.long, device=device),
+            return_dict=False)[0]
+        return list(states.split(lengths, dim=1))
+
+    def _rank(self, states: list, ids, mask, owner: np.ndarray):
+        """Returns (images, rows) the log-likelihood of every answer row (`_answer_rows`) decoded from its
+        question's states (`_encode_questions`) over each image: one decoder call per question length.
+        Questions are never padded to a common length: BLIP's text model (transformers 5.23) drops the
+        cross-attention mask (BlipTextAttention passes it on as the self-attention mask, which cross-attention
+        replaces by its missing encoder mask), so a padded question's padding would be attended to."""
+        import torch
+
+        images = len(states[0])
+        scores = torch.empty((images, len(owner)), dtype=torch.float32, device=ids.device)
+        lengths = np.array([s.shape[1] for s in states])
+        for length in np.unique(lengths):
+            group = np.flatnonzero(lengths == length)
+            rows = np.flatnonzero(np.isin(owner, group))
+            stacked = torch.stack([states[q] for q in group], dim=1)                    # (images, group, length, d)
+            which = torch_index(np.searchsorted(group, owner[rows]), ids.device)
+            picked, picked_mask = ids[rows].repeat(images, 1), mask[rows].repeat(images, 1)
+            logits = self.model.text_decoder(
+                input_ids=picked, attention_mask=picked_mask,
+                encoder_hidden_states=stacked[:, which].flatten(0, 1), return_logits=True)
+            scores[:, torch_index(rows, ids.device)] = _continuation_log_probs(
+                logits, picked, picked_mask).view(images, len(rows)).float()
+        return scores
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns one short caption per image (the captioner's, else the answer to CAPTION_QUESTION)."""
@@ -336,7 +525,9 @@ class VLMVQA(_GenerativeVQA):
                 conversations, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt",
                 processor_kwargs={"padding": True})
         prompt = self.prompt_template.format(question=text)
-        return self.processor(images=batch, text=[prompt] * len(batch), return_tensors="pt", padding=True)
+        inputs = self.processor(images=batch, text=[prompt] * len(batch), return_tensors="pt", padding=True)
+        inputs.pop("labels", None)   # PaliGemma's processor adds training labels: nothing to train here
+        return inputs
 
     def ask(self, images: Sequence[Image.Image], text: str) -> list[str]:
         """Returns the model's greedy reply to `text` (sent as is) for each image."""
@@ -349,38 +540,172 @@ class VLMVQA(_GenerativeVQA):
         return _finish(self.ask(images, self.prefix + question + self.suffix), choices, self.synonyms)
 
     def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
-        """Returns per image the probability of each choice as the model's reply to the question with the
-        choices listed (VLM_CHOICES_SUFFIX): each choice's tokens scored as the continuation of the prompt
-        (one forward pass per choice), their softmax; and the model's own greedy reply as the text."""
+        """Returns per image the probability of each choice as the model's whole reply (`answer_questions`
+        with one question)."""
+        return self.answer_questions(images, [(question, choices)])[0]
+
+    def answer_questions(self, images: Sequence[Image.Image],
+                         asks: Sequence[tuple[str, Sequence[str]]]) -> list[list[ClassAnswer]]:
+        """Returns per (question, choices) of `asks`, per image, the probability of each choice as the model's
+        whole reply to the question with the choices listed (VLM_CHOICES_SUFFIX), and the model's own greedy
+        reply as the text.
+
+        A choice's score is the probability that the reply is that choice and nothing more: its tokens
+        and then the token the model ends its turn with (`_stop_ids`), summed over the ways a model writes
+        it (`reply_variants`: "male", "Male", "Male."), so a choice that is the start of another
+        ("middle" of "middle class") does not win by being shorter, and Qwen2-VL's usual "Male" counts.
+        The softmax of the scores over the choices is the probability.
+
+        Every question of an image at once: the processor preprocesses each image once (`_images_once`);
+        the prompts' shared start (system text and image tokens, `_shared_prefix`) is prefilled once, vision
+        tower included, and its key/value cache reused by every question; from each question's cache its
+        choices are scored in one call and its reply decoded greedily. The same numbers as one full forward
+        pass per choice (to float rounding). PaliGemma's prompt is one bidirectional block (the image tokens
+        attend to the question), so there each question is prefilled whole."""
         import torch
 
-        text = self.prefix + question + VLM_CHOICES_SUFFIX.format(choices=", ".join(str(c) for c in choices))
-        replies = self.ask(images, text)
+        if not images or not asks:
+            return [[] for _ in asks]
         tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        options = [tokenizer(str(c), add_special_tokens=False).input_ids for c in choices]
-        dtype = next(self.model.parameters()).dtype
-        device = devices.weights_device(self.model)
-        # only the logits that predict the option: a whole sequence's over a 150k vocabulary would take gigabytes
-        keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
-        scores = []
+        options = []
+        for _, choices in asks:
+            variants = reply_variants(choices)
+            options.append(([tokenizer(v, add_special_tokens=False).input_ids for _, v in variants],
+                            np.array([i for i, _ in variants])))
+        texts = [self.prefix + q + VLM_CHOICES_SUFFIX.format(choices=", ".join(str(c) for c in choices))
+                 for q, choices in asks]
+        stops = _stop_ids(self.model, tokenizer)
+        out: list[list[ClassAnswer]] = [[] for _ in asks]
         for batch in _batches(_rgb(images), self.batch_size):
-            inputs = _to(self._inputs(batch, text), device, dtype)
-            prompt, rows = inputs["input_ids"], []
-            for option in options:
-                tail = torch.tensor([option], device=device).expand(len(batch), -1)
-                # per-token inputs beside the ids (token types) grow with zeros: the option is plain text
-                longer = {k: torch.cat([v, torch.zeros_like(tail, dtype=v.dtype)], dim=1) for k, v in inputs.items()
-                          if hasattr(v, "shape") and tuple(v.shape) == tuple(prompt.shape)}
-                ids = torch.cat([prompt, tail], dim=1)
-                mask = torch.cat([inputs["attention_mask"], torch.ones_like(tail)], dim=1)
-                extra = {"logits_to_keep": len(option) + 1} if keep else {}
-                with torch.inference_mode():
-                    logits = self.model(**{**inputs, **longer, "input_ids": ids, "attention_mask": mask}, **extra).logits
-                # the logits that predict the option's tokens, and those tokens (after the prompt's last one)
-                span = ids[:, prompt.shape[1] - 1:]
-                rows.append(_continuation_log_probs(logits[:, -len(option) - 1:-1], span, torch.ones_like(span)))
-            scores += torch.stack(rows, dim=1).cpu().numpy().tolist()
-        return [class_answer(choices, row, reply) for row, reply in zip(scores, replies)]
+            with torch.inference_mode():
+                for a, answers in enumerate(self._answer_batch(batch, texts, options, stops)):
+                    out[a] += [class_answer(asks[a][1], row, reply) for row, reply in answers]
+        return out
+
+    def _answer_batch(self, batch: list, texts: list[str], options: list, stops: list[int]) -> list[list]:
+        """Per question, per image of `batch`: (its choices' log-scores, its greedy reply). Prompts padded to
+        a common length (images of different sizes) go one image at a time, where nothing is padded."""
+        device, dtype = devices.weights_device(self.model), next(self.model.parameters()).dtype
+        with _images_once(self.processor):
+            prompts = [_to(self._inputs(batch, text), device, dtype) for text in texts]
+        if len(batch) > 1 and any(bool((p["attention_mask"] == 0).any()) for p in prompts):
+            alone = [self._answer_batch([image], texts, options, stops) for image in batch]
+            return [[row for one in alone for row in one[a]] for a in range(len(texts))]
+        out = []
+        for prompt, (cache, last), (sequences, owner) in zip(prompts, self._question_states(prompts), options):
+            tokens, ends = self._sequence_log_probs(cache, last, sequences, stops, prompt)
+            replies = self._greedy(cache, last, stops, prompt)
+            out.append(list(zip(_per_choice(tokens + ends, owner, int(owner.max()) + 1), replies)))
+        return out
+
+    def _shared_prefix(self, prompts: list[dict]) -> int:
+        """Returns how many leading tokens every prompt shares with the others, image tokens included (0 when
+        they cannot share a cache: PaliGemma's bidirectional prompt, or image tokens after the shared part)."""
+        import torch
+
+        if self.model.config.model_type in PREFIX_LM_MODEL_TYPES or len(prompts) < 2:
+            return 0
+        ids = [p["input_ids"] for p in prompts]
+        width = min(i.shape[1] for i in ids)
+        same = torch.stack([(i[:, :width] == ids[0][:, :width]).all(dim=0) for i in ids]).all(dim=0)
+        shared = int(width if bool(same.all()) else int(torch.argmin(same.int())))
+        image_token = getattr(self.model.config, "image_token_id", getattr(self.model.config, "image_token_index", None))
+        if image_token is not None and any(bool((i[:, shared:] == image_token).any()) for i in ids):
+            return 0
+        return shared
+
+    def _question_states(self, prompts: list[dict]):
+        """Yields per prompt (its key/value cache, the logits after its last token): the shared prefix
+        (`_shared_prefix`) prefilled once with the images, then each prompt's own tokens on a copy of its cache."""
+        keep = {"logits_to_keep": 1} if self._keeps_logits else {}
+        shared = self._shared_prefix(prompts)
+        if not shared:
+            for prompt in prompts:
+                output = self.model(**prompt, use_cache=True, **keep)
+                yield output.past_key_values, output.logits[:, -1]
+            return
+        first = prompts[0]
+        length = first["input_ids"].shape[1]
+        head = {k: v[:, :shared] if _per_token(v, length) else v for k, v in first.items()}
+        prefix = self.model(**head, use_cache=True, **keep)
+        for prompt in prompts:
+            own = prompt["input_ids"].shape[1]
+            if own == shared:
+                yield copy.deepcopy(prefix.past_key_values), prefix.logits[:, -1]
+                continue
+            rest = {k: v[:, shared:] for k, v in prompt.items() if _per_token(v, own) and k != "attention_mask"}
+            output = self.model(**rest, past_key_values=copy.deepcopy(prefix.past_key_values), use_cache=True, **keep)
+            yield output.past_key_values, output.logits[:, -1]
+
+    @property
+    def _keeps_logits(self) -> bool:
+        """Whether the model computes only the last logits when asked (`logits_to_keep`): a whole prompt's over a
+        150k vocabulary would take gigabytes."""
+        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
+
+    def _sequence_log_probs(self, cache, last, sequences: list[list[int]], stops: list[int], prompt: dict,
+                            max_rows: int = 64):
+        """Returns (tokens, ends), each (images, len(sequences)): the log-likelihood of each token sequence as
+        the continuation of the prompt whose cache and last logits are given, and the log-probability that the
+        model's turn then ends (any of `stops`). Sequences are scored side by side on copies of the cache (at
+        most `max_rows` rows at once); the appended tokens get the token types the model's own generation
+        gives new tokens (`appended_token_types`)."""
+        import torch
+
+        images = len(last)
+        first = torch.log_softmax(last.float(), dim=-1)
+        tokens = np.zeros((images, len(sequences)))
+        ends = np.zeros((images, len(sequences)))
+        step = max(1, max_rows // images)
+        for start in range(0, len(sequences), step):
+            chunk = sequences[start:start + step]
+            width = max(map(len, chunk))
+            ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in chunk], device=last.device).repeat(images, 1)
+            grown = copy.deepcopy(cache)
+            grown.batch_repeat_interleave(len(chunk))
+            types = _new_token_types(self.model, prompt, width, len(chunk))
+            logits = self.model(input_ids=ids, past_key_values=grown, use_cache=True, **types).logits
+            for j, sequence in enumerate(chunk):
+                rows = torch.arange(images, device=last.device) * len(chunk) + j
+                n = len(sequence)
+                log_probs = torch.log_softmax(logits[rows, :n].float(), dim=-1)            # predicts tokens 1.. and the end
+                total = first[:, sequence[0]] + log_probs[:, :n - 1].gather(
+                    -1, torch.tensor(sequence[1:], device=last.device).expand(images, -1)[:, :, None]).squeeze(-1).sum(1)
+                end = torch.logsumexp(log_probs[:, n - 1, stops], dim=-1) if stops else torch.zeros_like(total)
+                tokens[:, start + j], ends[:, start + j] = total.cpu().numpy(), end.cpu().numpy()
+        return tokens, ends
+
+    def _greedy(self, cache, last, stops: list[int], prompt: dict) -> list[str]:
+        """Returns the model's greedy reply from the prompt whose cache (consumed) and last logits are given,
+        as `generate` decodes it: the most probable token each step, until every image's reply has ended
+        (any of `stops`) or `max_new_tokens`; then the first line of each decoded reply (`_short`)."""
+        import torch
+
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops[0] if stops else 0)
+        stop = torch.tensor(stops, device=last.device)
+        done = torch.zeros(len(last), dtype=torch.bool, device=last.device)
+        keep = {"logits_to_keep": 1} if self._keeps_logits else {}
+        replies, logits = [], last
+        for step in range(self.max_new_tokens):
+            chosen = torch.where(done, torch.full_like(done, pad, dtype=torch.long), logits.argmax(dim=-1))
+            replies.append(chosen)
+            done |= torch.isin(chosen, stop)
+            if bool(done.all()) or step == self.max_new_tokens - 1:
+                break
+            output = self.model(input_ids=chosen[:, None], past_key_values=cache, use_cache=True,
+                                **_new_token_types(self.model, prompt, 1, 1), **keep)
+            cache, logits = output.past_key_values, output.logits[:, -1]
+        text = self.processor.batch_decode(torch.stack(replies, dim=1), skip_special_tokens=True) if replies else []
+        return [_short(t) for t in text]
+
+    def _continuations(self, inputs: dict, sequences: list[list[int]], stops: list[int]):
+        """Returns (tokens, ends) of `_sequence_log_probs` for one prompt's processor `inputs`."""
+        import torch
+
+        with torch.inference_mode():
+            cache, last = next(self._question_states([inputs]))
+            return self._sequence_log_probs(cache, last, sequences, stops, inputs)
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns one short caption per image (the reply to `caption_prompt`, without the VQA prefix)."""
@@ -425,11 +750,13 @@ class ClipVQA:
             rows.append(self._text_cache[key])
         return np.stack(rows).astype(np.float32)
 
+    def _templates_for(self, question: str) -> tuple[str, ...]:
+        # Person templates suit attributes ("a young person") but not nouns ("a hat person"): add, don't replace.
+        return self.templates + (self.person_templates if _PERSON_QUESTION.search(question) else ())
+
     def scores(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> np.ndarray:
         """Returns (n_images, n_choices) cosine similarities between images and choices."""
-        # Person templates suit attributes ("a young person") but not nouns ("a hat person"): add, don't replace.
-        templates = self.templates + (self.person_templates if _PERSON_QUESTION.search(question) else ())
-        return self.embedder.embed_images(images) @ self._choice_embeddings(choices, templates).T
+        return self.embedder.embed_images(images) @ self._choice_embeddings(choices, self._templates_for(question)).T
 
     def answer(self, images: Sequence[Image.Image], question: str,
                choices: Sequence[str] | None = None) -> list[str]:
@@ -442,12 +769,27 @@ class ClipVQA:
         return [options[i].lower() for i in best]
 
     def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
-        """Returns per image the softmax over the choices of CLIP's logits, LOGIT_SCALE × cosine similarity
-        (the temperature CLIP was trained with; option-free)."""
+        """Returns per image the softmax over the choices of the model's logits (`answer_questions` with one
+        question)."""
+        return self.answer_questions(images, [(question, choices)])[0]
+
+    def answer_questions(self, images: Sequence[Image.Image], asks: Sequence[tuple[str, Sequence[str]]],
+                         embeddings: np.ndarray | None = None) -> list[list[ClassAnswer]]:
+        """Returns per (question, choices) of `asks`, per image, the softmax over the choices of the model's
+        logits, scale × cosine similarity + bias, with the loaded model's own learned temperature
+        (base.logit_temperature: 100 for OpenAI/LAION CLIP, SigLIP's learned scale and bias; option-free).
+        Each image is embedded once for every question (`embeddings`: its stored embedding by this very
+        embedder, when the caller has it, and then not at all); each question's choices are embedded once
+        per backend (a small cache)."""
         if not images:
-            return []
-        logits = LOGIT_SCALE * self.scores(images, question, [str(c) for c in choices])
-        return [class_answer(choices, row) for row in logits]
+            return [[] for _ in asks]
+        vectors = self.embedder.embed_images(images) if embeddings is None else np.asarray(embeddings, np.float32)
+        scale, bias = logit_temperature(self.embedder)
+        out = []
+        for question, choices in asks:
+            logits = scale * vectors @ self._choice_embeddings([str(c) for c in choices], self._templates_for(question)).T
+            out.append([class_answer(choices, row) for row in logits + bias])
+        return out
 
     def caption(self, images: Sequence[Image.Image]) -> list[str]:
         """Returns "a photo of <best vocabulary entry>" per image."""

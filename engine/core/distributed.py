@@ -404,8 +404,8 @@ def _evaluate(engine, batch) -> tuple[dict, int, int]:
                for key, prompt, seed in batch["images"]]
     before = engine.stats.answers_computed + engine.stats.embeddings_computed
     calls = 0
-    for question, choices in batch["asks"]:
-        engine.ask(records, question, choices)
+    if batch["asks"]:   # every question of the batch at once: each image encoded once (Evaluation.ask_many)
+        engine.ask_many(records, [(question, choices) for question, choices in batch["asks"]])
         calls += 1
     if batch["caption"]:
         engine.caption(records)

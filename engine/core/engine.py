@@ -84,12 +84,25 @@ class Engine(ImageMaking, Evaluation, RunLifecycle):
         return self.preset.generator
 
     def _spec_and_context(self, role: str) -> tuple[ModelSpec, dict]:
-        """The role's spec and what its loader needs: CLIP zero-shot VQA answers through the
-        preset's embedder, so it gets the loaded one instead of loading a second copy."""
+        """The role's spec and what its loader needs (`_context_for`)."""
         spec = self.preset.specs()[role]
+        return spec, self._context_for(spec)
+
+    def _context_for(self, spec: ModelSpec) -> dict:
+        """What the loader of `spec` needs: CLIP zero-shot VQA answers through the preset's embedder, so it
+        gets the loaded one instead of loading a second copy; the distilled evaluator gets its loaded teacher
+        (its own manager entry, shared with the teacher's view) and the embedder its probes read."""
         if spec.backend in ("openai_images", "openai_vqa"):   # remembers a server's listed model here
-            return spec, {"data_dir": str(self.store.data_dir)}
-        return spec, ({"embedder": self.models.get(self.preset.embedder)} if spec.backend == "clip_vqa" else {})
+            return {"data_dir": str(self.store.data_dir)}
+        if spec.backend == "clip_vqa":
+            return {"embedder": self.models.get(self.preset.embedder)}
+        if spec.backend == "distilled":
+            from .distilled import teacher_spec
+
+            teacher = teacher_spec(spec)
+            return {"teacher": self.models.get(teacher, **self._context_for(teacher)), "teacher_spec": teacher,
+                    "embedder": self.models.get(self.preset.embedder)}
+        return {}
 
     def _backend(self, role: str):
         spec, context = self._spec_and_context(role)

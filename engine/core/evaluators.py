@@ -9,7 +9,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..backends import question_problem
-from ..backends.base import DEFAULT_CANT_TELL_BELOW, ClassAnswer, ModelSpec, label_of
+from ..backends.base import (DEFAULT_CANT_TELL_BELOW, ClassAnswer, ModelSpec, answer_all, label_of,
+                             logit_temperature)
 from ..common.errors import InputError
 from ..store.store import CAPTION, ImageRecord, answer_key, choices_json, content_key, embedding_key
 
@@ -30,6 +31,12 @@ class Evaluation:
         keys = [content_key("text-embedding", emb_id, t) for t in texts]
         return self._cached_embeddings(keys, list(texts), emb_id, lambda e, items: e.embed_texts(items),
                                        subject=lambda t: t)
+
+    def logit_temperature(self) -> tuple[float, float]:
+        """(scale, bias) of the embedder's image-text logits, scale · cosine + bias: the loaded model's learned
+        temperature (base.logit_temperature; 100 and 0 for CLIP and for an embedder that states none)."""
+        spec, context = self._spec_and_context("embedder")
+        return logit_temperature(self.models.peek(spec, **context))
 
     def _cached_embeddings(self, keys, items, emb_id, compute: Callable, subject: Callable) -> np.ndarray:
         found = self.store.get_embeddings(keys)
@@ -54,6 +61,11 @@ class Evaluation:
         outside them ("other")."""
         return [label_of(a, self.cant_tell_below) for a in self.ask_scored(records, question, choices)]
 
+    def ask_each(self, records: Sequence[ImageRecord],
+                 asks: Sequence[tuple[str, Sequence[str] | None]]) -> list[list[str]]:
+        """Per (question, choices) of `asks`, `ask`'s answers, every question at once (`ask_many`)."""
+        return [[label_of(a, self.cant_tell_below) for a in column] for column in self.ask_many(records, asks)]
+
     def answer_probs(self, records: Sequence[ImageRecord], question: str,
                      choices: Sequence[str] | None = None) -> list[dict | None]:
         """Per image {class: probability} (summing to 1) of an evaluator that scores the classes, else None."""
@@ -63,22 +75,91 @@ class Evaluation:
                    choices: Sequence[str] | None = None) -> list[ClassAnswer]:
         """One ClassAnswer per image, cached per (VQA model, image, question, choices): with `choices`
         and an evaluator that scores them (`answer_classes`), the probability of every choice and
-        the evaluator's own words; otherwise its answer alone (free text mapped onto the choices)."""
+        the evaluator's own words; otherwise its answer alone (free text mapped onto the choices).
+        `ask_many` with one question."""
+        return self.ask_many(records, [(question, choices)])[0]
+
+    def ask_many(self, records: Sequence[ImageRecord],
+                 asks: Sequence[tuple[str, Sequence[str] | None]]) -> list[list[ClassAnswer]]:
+        """Per (question, choices) of `asks`, one ClassAnswer per image (as `ask_scored`), every question at
+        once: the scored answers the store lacks come from one call of the evaluator per group of images
+        missing the same questions (base.answer_all: its `answer_questions` preprocesses and encodes each
+        image once for all of them; clip_vqa over the preset's own embedder reads the stored image
+        embeddings); free answers one question at a time. Each answer is still cached per (VQA model,
+        image, question, choices), so a stored answer is a hit however it was asked."""
+        asks = [(question, list(choices) if choices else None) for question, choices in asks]
         vqa_id = self.model_id("vqa")
-        scored = self.scores_classes(choices)
-        keys = [answer_key(vqa_id, r.key, question, choices, scored=scored) for r in records]
-        found = self.store.get_scored_answers(keys)
-        todo = [i for i, k in enumerate(keys) if k not in found]
-        if todo:
-            images = [records[i].image for i in todo]
+        scored = [self.scores_classes(choices) for _, choices in asks]
+        keys = [[answer_key(vqa_id, r.key, q, c, scored=s) for r in records] for (q, c), s in zip(asks, scored)]
+        found = self.store.get_scored_answers([k for row in keys for k in row])
+        missing = [[i for i, k in enumerate(row) if k not in found] for row in keys]
+        if any(missing):
+            fresh = self._compute_answers(records, asks, scored, missing)
+            self.count(answers_computed=len(fresh))
+            self.store.put_answers([(keys[a][i], records[i].key, vqa_id, asks[a][0], choices_json(asks[a][1]),
+                                     got.answer, got.probs, got.text) for (a, i), got in fresh.items()])
+            found.update({keys[a][i]: {"answer": got.answer, "probs": got.probs, "text": got.text}
+                          for (a, i), got in fresh.items()})
+        return [[ClassAnswer(found[k]["answer"], found[k]["probs"], found[k]["text"]) for k in row] for row in keys]
+
+    def _compute_answers(self, records, asks, scored: list[bool], missing: list[list[int]]) -> dict:
+        """{(ask index, image index): ClassAnswer} of the missing answers: the scored questions of the images
+        that miss the same ones in one `answer_all` call, the free questions one `answer` call each."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        lacking = [set(rows) if scored[a] else set() for a, rows in enumerate(missing)]
+        for i in range(len(records)):
+            wanted = tuple(a for a, rows in enumerate(lacking) if i in rows)
+            if wanted:
+                groups.setdefault(wanted, []).append(i)
+        spec, context = self._spec_and_context("vqa")
+        if spec.backend == "distilled":   # probes on stored embeddings, taught by the teacher (engine/core/distilled.py)
+            from .distilled import distilled_answers
+
+            wanted = {a: sorted(rows) for a, rows in enumerate(lacking) if rows}
+            out = distilled_answers(self, self.models.peek(spec, **context), records, asks, wanted) if wanted else {}
             with self._backend("vqa") as vqa:
-                answers = (vqa.answer_classes(images, question, list(choices)) if scored else
-                           [ClassAnswer(a) for a in vqa.answer(images, question, list(choices) if choices else None)])
-            self.count(answers_computed=len(todo))
-            self.store.put_answers([(keys[i], records[i].key, vqa_id, question, choices_json(choices), a.answer,
-                                     a.probs, a.text) for i, a in zip(todo, answers)])
-            found.update({keys[i]: {"answer": a.answer, "probs": a.probs, "text": a.text} for i, a in zip(todo, answers)})
-        return [ClassAnswer(found[k]["answer"], found[k]["probs"], found[k]["text"]) for k in keys]
+                out.update(self._free_answers(vqa, records, asks, scored, missing))
+            return out
+        contexts = {wanted: self._stored_embeddings(self.models.peek(spec, **context), [records[i] for i in images])
+                    for wanted, images in groups.items()}   # before the evaluator's lock: the embedder has its own
+        out: dict[tuple[int, int], ClassAnswer] = {}
+        with self._backend("vqa") as vqa:
+            for wanted, images in groups.items():
+                answers = answer_all(vqa, [records[i].image for i in images], [asks[a] for a in wanted],
+                                     **contexts[wanted])
+                out.update({(a, i): got for a, column in zip(wanted, answers) for i, got in zip(images, column)})
+            out.update(self._free_answers(vqa, records, asks, scored, missing))
+        return out
+
+    @staticmethod
+    def _free_answers(vqa, records, asks, scored: list[bool], missing: list[list[int]]) -> dict:
+        """{(ask index, image index): ClassAnswer} of the missing free answers, one `answer` call per question."""
+        out = {}
+        for a, (question, choices) in enumerate(asks):
+            if missing[a] and not scored[a]:
+                replies = vqa.answer([records[i].image for i in missing[a]], question, choices)
+                out.update({(a, i): ClassAnswer(reply) for i, reply in zip(missing[a], replies)})
+        return out
+
+    def answer_sources(self, records: Sequence[ImageRecord], question: str, choices: Sequence[str]) -> dict | None:
+        """For the distilled evaluator: how many of its answers to `question` about `records` came from its probe
+        and how many from its teacher, the probe's held-out agreement and a sentence when it is not used
+        (engine/core/distilled.answer_sources); None for any other evaluator."""
+        spec, context = self._spec_and_context("vqa")
+        if spec.backend != "distilled" or not choices:
+            return None
+        from .distilled import answer_sources
+
+        return answer_sources(self, self.models.peek(spec, **context), records, question, list(choices))
+
+    def _stored_embeddings(self, vqa, records) -> dict:
+        """{"embeddings": the records' stored image embeddings} when `vqa` answers from the preset's own
+        embedder (clip_vqa over the same model: the embedding it needs is the one the store keeps), else {}."""
+        own = getattr(vqa, "embedder", None)
+        spec, context = self._spec_and_context("embedder")
+        if own is None or getattr(own, "id", None) != getattr(self.models.peek(spec, **context), "id", object()):
+            return {}
+        return {"embeddings": self.embed_images(records)}
 
     def scores_classes(self, choices: Sequence[str] | None) -> bool:
         """Whether the VQA evaluator answers `choices` with a probability per class (it has

@@ -72,10 +72,10 @@ class ImageMaking:
             self.count(generator_calls=1, images_generated=sum(out.refused is None for out in outputs))
             start += len(batch)
             key_of = dict(batch)
+            made = iter(self.store.put_images(gen_id, prompt, settings, [   # one transaction for the call's images
+                (key_of[out.seed], out.seed, out.image, out.nsfw) for out in outputs if out.refused is None]))
             records = [self.store.put_refusal(key_of[out.seed], gen_id, prompt, out.seed, out.refused)
-                       if out.refused is not None else
-                       self.store.put_image(key_of[out.seed], gen_id, prompt, out.seed, settings, out.image, out.nsfw)
-                       for out in outputs]
+                       if out.refused is not None else next(made) for out in outputs]
             if records:
                 yield records
             if failure is not None:

@@ -419,15 +419,14 @@ def run(request: CounterfactualsRequest, engine: Engine, run_record: Run):
     def measure(spec: SetSpec):
         i = position[spec.label]
         def evaluate(batch):  # the same calls as below, batch by batch, beside the next batch's generation
-            for q in unique_questions:
-                engine.ask(batch, q)
+            engine.ask_many(batch, [(q, None) for q in unique_questions])
             if request.caption:
                 engine.caption(batch)
             engine.embed_images(batch)
 
         records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs), evaluate)
         yield Progress(i, len(specs), "vqa", f"asking {len(unique_questions)} question(s) about '{spec.prompt}'")
-        by_question = {q: engine.ask(records, q) for q in unique_questions}
+        by_question = dict(zip(unique_questions, engine.ask_each(records, [(q, None) for q in unique_questions])))
         captions = engine.caption(records) if request.caption else []
         # reference mode: one question per axis, in axis order, as the released code asks them
         answers = [by_question[questions[a]] for a in axes] if reference else list(by_question.values())

@@ -3,12 +3,13 @@ texts, which concept the set leans to (with its interval), what images of a test
 to (inverse queries), a hypothesis tree of such steps, and label-free identity clusters.
 
 Placement (the strips): image i's score for concept c is the softmax over the concepts of the
-embedder's cosine similarities at CLIP's logit scale,
+embedder's cosine similarities at the loaded model's own logit scale s (its learned temperature),
 
-    s_ic = exp(100 · cos(x_i, t_c)) / Σ_c' exp(100 · cos(x_i, t_c')),
+    s_ic = exp(s · cos(x_i, t_c)) / Σ_c' exp(s · cos(x_i, t_c')),
 
 which is CLIP's own zero-shot classification probability (Radford et al. 2021, §3.1.2; the
-learned temperature of every released CLIP and OpenCLIP model sits at its clamp, 100). Raw
+learned temperature of every released CLIP and OpenCLIP model sits at its clamp, 100; SigLIP's is
+learned, with a bias that the softmax over concepts cancels; Engine.logit_temperature). Raw
 cosines would put the dots of different prompts and embedders on incomparable ranges (CLIP's
 cosines crowd into 0.2–0.35); the softmax reads as "how much more like c than like the other
 concepts", is in [0, 1] and sums to 1 over the concepts. The **lean** is the share of images
@@ -32,6 +33,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from ..backends.base import CLIP_LOGIT_SCALE
 from ..common.errors import InputError
 from ..common.events import Event, Progress, Warning
 from ..common.scores import Score, number
@@ -41,12 +43,9 @@ from ..metrics.intervals import share_interval, tidy
 from ..metrics import biasbench
 from ..store.store import ImageRecord
 from .axes import axis_for
-from .measure import measure_axes
+from .measure import AskedAnswers, measure_axes
 from .options import GenerationOptions, settle_settings
 
-# CLIP's logit scale: exp(learned log-temperature), clamped at 100 in training; every released
-# CLIP/OpenCLIP checkpoint sits at the clamp (the synthetic embedder has none, so it uses the same).
-LOGIT_SCALE = 100.0
 DEFAULT_CONCEPTS = ["a photo of a man", "a photo of a woman"]
 PERSON_CARRIER = "a photo of a person who is {}"
 NOUN_CARRIER = "a photo of {}"
@@ -103,7 +102,7 @@ class ExploreResults(TypedDict, total=False):
     prompt: str              # the prompt (or the stored run's) whose images are placed
     source_run: str          # with `run`: the stored run scored
     concepts: list[str]
-    normalisation: dict      # {"kind": "softmax", "logit_scale": 100.0}
+    normalisation: dict      # {"kind": "softmax", "logit_scale": the embedder's (100.0 for CLIP), "logit_bias"}
     images: list[dict]       # ImageRecord.to_json + "scores" (concept -> score) and "nearest"
     lean: dict               # concept -> {"share", "ci": [lo, hi], "count"} (the counts sum to the images measured)
     strips: dict             # concept -> {"median", "ci": [lo, hi]}
@@ -113,13 +112,14 @@ class ExploreResults(TypedDict, total=False):
     inverse: dict            # test concept -> a lean of the same shape as `lean`
     inverse_sets: dict       # test concept -> {"prompt", "images": [...]}
     axes: dict               # with `axes`: as Single Prompt's, axis -> its distribution and metrics with intervals
+    answer_sources: dict     # with `axes` and the distilled evaluator: axis -> answers by its probe and by its teacher
     tree: str                # the tree's id: its root node's run id
     parent: str              # the parent node's run id ('' for a root)
     excluded: int            # flagged or refused images left out
 
 
 # -- measuring -------------------------------------------------------------------------------------------
-def concept_scores(image_vectors: np.ndarray, text_vectors: np.ndarray, scale: float = LOGIT_SCALE) -> np.ndarray:
+def concept_scores(image_vectors: np.ndarray, text_vectors: np.ndarray, scale: float = CLIP_LOGIT_SCALE) -> np.ndarray:
     """(n, c) softmax over the concepts of `scale` · cosine (rows sum to 1; module docstring).
     Both inputs are L2-normalised rows."""
     logits = scale * (np.asarray(image_vectors, np.float64) @ np.asarray(text_vectors, np.float64).T)
@@ -181,7 +181,8 @@ def place(engine: Engine, records: list[ImageRecord], concepts: list[str],
     texts = engine.embed_texts(concepts)
     if usable and vectors is None:
         vectors = engine.embed_images(usable)
-    scores = concept_scores(vectors, texts) if usable else np.zeros((0, len(concepts)))
+    scale, _ = engine.logit_temperature()   # the bias cancels in the softmax over concepts
+    scores = concept_scores(vectors, texts, scale) if usable else np.zeros((0, len(concepts)))
     by_key = {r.key: row for r, row in zip(usable, scores)}
     images = []
     for r in records:
@@ -273,7 +274,8 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
     parent = engine.store.require_run(request.parent, "explore", what="tree node") if request.parent else None
     results: ExploreResults = {"concepts": concepts, "parent": request.parent or "",
                                "tree": (parent["results"].get("tree") or parent["id"]) if parent else run_record.id,
-                               "normalisation": {"kind": "softmax", "logit_scale": LOGIT_SCALE}}
+                               "normalisation": dict(zip(("logit_scale", "logit_bias"), engine.logit_temperature()),
+                                                     kind="softmax")}
     settings, tests = None, clean_concepts(request.inverse)
     own = 0 if request.run else request.n          # images this step generates for the prompt
     total = own + len(tests) * request.m
@@ -307,11 +309,13 @@ def run(request: ExploreRequest, engine: Engine, run_record: Run):
     # 3. The node's attribute distributions (VQA, cached answers reused), when asked for.
     axes = [axis_for(a) for a in clean_concepts(request.axes)]
     if axes:
-        results["axes"], results["answer_probs"] = {}, {}
-        answers_by_axis, _ = yield from measure_axes(engine, usable, axes, results["axes"], mode=request.mode,
-                                                     n_boot=request.n_boot, answer_probs=results["answer_probs"])
+        results["axes"], results["answer_probs"], asked = {}, {}, AskedAnswers()
+        yield from measure_axes(engine, usable, axes, results["axes"], mode=request.mode, n_boot=request.n_boot,
+                                answer_probs=results["answer_probs"], asked=asked)
         # image key -> axis -> answer, beside answer_probs (issue 35), as Single Prompt's JSON has them
-        results["answers"] = {r.key: {a: got[j] for a, got in answers_by_axis.items()} for j, r in enumerate(usable)}
+        results["answers"] = asked.answers
+        if asked.sources:   # the distilled evaluator: which answers its probe gave, which its teacher
+            results["answer_sources"] = asked.sources
         run_record.save(results)
     # 4. Inverse queries: which concept do images of each test concept lean to?
     inverse, sets = {}, {}

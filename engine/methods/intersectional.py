@@ -148,6 +148,7 @@ class IntersectionalResults(TypedDict, total=False):
     cant_tell: dict[str, dict]          # per axis: measure.cant_tell_counts (left out of every distribution)
     answers: dict[str, dict[str, str]]  # image key -> axis -> VQA answer
     answer_probs: dict[str, dict]       # image key -> axis -> class -> probability (evaluators that score classes)
+    answer_sources: dict                # the distilled evaluator: axis -> answers by its probe and by its teacher
     per_prompt: dict[str, list]         # aggregate mode: each prompt's own matrix
     headline: dict                      # the strongest effect and how sure the bootstrap is of it
 
@@ -250,14 +251,13 @@ def answer_sets(request: IntersectionalRequest, engine: Engine, run_record: Run,
     seeds = request.seeds()
     for i, spec in enumerate(specs):
         def evaluate(batch):  # the same questions as below, beside the next batch's generation
-            for y in questions:
-                engine.ask(batch, questions[y], values[y])
+            engine.ask_many(batch, [(questions[y], values[y]) for y in questions])
 
         records = yield from generate_set(engine, run_record, spec, seeds, settings, i, len(specs), evaluate)
         yield Progress(i, len(specs), "vqa", f"asking {len(questions)} multiple-choice question(s) about '{spec.prompt}'")
         answers.onehot[spec.label] = {}
-        for y in questions:
-            labels = answers.asked.ask(engine, spec.label, y, records, questions[y], values[y])
+        asked = answers.asked.ask_all(engine, spec.label, records, {y: (questions[y], values[y]) for y in questions})
+        for y, labels in asked.items():
             answers.onehot[spec.label][y] = one_hot(labels, values[y], request.other_policy)
             answers.outside[y] += outside_count(labels, values[y])
         answers.weights[spec.label] = resample_weights(len(records), request.n_boot, request.seed, i)

@@ -127,28 +127,57 @@ def cant_tell_counts(labels: list[str]) -> dict:
 def ask_with_probs(engine: Engine, records: list, question: str,
                    choices: list[str] | None = None) -> tuple[list[str], list[dict | None]]:
     """Returns engine.ask's answers to `question` about `records` and engine.answer_probs's class
-    probabilities (None per image where the evaluator gave none), from one engine.ask_scored."""
-    scored = engine.ask_scored(records, question, choices) if records else []
-    return [label_of(a, engine.cant_tell_below) for a in scored], [a.probs for a in scored]
+    probabilities (None per image where the evaluator gave none), from one engine.ask_many."""
+    return asked_with_probs(engine, records, [(question, choices)])[0]
+
+
+def asked_with_probs(engine: Engine, records: list, asks: list) -> list[tuple[list[str], list[dict | None]]]:
+    """Per (question, choices) of `asks`, `ask_with_probs`: every question asked at once (engine.ask_many: each
+    image preprocessed and encoded once for all of them)."""
+    if not records:
+        return [([], []) for _ in asks]
+    return [([label_of(a, engine.cant_tell_below) for a in column], [a.probs for a in column])
+            for column in engine.ask_many(records, asks)]
 
 
 class AskedAnswers:
-    """Per-image answers of the questions a method asks with classes, for its JSON, and each axis'
-    labels for the "can't tell" counts: `ask` (or `record` answers asked already), then `json()`
-    and `cant_tell()`."""
+    """The one place a method's answers are asked and recorded: per-image answers of the questions it asks
+    (with their class probabilities) for its JSON, and each axis' labels for the "can't tell" counts:
+    `ask_all` (every axis at once) or `ask`, or `record` answers asked already; then `json()` and
+    `cant_tell()`. Single Prompt and Explore (through `measure_axes`), Counterfactuals, Intersectional and
+    Mitigate keep their answers here."""
 
     def __init__(self):
         self.answers: dict[str, dict[str, str]] = {}   # image key -> axis -> answer
         self.probs: dict[str, dict[str, dict]] = {}    # image key -> axis -> class -> probability
         self.labels: dict[str, dict[str, list[str]]] = {}   # set label -> axis -> its answers
+        self.sources: dict[str, dict] = {}   # the distilled evaluator's: axis -> answers by probe and by teacher
+
+    def ask_all(self, engine: Engine, set_label: str, records: list,
+                questions: dict[str, tuple[str, list[str] | None]]) -> dict[str, list[str]]:
+        """Returns {axis: engine.ask's answers} to every axis' (question, choices) of `questions` about the
+        images `records` of set `set_label`, asked at once (`asked_with_probs`) and kept with their class
+        probabilities (`record`)."""
+        got = asked_with_probs(engine, records, list(questions.values()))
+        for axis, (labels, probs) in zip(questions, got):
+            self.record(set_label, axis, records, labels, probs)
+            self.count_sources(axis, engine.answer_sources(records, *questions[axis]) if records else None)
+        return {axis: labels for axis, (labels, _) in zip(questions, got)}
+
+    def count_sources(self, axis: str, sources: dict | None) -> None:
+        """Adds one set's `sources` (Engine.answer_sources: the distilled evaluator's answers by its probe and
+        by its teacher; None for another evaluator) to the axis' counts."""
+        if sources is None:
+            return
+        seen = self.sources.setdefault(axis, {"probe": 0, "teacher": 0})
+        seen.update({k: v for k, v in sources.items() if k not in ("probe", "teacher")},
+                    probe=seen["probe"] + sources["probe"], teacher=seen["teacher"] + sources["teacher"])
 
     def ask(self, engine: Engine, set_label: str, axis: str, records: list, question: str,
             choices: list[str] | None = None) -> list[str]:
         """Returns engine.ask's answers to `question` about the images `records` of set `set_label`,
-        kept with their class probabilities (`record`)."""
-        labels, probs = ask_with_probs(engine, records, question, choices)
-        self.record(set_label, axis, records, labels, probs)
-        return labels
+        kept with their class probabilities (`ask_all` with one axis)."""
+        return self.ask_all(engine, set_label, records, {axis: (question, choices)})[axis]
 
     def record(self, set_label: str, axis: str, records: list, labels: list[str], probs=None) -> None:
         """Keeps `labels`, the answers about the images `records` of set `set_label`, and their class
@@ -161,8 +190,11 @@ class AskedAnswers:
                 self.probs[r.key][axis] = p
 
     def json(self) -> dict:
-        """Returns {"answers": image key -> axis -> answer, "answer_probs": image key -> axis -> class -> p}."""
-        return {"answers": self.answers, "answer_probs": self.probs}
+        """Returns {"answers": image key -> axis -> answer, "answer_probs": image key -> axis -> class -> p}, and
+        with the distilled evaluator "answer_sources": axis -> {"probe", "teacher", "teacher_id", "held_out",
+        "note"} (which answers came from its probe and which from its teacher)."""
+        return {"answers": self.answers, "answer_probs": self.probs,
+                **({"answer_sources": self.sources} if self.sources else {})}
 
     def cant_tell(self, set_labels=None) -> dict[str, dict]:
         """Returns {axis: cant_tell_counts of its answers} over the sets `set_labels`, or (None) over
@@ -241,23 +273,28 @@ def compare_evaluators_on(engine: Engine, others: list, questions: dict[str, tup
 
 def measure_axes(engine: Engine, records: list, axes: list[Axis], out: dict, references: dict | None = None,
                  mode: str = biasbench.DEFAULT_MODE, n_boot: int = 1000, half_width: float = 0.1,
-                 answer_probs: dict | None = None):
-    """Ask every axis' question of the images (VQA answers come from the store's cache when there),
-    put each axis' `axis_metrics_with_ci` (+ question, labels, reference) in `out[axis]` and stream
-    it (`yield from`: Progress("vqa"), AxisScores); returns ({axis: answers}, {axis: composite-score
-    draws}). `answer_probs`, when given, receives image key -> axis -> class -> probability for the
-    axes whose evaluator scored the classes (issue 35). Shared by Single Prompt and Explore."""
-    answers_by_axis: dict[str, list[str]] = {}
+                 answer_probs: dict | None = None, asked: AskedAnswers | None = None):
+    """Ask every axis' question of the images at once (`AskedAnswers.ask_all`: VQA answers come from the
+    store's cache when there), put each axis' `axis_metrics_with_ci` (+ question, labels, reference) in
+    `out[axis]` and stream it (`yield from`: Progress("vqa"), AxisScores); returns ({axis: answers}, {axis:
+    composite-score draws}). The answers and class probabilities are recorded in `asked` (a fresh
+    AskedAnswers when None: its `json()` is the run's "answers" and "answer_probs"); `answer_probs`, when
+    given, also receives image key -> axis -> class -> probability for the axes whose evaluator scored the
+    classes (issue 35). Shared by Single Prompt and Explore."""
+    asked = asked if asked is not None else AskedAnswers()
+    yield Progress(0, len(axes), "vqa", f"asking {len(axes)} question(s) of {len(records)} image(s)")
+    answers_by_axis = asked.ask_all(engine, "", records, {axis.name: (axis.question, list(axis.values) or None)
+                                                          for axis in axes})
+    if answer_probs is not None:
+        for record in records:
+            for axis in axes:
+                if axis.name in asked.probs.get(record.key, {}):
+                    answer_probs.setdefault(record.key, {})[axis.name] = asked.probs[record.key][axis.name]
     draws: dict[str, np.ndarray | None] = {}
     for i, axis in enumerate(axes):
-        yield Progress(i, len(axes), "vqa", f"asking '{axis.question}'")
-        answers, probs_of = ask_with_probs(engine, records, axis.question, list(axis.values) or None)
+        yield Progress(i, len(axes), "vqa", f"measuring '{axis.question}'")
+        answers = answers_by_axis[axis.name]
         labels = answers if axis.values else [normalise_free_answer(a) for a in answers]
-        answers_by_axis[axis.name] = answers
-        if answer_probs is not None:
-            for record, probs in zip(records, probs_of):
-                if probs:
-                    answer_probs.setdefault(record.key, {})[axis.name] = probs
         reference = (references or {}).get(axis.name) or None
         metrics = axis_metrics_with_ci(labels, axis, reference, mode, n_boot, half_width=half_width)
         metrics.update(question=axis.question, labels=labels, reference=reference or "uniform")

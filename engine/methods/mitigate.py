@@ -95,7 +95,6 @@ from .prompt_set import allocate, compose
 DEFAULT_EPSILON = 0.35
 STRATEGIES = ("intermit", "all")
 PERSON_QUESTION = "Is there a person in the image?"
-CLIP_LOGIT_SCALE = 100.0
 # Antonym prompt pairs for the attributes Table 7.1 reports: CLIP-IQA's (Wang et al. 2023) for
 # quality, natural and colorfulness; the "real" pair is ours (the thesis names no prompts).
 QUALITY_PAIRS = {"quality": ("Good photo.", "Bad photo."), "real": ("Real photo.", "Abstract photo."),
@@ -297,8 +296,9 @@ class Measurer:
             self.records[spec.label] = valid
             yield Progress(done, total, stage, f"{stage}: asking the VQA about '{spec.prompt}'")
             self.answers[spec.label] = {}
-            for y in self.setup.axes:
-                labels = self.asked.ask(self.engine, spec.label, y, valid, self.setup.questions[y], self.setup.values[y])
+            asked = self.asked.ask_all(self.engine, spec.label, valid, {y: (self.setup.questions[y], self.setup.values[y])
+                                                                         for y in self.setup.axes})
+            for y, labels in asked.items():
                 self.answers[spec.label][y] = one_hot(labels, self.setup.values[y], self.setup.policy)
                 self.outside[y] += outside_count(labels, self.setup.values[y])
             if self.request.n_boot:
@@ -481,7 +481,7 @@ def preview(sensitivity, priorities: dict[str, float], epsilon: float = DEFAULT_
 
 def quality_scores(engine: Engine, records: list, n_boot: int = 200, seed: int = 0) -> dict:
     """IsP? (share of VQA 'yes' to PERSON_QUESTION) and the CLIP-IQA-style score of each
-    attribute in QUALITY_PAIRS (mean over images of softmax(100·cos) of the positive
+    attribute in QUALITY_PAIRS (mean over images of softmax(scale·cos), the embedder's scale, of the positive
     prompt), each {"value", "low", "high"}."""
     if not records:
         return {}
@@ -489,9 +489,10 @@ def quality_scores(engine: Engine, records: list, n_boot: int = 200, seed: int =
     images = engine.embed_images(records)
     texts = engine.embed_texts([t for pair in QUALITY_PAIRS.values() for t in pair])
     index = resample_indices(len(records), n_boot, seed) if n_boot else None
+    scale, _ = engine.logit_temperature()   # the embedder's own (100 for CLIP); a bias cancels in the softmax
     out = {"is_person": _est(person.mean(), person[index].mean(axis=1) if index is not None else None)}
     for k, name in enumerate(QUALITY_PAIRS):
-        logits = CLIP_LOGIT_SCALE * images @ texts[2 * k:2 * k + 2].T
+        logits = scale * images @ texts[2 * k:2 * k + 2].T
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits[:, 0]) / np.exp(logits).sum(axis=1)
         out[name] = _est(p.mean(), p[index].mean(axis=1) if index is not None else None)
@@ -636,6 +637,7 @@ class MitigateResults(TypedDict, total=False):
     cant_tell: dict[str, dict]                  # per axis: measure.cant_tell_counts (left out of every distribution)
     answers: dict[str, dict[str, str]]          # image key -> axis -> VQA answer
     answer_probs: dict[str, dict]               # image key -> axis -> class -> probability
+    answer_sources: dict                        # the distilled evaluator: axis -> answers by its probe and its teacher
 
 
 def estimate(request: MitigateRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:

@@ -30,7 +30,8 @@ from ..common.names import readable
 from ..common.scores import Score, as_interval, finite_or_none, is_missing, number
 from ..metrics.diversity import mean_pairwise_similarity, normalised_vendi, vendi_score
 from ..metrics.gap import COMBINATIONS
-from .measure import SCALAR_METRICS, compare_evaluators_on, evaluator_names, gap_for_images, measure_axes
+from .measure import (SCALAR_METRICS, AskedAnswers, compare_evaluators_on, evaluator_names, gap_for_images,
+                      measure_axes)
 from .options import GenerationOptions, settle_settings
 
 DEFAULT_AXES = ("gender", "age", "skin tone")
@@ -112,6 +113,7 @@ class SinglePromptResults(TypedDict, total=False):
     headline: dict                       # the most biased axis and how sure the intervals are of it
     answers: dict[str, dict[str, str]]   # image key -> axis -> VQA answer (a class, "can't tell" or "other")
     answer_probs: dict[str, dict]        # image key -> axis -> class -> probability (evaluators that score classes)
+    answer_sources: dict                 # the distilled evaluator: axis -> answers by its probe and by its teacher
     diversity: dict                      # vendi, vendi_normalised, mean_pairwise_similarity, n, embedder
     evaluators: dict                     # several evaluators compared (when request.evaluators): compare_evaluators_on
     gap: dict                            # gap_for_images (when request.gap)
@@ -228,8 +230,7 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     def evaluate(batch):  # overlaps the next batch's generation; fills the caches the calls below read
         valid_batch = [r for r in batch if not r.nsfw]
         if valid_batch:
-            for axis in axes:
-                engine.ask(valid_batch, axis.question, list(axis.values) or None)
+            engine.ask_many(valid_batch, [(axis.question, list(axis.values) or None) for axis in axes])
             engine.embed_images(valid_batch)
             engine.caption(valid_batch)
 
@@ -252,10 +253,10 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
         if flagged:
             yield Warning(f"{flagged} image(s) flagged by the safety checker are excluded from every metric")
         run_record.save(results)
-        results["answer_probs"] = {}
+        results["answer_probs"], asked = {}, AskedAnswers()
         answers_by_axis, draws = yield from measure_axes(engine, valid, axes, results["axes"], request.references,
                                                            request.mode, request.n_boot, request.half_width,
-                                                           answer_probs=results["answer_probs"])
+                                                           answer_probs=results["answer_probs"], asked=asked)
         more = _more_images(request, results["axes"], n, engine.max_set_images())  # what admission charged
         if more is None:
             break
@@ -268,7 +269,9 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
         n = more
     results["headline"] = most_biased_axis(results["axes"], draws)
     yield Headline(results["headline"])
-    results["answers"] = {r.key: {a: answers_by_axis[a][j] for a in answers_by_axis} for j, r in enumerate(valid)}
+    results["answers"] = asked.answers   # image key -> axis -> answer
+    if asked.sources:   # the distilled evaluator: which answers its probe gave, which its teacher
+        results["answer_sources"] = asked.sources
     run_record.save(results)
     if request.evaluators:   # every axis with classes answered by each other evaluator too (issue 35)
         yield Progress(0, 1, "vqa", f"asking {len(request.evaluators)} more evaluator(s)")

@@ -85,8 +85,8 @@ HUB_FILES = {"diffusers": "model_index.json", "open_clip": None, "hf_clip": "con
 
 def parse_model_override(text: str, role: str | None = None) -> ModelSpec:
     """'backend:model' (e.g. 'diffusers:/models/tiny-sd' or 'hf_chat:Qwen/Qwen2.5-0.5B-Instruct'; a
-    backend of backends.DEFAULT_MODELS may leave the model empty: 'faces:'; a diffusers generator may add
-    LoRAs and embeddings: 'diffusers:BASE+lora=REPO@0.8,weight_name=FILE+ti=PATH', engine.backends.adapters).
+    backend of backends.DEFAULT_MODELS may leave the model out: 'faces:', 'distilled'; a diffusers generator may
+    add LoRAs and embeddings: 'diffusers:BASE+lora=REPO@0.8,weight_name=FILE+ti=PATH', engine.backends.adapters).
     With `role`, the backend name is read as that role means it ('openai' is an images
     endpoint for the generator, a vision chat model for VQA; engine.backends.ROLE_ALIASES)."""
     from ..backends import DEFAULT_MODELS, backend_for_role
@@ -94,7 +94,7 @@ def parse_model_override(text: str, role: str | None = None) -> ModelSpec:
 
     backend, sep, model = text.partition(":")
     default = DEFAULT_MODELS.get(backend.strip().replace("-", "_"))
-    if not sep or not (model.strip() or default):
+    if not (sep or default) or not (model.strip() or default):
         raise InputError(f"model override '{text}' must look like 'backend:model-id-or-path'")
     try:
         backend = backend_for_role(backend, role)

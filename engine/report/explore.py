@@ -13,6 +13,7 @@ from .. import __version__
 from ..methods import explore as method
 from . import Markup, charts, macro, render, static, thumbnail_data_uri
 from .charts import PALETTE
+from .distilled import sources_html
 from .single_prompt import axes_html, axis_html
 
 STRIPS_ID = "explore-strips"
@@ -275,7 +276,7 @@ def page(results: dict, thumbs: dict | None = None, scale: str = "probability") 
         excluded=results.get("excluded", 0), strips=vega_chart(strips, STRIPS_ID) if strips else "",
         inverse=inverse, compared=compared, second=second, scale=logit_scale, strip_scale=scale,
         axes=axes_html(axis_html(name, m) for name, m in (results.get("axes") or {}).items())
-        if results.get("axes") else "")
+        + sources_html(results.get("answer_sources")) if results.get("axes") else "")
 
 
 def tree_html(nodes: list[dict], selected: str = "") -> Markup:

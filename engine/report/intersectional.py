@@ -18,6 +18,7 @@ from pathlib import Path
 from ..common.scores import is_missing
 from ..methods.intersectional import edge_status, no_edge_note, threshold_notes
 from . import Markup, cant_tell_note, charts, explain, fmt, macro, signed, trust, with_cant_tell
+from .distilled import sources_html
 
 POSITIVE, NEGATIVE = "#2b6cb0", "#c53030"
 MARKS = {"MaxImp": "MaxImp: most impact on other axes (outgoing edges)",
@@ -181,4 +182,5 @@ def graph_frame(results: dict, elem_id: str = "") -> Markup:
 def page(results: dict) -> Markup:
     """A whole Intersectional run: summary, questions, matrix, kept edges and the graph."""
     return macro("intersectional.html", "page")(
-        r=results, summary=summary_html(results), matrix=matrix_html(results), graph=graph_frame(results))
+        r=results, summary=summary_html(results), matrix=matrix_html(results), graph=graph_frame(results),
+        sources=sources_html(results.get("answer_sources")))

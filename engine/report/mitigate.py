@@ -9,6 +9,7 @@ import json
 
 from ..backends.base import CANT_TELL
 from . import Markup, cant_tell_note, charts, macro
+from .distilled import sources_html
 
 NAN = float("nan")
 QUALITY_NAMES = {"is_person": "IsP? (VQA finds a person)", "quality": "CLIP-IQA quality", "real": "CLIP-IQA real",
@@ -112,5 +113,6 @@ def page(results: dict, with_preview: bool = True, images: Markup | str = "") ->
         preview=preview_html(results.get("preview")) if with_preview else "",
         steps=[step_html(results, step, states[k], states[k + 1]) for k, step in enumerate(steps) if k + 1 < len(states)],
         report=report_html(results), quality=quality_html(results.get("quality")),
+        sources=sources_html(results.get("answer_sources")),
         prompt_set=(json.dumps(results["prompt_set"], indent=1, ensure_ascii=False)
                     if results.get("prompt_set") else ""))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..common.meanings import equal_by_construction
 from . import Markup, charts, clip, explain, fmt, macro, trust, with_cant_tell
+from .distilled import sources_html
 
 METRICS = [("Composite Bias Score", "composite_bias_score"), ("Parity Difference", "parity_difference"),
            ("Normalised entropy", "normalised_entropy"), ("KL from reference", "kl_divergence"),
@@ -101,4 +102,5 @@ def page(results: dict) -> Markup:
         axes=axes_html(axis_html(n, m) for n, m in axes.items()) if axes else "",
         diversity=results.get("diversity"), gap=gap_html(results["gap"]) if results.get("gap") else "",
         top_concepts=results.get("top_concepts") or [], notes=results.get("notes") or [],
-        evaluators=evaluators_html(results.get("evaluators")), vendi_meaning=explain.tip("vendi"))
+        evaluators=evaluators_html(results.get("evaluators")), vendi_meaning=explain.tip("vendi"),
+        sources=sources_html(results.get("answer_sources")))

@@ -30,20 +30,28 @@ class Artefacts:
     def put_image(self, key: str, generator_id: str, prompt: str, seed: int, settings,
                   image: Image.Image, nsfw: bool = False) -> ImageRecord:
         """Write the PNG atomically, then its row. Returns the record (with the image attached)."""
-        path = self._image_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        image.save(buf, format="PNG", compress_level=1)
-        data = buf.getvalue()
-        self._write_file(path, data)
-        now = time.time()
-        with self._write() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (key, generator_id, prompt, settings.negative_prompt, int(seed), int(settings.steps),
-                 float(settings.guidance), int(settings.width), int(settings.height), settings.scheduler,
-                 str(path), hashlib.sha256(data).hexdigest(), int(bool(nsfw)), now, "local", now, len(data)))
-        return ImageRecord(key, prompt, int(seed), str(path), bool(nsfw), False, image.convert("RGB"))
+        return self.put_images(generator_id, prompt, settings, [(key, seed, image, nsfw)])[0]
+
+    def put_images(self, generator_id: str, prompt: str, settings, images: Sequence[tuple]) -> list[ImageRecord]:
+        """Write each image's PNG atomically, then all their rows in one transaction (one commit per generator
+        call, not per image). `images`: (key, seed, PIL image, nsfw). Returns the records (images attached)."""
+        rows, records = [], []
+        for key, seed, image, nsfw in images:
+            path = self._image_path(key)
+            buf = io.BytesIO()
+            image.save(buf, format="PNG", compress_level=1)
+            data = buf.getvalue()
+            self._write_file(path, data)
+            now = time.time()
+            rows.append((key, generator_id, prompt, settings.negative_prompt, int(seed), int(settings.steps),
+                         float(settings.guidance), int(settings.width), int(settings.height), settings.scheduler,
+                         str(path), hashlib.sha256(data).hexdigest(), int(bool(nsfw)), now, "local", now, len(data)))
+            records.append(ImageRecord(key, prompt, int(seed), str(path), bool(nsfw), False,
+                                       image if image.mode == "RGB" else image.convert("RGB")))
+        if rows:
+            with self._write() as db:
+                db.executemany("INSERT OR REPLACE INTO images VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        return records
 
     def _write_file(self, path: Path, data: bytes) -> None:
         """Write `data` to `path` atomically (temporary name, then rename; no leftover on failure)."""
@@ -142,9 +150,27 @@ class Artefacts:
                 db.executemany("INSERT OR REPLACE INTO answers (key, image_key, evaluator, question, choices, answer, "
                                "probs, text, created) VALUES (?,?,?,?,?,?,?,?,?)", data)
 
+    def scored_answers_to(self, evaluator: str, question: str, choices_json: str) -> dict[str, str]:
+        """{image key: answer} of every stored answer `evaluator` gave `question` with these choices and a
+        probability per class (the distilled evaluator's pool of teacher answers)."""
+        rows = self._read("SELECT image_key, answer FROM answers WHERE evaluator=? AND question=? AND choices=? "
+                          "AND probs != ''", (evaluator, question, choices_json))
+        return {r["image_key"]: r["answer"] for r in rows}
+
+    def get_probe(self, key: str) -> dict | None:
+        """The stored probe record of that key (engine/core/distilled.py), or None."""
+        rows = self._read("SELECT record FROM probes WHERE key=?", (key,))
+        return json.loads(rows[0]["record"]) if rows else None
+
+    def put_probe(self, key: str, teacher: str, embedder: str, question: str, choices_json: str, record: dict) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO probes VALUES (?,?,?,?,?,?,?)",
+                       (key, teacher, embedder, question, choices_json, json.dumps(record), time.time()))
+
     def answers_for_image(self, image_key: str) -> list[dict]:
         return [dict(r) for r in self._read(
-            "SELECT evaluator, question, choices, answer, probs, text FROM answers WHERE image_key=? ORDER BY created",
+            "SELECT evaluator, question, choices, answer, probs, text FROM answers WHERE image_key=? "
+            "ORDER BY created, evaluator, question, choices",   # answers stored together share `created`
             (image_key,))]
 
     def get_llm_reply(self, key: str) -> str | None:
@@ -239,18 +265,18 @@ class Artefacts:
             try:
                 if row["key"] in known or row[subject] not in images:
                     continue
-                if table == "answers":
-                    expected = answer_key(row["evaluator"], row["image_key"], row["question"], json.loads(row["choices"]),
-                                          scored=bool(row.get("probs")))
+                if table == "answers":   # asked for class scores, an answer outside the classes ("other") has none
+                    expected = {answer_key(row["evaluator"], row["image_key"], row["question"],
+                                           json.loads(row["choices"]), scored=scored) for scored in (True, False)}
                     row = {**row, "answer": str(row["answer"])}
                 else:
                     vector = base64.b64decode(row["vector"], validate=True)
                     if len(vector) != 4 * int(row["dim"]):
                         continue
-                    expected, row = embedding_key(row["evaluator"], row["subject"]), {**row, "vector": vector}
+                    expected, row = {embedding_key(row["evaluator"], row["subject"])}, {**row, "vector": vector}
             except (KeyError, TypeError, ValueError):
                 continue   # a row without its fields, or with ones of the wrong kind
-            if expected != row["key"]:
+            if row["key"] not in expected:
                 continue
             add.append({c: row[c] for c in columns if c in row})   # a column it lacks takes its default
             known.add(row["key"])

@@ -65,6 +65,16 @@ CREATE INDEX IF NOT EXISTS charges_by_visitor ON charges(visitor, created);
 CREATE INDEX IF NOT EXISTS charges_by_address ON charges(address, created);
 """
 
+# the distilled evaluator's probes (issue 46): per (teacher, embedder, question, choices) a logistic-regression
+# probe on stored image embeddings with its provenance (JSON: weights, classes, the teacher's sample, held-out
+# agreement), reused across runs of the same embedder and teacher (engine/core/distilled.py)
+SCHEMA += """
+CREATE TABLE IF NOT EXISTS probes (
+    key TEXT PRIMARY KEY, teacher TEXT NOT NULL, embedder TEXT NOT NULL, question TEXT NOT NULL,
+    choices TEXT NOT NULL, record TEXT NOT NULL, created REAL NOT NULL
+);
+"""
+
 # Columns added after the first release (added to older stores when they are opened):
 # images.provenance 'local' (generated here) or 'imported' (from an archive: never a cache hit
 # for a new generation), images.used (last use, for LRU clean-up), images.bytes (file size);
@@ -87,6 +97,7 @@ CREATE INDEX IF NOT EXISTS runs_by_status ON runs(status);
 CREATE INDEX IF NOT EXISTS run_images_by_image ON run_images(image_key);
 CREATE INDEX IF NOT EXISTS images_by_used ON images(used);
 CREATE INDEX IF NOT EXISTS embeddings_by_subject ON embeddings(subject);
+CREATE INDEX IF NOT EXISTS answers_by_question ON answers(evaluator, question);
 """
 MAX_REQUEST_BYTES = 64 * 1024   # a run's stored request (validated requests are far smaller)
 MAX_PUBLIC_RESULTS_BYTES = 8 * 2**20   # a visitor's run's stored results (a full public request's are < 1 MiB)

@@ -151,9 +151,8 @@ def automatic_score(engine, run: dict, label: str, records: list, kind: str, axi
 
             return float(normalised_vendi(engine.embed_images(records))), name, "computed"
         values = []
-        for a in (DEFAULT_AXES if overall else (axis,)):
-            ax = axis_for(a)
-            answers = engine.ask(records, ax.question, list(ax.values) or None)
+        axes = [axis_for(a) for a in (DEFAULT_AXES if overall else (axis,))]
+        for ax, answers in zip(axes, engine.ask_each(records, [(ax.question, list(ax.values) or None) for ax in axes])):
             labels = answers if ax.values else [normalise_free_answer(x) for x in answers]
             m = axis_metrics(labels, ax, None, "paper")
             values.append(m["composite_bias_score"] if kind == "rating" else m["normalised_entropy"])

@@ -82,7 +82,7 @@ class SyntheticVQA:
         """One short answer per image; with `choices`, one of them (lower-case) or 'other'."""
         choices = [c.strip().lower() for c in choices] if choices else None
         query = self.interpret(question, choices)
-        return [self._answer_one(image, question, query, choices)[0] for image in images]
+        return [self._answer_one(self._read(image), question, query, choices)[0] for image in images]
 
     def answer_classes(self, images: Sequence[Image.Image], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
         """Per image the answer of `answer` with a probability per choice, calibrated: the chosen
@@ -92,11 +92,15 @@ class SyntheticVQA:
         c is kept above 1/K so the chosen choice stays the most probable. Without errors c = 1; a
         guess (a question about nothing the world draws) has c = 1/K + GUESS_MARGIN. An answer
         outside the choices ('other') has no probabilities."""
+        return self._classes([self._read(image) for image in images], question, choices)
+
+    def _classes(self, reads: list[tuple[str, dict]], question: str, choices: Sequence[str]) -> list[ClassAnswer]:
+        """`answer_classes` of the images whose (digest, scene) `reads` are given."""
         names = [c.strip().lower() for c in choices]
         query = self.interpret(question, names)
         out = []
-        for image in images:
-            answer, wrong, digest = self._answer_one(image, question, query, names)
+        for read in reads:
+            answer, wrong, digest = self._answer_one(read, question, query, names)
             if answer not in names:
                 out.append(ClassAnswer(answer))
                 continue
@@ -112,10 +116,18 @@ class SyntheticVQA:
             out.append(ClassAnswer(answer, {c: confidence if c == answer else rest for c in names}))
         return out
 
-    def _answer_one(self, image: Image.Image, question: str, query: Query,
+    def answer_questions(self, images: Sequence[Image.Image],
+                         asks: Sequence[tuple[str, Sequence[str]]]) -> list[list[ClassAnswer]]:
+        """Per (question, choices) of `asks`, per image, `answer_classes`: each image's pixels read once for
+        every question (as a real evaluator encodes an image once)."""
+        reads = [self._read(image) for image in images]
+        return [self._classes(reads, question, choices) for question, choices in asks]
+
+    def _answer_one(self, read: tuple[str, dict], question: str, query: Query,
                     choices: list[str] | None) -> tuple[str, bool, str]:
-        """(the answer, whether the planted error changed it, the image's pixel digest)."""
-        digest, scene = self._read(image)
+        """(the answer, whether the planted error changed it, the image's pixel digest) of the image whose
+        (digest, scene) `read` is given."""
+        digest, scene = read
         if choices and self._guesses(query):
             guess = np.random.default_rng(seed_int("vqa-guess", digest, question))
             return choices[int(guess.integers(len(choices)))], False, digest
