@@ -462,14 +462,14 @@ def test_the_synthetic_generator_takes_a_gpus_batch_size_and_changes_no_output(t
 
 
 def test_an_answer_outside_the_classes_is_adopted_from_a_workers_shard(data_dir, tmp_path):
-    """Asked for class scores, the synthetic VQA says "other" (no probabilities) to a question the world does
-    not draw; a worker's such answers were refused on adoption, so rank 0 asked them all again alone."""
+    """Asked for class scores, the synthetic VQA says "other" (no probabilities) when no choice names what it
+    sees; a worker's such answers were refused on adoption, so rank 0 asked them all again alone."""
     main = Engine("synthetic", data_dir=data_dir)
     worker = Engine("synthetic", data_dir=str(tmp_path / "scratch"))
     worker.store.image_dir = main.store.image_dir      # a worker's PNGs go to the job's store
     records = worker.image_set("a photo of a judge", range(3))
     assert main.store.adopt_images(worker.store.image_rows([r.key for r in records])) == 3
-    asks = [("Does the person use a wheelchair?", ["fit", "blind", "hearing aid", "wheelchair"]),
+    asks = [("What is the age of the person in the image?", ["robot", "statue"]),     # no choice is an age
             ("What is the gender (male, female) of the person in the image?", ["male", "female"])]
     worker.ask_many(records, asks)
     rows = worker.store.artefact_rows("answers", [row["key"] for row in worker.store._read("SELECT key FROM answers")])
