@@ -318,6 +318,17 @@ def plan_evaluation(engine, images: Sequence[tuple[str, str, int]], asks: Sequen
     return batches, evaluators
 
 
+def missing_units(engine, images: Sequence[tuple[str, str, int]], asks: Sequence = (), caption: bool = False,
+                  embed: bool = False) -> dict[str, int]:
+    """{"answers", "captions", "embeddings"}: how many units evaluating `images` ((key, prompt, seed)) with
+    `asks`, `caption` and `embed` computes, those the store lacks (`plan_evaluation`'s units): the work a
+    GPU call that measures stored images does."""
+    batches, _ = plan_evaluation(engine, images, asks, caption, embed)
+    captions = sum(len(b["images"]) for b in batches if b["caption"])
+    return {"answers": sum(len(b["answer_keys"]) for b in batches) - captions, "captions": captions,
+            "embeddings": sum(len(b["embedding_keys"]) for b in batches)}
+
+
 # -- shards --------------------------------------------------------------------------------------
 
 def shards_root(store: Store) -> Path:
