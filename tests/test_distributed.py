@@ -191,6 +191,34 @@ def test_synthetic_job_on_two_processes_matches_one_process(prompts_file, tmp_pa
     assert [(i["prompt"], i["seed"]) for i in result["images"]] == [(p, s) for p in PROMPTS for s in range(4)]
 
 
+def test_a_job_mpirun_started_runs_on_every_rank(prompts_file, tmp_path):
+    """mpirun sets only the MPI launcher's variables (Open MPI's here: no LOCAL_RANK, RANK or MASTER_ADDR, which
+    accelerate needs to create a process group): the two processes still join one job, each generating its
+    share, and the store equals the 1-process run's (issue 41)."""
+    args = generate_args(prompts_file, "-n", "4")
+    env = {k: v for k, v in job_env(tmp_path / "mpi").items()
+           if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+    port = str(free_port())
+    ranks = [subprocess.Popen([sys.executable, "-m", "engine", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**env, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": str(rank),
+                                   "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                                   "MASTER_PORT": port})   # mpirun -x MASTER_PORT
+             for rank in (0, 1)]
+    try:
+        outputs = [rank.communicate(timeout=300) for rank in ranks]
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0], [err[-2000:] for _, err in outputs]
+    run([sys.executable, "-m", "engine", *args], tmp_path / "one")
+    job, one = snapshot(tmp_path / "mpi"), snapshot(tmp_path / "one")
+    assert job["images"] == one["images"] and job["links"] == one["links"]
+    shares = job["summary"]["distributed"]["per_rank"]
+    assert len(shares) == 2 and all(r["images"] > 0 for r in shares)
+
+
 def test_killed_rank_relaunched_finishes_without_generating_an_image_twice(tiny_job, tmp_path):
     """Rank 1 is SIGKILLed after its first generator call; the launcher stops rank 0. The relaunch
     adopts rank 1's shard, generates only what neither attempt made, and the store ends identical

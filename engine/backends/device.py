@@ -112,10 +112,11 @@ def _supports_bf16(device: str) -> bool:
     if str(device).startswith("cuda"):
         if on_zero_gpu():
             return True  # ZeroGPU hands out A100/H200 (Ampere and later); no CUDA call in the main process
+        index = torch.device(device).index or 0   # the GPU asked about, not the current one
         try:
-            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+            with torch.cuda.device(index):
+                return bool(torch.cuda.is_bf16_supported(including_emulation=False))
         except TypeError:  # torch < 2.3 has no including_emulation
-            index = torch.device(device).index or 0
             return torch.cuda.get_device_capability(index)[0] >= 8
     # MPS has bfloat16 from macOS 14 on; torch reports it by allowing the allocation.
     try:

@@ -2,8 +2,11 @@
 
 `python -m engine <method> ...` runs unchanged as one process. Started by a launcher that sets
 the torch.distributed environment (`accelerate launch --multi_gpu --num_processes N`, `torchrun
---nproc_per_node N`, accelerate with mpirun, several machines with `--num_machines`) the same
-command becomes one job on N processes:
+--nproc_per_node N`, several machines with `--num_machines`) the same command becomes one job on N
+processes; so it does under mpirun (`mpirun -np N accelerate launch -m engine ...`, or `mpirun -np N
+python -m engine ...`), whose ranks are read from the MPI launcher's variables (`adopt_mpi_environment`;
+on several machines export MASTER_ADDR, rank 0's host, to every rank). Each process on a GPU node
+computes on its own GPU, cuda:LOCAL_RANK (`cli_join`):
 
 - rank 0 runs the method exactly as a single process does (LLM calls, metrics, the run record)
   and is the only process that opens the SQLite database;
@@ -75,6 +78,13 @@ from ..store.store import CAPTION, ImageRecord, Store, answer_key, embedding_key
 
 # Launchers' world-size variables (torchrun/accelerate; MPI as accelerate reads them).
 WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+# torch.distributed's variables from an MPI launcher's (Open MPI; Intel MPI and MPICH's Hydra; MVAPICH), the
+# ones accelerate's get_cpu_distributed_information reads: mpirun sets no LOCAL_RANK.
+MPI_ENV = {"RANK": ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"),
+           "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"),
+           "LOCAL_RANK": ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"),
+           "LOCAL_WORLD_SIZE": ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")}
+MPI_DEFAULT_PORT = "29500"   # accelerate's, for a job whose ranks are all on this machine
 # Rank 0 may compute (VQA, LLM, metrics) for hours while the others wait for their next order.
 TIMEOUT_ENV = "GAPLENS_DIST_TIMEOUT_HOURS"
 DEFAULT_TIMEOUT_HOURS = 72.0
@@ -84,6 +94,7 @@ MERGED = ".merged"
 PRELOAD_COMMANDS = ("generate", "counterfactuals", "intersectional", "mine")
 SHARD_COMMANDS = (*PRELOAD_COMMANDS, "mitigate")   # the methods that hand their work to distributed_*
 EVAL_BATCH = 16   # images per evaluation batch (at least; a VQA's own larger batch_size wins)
+RANK_DEVICES = ("auto", "cuda")   # --device values (and none) that become a rank's own GPU, cuda:LOCAL_RANK
 
 
 def launched_world_size() -> int:
@@ -98,6 +109,33 @@ def launched_world_size() -> int:
     return 1
 
 
+def adopt_mpi_environment() -> None:
+    """Under mpirun (a world size from the MPI launcher and no LOCAL_RANK), set torch.distributed's RANK,
+    WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the launcher's variables (MPI_ENV), and MASTER_ADDR and
+    MASTER_PORT when every rank is on this machine: accelerate then creates the process group (NCCL on GPUs,
+    where without LOCAL_RANK it would answer DistributedType.NO and create none). Variables already set are
+    kept. InputError, in one sentence, when the local rank is not given or the job spans machines without
+    MASTER_ADDR."""
+    if os.environ.get("LOCAL_RANK", "").strip() or launched_world_size() <= 1:
+        return   # torchrun or accelerate set the environment, or one process
+    found = {name: next((os.environ[v].strip() for v in names if os.environ.get(v, "").strip()), None)
+             for name, names in MPI_ENV.items()}
+    if found["LOCAL_RANK"] is None or found["RANK"] is None:
+        raise InputError(f"this process is one of {launched_world_size()} launched, but no variable names its rank "
+                         f"and local rank (RANK and LOCAL_RANK, or an MPI launcher's: "
+                         f"{', '.join(MPI_ENV['LOCAL_RANK'])}); launch with accelerate launch --multi_gpu, torchrun "
+                         "or mpirun")
+    for name, value in found.items():
+        if value is not None:
+            os.environ.setdefault(name, value)
+    if not os.environ.get("MASTER_ADDR"):
+        if (found["LOCAL_WORLD_SIZE"] or found["WORLD_SIZE"]) != found["WORLD_SIZE"]:
+            raise InputError("an MPI job on several machines needs MASTER_ADDR (rank 0's host name) exported to "
+                             "every rank, e.g. mpirun -x MASTER_ADDR=node1 -x MASTER_PORT=29500")
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ.setdefault("MASTER_PORT", MPI_DEFAULT_PORT)
+
+
 class Cluster:
     """This process's view of the launched job: its rank, the world size, its device, and the
     few collectives the job needs, on a gloo group (CPU tensors; next to NCCL on GPUs)."""
@@ -108,6 +146,7 @@ class Cluster:
         from accelerate import PartialState
 
         timeout = timedelta(hours=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_HOURS)))
+        adopt_mpi_environment()
         # cpu=True without CUDA: gloo, even when launched with `accelerate launch --multi_gpu`.
         self.state = PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
         self.rank = int(self.state.process_index)
@@ -626,7 +665,8 @@ def _session_id() -> dict:
 def cli_join(args) -> Cluster | Shard | None:
     """For `python -m engine`: join the launched job, this process's slice (`--shard I/N`), or
     None in a single process (with a note when `accelerate launch --cpu --num_processes N` started
-    one process only)."""
+    one process only). In a job on GPUs, `--device` unset, auto or cuda becomes the rank's own GPU
+    (cuda:LOCAL_RANK, accelerate's device for the rank); an explicit cuda:N or cpu is kept."""
     global _CLUSTER
     if getattr(args, "shard", None):
         if getattr(args, "command", None) not in SHARD_COMMANDS:
@@ -646,8 +686,8 @@ def cli_join(args) -> Cluster | Shard | None:
                 "--num_processes N` (gloo) or `torchrun --nproc_per_node N -m engine ...`\n")
         return None
     cluster = join()
-    if getattr(args, "device", None) is None and cluster.device.startswith("cuda"):
-        args.device = cluster.device  # one GPU per local rank
+    if cluster.device.startswith("cuda") and str(getattr(args, "device", None) or "auto") in RANK_DEVICES:
+        args.device = cluster.device  # one GPU per local rank: cuda:LOCAL_RANK, never every rank on GPU 0
     return cluster
 
 
