@@ -335,6 +335,41 @@ def test_shards_then_a_final_run_equal_one_process(tmp_path, capsys):
     assert "--shard takes I/N" in capsys.readouterr().err
 
 
+def test_a_slice_reads_and_hashes_only_its_own_manifests(tmp_path, capsys, monkeypatch):
+    """Three slices, one after another, then slice 1 again (a relaunch): no slice reads or re-hashes another
+    slice's manifests or images (that cost slices² × images over NFS); the relaunched slice adopts its own
+    earlier attempt's rows and makes nothing again (issue 41)."""
+    from engine.store.store import Store
+
+    read, hashed = [], []
+    reader, adopter = distributed.read_manifest, Store.adopt_images
+    monkeypatch.setattr(distributed, "read_manifest", lambda path: read.append(path) or reader(path))
+    monkeypatch.setattr(Store, "adopt_images", lambda self, rows: hashed.append(len(rows)) or adopter(self, rows))
+    args, data = counterfactual_args(6), tmp_path / "shared"
+
+    written: dict[int, set] = {}   # the manifests each slice wrote
+
+    def slice_(i: int) -> dict:
+        before = set(data.glob("shards/*/*/rank-*.jsonl"))
+        read.clear(), hashed.clear()
+        report = single_process([*args, "--shard", f"{i}/3"], data, capsys)
+        written.setdefault(i, set()).update(set(data.glob("shards/*/*/rank-*.jsonl")) - before)
+        others = [path for path in read if path not in written[i]]
+        assert not others, f"slice {i} read other slices' manifests: {others}"
+        return report
+
+    made = []
+    for i in range(3):
+        made.append(sum(s.get("images_generated", 0) for s in slice_(i)["steps"]))
+        assert sum(hashed) <= made[-1]                                  # at most its own images, once
+    assert all(made) and sum(made) == 5 * 6
+    own = set(written[1])
+    again = slice_(1)
+    assert own and set(read) == own                                     # its own earlier manifests
+    assert sum(hashed) == made[1]                                       # its own images, hashed once
+    assert sum(s.get("images_generated", 0) + s.get("units_computed", 0) for s in again["steps"]) == 0
+
+
 def test_mining_run_on_two_processes_finds_what_one_process_finds(tmp_path):
     """Mine Prompts sends two orders per GA iteration (its images, then their embeddings); the workers
     serve them all."""

@@ -51,8 +51,9 @@ Slices without a rendezvous. `--shard I/N` (`Shard`, `run_shard`) runs slice I o
 would run, in one process with no process group (one Slurm array task per slice): it plans every
 image as rank 0 would, makes the batches dealt to rank I and evaluates every unit of those images,
 on a private scratch database, writing only its PNGs and its manifest into the data directory; it
-stops there (ShardDone), since what follows needs every slice. A later plain run adopts every
-slice's manifest and finishes the method from the store.
+stops there (ShardDone), since what follows needs every slice. A relaunched slice adopts only its own
+earlier manifests (its sessions end in `slice_tag`). A later plain run adopts every slice's manifest
+and finishes the method from the store.
 """
 from __future__ import annotations
 
@@ -420,12 +421,21 @@ def merge_step(store: Store, step_dir: Path) -> int:
 
 def merge_unmerged(store: Store) -> int:
     """Adopt the shards of every step not marked merged (interrupted jobs, `--shard` slices, or a
-    job running now elsewhere: adopting is idempotent). Returns rows added."""
+    job running now elsewhere: adopting is idempotent). A `--shard` slice adopts only its own
+    earlier attempts' (the sessions `slice_tag` names): the other slices' images are no work of its,
+    and reading and re-hashing them in every slice would cost slices² × images. Returns rows added."""
     root = shards_root(store)
     if not root.is_dir():
         return 0
-    return sum(merge_step(store, step) for step in sorted(root.glob("*/*"))
+    return sum(merge_step(store, step) for step in sorted(root.glob(f"*{slice_tag()}/*"))
                if step.is_dir() and not (step / MERGED).exists())
+
+
+def slice_tag() -> str:
+    """The end of a `--shard I/N` slice's session names ("-shard3of8"), so a relaunched slice finds its
+    own manifests; '' in any other process."""
+    cluster = active()
+    return f"-shard{cluster.rank}of{cluster.world}" if cluster is not None and cluster.shard else ""
 
 
 def _append_line(path: Path, entry: dict) -> None:
@@ -656,7 +666,7 @@ _SESSION: dict = {}
 def _session_id() -> dict:
     """This process's shard session: one directory per launched job, one step per order."""
     if not _SESSION:
-        _SESSION.update(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], step=0)
+        _SESSION.update(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6] + slice_tag(), step=0)
     return _SESSION
 
 
@@ -713,6 +723,7 @@ def run_shard(shard: Shard, args, run_command) -> int:
 
     shared = Path(args.data_dir or default_data_dir()).expanduser()
     scratch = tempfile.mkdtemp(prefix=f"gaplens-shard{shard.rank}-")
+    _SESSION.clear()   # the slice's own session (slice_tag), even after another ran in this process
     shard.shared = shared
     slice_args = copy.copy(args)
     slice_args.data_dir = scratch
@@ -728,6 +739,7 @@ def run_shard(shard: Shard, args, run_command) -> int:
     finally:
         global _CLUSTER
         _CLUSTER = None
+        _SESSION.clear()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
