@@ -5,7 +5,7 @@ process group. This machine has no GPU: torch.cuda is a fake that records which 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -31,8 +31,7 @@ class FakeCuda:
         import torch
 
         for name in ("is_available", "device_count", "mem_get_info", "memory_allocated", "memory_reserved",
-                     "get_device_properties", "get_device_name", "get_device_capability", "is_bf16_supported",
-                     "device"):
+                     "get_device_properties", "get_device_name", "get_device_capability", "is_bf16_supported"):
             monkeypatch.setattr(torch.cuda, name, getattr(self, name))
         return self
 
@@ -70,26 +69,22 @@ class FakeCuda:
         return 9, 0
 
     def is_bf16_supported(self, including_emulation=True):
-        self._ask("is_bf16_supported", None if self.current is None else self.current)
+        self._ask("is_bf16_supported", None)   # torch's current device
         return True
-
-    current = None
-
-    @contextlib.contextmanager
-    def device(self, index):
-        before, self.current = self.current, index
-        try:
-            yield
-        finally:
-            self.current = before
 
 
 @pytest.fixture
 def launcher_env(monkeypatch):
-    """No launcher's variables: each test sets the ones its launcher would."""
+    """No launcher's variables: each test sets the ones its launcher would. Those the engine sets itself
+    (adopt_mpi_environment) are removed afterwards too: a WORLD_SIZE left behind would make a later test's
+    command join a job of several processes."""
+    absent = [name for name in LAUNCHERS if name not in os.environ]
     for name in LAUNCHERS:
         monkeypatch.delenv(name, raising=False)
-    return monkeypatch
+    yield monkeypatch
+    monkeypatch.undo()
+    for name in absent:
+        os.environ.pop(name, None)
 
 
 @pytest.mark.parametrize("given", [None, "auto", "cuda"])
@@ -146,8 +141,6 @@ def test_a_job_mpirun_started_gets_its_ranks_and_a_process_group_on_gpu_nodes(la
         launcher_env.setenv(name, value)
     assert PartialState._prepare_backend(None, cpu=False)[1] == DistributedType.NO    # what accelerate did
     distributed.adopt_mpi_environment()
-    import os
-
     assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                        "MASTER_PORT")} == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3",
                                                            "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
@@ -156,8 +149,6 @@ def test_a_job_mpirun_started_gets_its_ranks_and_a_process_group_on_gpu_nodes(la
 
 
 def test_mpich_and_intel_mpi_ranks_are_read_too_and_several_machines_need_master_addr(launcher_env):
-    import os
-
     for name, value in (("PMI_SIZE", "8"), ("PMI_RANK", "5"), ("MPI_LOCALRANKID", "1"), ("MPI_LOCALNRANKS", "4")):
         launcher_env.setenv(name, value)
     with pytest.raises(InputError, match="MASTER_ADDR"):
@@ -172,9 +163,12 @@ def test_mpich_and_intel_mpi_ranks_are_read_too_and_several_machines_need_master
 
 
 def test_torchrun_and_accelerate_environments_are_left_as_they_are(launcher_env):
-    import os
-
     launcher_env.setenv("LOCAL_RANK", "0")
     launcher_env.setenv("OMPI_COMM_WORLD_SIZE", "2")
     distributed.adopt_mpi_environment()
     assert "RANK" not in os.environ and "MASTER_ADDR" not in os.environ
+
+
+def test_no_launcher_variable_is_left_behind_for_later_tests():
+    """What the tests above set (adopt_mpi_environment writes os.environ itself) is gone."""
+    assert not [name for name in LAUNCHERS if name in os.environ]
