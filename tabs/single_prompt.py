@@ -91,9 +91,15 @@ def build(engine) -> list:
     def select_image(view, evt: gr.SelectData):   # Gradio passes the event data by this annotation
         return show_image(engine, view, evt)
 
-    regenerate_run = gpu(engine, duration=lambda view: GpuWork(images=1, steps=regenerate_request(engine, view).steps),
-                         specs=lambda view: [engine.preset.generator],
-                         check=with_engine(regenerate_request, engine))(with_engine(regenerate_alone, engine))
+    regenerate_on_gpu = gpu(engine, duration=lambda view: GpuWork(images=1, steps=regenerate_request(engine, view).steps),
+                            specs=lambda view: [engine.preset.generator],
+                            check=with_engine(regenerate_request, engine))(with_engine(regenerate_alone, engine))
+
+    @user_errors
+    @functools.wraps(regenerate_on_gpu)
+    def regenerate_run(view):   # an image no longer stored (its run deleted, or not the visitor's): no GPU asked for
+        regenerate_request(engine, view)
+        return regenerate_on_gpu(view) if still_stored(engine, view) else missing_text(view["selected"])
     form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, **generation.fields, axes=axes,
                 extra_axes=extra_axes, references=references, mode=mode, alpha=alpha, combine=combine, until=until,
                 evaluators=evaluators)
@@ -196,12 +202,9 @@ def _probabilities(probs: str | None) -> str:
 
 def regenerate_request(engine, view) -> single_prompt.SinglePromptRequest:
     """The request of the run whose selected image `view` names, checked (`preflight`): InputError when no
-    image of a finished run of the visitor's is selected."""
+    image of a finished run is selected."""
     record, request = (view or {}).get("selected"), (view or {}).get("request")
     if not isinstance(record, dict) or not isinstance(request, dict) or not (view or {}).get("run_id"):
-        raise InputError("click an image of a finished run first")
-    run = engine.store.require_run(view["run_id"], "single_prompt")   # the visitor's, holding that image
-    if record.get("key") not in {link["image_key"] for link in run["images"]}:
         raise InputError("click an image of a finished run first")
     try:
         made = single_prompt.SinglePromptRequest(**request)
@@ -211,14 +214,25 @@ def regenerate_request(engine, view) -> single_prompt.SinglePromptRequest:
     return made
 
 
+def still_stored(engine, view) -> bool:
+    """Whether the image `view` selected is still in the store, in a run the visitor may see (a deleted
+    run's, or another visitor's, reads as missing)."""
+    run, key = engine.store.get_run(str(view["run_id"])), view["selected"].get("key")
+    return bool(run) and key in {link["image_key"] for link in run["images"]} and bool(engine.store.get_images([key]))
+
+
+def missing_text(record: dict) -> str:
+    return (f"Seed {record.get('seed')}: the stored image is missing (deleted with another run, or its file is "
+            "gone), so there is nothing to compare it with. Run the prompt again to regenerate it.")
+
+
 def regenerate_alone(engine, view) -> str:
     """Whether the selected image, generated again alone, is the stored one."""
     record, request = view.get("selected"), view.get("request")
     settings = settings_for(regenerate_request(engine, view), engine)
     same, diff = engine.regenerate_check(request["prompt"], record["seed"], settings, record["key"])
     if diff is None:
-        return (f"Seed {record['seed']}: the stored image is missing (deleted with another run, or its file "
-                "is gone), so there is nothing to compare it with. Run the prompt again to regenerate it.")
+        return missing_text(record)
     verdict = "identical to the stored image" if same else f"differs from the stored image by up to {diff} grey levels"
     return f"Seed {record['seed']} regenerated alone: {verdict}."
 

@@ -416,8 +416,8 @@ def test_a_refused_request_never_enters_the_gpu_function(tmp_path, zero_gpu):
     """A public GapLens on ZeroGPU (emulated in this process, tests/zerogpu.InProcessGPU): visitor B calls every
     GPU endpoint directly, skipping the checks its button runs first, with visitor A's runs and nodes or with
     values out of bounds. Each is refused with its sentence before any GPU function is scheduled, while A's own
-    requests are scheduled (one GPU call each). Propose with no prompt says so beside the table, asking none;
-    a click on a dot that is no image of the open node asks none either."""
+    requests are scheduled (one GPU call each). Propose with no prompt says so beside the table, and a click
+    on a dot that is no image of the open node does nothing: neither asks for a GPU."""
     import app
     from gradio_client import Client
     from gradio_client.exceptions import AppError
