@@ -3,15 +3,17 @@ Intersectional Matrix tabs share: proposed by the LLM (TIBET's meta-prompt), loa
 Table 6.1 occupation preset, or typed by hand; plus the prompt and its fill values."""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
 import gradio as gr
 
 from engine.common.errors import GapLensError
+from engine.hosting.space import GpuWork
 from engine.methods import cfsets
 
-from .common import gpu, gpu_seconds_for
+from .common import gpu, request_work
 
 HEADERS = ["axis", "counterfactual"]
 
@@ -53,8 +55,9 @@ def build(engine, prefix: str, examples: list[str], example_axes: bool = False) 
     notes = gr.Markdown("", elem_id=f"{prefix}-axes-notes")
 
     # TIBET's meta-prompt: three LLM turns, the last re-asked while its output is unusable (PROPOSE_CALLS at most)
-    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 0, llm_calls=cfsets.PROPOSE_CALLS), specs=lambda **form: [engine.preset.llm])
-    def propose_axes(prompt_text, fill_text):
+    @gpu(engine, duration=lambda **form: GpuWork(llm_calls=cfsets.PROPOSE_CALLS),
+         specs=lambda **form: [engine.preset.llm])
+    def propose_on_gpu(prompt_text, fill_text):
         try:
             axes, problems = cfsets.propose_for(engine, engine.check_prompt(prompt_text), parse_fill(fill_text))
         except GapLensError as exc:   # said beside the table it failed to fill, which keeps its rows
@@ -62,6 +65,15 @@ def build(engine, prefix: str, examples: list[str], example_axes: bool = False) 
         dropped = "\n".join(f"- the LLM's counterfactual {problem}" for problem in problems)
         return cfsets.rows_from_axes(axes), (f"**Left out of the proposal ({len(problems)})**\n\n{dropped}"
                                              if problems else "")
+
+    @functools.wraps(propose_on_gpu)
+    def propose_axes(prompt_text, fill_text):
+        try:   # a prompt the proposal refuses, or a visitor's spent hour, is said without asking for a GPU
+            engine.check_prompt(prompt_text)
+            engine.afford("propose axes", llm_calls=cfsets.PROPOSE_CALLS)
+        except GapLensError as exc:
+            return gr.skip(), f"**No axes proposed**: {exc}"
+        return propose_on_gpu(prompt_text, fill_text)
 
     def load_preset():
         data = cfsets.load_preset("occupations")
@@ -74,15 +86,11 @@ def build(engine, prefix: str, examples: list[str], example_axes: bool = False) 
     return AxesEditor(prompt, fill, table, notes)
 
 
-def gpu_seconds_for_sets(engine, n, steps, rows, fill, runs: int = 1) -> int:
-    """Seconds to ask ZeroGPU for `runs` passes over the table's image sets of `n` images: the prompt and
-    each counterfactual, for every fill value, each image asked one question per axis; an empty table
-    counts as the LLM's proposal (SETS_GUESS sets, three axes, its three turns)."""
-    axes = cfsets.axes_from_rows(rows if isinstance(rows, list) else None)
-    sets = cfsets.one_set_each(axes) if axes else cfsets.SETS_GUESS
-    sets *= max(1, len(parse_fill(fill if isinstance(fill, str) else "")))
-    return gpu_seconds_for(engine, n, steps, sets=sets * runs, questions=len(axes) or 3,
-                           llm_calls=0 if axes else cfsets.PROPOSE_CALLS)
+def sets_work(engine, method: str, request) -> GpuWork:
+    """The GPU work of a request of counterfactual image sets (`method`'s estimate: every set of every fill
+    value, the LLM's questions, request_work), each image asked one question per axis; axes the LLM will
+    propose count as three."""
+    return request_work(engine, method, request, questions=len(request.axes or {}) or 3)
 
 
 def axes_of(rows) -> dict | None:

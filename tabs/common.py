@@ -22,42 +22,62 @@ from engine.common.errors import GapLensError
 from engine.common.events import Done, Event, Progress, Warning
 from engine.methods import METHODS
 from engine.methods.options import field_default
-from engine.hosting.space import gpu_seconds, needs_gpu
+from engine.hosting.space import GpuWork, gpu_seconds, needs_gpu
 
 logger = logging.getLogger(__name__)
 GPU_HANDLER = "gaplens_gpu_handler"   # set on the function of every handler `gpu` wraps
 
 
-def gpu(engine, *, duration=None, specs=None):
+def gpu(engine, *, duration=None, specs=None, check=None):
     """Decorator for a handler (plain or generator) whose work may need the GPU. On a ZeroGPU Space the
     handler runs inside spaces.GPU, in the worker process `spaces` forks, when the request uses a device
     model, decided per call: `specs(*args, **kwargs)` returns the ModelSpecs the request uses (default the
     engine's preset), and work with the synthetic world, an images API or a folder runs here, spending no
     GPU quota. The visitor and the engine's model configuration (`Engine.model_config`) travel into the
     GPU function as arguments and are set there: the worker may have been forked for another visitor or
-    preset. `duration(*args, **kwargs)` returns the seconds to ask for (engine.hosting.space.gpu_seconds; default
-    60). Both callables get the handler's arguments by name, however Gradio passed them. Elsewhere the
-    handler runs as it is. GapLensError becomes gr.Error (user_errors) either way."""
+    preset. `duration(*args, **kwargs)` returns the work the call will do (engine.hosting.space.GpuWork, or a
+    list of them), which `gpu_seconds` turns into the seconds to ask this hardware for (a number is taken as
+    seconds; default 60); the mark `gpu_work` finds on the handler is that function. `check(*args, **kwargs)`
+    runs first, outside the GPU function, and raises GapLensError for a request the handler refuses (a run
+    that is not the visitor's, a value out of bounds): a refused request never takes a ZeroGPU slot.
+    Callables get the handler's arguments by name (a `*values` parameter's in order), however Gradio passed
+    them. Elsewhere the handler runs as it is (it checks its request itself). GapLensError becomes gr.Error
+    (user_errors) either way."""
     def decorate(fn):
         fn = user_errors(fn)
-        setattr(inspect.unwrap(fn), GPU_HANDLER, True)
-        if not on_zero_gpu():
-            return fn
         signature = inspect.signature(fn)
 
         def named(call):
-            return lambda *args, **kwargs: call(**signature.bind(*args, **kwargs).arguments)
+            def by_name(*args, **kwargs):
+                arguments, rest = {}, ()
+                for name, value in signature.bind(*args, **kwargs).arguments.items():
+                    kind = signature.parameters[name].kind
+                    if kind is inspect.Parameter.VAR_POSITIONAL:   # *values: passed on in order
+                        rest = value
+                    elif kind is inspect.Parameter.VAR_KEYWORD:    # **form: by its own names
+                        arguments.update(value)
+                    else:
+                        arguments[name] = value
+                return call(*rest, **arguments)
+            return by_name
 
-        on_gpu = _spaces_gpu(engine, fn, named(duration) if callable(duration) else duration)
+        work = named(duration) if callable(duration) else (lambda *args, **kwargs: duration or 60)
+        setattr(inspect.unwrap(fn), GPU_HANDLER, work)
+        if not on_zero_gpu():
+            return fn
+        on_gpu = _spaces_gpu(engine, fn, work)
         needed = named(specs) if specs else (lambda *args, **kwargs: engine.preset.specs().values())
+        refused = named(check) if check else (lambda *args, **kwargs: None)
         if inspect.isgeneratorfunction(fn):
             def handler(*args, **kwargs):
+                refused(*args, **kwargs)
                 if needs_gpu(needed(*args, **kwargs)):
                     yield from on_gpu(access.current(), engine.model_config(), *args, **kwargs)
                 else:
                     yield from fn(*args, **kwargs)
         else:
             def handler(*args, **kwargs):
+                refused(*args, **kwargs)
                 if needs_gpu(needed(*args, **kwargs)):
                     return on_gpu(access.current(), engine.model_config(), *args, **kwargs)
                 return fn(*args, **kwargs)
@@ -65,8 +85,9 @@ def gpu(engine, *, duration=None, specs=None):
     return decorate
 
 
-def _spaces_gpu(engine, fn, duration):
-    """`fn` as a spaces.GPU function that takes the visitor and the engine's model configuration first."""
+def _spaces_gpu(engine, fn, work):
+    """`fn` as a spaces.GPU function that takes the visitor and the engine's model configuration first,
+    asking for the seconds `work(*args, **kwargs)` takes with the engine's preset (`gpu_seconds`)."""
     import spaces
 
     if inspect.isgeneratorfunction(fn):
@@ -78,18 +99,48 @@ def _spaces_gpu(engine, fn, duration):
             engine.adopt(models)
             with access.acting_as(visitor):
                 return fn(*args, **kwargs)
-    seconds = (lambda visitor, models, *args, **kwargs: duration(*args, **kwargs)) if callable(duration) else duration
+
+    def seconds(visitor, models, *args, **kwargs):
+        done = work(*args, **kwargs)
+        return int(done) if isinstance(done, (int, float)) else gpu_seconds(engine.preset, done)
     return spaces.GPU(duration=seconds)(inside)
+
+
+def gpu_work(fn):
+    """The work function (the handler's arguments -> GpuWork) of a handler `gpu` wrapped, None for any other
+    function. `fn` may be wrapped by functools.partial (whose arguments the work function gets too) or
+    functools.wraps."""
+    args, keywords = (), {}
+    while fn is not None:
+        mark = getattr(fn, GPU_HANDLER, None)
+        if mark is not None:
+            return functools.partial(mark, *args, **keywords) if args or keywords else mark
+        if isinstance(fn, functools.partial):
+            args, keywords = fn.args + args, {**fn.keywords, **keywords}
+            fn = fn.func
+        else:
+            fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+def calls_gpu(outer, handler):
+    """`outer`, an event's function that calls the GPU handler `handler` with the same arguments but its own
+    (e.g. to read Gradio's event data first), marked as a GPU handler doing `handler`'s work."""
+    setattr(outer, GPU_HANDLER, gpu_work(handler))
+    return outer
 
 
 def is_gpu_handler(fn) -> bool:
     """True when `fn` (an event's function, possibly wrapped by `as_visitor` or functools.partial) is a
     handler `gpu` wrapped."""
-    while fn is not None:
-        if getattr(fn, GPU_HANDLER, False):
-            return True
-        fn = fn.func if isinstance(fn, functools.partial) else getattr(fn, "__wrapped__", None)
-    return False
+    return gpu_work(fn) is not None
+
+
+def request_check(engine, method: str, make_request):
+    """`check(*args, **kwargs)` of a handler whose arguments make a request of `method` (`make_request`):
+    the method's own checks and bounds (`preflight`, engine.core.run.recorded), starting nothing."""
+    preflight = METHODS[method].run.preflight
+    return lambda *args, **kwargs: preflight(make_request(*args, **kwargs), engine)
 
 
 def in_order(outputs: list, update: dict) -> tuple:
@@ -99,18 +150,13 @@ def in_order(outputs: list, update: dict) -> tuple:
     return tuple(update.get(component, gr.skip()) for component in outputs)
 
 
-def gpu_seconds_for(engine, n, steps=None, *, sets: int = 1, questions: int = 0, llm_calls: int = 0) -> int:
-    """Seconds to ask ZeroGPU for `sets` image sets of `n` images (engine.hosting.space.gpu_seconds); blank or
-    unreadable numbers count as the defaults (the handler itself reports bad input)."""
-    return gpu_seconds(engine.preset, images=_count(n, 16) * max(1, sets), steps=steps, questions=questions,
-                       llm_calls=llm_calls)
-
-
-def _count(value, blank: int) -> int:
-    try:
-        return max(1, int(float(value)))
-    except (TypeError, ValueError):
-        return blank
+def request_work(engine, method: str, request, questions: int = 0) -> GpuWork:
+    """The GPU work of a request of `method`: the images and LLM replies its estimate counts (the one its
+    budget is checked against: engine.methods.METHODS), each image asked `questions` questions, captioned
+    and embedded."""
+    cost = METHODS[method].run.estimate(request, until_cap=engine.max_set_images())
+    return GpuWork.of_images(cost.images, getattr(request, "steps", None), questions=questions,
+                             llm_calls=cost.llm_calls)
 
 
 class LoadHook(NamedTuple):
@@ -209,12 +255,12 @@ def checked(trigger, engine, method: str, make_request, **event):
     naming the field. Returns that event: chain the run on it with `.success(...)`, so it never
     starts on a bad request (a handler that raises marks every output it names as failed,
     hiding the result they showed)."""
-    preflight = METHODS[method].run.preflight
+    request_checked = request_check(engine, method, make_request)
 
     @user_errors
     def check(*args, **kwargs):
         clicked()
-        preflight(make_request(*args, **kwargs), engine)
+        request_checked(*args, **kwargs)
 
     check.__signature__ = inspect.signature(make_request)   # Gradio passes the inputs by these names
     return trigger(check, outputs=None, api_name=False, show_progress="hidden", **event)

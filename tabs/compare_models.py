@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from dataclasses import replace
 
 import gradio as gr
 
@@ -17,10 +18,10 @@ from engine.methods import check, compare_models, single_prompt
 from engine.models.presets import PRESETS, parse_model_override
 from engine.runs.history import run_records
 from engine.report.compare_models import page
-from engine.hosting.space import GPU_MAX_SECONDS
 
 from . import axes_table
-from .common import View, checked, export_dir, gpu, gpu_seconds_for, served_url, streamed, user_errors
+from . import single_prompt as single_prompt_tab
+from .common import View, checked, export_dir, gpu, request_check, served_url, streamed, user_errors
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher"]
 METHODS = [("Single Prompt (distributions, T2I-BiasBench)", "single_prompt"),
@@ -74,12 +75,16 @@ def build(engine) -> list:
             generators = []    # the run itself reports the bad name
         return [*generators, engine.preset.embedder, engine.preset.llm, engine.preset.vqa]
 
-    def compare_seconds(method, presets, more, prompt, fill, rows, n, seed, axes):
-        per_model = (gpu_seconds_for(engine, n, questions=len(axes or ())) if method == "single_prompt" else
-                     axes_table.gpu_seconds_for_sets(engine, n, None, rows, fill))
-        return min(GPU_MAX_SECONDS, per_model * max(2, len(generators_of(presets, more))))
+    def compare_work(**form):
+        """Each generator's audit: its own images, measured by the preset's evaluators."""
+        request = compare_request(**form)
+        child = compare_models.method_request(request)
+        work = (single_prompt_tab.measure_work(engine, child) if request.method == "single_prompt" else
+                axes_table.sets_work(engine, request.method, child))
+        return [replace(work, generator=compare_models.generator_spec(engine, g)) for g in request.generators]
 
-    @gpu(engine, duration=compare_seconds, specs=specs_used)
+    @gpu(engine, duration=compare_work, specs=specs_used,
+         check=request_check(engine, "compare_models", compare_request))
     def compare(method, presets, more, prompt, fill, rows, n, seed, axes):
         request = compare_request(method, presets, more, prompt, fill, rows, n, seed, axes)
         partial = {"method": method, "generators": list(dict.fromkeys(request.generators)), "runs": [], "results": [],

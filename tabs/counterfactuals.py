@@ -12,7 +12,7 @@ from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table, spotcheck
-from .common import View, checked, default, gpu, options, served, served_url, streamed
+from .common import View, checked, default, gpu, options, request_check, served, served_url, streamed
 from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
@@ -88,7 +88,8 @@ def build(engine) -> list:
     spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
     with_engine = functools.partial   # every handler takes the engine first
-    run = gpu(engine, duration=with_engine(compare_seconds, engine))(with_engine(compare, engine))
+    run = gpu(engine, duration=lambda **form: axes_table.sets_work(engine, "counterfactuals", compare_request(**form)),
+              check=request_check(engine, "counterfactuals", compare_request))(with_engine(compare, engine))
     inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, generation["steps"], generation["guidance"],
               caption, synonyms, renormalise, sum_normalise, min_frequency, n_boot, top_k, mode]
     checked(go.click, engine, "counterfactuals", compare_request, inputs=inputs).success(
@@ -102,11 +103,6 @@ def build(engine) -> list:
 
 # -- handlers: (engine, the inputs' values) -> the outputs' values --------------------------------------------
 OUTPUTS = ("progress", "mad", "cas", "table", "sets", "axes", "pick", "state")   # a run's outputs, in order
-
-
-def compare_seconds(engine, fill=None, rows=None, n=16, steps=None, **rest) -> int:
-    """ZeroGPU seconds of a run: every set's work."""
-    return axes_table.gpu_seconds_for_sets(engine, n, steps, rows, fill)
 
 
 def compare(engine, prompt, fill, rows, n, seed, negative, steps, guidance, caption, synonyms, renormalise,

@@ -14,6 +14,7 @@ import gradio as gr
 
 from engine.common.errors import InputError
 from engine.common.events import Done, Progress
+from engine.hosting.space import GpuWork
 from engine.methods import explore
 from engine.methods.axes import known_axes
 from engine.methods.explore import ExploreRequest, StripsMeasured
@@ -21,7 +22,7 @@ from engine.report import explore as report
 from engine.report.explore import tree_document
 from engine.runs.history import run_prompt, short_model
 
-from .common import View, checked, default, export_dir, gpu, gpu_seconds_for, served, served_url, streamed
+from .common import View, calls_gpu, checked, default, export_dir, gpu, request_check, served, served_url, streamed
 from .common import LoadHook, user_errors
 from .optional import generation_fields, number_or_none
 
@@ -101,7 +102,8 @@ def build(engine) -> list:
     # a view: the tree, the node, its page, and the form as the node was made (issue 42: N, seeds, concepts, axes)
     view_outputs = [tree_pick, node_pick, tree_view, strips, state, query, progress, prompt, concepts, versus, axes,
                     n, seed, stored, inverse, carrier, m, negative, inverse_panel]
-    run = gpu(engine, duration=with_engine(step_seconds, engine))(with_engine(step, engine))
+    run = gpu(engine, duration=with_engine(step_work, engine), check=request_check(engine, "explore", explore_request))(
+        with_engine(step, engine))
     checked(go.click, engine, "explore", explore_request, inputs_kwargs=form).success(
         run, inputs_kwargs=form, outputs=[progress, state], api_name="explore").then(
         user_errors(with_engine(after_step, engine)), [state, scale], view_outputs, api_name=False)
@@ -117,17 +119,23 @@ def build(engine) -> list:
     tree_view.select(user_errors(node_clicked), [state, scale], view_outputs, api_name=False)
     scale.input(user_errors(with_engine(rescale, engine)), [state, scale], [strips, query], api_name=False)
     query.change(None, [query], [link], js=LINK_JS, api_name=False)
-    open_image = gpu(engine, duration=lambda state, data: gpu_seconds_for(engine, 1),
+    open_image = gpu(engine, duration=lambda state, data: GpuWork(captions=1),   # the image's caption
                      specs=lambda state, data: [engine.preset.vqa])(with_engine(show_image, engine))
 
     def clicked(state, evt: gr.EventData):   # Gradio passes the event data by this annotation
-        return open_image(state, getattr(evt, "_data", None) or {})
+        data = getattr(evt, "_data", None) or {}
+        if str(data.get("key") or "") not in set((state or {}).get("keys") or []):
+            return gr.skip(), NO_IMAGE    # not an image of the open node: no GPU asked for
+        return open_image(state, data)
+
+    calls_gpu(clicked, open_image)
 
     strips.select(clicked, [state], [image, details], api_name=False).then(None, js=SHOW_IMAGE_JS, api_name=False)
     for fmt, button in (("json", export_json), ("html", export_html), ("zip", export_zip)):
         button.click(user_errors(with_engine(export_tree, engine, fmt)), [state], [files], api_name=False)
-    clustered = gpu(engine, duration=lambda run_ids, k: gpu_seconds_for(engine, 1),
-                    specs=lambda run_ids, k: [engine.preset.embedder])(with_engine(cluster, engine))
+    cluster_work = with_engine(explore.cluster_work, engine)   # the runs' missing embeddings; checks them first
+    clustered = gpu(engine, duration=cluster_work, specs=lambda run_ids, k: [engine.preset.embedder],
+                    check=cluster_work)(with_engine(cluster, engine))
     cluster_go.click(clustered, [cluster_runs, k], [clusters_out], api_name="explore_clusters")
 
     clusters_panel.expand(user_errors(with_engine(run_choices, engine)), None, [cluster_runs], api_name=False)
@@ -183,10 +191,10 @@ def _lines(text) -> list[str]:
     return [t.strip() for t in (text or "").splitlines() if t.strip()]
 
 
-def step_seconds(engine, n=16, inverse="", m=8, steps=None, axes=(), **rest) -> int:
-    """ZeroGPU seconds of a step (called with `step`'s arguments): N images and m per test concept,
-    and a VQA question per axis."""
-    return gpu_seconds_for(engine, int(n or 0) + int(m or 0) * len(_lines(inverse)), steps, questions=len(axes or ()))
+def step_work(engine, **form) -> GpuWork:
+    """The GPU work of a step (called with `step`'s arguments): engine.methods.explore.gpu_work, from what
+    the step will do (a stored run's size and the embeddings and answers it lacks)."""
+    return explore.gpu_work(explore_request(**form), engine)
 
 
 OUTPUTS = ("progress", "state")   # the strips follow from the stored node (after_step)

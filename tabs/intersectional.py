@@ -13,7 +13,7 @@ from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 
 from . import axes_table
-from .common import View, checked, default, gpu, options, streamed, user_errors
+from .common import View, checked, default, gpu, options, request_check, streamed, user_errors
 from .optional import generation_fields, number_or_none, optional_number, placeholder
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
@@ -127,7 +127,8 @@ def build(engine) -> list:
 
     outputs = [progress, summary, matrix, graph, edges, questions, editor.table, pair, state]
 
-    connect = gpu(engine, duration=functools.partial(connect_seconds, engine))(functools.partial(connect_run, engine))
+    connect = gpu(engine, duration=lambda **form: axes_table.sets_work(engine, "intersectional", connect_request(**form)), check=request_check(engine, "intersectional", connect_request))(
+        functools.partial(connect_run, engine))
 
     def show_pair(view, value):
         results = (view or {}).get("results")
@@ -151,11 +152,6 @@ def build(engine) -> list:
 
 
 OUTPUTS = ("progress", "summary", "matrix", "graph", "edges", "questions", "axes", "pair", "state")  # in order
-
-
-def connect_seconds(engine, prompt, table, n, fill=None, *args, steps=None, **kwargs) -> int:
-    """ZeroGPU seconds of a run: every set's work."""
-    return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill)
 
 
 def connect_run(engine, prompt, table, n, fill=None, seed=0, targets=None, other_policy="drop", level="auto",

@@ -9,16 +9,18 @@ import functools
 import gradio as gr
 
 from engine.common.events import Done, Progress
+from engine.hosting.space import GpuWork
 from engine.methods import languages
 from engine.methods.axes import known_axes
 from engine.report.languages import page
 
-from .common import View, checked, default, gpu, gpu_seconds_for, streamed
+from .common import View, checked, default, gpu, request_check, request_work, streamed, user_errors
 from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a nurse", "A photo of the face of a firefighter."]
 COLUMNS = ["code", "prompt", "source", "back-translation"]
 SINGLE, SET = "one prompt", "a MAGBIG prompt set"
+TWO_LANGUAGES = "**Pick two or more languages** (the first is the reference)."
 OUTPUTS = ("progress", "view")   # a run's outputs, in order (the table stays what the user proposed and edited:
 #                                  what the screen shows is what the next run sends)
 
@@ -71,10 +73,21 @@ def build(engine) -> list:
     with_engine = functools.partial
     form = dict(mode=mode, prompt=prompt, prompt_set=prompt_set, occupations=occupations, codes=codes, n=n,
                 seed=seed, axes=axes, rows=table, proposed=proposed, **generation.fields)
-    suggest = gpu(engine, duration=lambda **f: gpu_seconds_for(engine, 0, llm_calls=2 * len(f.get("codes") or ())),
-                  specs=lambda **f: [engine.preset.llm])(with_engine(propose_rows, engine))
+    suggest_on_gpu = gpu(engine, duration=lambda prompt, codes: GpuWork(llm_calls=languages.proposal_calls(
+        [c for c in codes or [] if c])), specs=lambda prompt, codes: [engine.preset.llm])(
+        with_engine(propose_rows, engine))
+
+    @user_errors
+    @functools.wraps(suggest_on_gpu)
+    def suggest(prompt, codes):   # fewer than two languages, or a refused proposal: said without asking for a GPU
+        if len([c for c in codes or [] if c]) < 2:
+            return gr.skip(), gr.skip(), TWO_LANGUAGES
+        languages.check_proposal(engine, prompt, codes)
+        return suggest_on_gpu(prompt, codes)
+
     propose.click(suggest, [prompt, codes], [table, proposed, progress], api_name="languages_propose")
-    run = gpu(engine, duration=with_engine(run_seconds, engine))(with_engine(run_languages, engine))
+    run = gpu(engine, duration=with_engine(run_work, engine), check=request_check(engine, "languages", languages_request))(
+        with_engine(run_languages, engine))
     checked(go.click, engine, "languages", languages_request, inputs_kwargs=form).success(
         run, inputs_kwargs=form, outputs=[progress, view], api_name="languages")
     return [generation.hook(engine)]
@@ -87,7 +100,7 @@ def propose_rows(engine, prompt, codes):
     and its back-translation; the proposal kept to tell an edited prompt from the LLM's."""
     codes = [c for c in codes or [] if c]
     if len(codes) < 2:
-        return gr.skip(), gr.skip(), "**Pick two or more languages** (the first is the reference)."
+        return gr.skip(), gr.skip(), TWO_LANGUAGES
     entries = languages.propose_translations(engine, prompt, codes, seed=0)
     rows = table_rows(entries)
     return rows, {row[0]: row[1] for row in rows}, (f"**{len(rows)} translations proposed**: read each back-"
@@ -134,9 +147,11 @@ def languages_request(mode, prompt, prompt_set, occupations, codes, n, seed, axe
                                       sources={c: s for c, s in sources.items() if c in texts}, **common)
 
 
-def run_seconds(engine, mode=SINGLE, codes=(), n=16, occupations=(), steps=None, axes=(), **rest) -> int:
-    sets = len(codes or ()) * (max(1, len(occupations or ())) if mode == SET else 1)
-    return gpu_seconds_for(engine, n, steps, sets=sets, questions=len(axes or ()), llm_calls=2 * len(codes or ()))
+def run_work(engine, **form) -> GpuWork:
+    """The GPU work of a run: every language's (and occupation's) images, each asked every axis' question,
+    and the LLM's translations and back-translations (the method's estimate: request_work)."""
+    request = languages_request(**form)
+    return request_work(engine, "languages", request, questions=len(request.axes))
 
 
 def run_languages(engine, mode, prompt, prompt_set, occupations, codes, n, seed, axes, rows=None, proposed=None,

@@ -9,10 +9,11 @@ import gradio as gr
 
 from engine.common.errors import InputError
 from engine.common.events import Done, Progress
+from engine.hosting.space import GpuWork
 from engine.methods import mine
 from engine.report import mine as report
 
-from .common import (UPDATE_EVERY, View, checked, default, gallery_items, gpu, gpu_seconds_for, in_order, options,
+from .common import (UPDATE_EVERY, View, checked, default, gallery_items, gpu, in_order, options, request_check,
                      streamed, user_errors)
 
 STRATEGY_LABELS = {"ga": "genetic algorithm (MineTheGap)", "random": "random prompts, same budget (baseline)",
@@ -136,11 +137,14 @@ def build(engine) -> list:
     live_outputs = [progress, chart, population_table, archive_table, pick, state, runs]
 
     with_engine = functools.partial   # every handler takes the engine first
-    probe = gpu(engine, duration=lambda **form: gpu_seconds_for(engine, 1, llm_calls=2))(  # 1 LLM call, 1 image
-        with_engine(preview, engine))
-    start_run = gpu(engine, duration=with_engine(mine_seconds, engine))(with_engine(start_mining, engine))
-    resume_run = gpu(engine, duration=lambda run_id, iterations: mine_seconds(engine, iterations=iterations))(
-        with_engine(resume_mining, engine))
+    checked_new = request_check(engine, "mine", make_request)
+    probe = gpu(engine, duration=lambda *values: GpuWork(images=1, llm_calls=2),   # an LLM call (re-asked) and an image
+                check=checked_new)(with_engine(preview, engine))
+    start_run = gpu(engine, duration=lambda **form: mine_work(engine, make_request(**form)), check=checked_new)(
+        with_engine(start_mining, engine))
+    resumed = with_engine(resume_request, engine)
+    resume_run = gpu(engine, duration=lambda **form: mine_work(engine, resumed(**form)),
+                     check=request_check(engine, "mine", resumed))(with_engine(resume_mining, engine))
     refresh_runs = user_errors(with_engine(runs_update, engine))
 
     estimate.click(probe, settings_inputs, [budget], api_name="mine_budget")
@@ -181,15 +185,12 @@ def resume_request(engine, run_id, iterations) -> mine.MineRequest:
     return mine.MineRequest(resume=run_id, iterations=max(int(iterations), stored_T))
 
 
-def mine_seconds(engine, iterations=mine.DEFAULT_ITERATIONS, population=default(mine.MineRequest, "population"),
-                 n=default(mine.MineRequest, "n"), **rest) -> int:
-    """ZeroGPU seconds of a run: T·b prompts of N images; per prompt an LLM mutation (or a random
-    prompt) and its text variations."""
-    try:
-        prompts = max(1, int(iterations)) * max(1, int(population))
-    except (TypeError, ValueError):
-        prompts = mine.DEFAULT_ITERATIONS * default(mine.MineRequest, "population")
-    return gpu_seconds_for(engine, n, sets=prompts, llm_calls=2 * prompts)
+def mine_work(engine, request: mine.MineRequest) -> GpuWork:
+    """The GPU work of a search (a resume's: of the iterations it has left, with its run's settings): T·b·N
+    images, each embedded for its gap score, and its LLM calls (engine.methods.mine.estimate)."""
+    priced = mine.priced_request(request, engine)
+    cost = mine.estimate(priced)
+    return GpuWork(images=cost.images, steps=priced.steps, embeddings=cost.images, llm_calls=cost.llm_calls)
 
 
 def preview(engine, *values) -> str:

@@ -19,7 +19,7 @@ from engine.report.runs import image_columns
 
 from . import axes_table
 from .common import (View, checked, default, distinct_captions, export_dir, gallery_items, gpu, options,
-                     served_url, streamed, user_errors)
+                     request_check, served_url, streamed, user_errors)
 from .intersectional import POLICY_LABELS, reference_text
 from .optional import generation_fields, number_or_none
 
@@ -181,7 +181,8 @@ def build(engine) -> list:
 
     outputs = [progress, preview_box, view, gallery, export, editor.table]
 
-    mitigate_or_preview = gpu(engine, duration=functools.partial(mitigate_seconds, engine))(
+    mitigate_or_preview = gpu(engine, duration=lambda **form: axes_table.sets_work(engine, "mitigate",
+                                                                                   mitigate_request(**form)), check=request_check(engine, "mitigate", mitigate_request))(
         functools.partial(mitigate_run, engine))
 
     refresh_outputs = [axes_state, bstar, *slot_components, weights]   # `refresh`'s order
@@ -285,11 +286,6 @@ def latest_intersectional(engine):
 
 
 OUTPUTS = ("progress", "preview", "view", "gallery", "export", "axes")   # a run's outputs, in order
-
-
-def mitigate_seconds(engine, preview_only, prompt=None, table=None, n=16, fill=None, steps=None, **rest) -> int:
-    """ZeroGPU seconds: a mitigation generates the prompt sets again (engine.methods.mitigate.estimate); a preview once."""
-    return axes_table.gpu_seconds_for_sets(engine, n, steps, table, fill, runs=1 if preview_only else 2)
 
 
 def mitigate_run(engine, preview_only: bool, prompt, table, n, axes_to_mitigate=(), fill=None, seed=0,

@@ -7,6 +7,7 @@ import gradio as gr
 
 from engine.methods.axes import known_axes, parse_targets
 from engine.common.errors import InputError
+from engine.hosting.space import GpuWork
 from engine.common.events import AxisScores, Done, Headline, Images, Progress, Table
 from engine.methods import single_prompt, validate
 from engine.methods.options import settings_for
@@ -15,7 +16,7 @@ from engine.report import trust
 from engine.report.single_prompt import axes_html, axis_html, diversity_text, evaluators_html, gap_html
 
 from . import spotcheck
-from .common import (View, checked, default, gallery_items, gpu, gpu_seconds_for, options, streamed,
+from .common import (View, checked, default, gallery_items, gpu, options, request_check, request_work, streamed,
                      user_errors)
 from .optional import generation_fields, number_or_none
 
@@ -83,13 +84,21 @@ def build(engine) -> list:
     outputs = [gallery, progress, axes_out, diversity, gap_out, topk, state]   # OUTPUTS' order
 
     with_engine = functools.partial   # every handler takes the engine first
-    run = gpu(engine, duration=with_engine(measure_seconds, engine))(with_engine(measure, engine))
+    run = gpu(engine, duration=lambda **form: measure_work(engine, measure_request(**form)),
+              check=request_check(engine, "single_prompt", measure_request))(with_engine(measure, engine))
 
     def select_image(view, evt: gr.SelectData):   # Gradio passes the event data by this annotation
         return show_image(engine, view, evt)
 
-    regenerate_run = gpu(engine, duration=lambda view: gpu_seconds_for(engine, 1),
-                         specs=lambda view: [engine.preset.generator])(with_engine(regenerate_alone, engine))
+    regenerate_on_gpu = gpu(engine, duration=lambda view: GpuWork(images=1, steps=regenerate_request(engine, view).steps),
+                            specs=lambda view: [engine.preset.generator],
+                            check=with_engine(regenerate_request, engine))(with_engine(regenerate_alone, engine))
+
+    @user_errors
+    @functools.wraps(regenerate_on_gpu)
+    def regenerate_run(view):   # an image no longer stored (its run deleted, or not the visitor's): no GPU asked for
+        regenerate_request(engine, view)
+        return regenerate_on_gpu(view) if still_stored(engine, view) else missing_text(view["selected"])
     no_details = functools.partial(trust.image_message_html, NO_DETAILS)
     form = dict(prompt=prompt, n=n, seed=seed, negative_prompt=negative, **generation.fields, axes=axes,
                 extra_axes=extra_axes, references=references, mode=mode, alpha=alpha, combine=combine, until=until,
@@ -112,12 +121,11 @@ def build(engine) -> list:
 OUTPUTS = ("gallery", "progress", "axes", "diversity", "gap", "topk", "state")   # a run's outputs, in order
 
 
-def measure_seconds(engine, n=16, steps=None, axes=(), extra_axes=None, until=0, evaluators=None, **rest) -> int:
-    """ZeroGPU seconds of a run (called with `measure`'s arguments): `until` may grow N up to the
-    server's maximum; each other evaluator asks every axis' question again."""
-    questions = len(axes or ()) + len([a for a in (extra_axes or "").split(",") if a.strip()])
-    questions *= 1 + len(spotcheck.names_typed(evaluators))
-    return gpu_seconds_for(engine, engine.max_images if until else n, steps, questions=questions, llm_calls=1)
+def measure_work(engine, request: single_prompt.SinglePromptRequest):
+    """The GPU work of a run: its images (an `until` run's: up to the largest set the visitor may make),
+    each asked every axis' question by the run's evaluator and by each other one, and the gap score's LLM
+    call (the method's estimate: request_work)."""
+    return request_work(engine, "single_prompt", request, questions=len(request.axes) * (1 + len(request.evaluators)))
 
 
 def measure(engine, prompt, n, seed=0, negative_prompt=None, steps=None, guidance=None, width=None, height=None,
@@ -180,17 +188,40 @@ def show_image(engine, view, evt: gr.SelectData):
                                     info["caption"]), view
 
 
-def regenerate_alone(engine, view):
+def regenerate_request(engine, view) -> single_prompt.SinglePromptRequest:
+    """The request of the run whose selected image `view` names, checked (`preflight`): InputError when no
+    image of a finished run is selected."""
+    record, request = (view or {}).get("selected"), (view or {}).get("request")
+    if not isinstance(record, dict) or not isinstance(request, dict) or not (view or {}).get("run_id"):
+        raise InputError("click an image of a finished run first")
+    try:
+        made = single_prompt.SinglePromptRequest(**request)
+    except TypeError:
+        raise InputError("click an image of a finished run first") from None
+    request_check(engine, "single_prompt", lambda: made)()
+    return made
+
+
+def still_stored(engine, view) -> bool:
+    """Whether the image `view` selected is still in the store, in a run the visitor may see (a deleted
+    run's, or another visitor's, reads as missing)."""
+    run, key = engine.store.get_run(str(view["run_id"])), view["selected"].get("key")
+    return bool(run) and key in {link["image_key"] for link in run["images"]} and bool(engine.store.get_images([key]))
+
+
+def missing_text(record: dict) -> str:
+    return trust.image_message_html(
+        f"Seed {record.get('seed')}: the stored image is missing (deleted with another run, or its file is gone), "
+        "so there is nothing to compare it with. Run the prompt again to regenerate it.")
+
+
+def regenerate_alone(engine, view) -> str:
     """Whether the selected image, generated again alone, is the stored one."""
     record, request = view.get("selected"), view.get("request")
-    if not record or not request:
-        raise InputError("click an image of a finished run first")
-    settings = settings_for(single_prompt.SinglePromptRequest(**request), engine)
+    settings = settings_for(regenerate_request(engine, view), engine)
     same, diff = engine.regenerate_check(request["prompt"], record["seed"], settings, record["key"])
     if diff is None:
-        return trust.image_message_html(
-            f"Seed {record['seed']}: the stored image is missing (deleted with another run, or its file is gone), "
-            "so there is nothing to compare it with. Run the prompt again to regenerate it.")
+        return missing_text(record)
     verdict = "identical to the stored image" if same else f"differs from the stored image by up to {diff} grey levels"
     return trust.image_message_html(f"Seed {record['seed']} regenerated alone: {verdict}.")
 

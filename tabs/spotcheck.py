@@ -13,7 +13,9 @@ from engine.methods import validate
 from engine.models.presets import parse_model_override
 from engine.report import trust
 
-from .common import gpu, gpu_seconds_for, served, user_errors
+from engine.hosting.space import GpuWork
+
+from .common import gpu, served, user_errors
 
 MAX_CLASSES = 9
 # Keys 1–9 press the answer buttons of the spot-check on screen, 0 or c "can't tell"; typing in a
@@ -148,16 +150,33 @@ def build(engine, run_id_of, run_input, prefix: str, open_: bool = False) -> dic
                 pass    # the comparison itself reports the bad name
         return [*other, engine.preset.embedder, engine.preset.vqa]
 
-    # the run's images (at most the server's N per set, a few sets) asked each axis' question again
-    @gpu(engine, duration=lambda **form: gpu_seconds_for(engine, engine.max_images, questions=3), specs=evaluators)
-    def compare(run_value, other_spec):
+    def compared_run(run_value, other_spec) -> dict:
+        """The run to compare evaluators on, the visitor's (else the InputError of a missing run), and at least
+        one evaluator named: checked before the GPU is asked for."""
         run_id = run_id_of(run_value)
         if not run_id:
             raise InputError("open or finish a run first")
         names = names_typed(other_spec)
         if not names:
             raise InputError("name the second evaluator as backend:model, e.g. clip_vqa:synthetic")
-        return trust.comparison_html(validate.compare_evaluators(engine, run_id, names if len(names) > 1 else names[0]))
+        run = store.require_run(run_id, what="run")
+        for name in names:   # a visitor's: one the host offers
+            backend_choices.resolve(engine, "vqa", name)
+        return run
+
+    def compare_work(run_value, other_spec) -> list[GpuWork]:
+        """Every image of each checkable axis of the run asked again, by each evaluator named."""
+        items = validate.checkable_axes(compared_run(run_value, other_spec))
+        answers = sum(len(item.keys) for item in items.values())
+        return [GpuWork(answers=answers, vqa=backend_choices.resolve(engine, "vqa", name))
+                for name in names_typed(other_spec)]
+
+    @gpu(engine, duration=compare_work, specs=evaluators, check=compared_run)
+    def compare(run_value, other_spec):
+        compared_run(run_value, other_spec)
+        names = names_typed(other_spec)
+        return trust.comparison_html(validate.compare_evaluators(engine, run_id_of(run_value),
+                                                                 names if len(names) > 1 else names[0]))
 
     shown = [image, item] + buttons + [cant, result]
     api = prefix.replace("-", "_")

@@ -191,6 +191,34 @@ def test_synthetic_job_on_two_processes_matches_one_process(prompts_file, tmp_pa
     assert [(i["prompt"], i["seed"]) for i in result["images"]] == [(p, s) for p in PROMPTS for s in range(4)]
 
 
+def test_a_job_mpirun_started_runs_on_every_rank(prompts_file, tmp_path):
+    """mpirun sets only the MPI launcher's variables (Open MPI's here: no LOCAL_RANK, RANK or MASTER_ADDR, which
+    accelerate needs to create a process group): the two processes still join one job, each generating its
+    share, and the store equals the 1-process run's (issue 41)."""
+    args = generate_args(prompts_file, "-n", "4")
+    env = {k: v for k, v in job_env(tmp_path / "mpi").items()
+           if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+    port = str(free_port())
+    ranks = [subprocess.Popen([sys.executable, "-m", "engine", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**env, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": str(rank),
+                                   "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                                   "MASTER_PORT": port})   # mpirun -x MASTER_PORT
+             for rank in (0, 1)]
+    try:
+        outputs = [rank.communicate(timeout=300) for rank in ranks]
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0], [err[-2000:] for _, err in outputs]
+    run([sys.executable, "-m", "engine", *args], tmp_path / "one")
+    job, one = snapshot(tmp_path / "mpi"), snapshot(tmp_path / "one")
+    assert job["images"] == one["images"] and job["links"] == one["links"]
+    shares = job["summary"]["distributed"]["per_rank"]
+    assert len(shares) == 2 and all(r["images"] > 0 for r in shares)
+
+
 def test_killed_rank_relaunched_finishes_without_generating_an_image_twice(tiny_job, tmp_path):
     """Rank 1 is SIGKILLed after its first generator call; the launcher stops rank 0. The relaunch
     adopts rank 1's shard, generates only what neither attempt made, and the store ends identical
@@ -323,6 +351,41 @@ def test_a_shard_says_it_is_one_process_and_counts_what_it_adopted_as_rows(tmp_p
     assert [(s["processes"], s["slice"]) for s in steps] == [(1, "1/2")] * 2
     assert all("rows_from_earlier_shards" in s and not any(k.endswith("_from_earlier_shards") and k != "rows_from_"
                                                                 "earlier_shards" for k in s) for s in steps)
+
+
+def test_a_slice_reads_and_hashes_only_its_own_manifests(tmp_path, capsys, monkeypatch):
+    """Three slices, one after another, then slice 1 again (a relaunch): no slice reads or re-hashes another
+    slice's manifests or images (that cost slices² × images over NFS); the relaunched slice adopts its own
+    earlier attempt's rows and makes nothing again (issue 41)."""
+    from engine.store.store import Store
+
+    read, hashed = [], []
+    reader, adopter = distributed.read_manifest, Store.adopt_images
+    monkeypatch.setattr(distributed, "read_manifest", lambda path: read.append(path) or reader(path))
+    monkeypatch.setattr(Store, "adopt_images", lambda self, rows: hashed.append(len(rows)) or adopter(self, rows))
+    args, data = counterfactual_args(6), tmp_path / "shared"
+
+    written: dict[int, set] = {}   # the manifests each slice wrote
+
+    def slice_(i: int) -> dict:
+        before = set(data.glob("shards/*/*/rank-*.jsonl"))
+        read.clear(), hashed.clear()
+        report = single_process([*args, "--shard", f"{i}/3"], data, capsys)
+        written.setdefault(i, set()).update(set(data.glob("shards/*/*/rank-*.jsonl")) - before)
+        others = [path for path in read if path not in written[i]]
+        assert not others, f"slice {i} read other slices' manifests: {others}"
+        return report
+
+    made = []
+    for i in range(3):
+        made.append(sum(s.get("images_generated", 0) for s in slice_(i)["steps"]))
+        assert sum(hashed) <= made[-1]                                  # at most its own images, once
+    assert all(made) and sum(made) == 5 * 6
+    own = set(written[1])
+    again = slice_(1)
+    assert own and set(read) == own                                     # its own earlier manifests
+    assert sum(hashed) == made[1]                                       # its own images, hashed once
+    assert sum(s.get("images_generated", 0) + s.get("units_computed", 0) for s in again["steps"]) == 0
 
 
 def test_mining_run_on_two_processes_finds_what_one_process_finds(tmp_path):

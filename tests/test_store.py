@@ -116,3 +116,49 @@ def test_embeddings_answers_and_llm_replies_are_cached(engine):
     r1 = engine.llm.chat(messages, seed=1)
     r2 = engine.llm.chat(messages, seed=1)
     assert r1 == r2 and engine.stats.llm_calls == 1 and engine.stats.llm_cache_hits == 1
+
+
+# -- SQLite on a network filesystem (issue 41) ----------------------------------------------------------------
+MOUNTS = """sysfs /sys sysfs rw,nosuid 0 0
+/dev/sda1 / ext4 rw,relatime 0 0
+systemd-1 /shared autofs rw,relatime,fd=45 0 0
+node0:/export /shared nfs4 rw,relatime,vers=4.2 0 0
+/dev/sdb1 /shared/scratch xfs rw,relatime 0 0
+10.0.0.1@tcp:/lustre /lustre lustre rw,flock 0 0
+//nas/team\\040audits /mnt/team\\040audits cifs rw,vers=3.0 0 0
+"""
+
+
+def test_the_filesystem_is_read_from_the_mount_table(tmp_path):
+    """The longest mount point holding a path (the later line for a point mounted twice: an automount's NFS
+    over its autofs entry), with the table's escaped spaces; statvfs has no filesystem type."""
+    from engine.store.filesystem import filesystem_type, on_network_filesystem
+
+    table = tmp_path / "mounts"
+    table.write_text(MOUNTS)
+    kinds = {path: filesystem_type(path, str(table)) for path in
+             ("/home/me/gaplens", "/shared/gaplens", "/shared/scratch/gaplens", "/sharedother", "/lustre/p/gaplens",
+              "/mnt/team audits/gaplens")}
+    assert kinds == {"/home/me/gaplens": "ext4", "/shared/gaplens": "nfs4", "/shared/scratch/gaplens": "xfs",
+                     "/sharedother": "ext4", "/lustre/p/gaplens": "lustre", "/mnt/team audits/gaplens": "cifs"}
+    assert [on_network_filesystem(p, str(table)) for p in kinds] == [False, True, False, False, True, True]
+    assert filesystem_type("/anything", str(tmp_path / "no-such-table")) is None   # no /proc: unknown, local
+
+
+@pytest.mark.parametrize("kind, journal", [("nfs4", "delete"), ("lustre", "delete"), ("ext4", "wal")])
+def test_a_store_on_a_network_filesystem_keeps_the_rollback_journal(kind, journal, tmp_path, monkeypatch):
+    """SQLite's WAL needs every connection on one host (https://www.sqlite.org/wal.html): a data directory on
+    NFS or Lustre, where a multi-node job's rank 0 and the final --shard run open gaplens.sqlite, uses
+    journal_mode=DELETE, and leaves no -wal or -shm file; a local disk keeps WAL."""
+    from engine.store import filesystem
+    from engine.store.store import Store
+
+    table = tmp_path / "mounts"
+    table.write_text(f"/dev/sda1 / ext4 rw 0 0\nnode0:/export {tmp_path / 'shared'} {kind} rw 0 0\n")
+    monkeypatch.setattr(filesystem, "MOUNTS", str(table))
+    store = Store(tmp_path / "shared" / "gaplens")
+    store.put_labels([("run", "a" * 64, "gender", "male", "me")])
+    assert store._conn().execute("PRAGMA journal_mode").fetchone()[0] == journal
+    files = {p.name for p in (tmp_path / "shared" / "gaplens").iterdir()}
+    assert ("gaplens.sqlite-wal" in files) == (journal == "wal")
+    store.close()

@@ -95,10 +95,17 @@ def runs(store: Path) -> list[dict]:
         return [dict(r) for r in db.execute("SELECT id, method, status, owner, pid, results FROM runs ORDER BY created")]
 
 
-@pytest.fixture(scope="module")
-def space(tmp_path_factory):
+# the ZeroGPU hardware profiles spaces 0.51.3 knows (spaces/zero/configs.json): model, GapLens' memory budget
+PROFILES = {"h200-slice": ("NVIDIA H200", "68.0 GB"),
+            "blackwell": ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "93.5 GB")}
+
+
+@pytest.fixture(scope="module", params=list(PROFILES))
+def space(request, tmp_path_factory):
     """The emulated ZeroGPU Space on tiny models laid out in a hub cache in their GPU dtypes (so loading
-    maps the cached files, which `spaces` prunes after packing, as on a real Space)."""
+    maps the cached files, which `spaces` prunes after packing, as on a real Space), on each hardware
+    profile spaces knows: the H200 slice and the RTX PRO 6000 Blackwell (where spaces multiplies every
+    duration asked by 1.5)."""
     import torch
 
     tmp = tmp_path_factory.mktemp("zerogpu")
@@ -118,10 +125,11 @@ def space(tmp_path_factory):
          "--embedder",
          "hf_clip:gaplens-test/tiny-clip", "--llm", "hf_chat:gaplens-test/tiny-chat", "--vqa",
          "clip_vqa:gaplens-test/tiny-clip"],   # zero-shot over the choices: tiny weights still answer within them
-        HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1",
+        HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", GAPLENS_TEST_GPU_MODEL=PROFILES[request.param][0],
         ZEROGPU_MMAP_AUTOPRUNE_PATTERN=str(cache / "models--*" / "blobs" / "*"))
     try:
-        yield {"url": url, "tmp": tmp, "cache": cache, "scheduler": scheduler, "process": process}
+        yield {"url": url, "tmp": tmp, "cache": cache, "scheduler": scheduler, "process": process,
+               "budget": PROFILES[request.param][1]}
     finally:
         stop_space(process, scheduler)
 
@@ -140,6 +148,7 @@ def test_every_gpu_handler_works_on_zero_gpu_for_the_visitor_who_asked(space):
 
     visitor_a, visitor_b = Client(url, verbose=False), Client(url, verbose=False)
     owner = Client(url, verbose=False, headers={"Cookie": owner_cookie()})
+    assert f"budget {space['budget']}" in visitor_a.predict(api_name="/status")   # the profile spaces reports
 
     def gpu_call(client, api_name, *args, **kwargs):
         """The endpoint's result, asserting it went through exactly one @spaces.GPU call."""
@@ -203,6 +212,11 @@ def test_every_gpu_handler_works_on_zero_gpu_for_the_visitor_who_asked(space):
     mining = next(r for r in runs(store) if r["method"] == "mine")
     assert mining["status"] == "stopped" and len(scheduler.scheduled()) == before + 1
     assert json.loads(mining["results"])["params"]["T"] == 5    # its state, to resume from
+    # Another visitor's resume of it is refused before any GPU is asked for (issue 42): no slot taken.
+    before = len(scheduler.scheduled())
+    with pytest.raises(Exception, match="no Mine Prompts run"):
+        visitor_b.predict(mining["id"], 8, api_name="/mine_resume")
+    assert len(scheduler.scheduled()) == before
 
     # Every run belongs to the visitor who made it (a comparison's runs, one per generator, too) and ran
     # in a worker `spaces` forked (one per GPU function); Single Prompt's worker, kept because the

@@ -83,3 +83,42 @@ def in_dtype(folder: Path, out: Path, dtype) -> Path:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
         save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}, str(file), metadata)
     return out
+
+
+class InProcessGPU:
+    """`spaces.GPU` as ZeroGPU runs a GPU function, in this process (for tests that drive the app in-process):
+    the duration is asked for first, with the call's arguments (`scheduled`: the seconds each call asked for),
+    then the arguments and every value returned or yielded cross a pickle round trip, as they cross spaces'
+    process boundary. `made` lists every GPU function the app created. Install it with
+    `monkeypatch.setattr(spaces, "GPU", gpu.GPU)` and SPACES_ZERO_GPU=true, set after `spaces` is imported
+    (in this process it must not patch torch)."""
+
+    def __init__(self):
+        self.made: list = []
+        self.scheduled: list[int] = []
+
+    def GPU(self, task=None, *, duration=None, size=None):   # noqa: N802 - spaces' name
+        import inspect
+        import pickle
+
+        def crossed(value):
+            return pickle.loads(pickle.dumps(value))
+
+        def wrap(task):
+            self.made.append(task)
+
+            def schedule(args, kwargs):
+                self.scheduled.append(int(duration(*args, **kwargs) if callable(duration) else duration or 60))
+                return crossed((args, kwargs))
+
+            if inspect.isgeneratorfunction(task):
+                def gpu_function(*args, **kwargs):
+                    args, kwargs = schedule(args, kwargs)
+                    for value in task(*args, **kwargs):
+                        yield crossed(value)
+            else:
+                def gpu_function(*args, **kwargs):
+                    args, kwargs = schedule(args, kwargs)
+                    return crossed(task(*args, **kwargs))
+            return gpu_function
+        return wrap if task is None else wrap(task)

@@ -7,7 +7,8 @@ API (SPACES_ZERO_DEVICE_API_URL), and the CUDA hand-over in the worker (`spaces.
 `move`), which here hands the weights over to this machine's CPU memory instead of a GPU.
 
 Every real CUDA initialisation in the main process (where `spaces` makes it raise) is also appended,
-with the process id, to the file $GAPLENS_TEST_CUDA_LOG.
+with the process id, to the file $GAPLENS_TEST_CUDA_LOG. $GAPLENS_TEST_GPU_MODEL names the card the NVIDIA
+driver's files would name (spaces reads its hardware profile from them): the H200 slice when unset.
 """
 import os
 import sys
@@ -42,6 +43,27 @@ def move(callback=None) -> None:
 
 
 zero_torch.init, zero_torch.move = init, move
+if os.environ.get("GAPLENS_TEST_GPU_MODEL"):
+    # The card spaces.zero.config.get_config looks up in its profiles, read again (importing spaces read the
+    # driver's files already), and the fake device spaces shows the main process made of that profile.
+    from types import SimpleNamespace
+
+    from spaces.zero import config as zero_config
+    from spaces.zero.torch import cudart, static
+
+    zero_config._read_gpu_information = lambda: f"Model: \t\t {os.environ['GAPLENS_TEST_GPU_MODEL']}\n"
+    zero_config.get_config.cache_clear()
+    profile = zero_config.get_config()
+    fake = {"CUDA_DEVICE_NAME": profile["model"], "CUDA_TOTAL_MEMORY": profile["memory"],
+            "CUDA_MEM_GET_INFO": (static.compute_base_free_memory(profile["memory"]), profile["memory"]),
+            "CUDA_DEVICE_CAPABILITY": (profile["sm_major"], profile["sm_minor"]),
+            "CUDA_DEVICE_PROPERTIES": SimpleNamespace(name=profile["model"], major=profile["sm_major"],
+                                                      minor=profile["sm_minor"], total_memory=profile["memory"],
+                                                      multi_processor_count=profile["sm_count"])}
+    for module in (static, patching, cudart):
+        for name, value in fake.items():
+            if hasattr(module, name):
+                setattr(module, name, value)
 _guarded_cuda_init = torch._C._cuda_init   # spaces' guard in the main process: it raises
 
 

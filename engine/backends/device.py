@@ -112,11 +112,14 @@ def _supports_bf16(device: str) -> bool:
     if str(device).startswith("cuda"):
         if on_zero_gpu():
             return True  # ZeroGPU hands out A100/H200 (Ampere and later); no CUDA call in the main process
-        try:
-            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-        except TypeError:  # torch < 2.3 has no including_emulation
-            index = torch.device(device).index or 0
-            return torch.cuda.get_device_capability(index)[0] >= 8
+        index = torch.device(device).index
+        if index is None:   # "cuda": the current device, the one is_bf16_supported asks about
+            try:
+                return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+            except TypeError:  # torch < 2.3 has no including_emulation
+                index = 0
+        # "cuda:N" (a job's rank): that GPU, whichever is current; native bf16 from Ampere (8.0) on
+        return bool(torch.version.hip) or torch.cuda.get_device_capability(index)[0] >= 8
     # MPS has bfloat16 from macOS 14 on; torch reports it by allowing the allocation.
     try:
         torch.zeros(1, dtype=torch.bfloat16, device=device)

@@ -2,8 +2,11 @@
 
 `python -m engine <method> ...` runs unchanged as one process. Started by a launcher that sets
 the torch.distributed environment (`accelerate launch --multi_gpu --num_processes N`, `torchrun
---nproc_per_node N`, accelerate with mpirun, several machines with `--num_machines`) the same
-command becomes one job on N processes:
+--nproc_per_node N`, several machines with `--num_machines`) the same command becomes one job on N
+processes; so it does under mpirun (`mpirun -np N accelerate launch -m engine ...`, or `mpirun -np N
+python -m engine ...`), whose ranks are read from the MPI launcher's variables (`adopt_mpi_environment`;
+on several machines export MASTER_ADDR, rank 0's host, to every rank). Each process on a GPU node
+computes on its own GPU, cuda:LOCAL_RANK (`cli_join`):
 
 - rank 0 runs the method exactly as a single process does (LLM calls, metrics, the run record)
   and is the only process that opens the SQLite database;
@@ -48,8 +51,9 @@ Slices without a rendezvous. `--shard I/N` (`Shard`, `run_shard`) runs slice I o
 would run, in one process with no process group (one Slurm array task per slice): it plans every
 image as rank 0 would, makes the batches dealt to rank I and evaluates every unit of those images,
 on a private scratch database, writing only its PNGs and its manifest into the data directory; it
-stops there (ShardDone), since what follows needs every slice. A later plain run adopts every
-slice's manifest and finishes the method from the store.
+stops there (ShardDone), since what follows needs every slice. A relaunched slice adopts only its own
+earlier manifests (its sessions end in `slice_tag`). A later plain run adopts every slice's manifest
+and finishes the method from the store.
 """
 from __future__ import annotations
 
@@ -75,6 +79,13 @@ from ..store.store import CAPTION, ImageRecord, Store, answer_key, embedding_key
 
 # Launchers' world-size variables (torchrun/accelerate; MPI as accelerate reads them).
 WORLD_SIZE_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+# torch.distributed's variables from an MPI launcher's (Open MPI; Intel MPI and MPICH's Hydra; MVAPICH), the
+# ones accelerate's get_cpu_distributed_information reads: mpirun sets no LOCAL_RANK.
+MPI_ENV = {"RANK": ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK"),
+           "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"),
+           "LOCAL_RANK": ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK"),
+           "LOCAL_WORLD_SIZE": ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")}
+MPI_DEFAULT_PORT = "29500"   # accelerate's, for a job whose ranks are all on this machine
 # Rank 0 may compute (VQA, LLM, metrics) for hours while the others wait for their next order.
 TIMEOUT_ENV = "GAPLENS_DIST_TIMEOUT_HOURS"
 DEFAULT_TIMEOUT_HOURS = 72.0
@@ -84,6 +95,7 @@ MERGED = ".merged"
 PRELOAD_COMMANDS = ("generate", "counterfactuals", "intersectional", "mine")
 SHARD_COMMANDS = (*PRELOAD_COMMANDS, "mitigate")   # the methods that hand their work to distributed_*
 EVAL_BATCH = 16   # images per evaluation batch (at least; a VQA's own larger batch_size wins)
+RANK_DEVICES = ("auto", "cuda")   # --device values (and none) that become a rank's own GPU, cuda:LOCAL_RANK
 
 
 def launched_world_size() -> int:
@@ -98,6 +110,33 @@ def launched_world_size() -> int:
     return 1
 
 
+def adopt_mpi_environment() -> None:
+    """Under mpirun (a world size from the MPI launcher and no LOCAL_RANK), set torch.distributed's RANK,
+    WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the launcher's variables (MPI_ENV), and MASTER_ADDR and
+    MASTER_PORT when every rank is on this machine: accelerate then creates the process group (NCCL on GPUs,
+    where without LOCAL_RANK it would answer DistributedType.NO and create none). Variables already set are
+    kept. InputError, in one sentence, when the local rank is not given or the job spans machines without
+    MASTER_ADDR."""
+    if os.environ.get("LOCAL_RANK", "").strip() or launched_world_size() <= 1:
+        return   # torchrun or accelerate set the environment, or one process
+    found = {name: next((os.environ[v].strip() for v in names if os.environ.get(v, "").strip()), None)
+             for name, names in MPI_ENV.items()}
+    if found["LOCAL_RANK"] is None or found["RANK"] is None:
+        raise InputError(f"this process is one of {launched_world_size()} launched, but no variable names its rank "
+                         f"and local rank (RANK and LOCAL_RANK, or an MPI launcher's: "
+                         f"{', '.join(MPI_ENV['LOCAL_RANK'])}); launch with accelerate launch --multi_gpu, torchrun "
+                         "or mpirun")
+    for name, value in found.items():
+        if value is not None:
+            os.environ.setdefault(name, value)
+    if not os.environ.get("MASTER_ADDR"):
+        if (found["LOCAL_WORLD_SIZE"] or found["WORLD_SIZE"]) != found["WORLD_SIZE"]:
+            raise InputError("an MPI job on several machines needs MASTER_ADDR (rank 0's host name) exported to "
+                             "every rank, e.g. mpirun -x MASTER_ADDR=node1 -x MASTER_PORT=29500")
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ.setdefault("MASTER_PORT", MPI_DEFAULT_PORT)
+
+
 class Cluster:
     """This process's view of the launched job: its rank, the world size, its device, and the
     few collectives the job needs, on a gloo group (CPU tensors; next to NCCL on GPUs)."""
@@ -108,6 +147,7 @@ class Cluster:
         from accelerate import PartialState
 
         timeout = timedelta(hours=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_HOURS)))
+        adopt_mpi_environment()
         # cpu=True without CUDA: gloo, even when launched with `accelerate launch --multi_gpu`.
         self.state = PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
         self.rank = int(self.state.process_index)
@@ -318,6 +358,17 @@ def plan_evaluation(engine, images: Sequence[tuple[str, str, int]], asks: Sequen
     return batches, evaluators
 
 
+def missing_units(engine, images: Sequence[tuple[str, str, int]], asks: Sequence = (), caption: bool = False,
+                  embed: bool = False) -> dict[str, int]:
+    """{"answers", "captions", "embeddings"}: how many units evaluating `images` ((key, prompt, seed)) with
+    `asks`, `caption` and `embed` computes, those the store lacks (`plan_evaluation`'s units): the work a
+    GPU call that measures stored images does."""
+    batches, _ = plan_evaluation(engine, images, asks, caption, embed)
+    captions = sum(len(b["images"]) for b in batches if b["caption"])
+    return {"answers": sum(len(b["answer_keys"]) for b in batches) - captions, "captions": captions,
+            "embeddings": sum(len(b["embedding_keys"]) for b in batches)}
+
+
 # -- shards --------------------------------------------------------------------------------------
 
 def shards_root(store: Store) -> Path:
@@ -370,12 +421,21 @@ def merge_step(store: Store, step_dir: Path) -> int:
 
 def merge_unmerged(store: Store) -> int:
     """Adopt the shards of every step not marked merged (interrupted jobs, `--shard` slices, or a
-    job running now elsewhere: adopting is idempotent). Returns rows added."""
+    job running now elsewhere: adopting is idempotent). A `--shard` slice adopts only its own
+    earlier attempts' (the sessions `slice_tag` names): the other slices' images are no work of its,
+    and reading and re-hashing them in every slice would cost slices² × images. Returns rows added."""
     root = shards_root(store)
     if not root.is_dir():
         return 0
-    return sum(merge_step(store, step) for step in sorted(root.glob("*/*"))
+    return sum(merge_step(store, step) for step in sorted(root.glob(f"*{slice_tag()}/*"))
                if step.is_dir() and not (step / MERGED).exists())
+
+
+def slice_tag() -> str:
+    """The end of a `--shard I/N` slice's session names ("-shard3of8"), so a relaunched slice finds its
+    own manifests; '' in any other process."""
+    cluster = active()
+    return f"-shard{cluster.rank}of{cluster.world}" if cluster is not None and cluster.shard else ""
 
 
 def _append_line(path: Path, entry: dict) -> None:
@@ -619,7 +679,7 @@ _SESSION: dict = {}
 def _session_id() -> dict:
     """This process's shard session: one directory per launched job, one step per order."""
     if not _SESSION:
-        _SESSION.update(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], step=0)
+        _SESSION.update(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6] + slice_tag(), step=0)
     return _SESSION
 
 
@@ -628,7 +688,8 @@ def _session_id() -> dict:
 def cli_join(args) -> Cluster | Shard | None:
     """For `python -m engine`: join the launched job, this process's slice (`--shard I/N`), or
     None in a single process (with a note when `accelerate launch --cpu --num_processes N` started
-    one process only)."""
+    one process only). In a job on GPUs, `--device` unset, auto or cuda becomes the rank's own GPU
+    (cuda:LOCAL_RANK, accelerate's device for the rank); an explicit cuda:N or cpu is kept."""
     global _CLUSTER
     if getattr(args, "shard", None):
         if getattr(args, "command", None) not in SHARD_COMMANDS:
@@ -648,8 +709,8 @@ def cli_join(args) -> Cluster | Shard | None:
                 "--num_processes N` (gloo) or `torchrun --nproc_per_node N -m engine ...`\n")
         return None
     cluster = join()
-    if getattr(args, "device", None) is None and cluster.device.startswith("cuda"):
-        args.device = cluster.device  # one GPU per local rank
+    if cluster.device.startswith("cuda") and str(getattr(args, "device", None) or "auto") in RANK_DEVICES:
+        args.device = cluster.device  # one GPU per local rank: cuda:LOCAL_RANK, never every rank on GPU 0
     return cluster
 
 
@@ -675,6 +736,7 @@ def run_shard(shard: Shard, args, run_command) -> int:
 
     shared = Path(args.data_dir or default_data_dir()).expanduser()
     scratch = tempfile.mkdtemp(prefix=f"gaplens-shard{shard.rank}-")
+    _SESSION.clear()   # the slice's own session (slice_tag), even after another ran in this process
     shard.shared = shared
     slice_args = copy.copy(args)
     slice_args.data_dir = scratch
@@ -690,6 +752,7 @@ def run_shard(shard: Shard, args, run_command) -> int:
     finally:
         global _CLUSTER
         _CLUSTER = None
+        _SESSION.clear()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -280,8 +280,10 @@ def _memory_summary(device: str | None) -> str:
     torch = sys.modules.get("torch")
     if (torch is not None and device and str(device).startswith("cuda") and not on_zero_gpu()
             and torch.cuda.is_available()):
-        free, total = torch.cuda.mem_get_info()
-        return f"GPU {torch.cuda.get_device_name(0)}: {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
+        index = torch.device(device).index or 0   # this process's GPU (a job's rank: cuda:LOCAL_RANK)
+        free, total = torch.cuda.mem_get_info(index)
+        return (f"GPU {index} {torch.cuda.get_device_name(index)}: {(total - free) / 2**30:.1f} of "
+                f"{total / 2**30:.1f} GiB in use")
     if on_zero_gpu():
         return "ZeroGPU (a GPU is attached for each request)"
     try:

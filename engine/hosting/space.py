@@ -13,7 +13,9 @@ call; the main process itself never initialises CUDA. Only work that uses a devi
 """
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 
 from ..backends import uses_device
 from ..backends.base import ModelSpec
@@ -106,46 +108,116 @@ def needs_gpu(specs) -> bool:
 
 
 # -- how long to ask ZeroGPU for --------------------------------------------------------------------
-# ZeroGPU's slice is an H200 MIG 3g.71gb: 60 of the H200's 132 SMs and 69.5 GiB (the `spaces`
-# package's device defaults). Denoising is compute-bound, so its seconds on a full H200
-# (engine/backends/gpu_costs.py) are scaled by the slice's share of SMs. VQA, captions, embeddings and
-# LLM replies are short generations dominated by per-call overhead, so their seconds are taken as they are.
-ZERO_GPU_SMS, H200_SMS = H200_PROFILE["sm_count"], 132   # the slice's SMs; other profiles: zero_gpu_profile
+# ZeroGPU's slice is an H200 MIG 3g.71gb: 60 of the H200's 132 SMs and 69.5 GiB (the `spaces` package's
+# device defaults). Denoising is compute-bound, so its seconds on a full H200 (engine/backends/gpu_costs.py)
+# are scaled by the slice's share of SMs. VQA, captions, embeddings and LLM replies are short generations
+# dominated by per-call overhead, so their seconds are taken as they are on the slice.
+SLICE_SMS, H200_SMS = H200_PROFILE["sm_count"], 132
+# Throughput of each ZeroGPU profile relative to the H200 slice (work done per second; the slice: 1), for
+# every kind of call. SMs are not comparable across architectures, so they are not counted. The RTX PRO 6000
+# Blackwell Server Edition: 1/1.5, as documented by `spaces` 0.51.3 itself (spaces/zero/configs.json:
+# "duration_factor": 1.5, by which spaces/zero/client.py `get_duration_seconds` multiplies every duration
+# written for the slice); its memory bandwidth agrees (1.79 TB/s of GDDR7 against the slice's 4 of 8 memory
+# slices of the H200's 4.8 TB/s, 2.4 TB/s: 0.75, for the memory-bound VQA, caption and LLM decoding), and
+# 1/1.5 is the more cautious of the two. A profile not listed here counts as 1/duration_factor, never as
+# faster than the slice (`throughput`).
+PROFILE_THROUGHPUT = {"NVIDIA H200": 1.0, "NVIDIA RTX PRO 6000 Blackwell Server Edition": 1 / 1.5}
 LLM_REPLY_SECONDS = 6.0        # one LLM reply (a few hundred tokens at transformers' per-token overhead)
-START_SECONDS = 10             # CUDA start-up and moving the preloaded weights onto the slice
+START_SECONDS = 10             # CUDA start-up and moving the preloaded weights onto the GPU
 MARGIN = 1.5                   # ZeroGPU may abort a call that overruns; a visitor is charged what it used
 GPU_MIN_SECONDS, GPU_MAX_SECONDS = 20, 300   # 300 s: the most ZeroGPU grants one call
 
 
-def gpu_seconds(preset: Preset, *, images: int, steps=None, questions: int = 0, llm_calls: int = 0,
-                profile: dict | None = None) -> int:
-    """Returns the seconds to ask ZeroGPU for a run of `preset` that makes `images` images (a blank
-    `steps` means the generator's default, engine.backends.diffusers_generator.default_steps) and asks
-    `questions` VQA questions, a caption and an embedding per image, plus `llm_calls` LLM replies:
-    START_SECONDS + the work (the tables above, device models only; denoising scaled to the SMs of the
-    hardware `profile`, default the one `spaces` reports: device.zero_gpu_profile) × MARGIN, within
-    [GPU_MIN_SECONDS, GPU_MAX_SECONDS], divided by the profile's duration_factor, which `spaces`
-    multiplies the duration by (except for the "xlarge" size), so that the time granted is the estimate."""
-    profile = profile or zero_gpu_profile()
-    images, questions, llm_calls = (max(0, _whole(v)) for v in (images, questions, llm_calls))
-    work = 0.0
-    generator = preset.generator
-    if uses_device(generator) and generator.backend == "diffusers" and images:
-        from ..backends.diffusers_generator import default_steps, family_of
+@dataclass(frozen=True)
+class GpuWork:
+    """What one request makes a GPU do, in calls' units: `images` generated at `steps` (None: the generator's
+    default) by `generator` (None: the preset's), VQA `answers` (one question about one image) and `captions`
+    by `vqa` (None: the preset's), image `embeddings` and `llm_calls` (replies). A request that uses several
+    generators or evaluators (Compare models, Compare evaluators) is a list of GpuWork, one per model; parts
+    of the same models add up with `+`."""
 
-        steps = _whole(steps) if steps not in (None, "") else default_steps(generator)
-        work += images * image_seconds(family_of(generator), steps) * H200_SMS / int(profile["sm_count"])
-    vqa = preset.vqa
-    if uses_device(vqa):
-        can_caption = vqa.backend == "vlm" or vqa.options.get("caption_model")
-        work += images * (questions * QUESTION_SECONDS.get(vqa.backend, QUESTION_SECONDS["vlm"])
-                          + (CAPTION_SECONDS.get(vqa.backend, 1.0) if can_caption else 0))
-    if uses_device(preset.embedder):
-        work += images * EMBED_SECONDS
-    if uses_device(preset.llm):
-        work += llm_calls * LLM_REPLY_SECONDS
-    seconds = min(GPU_MAX_SECONDS, max(GPU_MIN_SECONDS, START_SECONDS + work * MARGIN))
-    return int(seconds / float(profile.get("duration_factor") or 1.0) if not xlarge(preset, profile) else seconds)
+    images: int = 0
+    steps: int | None = None
+    answers: int = 0
+    captions: int = 0
+    embeddings: int = 0
+    llm_calls: int = 0
+    generator: ModelSpec | None = None
+    vqa: ModelSpec | None = None
+
+    @classmethod
+    def of_images(cls, images: int, steps=None, *, questions: int = 0, llm_calls: int = 0,
+                  generator: ModelSpec | None = None) -> "GpuWork":
+        """`images` generated, each measured as a run measures it: `questions` answers, a caption and an
+        embedding; plus `llm_calls` replies. A blank or unreadable `steps` is the generator's default."""
+        images = max(0, _whole(images))
+        steps = _whole(steps) if steps not in (None, "") and _whole(steps) > 0 else None
+        return cls(images, steps, images * max(0, _whole(questions)), images, images, max(0, _whole(llm_calls)),
+                   generator)
+
+    def __add__(self, other: "GpuWork") -> "GpuWork":
+        return GpuWork(self.images + other.images, self.steps if self.images else other.steps,
+                       self.answers + other.answers, self.captions + other.captions,
+                       self.embeddings + other.embeddings, self.llm_calls + other.llm_calls,
+                       self.generator or other.generator, self.vqa or other.vqa)
+
+
+def throughput(profile: dict) -> float:
+    """The profile's throughput relative to the H200 slice (PROFILE_THROUGHPUT by its "model"); a profile
+    not listed: 1/duration_factor, at most 1 (never counted faster than the slice)."""
+    known = PROFILE_THROUGHPUT.get(str(profile.get("model", "")))
+    if known is not None:
+        return known
+    return min(1.0, 1.0 / max(1e-9, float(profile.get("duration_factor") or 1.0)))
+
+
+def work_seconds(preset: Preset, work, profile: dict | None = None) -> float:
+    """The seconds `work` (a GpuWork or a list of them) takes on the hardware `profile` (default the one
+    `spaces` reports: device.zero_gpu_profile) with `preset`'s device models (engine.backends.uses_device:
+    the synthetic world, images APIs and label tables take none): each image at its generator's seconds
+    for its steps (gpu_costs.image_seconds on a full H200, × H200_SMS / SLICE_SMS on the slice), each answer,
+    caption, embedding and LLM reply at the tables' seconds; all divided by the profile's `throughput`."""
+    profile = profile or zero_gpu_profile()
+    total = 0.0
+    for part in ([work] if isinstance(work, GpuWork) else work):
+        generator, vqa = part.generator or preset.generator, part.vqa or preset.vqa
+        if part.images and uses_device(generator) and generator.backend == "diffusers":
+            from ..backends.diffusers_generator import default_steps, family_of
+
+            steps = part.steps or default_steps(generator)
+            total += part.images * image_seconds(family_of(generator), steps) * H200_SMS / SLICE_SMS
+        if uses_device(vqa):
+            can_caption = vqa.backend == "vlm" or bool(vqa.options.get("caption_model"))
+            total += part.answers * QUESTION_SECONDS.get(vqa.backend, QUESTION_SECONDS["vlm"])
+            total += part.captions * (CAPTION_SECONDS.get(vqa.backend, 1.0) if can_caption else 0.0)
+        if uses_device(preset.embedder):
+            total += part.embeddings * EMBED_SECONDS
+        if uses_device(preset.llm):
+            total += part.llm_calls * LLM_REPLY_SECONDS
+    return total / throughput(profile)
+
+
+def granted_seconds(preset: Preset, work, profile: dict | None = None) -> int:
+    """The seconds a GPU call doing `work` needs on the hardware `profile`: START_SECONDS + work_seconds ×
+    MARGIN, within [GPU_MIN_SECONDS, GPU_MAX_SECONDS] (what ZeroGPU should grant; `gpu_seconds` asks for it)."""
+    return math.ceil(min(GPU_MAX_SECONDS, max(GPU_MIN_SECONDS, START_SECONDS + work_seconds(preset, work, profile)
+                                              * MARGIN)))
+
+
+def gpu_seconds(preset: Preset, work=None, *, images: int = 0, steps=None, questions: int = 0,
+                llm_calls: int = 0, profile: dict | None = None) -> int:
+    """Returns the seconds to ask ZeroGPU for a call of `preset` doing `work` (a GpuWork or a list of them;
+    without it, `images` made at `steps` and measured with `questions` answers each, plus `llm_calls`:
+    GpuWork.of_images), so that what `spaces` grants is `granted_seconds`: `spaces` multiplies the duration
+    asked by the profile's duration_factor, except for the "xlarge" size (spaces/zero/client.py
+    `get_duration_seconds`), so the duration asked is the time needed divided by that factor, rounded up
+    (and never above what GPU_MAX_SECONDS allows once multiplied)."""
+    profile = profile or zero_gpu_profile()
+    if work is None:
+        work = GpuWork.of_images(images, steps, questions=questions, llm_calls=llm_calls)
+    needed = granted_seconds(preset, work, profile)
+    factor = 1.0 if xlarge(preset, profile) else float(profile.get("duration_factor") or 1.0)
+    return max(1, min(math.floor(GPU_MAX_SECONDS / factor), math.ceil(needed / factor - 1e-9)))
 
 
 def xlarge(preset: Preset, profile: dict | None = None) -> bool:

@@ -37,8 +37,10 @@ from ..backends.base import CLIP_LOGIT_SCALE
 from ..common.errors import InputError
 from ..common.events import Event, Progress, Warning
 from ..common.scores import Score, number
+from ..core.distributed import missing_units
 from ..core.engine import Engine, Run, recorded, stream_image_set
 from ..hosting.limits import Estimate
+from ..hosting.space import GpuWork
 from ..metrics.intervals import share_interval, tidy
 from ..metrics import biasbench
 from ..store.store import ImageRecord
@@ -257,6 +259,22 @@ def estimate(request: ExploreRequest, until_cap: int | None = None, proposed: in
     """N images of the prompt (none with a stored run) and m per inverse query; no LLM call."""
     own = 0 if request.run else int(request.n)
     return Estimate(own + int(request.m) * len(clean_concepts(request.inverse)))
+
+
+def gpu_work(request: ExploreRequest, engine: Engine) -> GpuWork:
+    """What a step makes a GPU do (ZeroGPU's duration, engine.hosting.space.gpu_seconds): the prompt's N
+    images, each embedded and asked each axis' question, or a stored run's images (none generated) with the
+    embeddings and answers the store lacks; and m images of each test concept, embedded."""
+    asks = [(a.question, list(a.values) or None) for a in (axis_for(x) for x in clean_concepts(request.axes))]
+    tests = len(clean_concepts(request.inverse)) * max(0, int(request.m))
+    if request.run:
+        records, _ = stored_images(engine, request.run)
+        units = missing_units(engine, [(r.key, r.prompt, r.seed) for r in unflagged(records)], asks, embed=True)
+        own = GpuWork(answers=units["answers"], embeddings=units["embeddings"])
+    else:
+        n = max(0, int(request.n))
+        own = GpuWork(images=n, steps=request.steps, answers=n * len(asks), embeddings=n)
+    return own + GpuWork(images=tests, steps=request.steps, embeddings=tests)
 
 
 @recorded("explore", check, estimate)
@@ -602,6 +620,24 @@ def list_trees(engine: Engine) -> list[dict]:
 
 
 # -- label-free identity clusters ------------------------------------------------------------------------
+def cluster_work(engine: Engine, run_ids: list[str], k=4) -> GpuWork:
+    """The image embeddings `identity_clusters` computes: those the store lacks of the runs' unflagged images.
+    InputError first for what it refuses (no run, more than MAX_CLUSTER_RUNS, one the visitor may not see
+    or with no image left, k out of range): checked before a GPU is asked for."""
+    run_ids = list(dict.fromkeys(r.strip() for r in run_ids or [] if r and r.strip()))
+    if not run_ids:
+        raise InputError("pick one or more stored runs to cluster")
+    if len(run_ids) > MAX_CLUSTER_RUNS:
+        raise InputError(f"{len(run_ids)} runs; at most {MAX_CLUSTER_RUNS} are clustered at once")
+    images = []
+    for run_id in run_ids:
+        found, _ = _images_of(engine, engine.store.require_run(run_id, what="run"), run_id)
+        images += [(r.key, r.prompt, r.seed) for r in unflagged(found)]
+    if not 2 <= int(k) <= min(20, len(images)):
+        raise InputError(f"k must be between 2 and {min(20, len(images))} (the images to cluster)")
+    return GpuWork(embeddings=missing_units(engine, images, embed=True)["embeddings"])
+
+
 def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: int = 4, seed: int = 0) -> dict:
     """KMeans (scikit-learn) on the image embeddings of stored runs: no labels, no VQA.
 

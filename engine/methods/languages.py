@@ -343,14 +343,28 @@ def translate(engine: Engine, text: str, code: str, seed: int = 0) -> str:
                            _translation, temperature=0.0, seed=seed)
 
 
-def propose_translations(engine: Engine, prompt: str, codes: list[str], back: bool = True, seed: int = 0) -> dict:
-    """What the tab's "Propose translations" fills its table with, before anything runs: for each
-    code after the first, {"prompt", "source", "back_translation"} from the prompt set `prompt` is in,
-    else the LLM; the back-translation into the first language when `back`."""
+def proposal_calls(codes: list[str]) -> int:
+    """The most LLM calls "Propose translations" makes for `codes`: a translation and a back-translation
+    of every language after the first, each with its re-asks (JSON_ATTEMPTS)."""
+    return 2 * max(0, len(codes) - 1) * JSON_ATTEMPTS
+
+
+def check_proposal(engine: Engine, prompt: str, codes: list[str]) -> tuple[str, list[str]]:
+    """(prompt, codes) of a proposal, checked before any LLM call: the prompt, every code, and (a public
+    visitor) an hour that still holds its worst case (`proposal_calls`); InputError/OverBudgetError."""
     prompt = engine.check_prompt(prompt)
     codes = [str(c).strip().lower() for c in codes if str(c).strip()]
     for code in codes:
         parse_code(code)
+    engine.afford("propose translations", llm_calls=proposal_calls(codes))
+    return prompt, codes
+
+
+def propose_translations(engine: Engine, prompt: str, codes: list[str], back: bool = True, seed: int = 0) -> dict:
+    """What the tab's "Propose translations" fills its table with, before anything runs: for each
+    code after the first, {"prompt", "source", "back_translation"} from the prompt set `prompt` is in,
+    else the LLM; the back-translation into the first language when `back`."""
+    prompt, codes = check_proposal(engine, prompt, codes)
     entries = _entries(engine, prompt, codes, {}, {}, seed)
     if back:
         _back_translate(engine, entries, codes[0], seed)

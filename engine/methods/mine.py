@@ -631,7 +631,7 @@ def check(request: MineRequest, engine: Engine) -> None:
     resolve(request, engine)
 
 
-def _priced(request: MineRequest, engine: Engine) -> MineRequest:
+def priced_request(request: MineRequest, engine: Engine) -> MineRequest:
     """The request a budget checks and charges: a resume with its run's stored settings, for the
     iterations it has left (an interrupted iteration counts whole)."""
     effective, stored = resolve(request, engine)
@@ -655,7 +655,7 @@ def estimate(request: MineRequest, until_cap: int | None = None, proposed: int |
     return Estimate(int(request.n) * population * iterations, JSON_ATTEMPTS * questions, generations=iterations)
 
 
-@recorded("mine", check, estimate, continues=lambda request: request.resume, priced=_priced)
+@recorded("mine", check, estimate, continues=lambda request: request.resume, priced=priced_request)
 def run(request: MineRequest, engine: Engine, run_record: Run):
     """MineTheGap's genetic search (or the random baseline) for the prompts the model is most
     biased on (lowest gap score), resumable (`request.resume`).

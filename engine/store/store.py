@@ -1,4 +1,5 @@
-"""The store: one SQLite database (WAL) plus image files under a data directory.
+"""The store: one SQLite database (WAL; the rollback journal on a network filesystem) plus image files
+under a data directory.
 
 Every artefact is keyed by everything that determines it (DESIGN.md, "The store"):
 
@@ -9,8 +10,9 @@ Every artefact is keyed by everything that determines it (DESIGN.md, "The store"
 An identical request is therefore a cache hit, an interrupted run resumes where it stopped,
 and every number can be traced back to the images and answers behind it.
 
-Concurrency: one connection per thread, WAL journal, writes in short IMMEDIATE
-transactions with a generous busy timeout; image files are written to a temporary name and
+Concurrency: one connection per thread, WAL journal (on NFS, Lustre, CIFS and other filesystems other
+machines share, where WAL's shared memory does not work: `journal_mode=DELETE`, engine/store/filesystem.py),
+writes in short IMMEDIATE transactions with a generous busy timeout; image files are written to a temporary name and
 renamed, so a reader never sees half a file. A file whose bytes no longer match the
 recorded sha256 (or that vanished) is reported missing, and the engine regenerates it.
 """
@@ -27,6 +29,7 @@ from typing import Sequence
 
 from ..common.errors import StoreError
 from .artefacts import Artefacts
+from .filesystem import on_network_filesystem
 from .keys import CAPTION, ImageRecord, answer_key, choices_json, content_key, embedding_key, image_key, is_key, is_run_id
 from .labels import Labels
 from .maintenance import Maintenance
@@ -52,6 +55,9 @@ class Store(Artefacts, Runs, Labels, Maintenance):
         except OSError as exc:
             raise StoreError(f"cannot create the data directory {self.data_dir}: {exc}") from exc
         self.db_path = self.data_dir / "gaplens.sqlite"
+        # WAL needs every connection on one host (its index is shared memory): on a network filesystem the
+        # rollback journal, which works with the filesystem's locks (engine/store/filesystem.py)
+        self.journal_mode = "DELETE" if on_network_filesystem(self.data_dir) else "WAL"
         self._local = threading.local()
         with self._errors():
             conn = self._conn()
@@ -85,7 +91,7 @@ class Store(Artefacts, Runs, Labels, Maintenance):
                                        check_same_thread=False)
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot open the store at {self.db_path}: {exc}") from exc
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA journal_mode={self.journal_mode}")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.row_factory = sqlite3.Row
             self._local.conn = conn
