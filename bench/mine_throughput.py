@@ -49,12 +49,17 @@ def killed_then_resumed() -> dict:
     data = tempfile.mkdtemp(prefix="gaplens-bench-resume-")
     cmd = [sys.executable, "-m", "engine", "mine", "--preset", "synthetic", "--data-dir", data, "--quiet",
            *[f"--{k.replace('_', '-')}={GA[k]}" for k in ("iterations", "population", "select", "mutations", "seed")],
-           "-n", str(GA["n"])]
+           "-n", str(GA["n"]),
+           # each image takes a GPU's time (the cost model: no output or cache key changes), so the kill lands
+           # in the middle of iteration 2 however small the run
+           "--generator-option", "seconds_per_image=0.02"]
     child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     engine = Engine("synthetic", data_dir=data, max_images=256)
     deadline, run_id = time.time() + 120, None
     while time.time() < deadline:                       # kill it in the middle of iteration 2
+        if child.poll() is not None:
+            raise SystemExit(f"the mining run ended (exit {child.returncode}) before it could be killed")
         runs = mine.list_runs(engine)
         if runs:
             run_id = runs[0]["id"]

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,13 @@ def test_every_bench_has_a_smoke_run():
 
 
 def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "GAPLENS_BENCH_DIR": str(tmp_path / "models"),
-           "GAPLENS_DATA_DIR": str(tmp_path / "store"), "TMPDIR": str(tmp_path)}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    # a short TMPDIR of its own: Chromium's socket path under pytest's tmp_path can pass the 107 bytes a Unix
+    # socket may have ("Socket path too long")
+    with tempfile.TemporaryDirectory(prefix="glb-", dir="/tmp") as tmp:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+               "GAPLENS_BENCH_DIR": str(tmp_path / "models"), "GAPLENS_DATA_DIR": str(tmp_path / "store"), "TMPDIR": tmp}
+        return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.slow
