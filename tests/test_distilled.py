@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends.base import ModelSpec
+from engine.backends.base import CANT_TELL, ModelSpec, label_of
 from engine.cli import main as cli_main
 from engine.common.errors import ModelLoadError
 from engine.core.distilled import calibration_sample, probe_key
@@ -63,6 +63,20 @@ def test_a_probe_answers_most_images_and_the_unsure_ones_go_to_the_teacher(tmp_p
                 if answer_key(sources["teacher_id"], r.key, *GENDER, scored=True) not in asked]
     assert len(by_probe) == sources["probe"]
     assert all(max(a.probs.values()) >= 0.6 for a in by_probe)   # below the can't-tell threshold: the teacher's
+
+
+def test_where_the_teacher_cannot_tell_the_probe_says_so_instead_of_asking_it_of_every_image(tmp_path):
+    """The synthetic world draws no disability: its VQA guesses among the choices with no class above another,
+    which is "can't tell". The probe learns that answer too: it says "can't tell" itself, so the teacher is
+    asked only the calibration sample, and not every image a second time."""
+    disability = ("Does the person use a wheelchair?", ["fit", "blind", "hearing aid", "wheelchair"])
+    engine = _distilled(tmp_path)
+    records = _records(engine)
+    got = engine.ask_many(records, [disability])[0]
+    assert all(label_of(a, engine.cant_tell_below) == CANT_TELL for a in got)
+    sources = engine.answer_sources(records, *disability)
+    assert sources["teacher"] == 40 and sources["probe"] == len(records) - 40   # the calibration sample alone
+    assert sources["held_out"]["accuracy"] == 1.0 and sources["note"] == ""
 
 
 def test_a_probe_is_stored_with_its_provenance_and_reused_by_the_next_run(tmp_path):

@@ -16,6 +16,11 @@ For a question asked of some images (`distilled_answers`):
 3. An image the teacher has answered keeps the teacher's answer; any other image gets the probe's
    probabilities, unless their top is under `teacher_below`: then the teacher answers it.
 
+The teacher's "can't tell" (its top probability under the engine's threshold) is a class the probe learns
+too: where the teacher cannot tell (a question about what it does not see), the probe says so as well, with
+no class above another, instead of sending every such image back to the teacher. A probe whose pool is
+"can't tell" alone always says so (its held-out agreement still measured); one real class alone is no probe.
+
 A probe is stored with its provenance (teacher id, embedder id, the sample's image keys, the held-out
 figures, scikit-learn's version) and reused across runs of the same embedder and teacher. Which answers
 came from the probe and which from the teacher (`answer_sources`) is read back from the store: an answer
@@ -29,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..backends.base import ClassAnswer, ModelSpec, class_answer
+from ..backends.base import CANT_TELL, ClassAnswer, ModelSpec, class_answer
 from ..common.errors import ModelLoadError
 from ..metrics.agreement import agreement
 from ..store.store import choices_json, content_key, embedding_key
@@ -81,25 +86,36 @@ def calibration_sample(records: Sequence, share: float, minimum: int, seed: int)
     return sorted(chosen)
 
 
+def probe_columns(record: dict) -> list[str]:
+    """What a probe's probabilities are of: its record's choices (lower-case), then CANT_TELL when the teacher
+    said it in training."""
+    return list(record["choices"]) + ([CANT_TELL] if CANT_TELL in record["classes"] else [])
+
+
 def probe_probabilities(record: dict, vectors: np.ndarray) -> np.ndarray:
-    """(n, len(choices)) the probe's probability of each choice (the choices, lower-case, of its record;
-    0 for a choice the teacher never gave in training): scikit-learn's LogisticRegression.predict_proba from
-    its stored weights (a sigmoid for two classes, else a softmax)."""
+    """(n, len(probe_columns)) the probe's probability of each choice and of "can't tell" (0 for what the
+    teacher never gave in training): scikit-learn's LogisticRegression.predict_proba from its stored
+    weights (a sigmoid for two classes, else a softmax); 1 for its one class when it has one."""
     from scipy.special import expit, softmax
 
+    columns = probe_columns(record)
+    out = np.zeros((len(vectors), len(columns)))
+    if record.get("constant"):
+        out[:, columns.index(record["constant"])] = 1.0
+        return out
     coef, intercept = np.asarray(record["coef"], float), np.asarray(record["intercept"], float)
     logits = np.asarray(vectors, float) @ coef.T + intercept
     fitted = np.column_stack([1 - expit(logits[:, 0]), expit(logits[:, 0])]) if coef.shape[0] == 1 \
         else softmax(logits, axis=1)
-    out = np.zeros((len(vectors), len(record["choices"])))
     for j, c in enumerate(record["classes"]):
-        out[:, record["choices"].index(c)] = fitted[:, j]
+        out[:, columns.index(c)] = fitted[:, j]
     return out
 
 
 def fit_probe(keys: list[str], vectors: np.ndarray, labels: list[str], choices: list[str], settings) -> dict:
-    """Returns a probe record trained on (vectors, labels) with `settings.held_out` of them (seeded) kept out
-    to measure its agreement with the labels (metrics.agreement: accuracy, Cohen's κ, their intervals)."""
+    """Returns a probe record trained on (vectors, labels: choices or CANT_TELL) with `settings.held_out` of
+    them (seeded) kept out to measure its agreement with the labels (metrics.agreement: accuracy, Cohen's κ,
+    their intervals)."""
     import sklearn
     from sklearn.linear_model import LogisticRegression
 
@@ -111,15 +127,21 @@ def fit_probe(keys: list[str], vectors: np.ndarray, labels: list[str], choices: 
     record = {"format": PROBE_FORMAT, "choices": list(choices), "n_pool": len(keys), "n_train": int(len(train)),
               "n_held_out": int(len(test)), "sample": sorted(keys), "min_agreement": settings.min_agreement,
               "sklearn": sklearn.__version__, "created": time.time()}
-    present = sorted({labels[i] for i in train}, key=choices.index)
-    if len(present) < 2:
+    universe = list(choices) + [CANT_TELL]
+    present = sorted({labels[i] for i in train}, key=universe.index)
+    if present == [CANT_TELL]:   # the teacher could not tell any image it was shown: nor can the probe
+        record.update(classes=present, constant=CANT_TELL)
+    elif len(present) < 2:
         return {**record, "classes": present, "usable": False, "held_out": None,
                 "why": f"the teacher gave one answer ({present[0] if present else 'none'}) to every calibration image"}
-    model = LogisticRegression(max_iter=2000).fit(vectors[train], [labels[i] for i in train])
-    record.update(classes=[str(c) for c in model.classes_], coef=model.coef_.tolist(),
-                  intercept=model.intercept_.tolist())
-    predicted = [choices[j] for j in probe_probabilities(record, vectors[test]).argmax(axis=1)]
-    held_out = agreement([labels[i] for i in test], predicted, choices, seed=settings.seed)
+    else:
+        model = LogisticRegression(max_iter=2000).fit(vectors[train], [labels[i] for i in train])
+        record.update(classes=[str(c) for c in model.classes_], coef=model.coef_.tolist(),
+                      intercept=model.intercept_.tolist())
+    columns = probe_columns(record)
+    predicted = [columns[j] for j in probe_probabilities(record, vectors[test]).argmax(axis=1)]
+    held_out = agreement([labels[i] for i in test], predicted, universe if CANT_TELL in labels else list(choices),
+                         seed=settings.seed)
     record["held_out"] = {k: held_out[k] for k in ("n", "accuracy", "accuracy_ci", "kappa", "kappa_ci")}
     record["usable"] = held_out["accuracy"] is not None and held_out["accuracy"] >= settings.min_agreement
     if not record["usable"]:
@@ -157,7 +179,8 @@ class Distiller:
         pool = self.engine.store.scored_answers_to(self.teacher_id, question, choices_json(asked_choices))
         if stored is not None and len(pool) < 2 * stored.get("n_pool", 0):
             return stored
-        pool = {k: a for k, a in pool.items() if a in choices}
+        threshold = self.engine.cant_tell_below   # the teacher's unsure answers: its "can't tell"
+        pool = {k: (CANT_TELL if p < threshold else a) for k, (a, p) in pool.items() if a in choices}
         vectors = self.engine.store.get_embeddings([embedding_key(self.embedder_id, k) for k in pool])
         keys = [k for k in sorted(pool) if embedding_key(self.embedder_id, k) in vectors]
         if len(keys) < self.settings.min_sample or (stored is not None and len(keys) < 2 * stored.get("n_pool", 0)):
@@ -186,12 +209,14 @@ class Distiller:
         to_teacher: dict[int, list[int]] = {a: list(wanted[a]) for a in wanted if a not in usable}
         for a in usable:
             known = self._teacher_answered(records, asks[a], wanted[a])
-            probs = probe_probabilities(probes[a], vectors[wanted[a]])
+            probs, k = probe_probabilities(probes[a], vectors[wanted[a]]), len(choices[a])
             for i, row in zip(wanted[a], probs):
                 if i in known or row.max() < self.settings.teacher_below:
                     to_teacher.setdefault(a, []).append(i)
-                else:
-                    out[(a, i)] = class_answer(asks[a][1], np.log(np.clip(row, 1e-300, None)))   # softmax(log p) = p
+                elif row.argmax() >= k:   # the teacher's "can't tell": no class above another
+                    out[(a, i)] = class_answer(asks[a][1], np.zeros(k))
+                else:   # softmax(log p) = p over the choices
+                    out[(a, i)] = class_answer(asks[a][1], np.log(np.clip(row[:k], 1e-300, None)))
         out.update(self._ask_teacher(records, asks, to_teacher))
         for a in usable:   # the teacher's answers to the probe's unsure images grow its pool: twice as large, train again
             if to_teacher.get(a):

@@ -150,12 +150,12 @@ class Artefacts:
                 db.executemany("INSERT OR REPLACE INTO answers (key, image_key, evaluator, question, choices, answer, "
                                "probs, text, created) VALUES (?,?,?,?,?,?,?,?,?)", data)
 
-    def scored_answers_to(self, evaluator: str, question: str, choices_json: str) -> dict[str, str]:
-        """{image key: answer} of every stored answer `evaluator` gave `question` with these choices and a
-        probability per class (the distilled evaluator's pool of teacher answers)."""
-        rows = self._read("SELECT image_key, answer FROM answers WHERE evaluator=? AND question=? AND choices=? "
-                          "AND probs != ''", (evaluator, question, choices_json))
-        return {r["image_key"]: r["answer"] for r in rows}
+    def scored_answers_to(self, evaluator: str, question: str, choices_json: str) -> dict[str, tuple[str, float]]:
+        """{image key: (answer, its probability)} of every stored answer `evaluator` gave `question` with these
+        choices and a probability per class (the distilled evaluator's pool of teacher answers)."""
+        rows = self._read("SELECT image_key, answer, probs FROM answers WHERE evaluator=? AND question=? AND "
+                          "choices=? AND probs != ''", (evaluator, question, choices_json))
+        return {r["image_key"]: (r["answer"], max(json.loads(r["probs"]).values(), default=0.0)) for r in rows}
 
     def get_probe(self, key: str) -> dict | None:
         """The stored probe record of that key (engine/core/distilled.py), or None."""
