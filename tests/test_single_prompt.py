@@ -61,6 +61,23 @@ def test_free_text_axis_and_reference_mode(engine, planted):
     assert sum(results["axes"]["hair color"]["counts"].values()) == 16
 
 
+def test_one_image_is_measured_with_shares_and_no_metric_interval_on_every_kind_of_axis(engine, planted):
+    """N = 1 (the form allows it): an image cannot be resampled, so a free-text axis and reference mode
+    give the metrics without an interval and say why (scipy's bootstrap refused one observation, so
+    the run failed), while every share keeps its Jeffreys interval."""
+    from engine.report.single_prompt import axis_html
+
+    for mode in ("paper", "reference"):
+        results, _ = measure(engine, "a photo of a doctor", n=1, axes=["gender", "hat"], mode=mode)
+        for name in ("gender", "hat"):
+            axis = results["axes"][name]
+            assert axis["n"] == 1 and all(lo < 1 and hi > 0 for lo, hi in axis["share_ci"].values())
+        hat = results["axes"]["hat"]
+        assert hat["ci"]["composite_bias_score"] == [None, None]
+        assert "one image cannot be resampled" in axis_html("hat", hat)
+    assert results["axes"]["gender"]["ci"]["composite_bias_score"] == [None, None]   # reference mode: BCa too
+
+
 def test_llm_garbage_leaves_the_gap_score_out_with_a_note_and_the_run_done(engine, planted):
     """Issue 35: the gap score is optional; an LLM that writes no JSON loses it, never the run."""
     from engine.common.events import Warning

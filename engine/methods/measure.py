@@ -78,8 +78,9 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
     point["share_ci"] = {c: list(share_interval(k, n)) for c, k in counts.items()}
     point["sample_size"] = sample_size_advice(counts, half_width)
     draws: dict[str, np.ndarray] = {}
-    if n and n_boot:
-        if mode == "paper" and axis.values:
+    posterior = mode == "paper" and bool(axis.values)
+    if n and n_boot and (posterior or len(labels) >= 2):   # resampling images needs two of them
+        if posterior:
             shares = dirichlet_draws([counts[c] for c in classes], n_boot, seed)
             batch = biasbench.paper_metrics_batch(shares * n, classes, reference, axis.pd_groups)
             draws = {name: batch[name] for name in SCALAR_METRICS}
@@ -102,8 +103,9 @@ def axis_metrics_with_ci(labels: list[str], axis: Axis, reference: dict | None, 
         point["ci"] = {name: list(posterior_interval(draws[name], finite_or_none(point[name]), 0.05, *ranges[name]))
                        if name in draws else [None, None] for name in SCALAR_METRICS}
     point.update(cant_tell_counts(labels))
-    point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if mode == "paper" and axis.values
-                                else "Jeffreys shares; BCa bootstrap metrics")
+    point["interval_method"] = ("Jeffreys shares; Dirichlet posterior metrics" if posterior
+                                else "Jeffreys shares; BCa bootstrap metrics" if len(labels) >= 2
+                                else "Jeffreys shares; no interval for the metrics from one image")
     point["_draws"] = draws.get("composite_bias_score")
     return point
 

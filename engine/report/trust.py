@@ -59,7 +59,8 @@ def axis_extras_html(name: str, m: dict) -> Markup:
     if "n" not in m:
         return Markup("")
     return render("trust/axis_extras.html", name=name, m=m, s=m.get("sample_size"),
-                  method="posterior" if "posterior" in m.get("interval_method", "") else "BCa")
+                  method=next((word for word in ("posterior", "BCa", "no interval") if word in m.get("interval_method", "")),
+                              "BCa"))
 
 
 def headline_html(claim: dict | None) -> Markup:
