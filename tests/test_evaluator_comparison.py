@@ -39,6 +39,21 @@ def test_three_evaluators_give_fleiss_kappa_on_the_page(data_dir):
     assert "Fleiss' κ" in str(page_for("single_prompt")(done.results))
 
 
+def test_the_runs_own_evaluator_listed_again_is_asked_once(data_dir):
+    """Listing the run's evaluator among the others (or one twice) added it as a rater "(2)" that agreed
+    with itself (κ 1.000), inflating the agreement shown; it is asked once, with a warning naming it."""
+    engine = Engine("synthetic", data_dir=data_dir)
+    events = _run(engine, ["gender"], ["synthetic_vqa:synthetic_world.json", "synthetic_colour_vqa:synthetic_world.json",
+                                       "synthetic_colour_vqa:synthetic_world.json"], n=8)
+    compared = events[-1].results["evaluators"]
+    assert compared["evaluators"] == ["synthetic_vqa:synthetic_world.json", "synthetic_colour_vqa:synthetic_world.json"]
+    warned = [e.message for e in events if isinstance(e, Warning) and e.message.startswith("asked once")]
+    assert warned == ["asked once: synthetic_vqa:synthetic_world.json, synthetic_colour_vqa:synthetic_world.json (the "
+                      "run's own evaluator, or listed twice: an evaluator always agrees with itself)"]
+    alone = _run(engine, ["gender"], ["synthetic_vqa:synthetic_world.json"], n=8)[-1].results
+    assert "evaluators" not in alone
+
+
 def test_an_axis_one_evaluator_cannot_answer_is_left_out_before_any_image(data_dir):
     """Item 2: faces answers gender and age only. With the default axes the run says so before its
     first image and compares on gender and age; with no axis it can answer, nothing is made."""

@@ -186,6 +186,17 @@ def other_evaluators(engine: Engine, request: SinglePromptRequest) -> list:
     return [backend_choices.resolve(engine, "vqa", name) for name in request.evaluators or []]
 
 
+def distinct_evaluators(engine: Engine, others: list) -> tuple[list, list[str]]:
+    """(the `others` whose loaded model is neither the run's evaluator nor an earlier one, the labels of
+    those left out): the same model listed again would only count its agreement with itself."""
+    seen, kept, repeated = {engine.model_id("vqa")}, [], []
+    for spec in others:
+        model_id = engine.with_vqa(spec).model_id("vqa")
+        (repeated if model_id in seen else kept).append(spec.full_label if model_id in seen else spec)
+        seen.add(model_id)
+    return kept, repeated
+
+
 def estimate(request: SinglePromptRequest, until_cap: int | None = None, proposed: int | None = None) -> Estimate:
     """N images, or up to `until_cap` (the largest N the user may grow a set to; None: not
     counted) when `until_half_width` grows the set; the gap score's variations: one JSON question
@@ -273,8 +284,12 @@ def run(request: SinglePromptRequest, engine: Engine, run_record: Run):
     if asked.sources:   # the distilled evaluator: which answers its probe gave, which its teacher
         results["answer_sources"] = asked.sources
     run_record.save(results)
-    if request.evaluators:   # every axis with classes answered by each other evaluator too (issue 35)
-        yield Progress(0, 1, "vqa", f"asking {len(request.evaluators)} more evaluator(s)")
+    others, repeated = distinct_evaluators(engine, others)
+    if repeated:
+        yield Warning(f"asked once: {', '.join(repeated)} (the run's own evaluator, or listed twice: an evaluator "
+                      "always agrees with itself)")
+    if others:   # every axis with classes answered by each other evaluator too (issue 35)
+        yield Progress(0, 1, "vqa", f"asking {len(others)} more evaluator(s)")
         results["evaluators"] = several_evaluators(engine, others, axes, valid, answers_by_axis,
                                                    results["answer_probs"], left_out, request.seed)
         yield EvaluatorsCompared(results["evaluators"])
