@@ -49,11 +49,13 @@ if (!window.glToastRule) {
 }
 """
 
-# A shared view's link names its tab (`?tab=explore&tree=…`): select it once the tabs exist.
+# A shared view's link names its tab (`?tab=explore&tree=…`; Explore's short `?run=<node>` names none): select it
+# once the tabs exist.
 LINKED_TAB = """
 if (!window.glLinkedTab) {
   window.glLinkedTab = true;
-  const tab = new URLSearchParams(window.location.search).get('tab');
+  const query = new URLSearchParams(window.location.search);
+  const tab = query.get('tab') || (query.get('run') || query.get('tree') ? 'explore' : null);
   const pick = (tries) => {
     const b = document.querySelector(`button[role=tab][data-tab-id="${CSS.escape(tab)}"]`);
     if (b) b.click(); else if (tries > 0) setTimeout(() => pick(tries - 1), 100);

@@ -297,8 +297,10 @@ def test_a_looped_and_a_thousand_node_tree_open_through_their_links(app, tmp_pat
     root, leaf = node_id(0), node_id(999)
     with browser_page() as page:
         page.context.set_extra_http_headers({"x-gaplens-host-token": HOST_TOKEN})
-        page.goto(f"{url}?tab=explore&tree={pair[0]}", wait_until="load")
-        page.wait_for_function("document.querySelectorAll('#ex-tree-view li[data-node]').length === 2", timeout=60_000)
+        page.goto(f"{url}?run={pair[1]}", wait_until="load")   # the short link names no tab: Explore opens
+        page.wait_for_selector("#ex-tree-view .gl-tree-note", state="visible", timeout=60_000)
+        assert page.locator("#ex-tree-view li[data-node]").count() == 2
+        assert page.inner_text("#ex-tree-view .gl-tree-note").startswith("the parent links loop")
         assert "Error" not in page.inner_text("#ex-progress")
         page.goto(f"{url}?tab=explore&tree={root}&run={leaf}", wait_until="load")
         page.wait_for_selector("#ex-tree-view .gl-tree-note", timeout=120_000)

@@ -92,6 +92,8 @@ def test_a_loop_already_in_the_store_opens_through_its_link_each_node_once(sourc
         assert sorted(view[2].count(f'data-node="{i}"') for i in (A, B)) == [1, 1]
     nodes, _ = bounded(explore.tree_nodes, engine, A)
     assert [n["id"] for n in nodes] == [A, B] and [n["depth"] for n in nodes] == [0, 1]
+    assert nodes[0]["cut"].startswith(f"the parent links loop (node {A} is also below itself")
+    assert nodes[0]["cut"] in str(report.tree_html(nodes))
     assert len(explore.tree_json(engine, A)["nodes"]) == 2
 
 

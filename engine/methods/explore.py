@@ -505,26 +505,28 @@ def _tree_records(engine: Engine, tree_id: str) -> tuple[list[dict], list[int], 
     for r in engine.store.list_runs("explore", oldest_first=True):
         children.setdefault((r["request"] or {}).get("parent") or "", []).append(r["id"])
     order, depths, seen, todo = [], [], {root["id"]}, deque([(root["id"], 0)])
-    cut = ""
+    cuts: dict[str, str] = {}   # why the walk stopped somewhere, each reason once
     while todo:
         node, depth = todo.popleft()
         if len(order) == MAX_TREE_NODES:
-            cut = f"this tree has more than {MAX_TREE_NODES} nodes; the first {MAX_TREE_NODES} are shown"
+            cuts["nodes"] = f"this tree has more than {MAX_TREE_NODES} nodes; the first {MAX_TREE_NODES} are shown"
             break
         order.append(node)
         depths.append(depth)
         for child in children.get(node, []):
-            if child in seen:
+            if child in seen:   # a node has one parent, so only a loop comes back to one
+                cuts["loop"] = (f"the parent links loop (node {child} is also below itself, written before imports "
+                                "checked them): each node is shown once")
                 continue
             if depth + 1 > MAX_TREE_DEPTH:
-                cut = f"nodes more than {MAX_TREE_DEPTH} levels below the root are left out"
+                cuts["depth"] = f"nodes more than {MAX_TREE_DEPTH} levels below the root are left out"
                 continue
             seen.add(child)
             todo.append((child, depth + 1))
     rows = {r["id"]: r for r in engine.store.run_rows(order[1:])}   # one query per 500 nodes, not two a node
     records = [root] + [_decoded(rows.get(run_id)) for run_id in order[1:]]
     kept = [i for i, r in enumerate(records) if r is not None]   # a run deleted meanwhile
-    return [records[i] for i in kept], [depths[i] for i in kept], cut
+    return [records[i] for i in kept], [depths[i] for i in kept], "; ".join(cuts.values())
 
 
 def _decoded(row: dict | None) -> dict | None:
