@@ -86,6 +86,8 @@ def _seed_bad_run(data_dir: Path) -> str:
         db.execute("UPDATE runs SET request=?, summary=? WHERE id=?",
                    (json.dumps({"prompt": "a photo of a \ud800 doctor\x00", "axes": ["gender", "hair \ud800"]}),
                     json.dumps({"note": "\udcff"}), run_id))
+        # and a byte that is no UTF-8 at all, as only another tool can write it (sqlite3 then refused every read)
+        db.execute("UPDATE runs SET error=CAST(X'55ff' AS TEXT) WHERE id=?", (run_id,))
     return run_id
 
 

@@ -112,7 +112,18 @@ class Store(Artefacts, Runs, Labels, Maintenance):
 
     def _read(self, sql: str, args: Sequence = ()) -> list[sqlite3.Row]:
         with self._errors():
-            return self._conn().execute(sql, args).fetchall()
+            conn = self._conn()
+            try:
+                return conn.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "could not decode to utf-8" not in str(exc).lower():
+                    raise
+            # a text another tool wrote that is not UTF-8: read as U+FFFD, rather than one row hiding every other
+            conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
+            try:
+                return conn.execute(sql, args).fetchall()
+            finally:
+                conn.text_factory = str
 
     def _read_in(self, select: str, column: str, values: Sequence, order: str = "") -> list[sqlite3.Row]:
         """Rows of `select ... WHERE column IN (values)`, queried in chunks that stay under
