@@ -15,7 +15,7 @@ from engine.backends.synthetic import SyntheticLLM, load_world
 from engine.backends.synthetic.phrasing import back_translate, translate
 from engine.cli import main
 from engine.common.errors import InputError
-from engine.common.events import Warning
+from engine.common.events import Images, Warning
 from engine.common.llm_prompts import translate_prompt
 from engine.hosting.limits import Estimate
 from engine.methods import METHODS, languages
@@ -116,6 +116,20 @@ def test_a_subject_the_world_does_not_know_gets_one_notice(engine):
     assert len(surgeon) == 1 and "default figure" in surgeon[0] and "'a photo of a surgeon'" in surgeon[0]
     assert len(notices("uma foto de um cirurgião")) == 1          # Portuguese: not spoken
     assert notices("a photo of a doctor") == [] and notices("ein Foto von einem Arzt") == []
+
+
+def test_a_run_over_many_unknown_prompts_names_three_then_says_there_are_more(engine):
+    """The occupation study printed 162 such notices, burying its results: a run names the first three
+    prompts, then says once that there are more."""
+    request = METHODS["counterfactuals"].request(prompt="a photo of a {occupation}", n=2,
+                                                 fill=["surgeon", "announcer", "housekeeper", "baker", "doctor"])
+    events = list(METHODS["counterfactuals"].run(request, engine))
+    prompts = {r.prompt for e in events if isinstance(e, Images) for r in e.records}
+    notes = [e.message for e in events if isinstance(e, Warning)
+             and ("knows no subject" in e.message or "get such a note" in e.message)]
+    assert len(prompts) > 4 and len(notes) == 4, notes
+    assert all("knows no subject" in note for note in notes[:3])
+    assert notes[3].startswith("more than 3 of this run's prompts get such a note (the next is 'a photo of a")
 
 
 def test_a_language_the_world_does_not_speak_is_one_sentence_and_no_run(engine):

@@ -134,6 +134,9 @@ class EngineStats:
             setattr(self, name, getattr(self, name) + k)
 
 
+PROMPT_NOTES_NAMED = 3   # a run over many prompts (the occupation study) names this many, then says there are more
+
+
 @dataclass
 class Run:
     """A run record being written: images linked as they arrive, results at the end; and what
@@ -148,6 +151,7 @@ class Run:
     stats: EngineStats = field(default_factory=EngineStats)
     api_calls: int = 0
     api_calls_announced: int = 0
+    noted_prompts: set = field(default_factory=set)   # prompts whose generator note (prompt_note) was given
 
     def add_images(self, records: Sequence[ImageRecord], label: str = "") -> None:
         self.engine.store.add_run_images(self.id, [r.key for r in records], label)
@@ -290,9 +294,14 @@ def stream_image_set(engine, run: Run, prompt: str, seeds: Sequence[int],
         yield Warning(f"{calls} image API call(s) to {engine.model_id('generator')} for '{prompt}' (budget "
                       f"{engine.max_api_calls - run.api_calls} left in this run); API images are not seedable, "
                       "so regenerating them would not reproduce them: they are kept in the store")
-    note = engine.prompt_note(prompt)
+    note = engine.prompt_note(prompt) if prompt not in run.noted_prompts else None
     if note:   # e.g. a subject the synthetic world does not know: its default figure, not what was asked
-        yield Warning(note)
+        run.noted_prompts.add(prompt)
+        if len(run.noted_prompts) <= PROMPT_NOTES_NAMED:
+            yield Warning(note)
+        elif len(run.noted_prompts) == PROMPT_NOTES_NAMED + 1:
+            yield Warning(f"more than {PROMPT_NOTES_NAMED} of this run's prompts get such a note (the next is "
+                          f"'{prompt}'); the others are not named one by one")
     overlap = _Overlap(evaluate) if evaluate is not None and engine.overlap_evaluation else None
     finished = False
     try:
