@@ -29,6 +29,8 @@ def test_generate_prints_one_record_per_image_and_writes_a_run(tmp_path):
     status = json.loads(cli("status", "--preset", "synthetic", data_dir=tmp_path).stdout)
     assert status["stored_images"] == 8 and status["runs"] == 1
     assert status["data_dir"] == str(tmp_path)   # the whole path (issue 42.19: it said "gaplens")
+    relative = json.loads(cli("status", "--preset", "synthetic", data_dir=os.path.relpath(tmp_path, ROOT)).stdout)
+    assert relative["data_dir"] == str(tmp_path.resolve()) and relative["runs"] == 1   # also when given relative
 
 
 def test_bad_input_prints_a_clear_error_and_exits_2(tmp_path):

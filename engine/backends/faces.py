@@ -56,8 +56,8 @@ def question_problem(questions: Sequence[str]) -> str | None:
     other = [q for q in questions if attribute_of(q) is None]
     if not other:
         return None
-    return (f"the faces evaluator answers only gender and age questions, not '{other[0]}'; measure the "
-            "gender and age axes with it (e.g. --axes gender age) or use a VQA model for the others")
+    return (f"the faces evaluator answers only gender and age questions, not '{other[0]}'; measure only the "
+            "gender and age axes with it, or use a VQA model for the others")
 
 
 class FaceAttributes:

@@ -164,7 +164,7 @@ class Engine(ImageMaking, Evaluation, RunLifecycle):
             "device": self.models._device or "not chosen yet (no real model loaded)",
             "memory": _memory_summary(self.models._device),
             "resident": self.models.summary(),
-            "data_dir": str(self.store.data_dir) if not self.public else "(hidden in public mode)",   # where it is
+            "data_dir": str(self.store.data_dir.resolve()) if not self.public else "(hidden in public mode)",
             # a visitor sees their own runs only: the store-wide count would tell them everyone's activity
             "stored_images": self.store.count("images") if not self.public or access.visitor_for(True).host else None,
             "runs": self.store.count_runs() if self.public else self.store.count("runs"),
