@@ -351,7 +351,7 @@ def show_image(engine, state, data: dict):
     results = (engine.store.get_run(state["node"]) or {}).get("results") or {}
     item = next((i for i in explore.node_images(results) if i["key"] == key), {})
     return served(record.path), report.image_panel(record, key, item.get("scores") or {}, caption, answers,
-                                                   engine.cant_tell_below)
+                                                   engine.cant_tell_below, explore.evaluator_labels(engine))
 
 
 def export_tree(engine, fmt: str, state):

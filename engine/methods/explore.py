@@ -45,7 +45,7 @@ from ..metrics.intervals import share_interval, tidy
 from ..metrics import biasbench
 from ..store.store import ImageRecord
 from .axes import axis_for
-from .measure import AskedAnswers, measure_axes
+from .measure import AskedAnswers, evaluator_names, measure_axes
 from .options import GenerationOptions, settle_settings
 
 DEFAULT_CONCEPTS = ["a photo of a man", "a photo of a woman"]
@@ -527,6 +527,13 @@ def _tree_records(engine: Engine, tree_id: str) -> tuple[list[dict], list[int], 
     records = [root] + [_decoded(rows.get(run_id)) for run_id in order[1:]]
     kept = [i for i, r in enumerate(records) if r is not None]   # a run deleted meanwhile
     return [records[i] for i in kept], [depths[i] for i in kept], "; ".join(cuts.values())
+
+
+def evaluator_labels(engine: Engine) -> dict[str, str]:
+    """{model id: the name a user types (as Single Prompt shows it)} for the engine's VQA evaluator when it is
+    loaded: the store keeps answers under model ids ('synthetic-vqa:85141b93e5:v2'), which nothing loads."""
+    spec = engine.preset.vqa
+    return {engine.model_id("vqa"): evaluator_names(spec.full_label, [])[0]} if engine.models.holds(spec) else {}
 
 
 def _decoded(row: dict | None) -> dict | None:

@@ -341,11 +341,12 @@ def tree_document(engine, tree_id: str) -> Markup:
     return tree_page(tree, pages, thumbs)
 
 
-def image_panel(record, key: str, scores: dict, caption: str, answers: list[dict], cant_tell_below: float) -> Markup:
+def image_panel(record, key: str, scores: dict, caption: str, answers: list[dict], cant_tell_below: float,
+                labels: dict[str, str] | None = None) -> Markup:
     """A clicked dot's image panel: seed, prompt, its scores on the concepts, its caption, and every stored
-    answer credited to its evaluator, with the probabilities behind it and "can't tell" where its top
-    probability is below `cant_tell_below` (issue 42). `answers`: the store's rows (evaluator, question,
-    answer, probs as JSON text)."""
+    answer credited to its evaluator, by the name in `labels` ({model id: name}) where it has one, with the
+    probabilities behind it and "can't tell" where its top probability is below `cant_tell_below` (issue 42).
+    `answers`: the store's rows (evaluator, question, answer, probs as JSON text)."""
     import json
 
     rows = []
@@ -365,7 +366,7 @@ def image_panel(record, key: str, scores: dict, caption: str, answers: list[dict
     return macro("explore.html", "image_panel")(seed=record.seed, prompt=record.prompt, key=key,
                                                 scores=sorted((scores or {}).items(), key=lambda kv: -kv[1]),
                                                 caption=caption, evaluators=by_evaluator,
-                                                threshold=cant_tell_below)
+                                                labels=labels or {}, threshold=cant_tell_below)
 
 
 def clusters_html(clusters: dict, thumbs: dict | None = None) -> Markup:
