@@ -100,6 +100,9 @@ def test_three_evaluators_show_fleiss_kappa_and_each_image_credits_its_answers(d
             assert "Fleiss' κ over the 0 image(s) all 3 answered" in text   # faces finds no face in this world
             assert page.inner_text(f"{block} > p [data-metric='kappa']") == "undefined: no image answered by all 3"
             assert "faces:bundled 0 of 16" in text
+            assert page.inner_text(f"{block} .gl-silent") == (   # not read as the others' disagreement
+                "faces:bundled answered none within the classes, so every image counts as a disagreement here; "
+                "the pairs below compare the evaluators that did answer.")
             pair = page.locator(f"{block} .gl-pairs tr[data-pair='{names[0]} | {names[1]}'] [data-metric='kappa']")
             assert pair.inner_text().startswith("1.000")                    # the two that answer agree
         _answers_inside_their_figures(page, f"{comparison} .gl-trust-axis[data-axis='gender']")
