@@ -438,7 +438,8 @@ def no_edge_note(results: dict) -> dict | None:
                                                      if unanswered else " (one answer only on those sets)")
                if untested else "")
             + (f"; the counts of the {len(results['prompts'])} prompts are pooled, so a dependence of one prompt "
-               f"alone weighs 1/{len(results['prompts'])} of them (each prompt's own matrix is in the run's export, under per_prompt)"
+               f"alone weighs 1/{len(results['prompts'])} of them (each prompt's own matrix is in the run's export, "
+               "under per_prompt)"
                if results.get("aggregate") and len(results.get("prompts") or ()) > 1 else ""))
     out = {"tested": len(tested), "cells": cells, "level": results.get("level"), "p_threshold": p,
            "min_abs_is": min_is, "strongest": None, "n": n, "n_needed": None}

@@ -189,6 +189,8 @@ def other_evaluators(engine: Engine, request: SinglePromptRequest) -> list:
 def distinct_evaluators(engine: Engine, others: list) -> tuple[list, list[str]]:
     """(the `others` whose loaded model is neither the run's evaluator nor an earlier one, the labels of
     those left out): the same model listed again would only count its agreement with itself."""
+    if not others:
+        return [], []
     seen, kept, repeated = {engine.model_id("vqa")}, [], []
     for spec in others:
         model_id = engine.with_vqa(spec).model_id("vqa")
