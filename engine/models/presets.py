@@ -5,12 +5,12 @@ hub) can serve, on a machine with a GPU, and the synthetic world otherwise, and 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..backends import adapters
 from ..backends.base import ModelSpec
+from ..backends.device import hub_offline
 from ..common.errors import InputError
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -178,7 +178,7 @@ def _auto_preset() -> tuple[Preset, str]:
         has_gpu = False
     if not has_gpu:
         return PRESETS["synthetic"], "auto: no GPU found, so the synthetic world was picked"
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+    offline = hub_offline()
     for name in REAL_PRESET_ORDER:
         missing = [s.model for s in PRESETS[name].specs().values() if not _servable(s, offline)]
         if not missing:

@@ -11,11 +11,11 @@ Nothing here raises: each check catches its own failure and reports it as a row.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 from ..backends import uses_device
+from ..backends.device import hub_offline
 from ..backends.base import ModelSpec
 from ..models.presets import REAL_PRESET_ORDER, Preset, hub_files, is_cached, resolve_preset
 
@@ -129,10 +129,6 @@ def _check_memory(preset: Preset, device: str, gpu_memory_gb: float | None) -> C
                  result.verdict + " (python -m engine plan --preset NAME --gpu-memory GB)")
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
-
-
 def _check_hub(preset: Preset, cached: bool) -> tuple[Check, Check, bool]:
     """Returns (reachability, token, reachable?); offline (HF_HUB_OFFLINE=1) passes when every weight
     is `cached`."""
@@ -146,10 +142,10 @@ def _check_hub(preset: Preset, cached: bool) -> tuple[Check, Check, bool]:
                         "a Hugging Face token is set" if token else "no Hugging Face token (HF_TOKEN) is set",
                         "" if token else "needed only for gated models such as FLUX.1-schnell: accept the licence "
                         "on the model page, then set HF_TOKEN")
-    if _offline() and cached:
+    if hub_offline() and cached:
         return (Check("hub", "pass", "the hub is switched off (HF_HUB_OFFLINE=1) and every weight is in the local "
                       "cache, so none is needed"), token_check, False)
-    if _offline():
+    if hub_offline():
         return (Check("hub", "fail", "the hub is switched off (HF_HUB_OFFLINE=1): only cached weights can be used",
                       "unset HF_HUB_OFFLINE on a machine with internet access, or copy the weights into the cache"),
                 token_check, False)
