@@ -565,8 +565,14 @@ class Languages:
                                               for axis, classes in axes.items()} for code, axes in paired.items()}
         self.results["pairs"] = {code: {axis: max((d["n"] for d in classes.values()), default=0)
                                         for axis, classes in axes.items()} for code, axes in paired.items()}
-        self.results["tests"] = {a.name: self._tests(a.name) for a in self.axes}
-        self.results["magbig"] = {a.name: {code: self._magbig(code, a.name) for code in self.codes} for a in self.axes}
+        tests, magbig = {}, {}
+        for a in self.axes:   # counts per language, occupation and class: each counted once
+            table = [list(languages[code]["counts"][a.name].values()) for code in self.codes]
+            cube = [[list(self._counts(code, [o], a.name).values()) for o in self.occupations] for code in self.codes]
+            tests[a.name] = self._tests(table, cube)
+            two = len(table[0]) >= 2   # MAGBIG's metrics need two classes
+            magbig[a.name] = {code: self._magbig(rows) if two else {} for code, rows in zip(self.codes, cube)}
+        self.results["tests"], self.results["magbig"] = tests, magbig
         return self.results
 
     def _differences(self, first: str, code: str, axis: str) -> dict:
@@ -580,22 +586,19 @@ class Languages:
         return {cls: metrics.paired_share_difference([x == cls for x, _ in pairs], [y == cls for _, y in pairs])
                 for cls in classes}
 
-    def _tests(self, axis: str) -> dict:
-        classes = self.classes(axis)
-        table = [[self._counts(code, self.occupations, axis)[c] for c in classes] for code in self.codes]
+    def _tests(self, table: list, cube: list) -> dict:
+        """The tests of one axis on its languages × classes `table` and (a prompt set) languages ×
+        occupations × classes `cube`."""
         out = {"language": metrics.language_effect(table, seed=self.request.seed)}
         if self.request.prompt_set:
-            cube = [[[self._counts(code, [o], axis)[c] for c in classes] for o in self.occupations] for code in self.codes]
             out["stratified"] = metrics.stratified_language_effect(cube)
             out["interaction"] = metrics.interaction(cube)
         return out
 
-    def _magbig(self, code: str, axis: str) -> dict:
-        classes = self.classes(axis)
-        counts = [[self._counts(code, [o], axis)[c] for c in classes] for o in self.occupations]
+    def _magbig(self, counts: list) -> dict:
+        """MAGBIG's metrics of one language's occupations × classes `counts`."""
         r = self.request
-        return metrics.magbig_scores(counts, r.exp_max_images, r.exp_max_prompts, r.exp_max_samples, seed=r.seed) \
-            if len(classes) >= 2 else {}
+        return metrics.magbig_scores(counts, r.exp_max_images, r.exp_max_prompts, r.exp_max_samples, seed=r.seed)
 
 
 @recorded("languages", check, estimate)
