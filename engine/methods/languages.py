@@ -404,6 +404,7 @@ class Languages:
         self.request, self.engine, self.run = request, engine, run
         self.codes = codes_of(request)
         self.known = understanding(engine.preset.generator)
+        self.understood = {c: self.known.understands(parse_code(c)[0]) for c in self.codes}   # None: not known
         self.axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
         self.occupations = occupations_of(request) if request.prompt_set else [None]
         self.results: LanguagesResults = {
@@ -451,16 +452,15 @@ class Languages:
                 except LLMOutputError as exc:
                     yield Warning(f"no back-translation{f' for {occupation}' if occupation else ''}: {exc}")
         for code in self.codes:
-            understood = self.known.understands(parse_code(code)[0])
             for entry in translations[code].values():
-                entry["understood"] = understood
+                entry["understood"] = self.understood[code]
         self.translations = translations
         self.results["translations"] = {code: (rows[None] if None in rows else rows)
                                         for code, rows in translations.items()}
         self.run.save(self.results)
         yield PromptsSettled(self.results["translations"])
         if self.known.languages is not None and not self.known.strict:
-            foreign = [c for c in self.codes if not self.known.understands(parse_code(c)[0])]
+            foreign = [c for c in self.codes if not self.understood[c]]
             if foreign:
                 yield Warning(f"{self.known.note}; its {', '.join(language_name(c) for c in foreign)} results are "
                               "labelled so")
@@ -509,7 +509,7 @@ class Languages:
         self.labels[(code, occupation)] = labels
         shares = self._shares({axis: self._counts(code, [occupation], axis) for axis in labels})
         entry = {"prompt": prompt, "run_id": done.run_id, "shares": shares,
-                 "understood": self.known.understands(parse_code(code)[0])}
+                 "understood": self.understood[code]}
         if occupation is None:
             self.results["languages"][code].update(entry)
         else:
@@ -559,7 +559,7 @@ class Languages:
             languages[code]["counts"] = counts
             if self.request.prompt_set:
                 languages[code]["prompt"] = f"{self.request.prompt_set}: {len(occupations)} occupations"
-            languages[code]["understood"] = self.known.understands(parse_code(code)[0])
+            languages[code]["understood"] = self.understood[code]
         paired = {code: {a.name: self._differences(first, code, a.name) for a in self.axes} for code in self.codes[1:]}
         self.results["differences"] = {code: {axis: {cls: {"delta": d["delta"], "ci": d["ci"]} for cls, d in classes.items()}
                                               for axis, classes in axes.items()} for code, axes in paired.items()}
