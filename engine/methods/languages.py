@@ -404,6 +404,7 @@ class Languages:
         self.request, self.engine, self.run = request, engine, run
         self.codes = codes_of(request)
         self.known = understanding(engine.preset.generator)
+        self.understood = {c: self.known.understands(parse_code(c)[0]) for c in self.codes}   # None: not known
         self.axes = [axis_for(a) for a in dict.fromkeys(a.strip() for a in request.axes if a and a.strip())]
         self.occupations = occupations_of(request) if request.prompt_set else [None]
         self.results: LanguagesResults = {
@@ -451,16 +452,15 @@ class Languages:
                 except LLMOutputError as exc:
                     yield Warning(f"no back-translation{f' for {occupation}' if occupation else ''}: {exc}")
         for code in self.codes:
-            understood = self.known.understands(parse_code(code)[0])
             for entry in translations[code].values():
-                entry["understood"] = understood
+                entry["understood"] = self.understood[code]
         self.translations = translations
         self.results["translations"] = {code: (rows[None] if None in rows else rows)
                                         for code, rows in translations.items()}
         self.run.save(self.results)
         yield PromptsSettled(self.results["translations"])
         if self.known.languages is not None and not self.known.strict:
-            foreign = [c for c in self.codes if not self.known.understands(parse_code(c)[0])]
+            foreign = [c for c in self.codes if not self.understood[c]]
             if foreign:
                 yield Warning(f"{self.known.note}; its {', '.join(language_name(c) for c in foreign)} results are "
                               "labelled so")
@@ -509,7 +509,7 @@ class Languages:
         self.labels[(code, occupation)] = labels
         shares = self._shares({axis: self._counts(code, [occupation], axis) for axis in labels})
         entry = {"prompt": prompt, "run_id": done.run_id, "shares": shares,
-                 "understood": self.known.understands(parse_code(code)[0])}
+                 "understood": self.understood[code]}
         if occupation is None:
             self.results["languages"][code].update(entry)
         else:
@@ -559,14 +559,20 @@ class Languages:
             languages[code]["counts"] = counts
             if self.request.prompt_set:
                 languages[code]["prompt"] = f"{self.request.prompt_set}: {len(occupations)} occupations"
-            languages[code]["understood"] = self.known.understands(parse_code(code)[0])
+            languages[code]["understood"] = self.understood[code]
         paired = {code: {a.name: self._differences(first, code, a.name) for a in self.axes} for code in self.codes[1:]}
         self.results["differences"] = {code: {axis: {cls: {"delta": d["delta"], "ci": d["ci"]} for cls, d in classes.items()}
                                               for axis, classes in axes.items()} for code, axes in paired.items()}
         self.results["pairs"] = {code: {axis: max((d["n"] for d in classes.values()), default=0)
                                         for axis, classes in axes.items()} for code, axes in paired.items()}
-        self.results["tests"] = {a.name: self._tests(a.name) for a in self.axes}
-        self.results["magbig"] = {a.name: {code: self._magbig(code, a.name) for code in self.codes} for a in self.axes}
+        tests, magbig = {}, {}
+        for a in self.axes:   # counts per language, occupation and class: each counted once
+            table = [list(languages[code]["counts"][a.name].values()) for code in self.codes]
+            cube = [[list(self._counts(code, [o], a.name).values()) for o in self.occupations] for code in self.codes]
+            tests[a.name] = self._tests(table, cube)
+            two = len(table[0]) >= 2   # MAGBIG's metrics need two classes
+            magbig[a.name] = {code: self._magbig(rows) if two else {} for code, rows in zip(self.codes, cube)}
+        self.results["tests"], self.results["magbig"] = tests, magbig
         return self.results
 
     def _differences(self, first: str, code: str, axis: str) -> dict:
@@ -580,22 +586,19 @@ class Languages:
         return {cls: metrics.paired_share_difference([x == cls for x, _ in pairs], [y == cls for _, y in pairs])
                 for cls in classes}
 
-    def _tests(self, axis: str) -> dict:
-        classes = self.classes(axis)
-        table = [[self._counts(code, self.occupations, axis)[c] for c in classes] for code in self.codes]
+    def _tests(self, table: list, cube: list) -> dict:
+        """The tests of one axis on its languages × classes `table` and (a prompt set) languages ×
+        occupations × classes `cube`."""
         out = {"language": metrics.language_effect(table, seed=self.request.seed)}
         if self.request.prompt_set:
-            cube = [[[self._counts(code, [o], axis)[c] for c in classes] for o in self.occupations] for code in self.codes]
             out["stratified"] = metrics.stratified_language_effect(cube)
             out["interaction"] = metrics.interaction(cube)
         return out
 
-    def _magbig(self, code: str, axis: str) -> dict:
-        classes = self.classes(axis)
-        counts = [[self._counts(code, [o], axis)[c] for c in classes] for o in self.occupations]
+    def _magbig(self, counts: list) -> dict:
+        """MAGBIG's metrics of one language's occupations × classes `counts`."""
         r = self.request
-        return metrics.magbig_scores(counts, r.exp_max_images, r.exp_max_prompts, r.exp_max_samples, seed=r.seed) \
-            if len(classes) >= 2 else {}
+        return metrics.magbig_scores(counts, r.exp_max_images, r.exp_max_prompts, r.exp_max_samples, seed=r.seed)
 
 
 @recorded("languages", check, estimate)

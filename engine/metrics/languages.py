@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-from .intervals import Z95, tidy
+from .intervals import tidy
 
 URL = "https://github.com/felifri/MAGBIG"
 CITATION = """\
@@ -269,11 +269,10 @@ def interaction(counts) -> dict:
 
 # -- paired by seed ----------------------------------------------------------------------------------
 
-def _wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
+def _wilson(k: int, n: int) -> tuple[float, float]:
+    """The Wilson score interval (95%) of the share k/n (n > 0), Newcombe's building block."""
+    ci = stats.binomtest(k, n).proportion_ci(method="wilson")
+    return ci.low, ci.high
 
 
 def paired_share_difference(reference: Sequence[bool], other: Sequence[bool]) -> dict:
