@@ -47,6 +47,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from .bootstrap import percentile_interval
+
 URL = "https://doi.org/10.1111/j.2517-6161.1995.tb02031.x"
 CITATION = """\
 @article{benjamini1995controlling,
@@ -113,11 +115,9 @@ def _shares(counts: np.ndarray) -> np.ndarray:
 
 
 def _interval(values: np.ndarray, level: float) -> list[float | None]:
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return [None, None]
-    low, high = np.percentile(values, [50 * (1 - level), 100 - 50 * (1 - level)])
-    return [float(low), float(high)]
+    """The percentile interval at `level` of bootstrap `values` (nan resamples left out); [None, None]
+    when none has a value."""
+    return [_finite(x) for x in percentile_interval(values, 1 - level)]
 
 
 def mcnemar_p(base: np.ndarray, candidate: np.ndarray) -> float:
