@@ -77,6 +77,7 @@ VERDICTS = ("more biased", "less biased", "equivalent", "inconclusive")
 DEFAULT_MARGIN = 0.05    # equivalence margin on the change of the distance from the target
 DEFAULT_ALPHA = 0.05     # false discovery rate over a comparison's rows
 POWER = 0.8              # the power the N that would settle an inconclusive row aims at
+N_BOOT, N_PERM = 2000, 9999   # paired bootstrap resamples and random swaps per row
 N_MAX = 100_000
 
 
@@ -164,7 +165,7 @@ def n_to_settle(n: int, delta: float, se: float, margin: float, alpha: float = D
 
 
 def paired_difference(base: Sequence[str], candidate: Sequence[str], classes: Sequence[str],
-                      target: dict | None = None, *, n_boot: int = 2000, n_perm: int = 9999,
+                      target: dict | None = None, *, n_boot: int = N_BOOT, n_perm: int = N_PERM,
                       alpha: float = DEFAULT_ALPHA, seed: int = 0) -> dict:
     """Returns the paired comparison of one axis: `base[i]` and `candidate[i]` are the labels of the
     two images of seed i (same length; a label outside `classes` counts for neither share).
