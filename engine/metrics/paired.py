@@ -36,8 +36,8 @@ Example (a LoRA that turns 15 of 96 female doctors into men, as a planted regres
 >>> [round(x, 3) for x in row["ci"]], [round(x, 3) for x in row["ci_unpaired"]]   # paired, unpaired
 ([0.094, 0.229], [0.073, 0.25])
 
-Used by the bias check (engine/methods/check.py) and Compare models; the languages method reuses it
-for the same prompt written in two languages on the same seeds.
+Used by the bias check (engine/methods/check.py) and Compare models. (The languages method pairs its
+languages by seed with a share difference of its own, engine/metrics/languages.paired_share_difference.)
 """
 from __future__ import annotations
 
