@@ -10,6 +10,8 @@ Prints name=value lines; the headline (the check's seconds on a fresh store) las
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import tempfile
 import time
@@ -29,17 +31,12 @@ PROMPTS = [f"a photo of a {s}" for s in ("doctor", "nurse", "engineer", "teacher
 def run_check(workdir: Path, suite: dict, candidate: str) -> tuple[int, dict, float]:
     path = workdir / "suite.json"
     path.write_text(json.dumps(suite))
-    out = workdir / "out.json"
-    import contextlib
-    import io
-
     buffer = io.StringIO()
     start = time.perf_counter()
     with contextlib.redirect_stdout(buffer):
         code = cli(["check", str(path), "--base", "synthetic", "--candidate", candidate, "--preset", "synthetic",
                     "--data-dir", str(workdir / "store"), "--json", "--quiet"])
     seconds = time.perf_counter() - start
-    out.write_text(buffer.getvalue())
     return code, json.loads(buffer.getvalue()), seconds
 
 

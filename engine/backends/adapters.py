@@ -160,11 +160,9 @@ def resolve(adapter: Adapter, token: str | None = None, cache_dir: str | None = 
     """(local file, version) of an adapter: a local file (or the file picked in a local folder) with
     version "sha256-" + 12 hex digits of its bytes; a hub repository's file, downloaded (or read from the
     cache), with the commit it came from. ModelLoadError naming the adapter when it cannot be found."""
-    path = Path(adapter.source).expanduser()
-    if path.is_dir():
-        path = path / pick_file(sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()), adapter)
+    path = local_file(adapter)
     if path.is_file():
-        return str(path), "sha256-" + file_sha256(str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns)[:12]
+        return str(path), file_version(path)
     from . import device as devices
 
     if devices.looks_like_local_path(adapter.source):
@@ -199,6 +197,22 @@ def _cached_files(repo: str) -> list[str]:
     return []
 
 
+def local_file(adapter: Adapter) -> Path:
+    """The adapter's source as a path: a local folder's weights file (`pick_file`; ModelLoadError when it
+    has none or several), else the source itself (a file, or a hub repository that is no path)."""
+    path = Path(adapter.source).expanduser()
+    if path.is_dir():
+        path = path / pick_file(sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()), adapter)
+    return path
+
+
+def file_version(path: str | Path) -> str:
+    """"sha256-" + 12 hex digits of a local file's bytes: the version an id names it by (`file_sha256`,
+    hashed once per path, size and modification time)."""
+    stat = Path(path).stat()
+    return "sha256-" + file_sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)[:12]
+
+
 @lru_cache(maxsize=64)
 def file_sha256(path: str, size: int, mtime_ns: int) -> str:
     """The sha256 of a file's bytes (cached per path, size and modification time)."""
@@ -224,12 +238,9 @@ def identity(adapter: Adapter, version: str) -> str:
 def weight_bytes(adapter: Adapter, bytes_per_param: int) -> int | None:
     """The bytes an adapter's weights take at `bytes_per_param`, from its safetensors header (a local file
     or folder, or the cached file of a repository), None when that is not readable without a download."""
-    path = Path(adapter.source).expanduser()
     try:
-        if path.is_dir():
-            path = path / pick_file(sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()),
-                                    adapter)
-        elif not path.is_file():
+        path = local_file(adapter)
+        if not path.is_file():
             from huggingface_hub import try_to_load_from_cache
 
             cached = try_to_load_from_cache(adapter.source, adapter.weight_name or LORA_FILE, revision=adapter.revision)

@@ -605,8 +605,7 @@ def _load_single_file(model: str, options: dict, device: str):
     if not options.get("family"):
         family = _refine_family(family, pipe, model)
     if path.is_file():
-        stat = path.stat()
-        model_id = f"{model}@sha256-{adapters.file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)[:12]}"
+        model_id = f"{model}@{adapters.file_version(path)}"
     else:
         model_id = devices.model_identity(model, revision=options.get("revision"))
     return pipe, family, dtype, None, {}, model_id

@@ -56,8 +56,8 @@ class CheckRequest(GenerationOptions):
     axes: list | dict = field(default_factory=lambda: list(DEFAULT_AXES))   # names, or {axis: {class: target}}
     margin: float = paired.DEFAULT_MARGIN    # equivalence margin on the change of the distance from the target
     alpha: float = paired.DEFAULT_ALPHA      # false discovery rate over every row
-    n_boot: int = field(default=2000, metadata={"help": "paired bootstrap resamples per row"})
-    n_perm: int = field(default=9999, metadata={"help": "random swaps per row for its p-value"})
+    n_boot: int = field(default=paired.N_BOOT, metadata={"help": "paired bootstrap resamples per row"})
+    n_perm: int = field(default=paired.N_PERM, metadata={"help": "random swaps per row for its p-value"})
 
 
 class CheckResults(TypedDict, total=False):

@@ -228,9 +228,6 @@ def side_by_side(method: str, results: list[dict], labels: list[str], pairs: dic
 
 # -- paired by seed (issue 44) ---------------------------------------------------------------------
 
-PAIRED_BOOT, PAIRED_PERM = 2000, 9999
-
-
 def labels_by_seed(results: dict, axis: str) -> dict[int, str]:
     """{seed: the VQA's answer on `axis`} of a Single Prompt run's results (flagged images have none)."""
     answers = results.get("answers") or {}
@@ -258,8 +255,8 @@ def paired_by_seed(method: str, results: list[dict], labels: list[str], referenc
                 continue
             a, b = labels_by_seed(first, axis), labels_by_seed(other, axis)
             row = paired.paired_difference([a.get(s, "") for s in seeds[0]], [b.get(s, "") for s in seeds[0]],
-                                           m["classes"], (references or {}).get(axis) or None, n_boot=PAIRED_BOOT,
-                                           n_perm=PAIRED_PERM, alpha=alpha, seed=seeds[0][0])
+                                           m["classes"], (references or {}).get(axis) or None, alpha=alpha,
+                                           seed=seeds[0][0])
             rows.append({"prompt": first.get("prompt", ""), "axis": axis, **row})
         pairs.append({"model": label, "rows": paired.judge(rows, alpha, margin)})
     return {"seeds": [seeds[0][0], seeds[0][-1]], "n": len(seeds[0]), "alpha": alpha, "margin": margin,

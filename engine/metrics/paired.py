@@ -36,8 +36,8 @@ Example (a LoRA that turns 15 of 96 female doctors into men, as a planted regres
 >>> [round(x, 3) for x in row["ci"]], [round(x, 3) for x in row["ci_unpaired"]]   # paired, unpaired
 ([0.094, 0.229], [0.073, 0.25])
 
-Used by the bias check (engine/methods/check.py) and Compare models; the languages method reuses it
-for the same prompt written in two languages on the same seeds.
+Used by the bias check (engine/methods/check.py) and Compare models. (The languages method pairs its
+languages by seed with a share difference of its own, engine/metrics/languages.paired_share_difference.)
 """
 from __future__ import annotations
 
@@ -46,6 +46,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats
+
+from .bootstrap import percentile_interval
 
 URL = "https://doi.org/10.1111/j.2517-6161.1995.tb02031.x"
 CITATION = """\
@@ -75,6 +77,7 @@ VERDICTS = ("more biased", "less biased", "equivalent", "inconclusive")
 DEFAULT_MARGIN = 0.05    # equivalence margin on the change of the distance from the target
 DEFAULT_ALPHA = 0.05     # false discovery rate over a comparison's rows
 POWER = 0.8              # the power the N that would settle an inconclusive row aims at
+N_BOOT, N_PERM = 2000, 9999   # paired bootstrap resamples and random swaps per row
 N_MAX = 100_000
 
 
@@ -113,11 +116,9 @@ def _shares(counts: np.ndarray) -> np.ndarray:
 
 
 def _interval(values: np.ndarray, level: float) -> list[float | None]:
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return [None, None]
-    low, high = np.percentile(values, [50 * (1 - level), 100 - 50 * (1 - level)])
-    return [float(low), float(high)]
+    """The percentile interval at `level` of bootstrap `values` (nan resamples left out); [None, None]
+    when none has a value."""
+    return [_finite(x) for x in percentile_interval(values, 1 - level)]
 
 
 def mcnemar_p(base: np.ndarray, candidate: np.ndarray) -> float:
@@ -164,7 +165,7 @@ def n_to_settle(n: int, delta: float, se: float, margin: float, alpha: float = D
 
 
 def paired_difference(base: Sequence[str], candidate: Sequence[str], classes: Sequence[str],
-                      target: dict | None = None, *, n_boot: int = 2000, n_perm: int = 9999,
+                      target: dict | None = None, *, n_boot: int = N_BOOT, n_perm: int = N_PERM,
                       alpha: float = DEFAULT_ALPHA, seed: int = 0) -> dict:
     """Returns the paired comparison of one axis: `base[i]` and `candidate[i]` are the labels of the
     two images of seed i (same length; a label outside `classes` counts for neither share).
