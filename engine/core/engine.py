@@ -191,6 +191,18 @@ class Engine(ImageMaking, Evaluation, RunLifecycle):
         view.preset_reason = f"{self.preset_reason}; generator replaced by {spec.label} to compare models"
         return view
 
+    def with_only_generator(self, spec: ModelSpec, compared, label: str = "") -> "Engine":
+        """`with_generator(spec, label)` once every other generator of `compared` (and the preset's) is unloaded:
+        a comparison holds one generator in memory at a time (a preloaded one stays)."""
+        for other in {self.preset.generator, *compared} - {spec}:
+            self.models.unload_unpinned(other)
+        return self.with_generator(spec, label)
+
+    def unload_generators(self, compared) -> None:
+        """Unloads the generators of a finished comparison (`compared`), all but the preset's own."""
+        for spec in set(compared) - {self.preset.generator}:
+            self.models.unload_unpinned(spec)
+
     def for_parts(self) -> "Engine":
         """Returns a view of this engine whose runs are parts of one request charged up front (the
         languages method's run per language): they are not charged again."""

@@ -221,14 +221,14 @@ def run(request: CheckRequest, engine: Engine, run_record: Run):
     # 2. Each generator's images and answers on the same seeds, one generator in memory at a time.
     labels: dict[tuple[str, str], dict[str, list[str]]] = {}
     for role in ROLES:
-        view = _generator_view(engine, specs, role, getattr(request, role))
+        view = engine.with_only_generator(specs[role], specs.values(), getattr(request, role))
         results["generators"][role] = {"label": getattr(request, role), "model": view.model_id("generator")}
         for i, prompt in enumerate(prompts):
             yield Progress(i, len(prompts), "images", f"{role}: '{prompt}' ({i + 1} of {len(prompts)})")
             labels[role, prompt] = yield from _measure(view, run_record, request, role, prompt, seeds, axes,
                                                        results)
         run_record.save(results)
-    _unload(engine, specs.values())
+    engine.unload_generators(specs.values())
 
     # 3. One paired row per (prompt, axis), then q-values over every row and the verdicts.
     for prompt in prompts:
@@ -247,20 +247,6 @@ def run(request: CheckRequest, engine: Engine, run_record: Run):
 
     # 4. Record.
     yield run_record.finish(results, summary_of(results))
-
-
-def _generator_view(engine: Engine, specs: dict, role: str, label: str) -> Engine:
-    """The engine with `role`'s generator, every other generator of the check unloaded first (the
-    memory plan holds one generator at a time; a preloaded one stays)."""
-    for other in {engine.preset.generator, *specs.values()} - {specs[role]}:
-        engine.models.unload_unpinned(other)
-    return engine.with_generator(specs[role], label)
-
-
-def _unload(engine: Engine, specs) -> None:
-    for spec in specs:
-        if spec != engine.preset.generator:
-            engine.models.unload_unpinned(spec)
 
 
 def _measure(view: Engine, run_record: Run, request: CheckRequest, role: str, prompt: str, seeds: list[int],

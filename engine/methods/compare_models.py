@@ -121,12 +121,9 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
     models = [s.label if backend_choices.free(engine) else short_label(s.label) for s in specs]  # visitors: no host path
     results: dict = {"method": request.method, "generators": labels, "models": models,
                      "request": _plain(base), "runs": [], "results": []}
-    own = engine.preset.generator
     for i, (label, spec) in enumerate(zip(labels, specs)):
         yield Progress(i, len(specs), "model", f"model {i + 1} of {len(specs)}: {label}")
-        for other in {own, *specs} - {spec}:    # one generator in memory at a time (a preloaded one stays)
-            engine.models.unload_unpinned(other)
-        child = engine.with_generator(spec, label)
+        child = engine.with_only_generator(spec, specs, label)
         try:
             for event in row.run(row.request(**_plain(base)), child):
                 if isinstance(event, Done):
@@ -138,8 +135,7 @@ def run(request: CompareModelsRequest, engine: Engine, run: Run):
         except GapLensError as exc:
             raise type(exc)(f"{label}: {exc}") from exc
         run.save(results)
-    if specs[-1] != own:
-        engine.models.unload_unpinned(specs[-1])
+    engine.unload_generators(specs)
     pairs = paired_by_seed(request.method, results["results"], labels, base.references if
                            request.method == "single_prompt" else {})
     results["comparison"] = side_by_side(request.method, results["results"], labels, pairs)
