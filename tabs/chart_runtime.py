@@ -19,16 +19,17 @@ from engine.report import charts
 
 DIRECTORY = Path(tempfile.gettempdir()) / "gaplens-static"
 KEEP = b"public, max-age=31536000, immutable"
-_served: set[Path] = set()
+_served: set[str] = set()   # the ends of the runtime's request paths ("/gradio_api/file=..."), kept forever
 
 
 def head() -> str:
     """The app's `<head>` addition: the runtime's `<script src>`, the file written and served."""
     path = charts.runtime_file(DIRECTORY)
-    if path not in _served:   # gr.set_static_paths adds to one list for the whole process
+    address = url(path)
+    if "/" + address not in _served:   # gr.set_static_paths adds to one list for the whole process
         gr.set_static_paths([path])
-        _served.add(path)
-    return str(charts.runtime_link(url(path)))
+        _served.add("/" + address)
+    return str(charts.runtime_link(address))
 
 
 def url(path: Path) -> str:
@@ -45,7 +46,7 @@ class CacheForever:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not any(path.endswith("/" + url(served)) for served in _served):
+        if not path.endswith(tuple(_served)):
             return await self.app(scope, receive, send)
 
         async def kept(message):

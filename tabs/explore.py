@@ -285,7 +285,7 @@ def rescale(engine, state, scale):
     """(strips, link query) of the open node drawn on another axis (from the store: nothing is computed)."""
     if not (state or {}).get("node"):
         return gr.skip(), gr.skip()
-    explore.tree_nodes(engine, state["tree"])   # the tree is still the visitor's to see
+    engine.store.require_run(state["tree"], "explore", what="tree")   # still the visitor's to see (as tree_nodes)
     results = (engine.store.require_run(state["node"], "explore", what="node").get("results")) or {}
     return report.page(results, thumbnails(engine, results), scale), link_query(state["tree"], state["node"], scale)
 

@@ -397,6 +397,11 @@ def scored_name(prompt: str, source_run: str) -> str:
 
 
 # -- what a lean may claim (issue 42): one rule for the CLI, the tab, the tree, the page and exports ------------
+def even_share(k: int) -> float:
+    """The share each of `k` concepts would have in an even split (1/k; a lean lists at least two)."""
+    return 1 / max(k, 2)
+
+
 def claim_of(concept: str, share: float, ci, even: float) -> dict:
     """The claim a set may make about its largest share: {"concept", "share", "ci", "even", "clear"}, `clear`
     only when the share's 95% interval excludes the even share `even` (1/k of k concepts): an interval that
@@ -415,7 +420,7 @@ def lean_claim(lean: dict) -> dict | None:
         return None
     k = sum(1 for v in lean.values() if isinstance(v, dict))
     concept, v = top
-    return {**claim_of(concept, v["share"], v.get("ci"), 1 / max(k, 2)), "n": measured(lean)}
+    return {**claim_of(concept, v["share"], v.get("ci"), even_share(k)), "n": measured(lean)}
 
 
 def claim_text(claim: dict | None) -> str:
@@ -465,7 +470,7 @@ def headline(record: dict) -> tuple[str, float | None]:
     if share is None:
         return "", None
     k = len(clean_concepts((record.get("request") or {}).get("concepts") or DEFAULT_CONCEPTS))
-    even = number(s.get("even_share")) or 1 / max(k, 2)
+    even = number(s.get("even_share")) or even_share(k)
     return claim_text(claim_of(str(s.get("leans_to", "")), share, [s.get("lean_low"), s.get("lean_high")], even)), share
 
 
@@ -606,12 +611,18 @@ def node_images(results: dict) -> list[dict]:
 def tree_json(engine: Engine, tree_id: str) -> dict:
     """The tree as a JSON document: {"format": "gaplens-explore-tree", "tree": id, "nodes": [...]},
     each node with its images (key, seed, scores) too."""
+    return tree_and_results(engine, tree_id)[0]
+
+
+def tree_and_results(engine: Engine, tree_id: str) -> tuple[dict, dict[str, dict]]:
+    """(`tree_json`, node id -> its run's results), from one walk of the tree and one read of its runs."""
     nodes, records = _tree(engine, tree_id)
+    pages = {}
     for node, record in zip(nodes, records):
-        results = record["results"] or {}
+        results = pages[node["id"]] = record["results"] or {}
         node["images"] = [{"key": i["key"], "seed": i["seed"], "scores": i.get("scores")}
                           for i in results.get("images", [])]
-    return {"format": "gaplens-explore-tree", "version": 1, "tree": tree_id, "nodes": nodes}
+    return {"format": "gaplens-explore-tree", "version": 1, "tree": tree_id, "nodes": nodes}, pages
 
 
 def list_trees(engine: Engine) -> list[dict]:
@@ -633,18 +644,33 @@ def cluster_work(engine: Engine, run_ids: list[str], k=4) -> GpuWork:
     """The image embeddings `identity_clusters` computes: those the store lacks of the runs' unflagged images.
     InputError first for what it refuses (no run, more than MAX_CLUSTER_RUNS, one the visitor may not see
     or with no image left, k out of range): checked before a GPU is asked for."""
+    images = [(r.key, r.prompt, r.seed) for _, _, found, _ in _cluster_sets(engine, run_ids) for r in found]
+    _cluster_k(k, len(images))
+    return GpuWork(embeddings=missing_units(engine, images, embed=True)["embeddings"])
+
+
+def _cluster_sets(engine: Engine, run_ids: list[str]) -> list[tuple[str, dict, list[ImageRecord], str]]:
+    """(run id, its record, its unflagged images, its prompt) of each run to cluster, in the order given (each
+    once); InputError for no run, more than MAX_CLUSTER_RUNS, or one the visitor may not see or with no image left."""
     run_ids = list(dict.fromkeys(r.strip() for r in run_ids or [] if r and r.strip()))
     if not run_ids:
         raise InputError("pick one or more stored runs to cluster")
     if len(run_ids) > MAX_CLUSTER_RUNS:
         raise InputError(f"{len(run_ids)} runs; at most {MAX_CLUSTER_RUNS} are clustered at once")
-    images = []
+    sets = []
     for run_id in run_ids:
-        found, _ = _images_of(engine, engine.store.require_run(run_id, what="run"), run_id)
-        images += [(r.key, r.prompt, r.seed) for r in unflagged(found)]
-    if not 2 <= int(k) <= min(20, len(images)):
-        raise InputError(f"k must be between 2 and {min(20, len(images))} (the images to cluster)")
-    return GpuWork(embeddings=missing_units(engine, images, embed=True)["embeddings"])
+        source = engine.store.require_run(run_id, what="run")
+        found, prompt = _images_of(engine, source, run_id)
+        sets.append((run_id, source, unflagged(found), prompt))
+    return sets
+
+
+def _cluster_k(k, images: int) -> int:
+    """`k` as a whole number; InputError unless 2 <= k <= min(20, the images to cluster)."""
+    k = int(k)
+    if not 2 <= k <= min(20, images):
+        raise InputError(f"k must be between 2 and {min(20, images)} (the images to cluster)")
+    return k
 
 
 def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: int = 4, seed: int = 0) -> dict:
@@ -657,16 +683,8 @@ def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: i
     the store's cache."""
     from sklearn.cluster import KMeans
 
-    run_ids = list(dict.fromkeys(r.strip() for r in run_ids if r and r.strip()))
-    if not run_ids:
-        raise InputError("pick one or more stored runs to cluster")
-    if len(run_ids) > MAX_CLUSTER_RUNS:
-        raise InputError(f"{len(run_ids)} runs; at most {MAX_CLUSTER_RUNS} are clustered at once")
     groups, records, owner = [], [], []
-    for run_id in run_ids:
-        source = engine.store.require_run(run_id, what="run")
-        found, prompt = _images_of(engine, source, run_id)
-        found = unflagged(found)
+    for run_id, source, found, prompt in _cluster_sets(engine, run_ids):
         model = str((source.get("models") or {}).get("generator", ""))
         seeds = sorted(r.seed for r in found)
         backend, sep, name = model.partition(":")   # 'synthetic_generator:/a/b/world.json' -> '…:world.json'
@@ -675,9 +693,7 @@ def identity_clusters(engine: Engine, run_ids: list[str], k: int = 4, central: i
         records += found
         owner += [len(groups) - 1] * len(found)
     group_labels(groups)
-    k = int(k)
-    if not 2 <= k <= min(20, len(records)):
-        raise InputError(f"k must be between 2 and {min(20, len(records))} (the images to cluster)")
+    k = _cluster_k(k, len(records))
     vectors = engine.embed_images(records).astype(np.float64)
     model = KMeans(n_clusters=k, n_init=10, random_state=seed).fit(vectors)
     assign, owner = model.labels_, np.asarray(owner)

@@ -188,7 +188,7 @@ def inverse_chart(sets: list[dict], concepts: list[str]):
            alt.Tooltip("lo:Q", title="95% CI low", format=".2f"), alt.Tooltip("hi:Q", title="95% CI high", format=".2f"),
            alt.Tooltip("count:Q", title="images")]
     base = alt.Chart(alt.Data(values=rows))
-    even = alt.Chart(alt.Data(values=[{"even": 1 / max(len(concepts), 2)}])).mark_rule(
+    even = alt.Chart(alt.Data(values=[{"even": method.even_share(len(concepts))}])).mark_rule(
         strokeDash=[4, 4], color="#666").encode(x=alt.X("even:Q", scale=x_scale))
     chart = alt.layer(
         even,
@@ -327,8 +327,7 @@ def tree_page(tree: dict, pages: dict, thumbs: dict | None = None) -> Markup:
 
 def tree_document(engine, tree_id: str) -> Markup:
     """The tree `tree_id` of the store as one self-contained page (`tree_page`, thumbnails inline)."""
-    tree = method.tree_json(engine, tree_id)
-    pages = {n["id"]: (engine.store.get_run(n["id"]) or {}).get("results") or {} for n in tree["nodes"]}
+    tree, pages = method.tree_and_results(engine, tree_id)   # the nodes' results read with the tree, not again
     thumbs = {}
     for results in pages.values():
         for image in method.node_images(results):
