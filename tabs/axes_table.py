@@ -13,7 +13,7 @@ from engine.common.errors import GapLensError
 from engine.hosting.space import GpuWork
 from engine.methods import cfsets
 
-from .common import gpu, request_work
+from .common import gpu, request_check, request_work
 
 HEADERS = ["axis", "counterfactual"]
 
@@ -91,6 +91,13 @@ def sets_work(engine, method: str, request) -> GpuWork:
     value, the LLM's questions, request_work), each image asked one question per axis; axes the LLM will
     propose count as three."""
     return request_work(engine, method, request, questions=len(request.axes or {}) or 3)
+
+
+def sets_gpu(engine, method: str, make_request):
+    """`gpu` for a handler whose form makes a request of counterfactual image sets (`make_request(**form)`):
+    its duration the request's `sets_work`, its check the method's own (request_check)."""
+    return gpu(engine, duration=lambda **form: sets_work(engine, method, make_request(**form)),
+               check=request_check(engine, method, make_request))
 
 
 def axes_of(rows) -> dict | None:

@@ -12,7 +12,7 @@ from engine.report import counterfactuals as report
 from engine.report import fmt
 
 from . import axes_table, spotcheck
-from .common import View, checked, default, gpu, options, request_check, served, served_url, streamed
+from .common import View, checked, default, options, served, served_url, streamed
 from .optional import generation_fields, number_or_none
 
 EXAMPLES = ["a photo of a doctor", "a photo of a firefighter", "a photo of a teacher", "a photo of a librarian"]
@@ -88,8 +88,7 @@ def build(engine) -> list:
     spot = spotcheck.build(engine, lambda view: (view or {}).get("run_id"), state, "cf-spot")
 
     with_engine = functools.partial   # every handler takes the engine first
-    run = gpu(engine, duration=lambda **form: axes_table.sets_work(engine, "counterfactuals", compare_request(**form)),
-              check=request_check(engine, "counterfactuals", compare_request))(with_engine(compare, engine))
+    run = axes_table.sets_gpu(engine, "counterfactuals", compare_request)(with_engine(compare, engine))
     inputs = [editor.prompt, editor.fill, editor.table, n, seed, negative, generation["steps"], generation["guidance"],
               caption, synonyms, renormalise, sum_normalise, min_frequency, n_boot, top_k, mode]
     checked(go.click, engine, "counterfactuals", compare_request, inputs=inputs).success(

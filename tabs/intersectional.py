@@ -13,7 +13,7 @@ from engine.methods import cfsets, intersectional
 from engine.report import intersectional as report
 
 from . import axes_table
-from .common import View, checked, default, gpu, options, request_check, streamed, user_errors
+from .common import View, checked, default, options, streamed, user_errors
 from .optional import generation_fields, number_or_none, optional_number, placeholder
 
 EXAMPLES = ["a photo of a doctor", "a photo of a librarian", "a photo of a firefighter"]
@@ -127,8 +127,7 @@ def build(engine) -> list:
 
     outputs = [progress, summary, matrix, graph, edges, questions, editor.table, pair, state]
 
-    connect = gpu(engine, duration=lambda **form: axes_table.sets_work(engine, "intersectional", connect_request(**form)), check=request_check(engine, "intersectional", connect_request))(
-        functools.partial(connect_run, engine))
+    connect = axes_table.sets_gpu(engine, "intersectional", connect_request)(functools.partial(connect_run, engine))
 
     def show_pair(view, value):
         results = (view or {}).get("results")

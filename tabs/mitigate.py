@@ -18,8 +18,8 @@ from engine.report import mitigate as report
 from engine.report.runs import image_columns
 
 from . import axes_table
-from .common import (View, checked, default, distinct_captions, export_dir, gallery_items, gpu, options,
-                     request_check, served_url, streamed, user_errors)
+from .common import (View, checked, default, distinct_captions, export_dir, gallery_items, options, served_url,
+                     streamed, user_errors)
 from .intersectional import POLICY_LABELS, reference_text
 from .optional import generation_fields, number_or_none
 
@@ -181,9 +181,7 @@ def build(engine) -> list:
 
     outputs = [progress, preview_box, view, gallery, export, editor.table]
 
-    mitigate_or_preview = gpu(engine, duration=lambda **form: axes_table.sets_work(engine, "mitigate",
-                                                                                   mitigate_request(**form)), check=request_check(engine, "mitigate", mitigate_request))(
-        functools.partial(mitigate_run, engine))
+    mitigate_or_preview = axes_table.sets_gpu(engine, "mitigate", mitigate_request)(functools.partial(mitigate_run, engine))
 
     refresh_outputs = [axes_state, bstar, *slot_components, weights]   # `refresh`'s order
     editor.table.change(refresh, inputs_kwargs=dict(prompt=editor.prompt, rows=editor.table, axes=axes_state,
