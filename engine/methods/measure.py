@@ -139,7 +139,7 @@ def asked_with_probs(engine: Engine, records: list, asks: list) -> list[tuple[li
 class AskedAnswers:
     """The one place a method's answers are asked and recorded: per-image answers of the questions it asks
     (with their class probabilities) for its JSON, and each axis' labels for the "can't tell" counts:
-    `ask_all` (every axis at once) or `ask`, or `record` answers asked already; then `json()` and
+    `ask_all` (every axis at once), or `record` answers asked already; then `json()` and
     `cant_tell()`. Single Prompt and Explore (through `measure_axes`), Counterfactuals, Intersectional and
     Mitigate keep their answers here."""
 
@@ -168,12 +168,6 @@ class AskedAnswers:
         seen = self.sources.setdefault(axis, {"probe": 0, "teacher": 0})
         seen.update({k: v for k, v in sources.items() if k not in ("probe", "teacher")},
                     probe=seen["probe"] + sources["probe"], teacher=seen["teacher"] + sources["teacher"])
-
-    def ask(self, engine: Engine, set_label: str, axis: str, records: list, question: str,
-            choices: list[str] | None = None) -> list[str]:
-        """Returns engine.ask's answers to `question` about the images `records` of set `set_label`,
-        kept with their class probabilities (`ask_all` with one axis)."""
-        return self.ask_all(engine, set_label, records, {axis: (question, choices)})[axis]
 
     def record(self, set_label: str, axis: str, records: list, labels: list[str], probs=None) -> None:
         """Keeps `labels`, the answers about the images `records` of set `set_label`, and their class
