@@ -61,11 +61,16 @@ def questions_seconds(question: float, image_share: float, questions: int) -> fl
     return question * (image_share + questions * (1.0 - image_share))
 
 
+def question_seconds(backend: str) -> float:
+    """Returns the seconds of one question about one image asked alone of a `backend` evaluator on an H200
+    (QUESTION_SECONDS; a VLM's for an unknown one)."""
+    return QUESTION_SECONDS.get(backend, QUESTION_SECONDS["vlm"])
+
+
 def vqa_seconds(backend: str, questions: int) -> float:
     """Returns the seconds of `questions` closed-set questions about one image asked at once by a `backend`
-    evaluator (QUESTION_SECONDS and IMAGE_SHARE; a VLM's for an unknown one) on an H200."""
-    return questions_seconds(QUESTION_SECONDS.get(backend, QUESTION_SECONDS["vlm"]), IMAGE_SHARE.get(backend, 0.0),
-                             questions)
+    evaluator (`question_seconds` and IMAGE_SHARE) on an H200."""
+    return questions_seconds(question_seconds(backend), IMAGE_SHARE.get(backend, 0.0), questions)
 
 
 def call_seconds(role: str, options: dict) -> dict[str, float]:

@@ -686,6 +686,7 @@ class VLMVQA(_GenerativeVQA):
         stop = torch.tensor(stops, device=last.device)
         done = torch.zeros(len(last), dtype=torch.bool, device=last.device)
         keep = {"logits_to_keep": 1} if self._keeps_logits else {}
+        types = _new_token_types(self.model, prompt, 1, 1)   # every generated token's: the same each step
         replies, logits = [], last
         for step in range(self.max_new_tokens):
             chosen = torch.where(done, torch.full_like(done, pad, dtype=torch.long), logits.argmax(dim=-1))
@@ -693,8 +694,7 @@ class VLMVQA(_GenerativeVQA):
             done |= torch.isin(chosen, stop)
             if bool(done.all()) or step == self.max_new_tokens - 1:
                 break
-            output = self.model(input_ids=chosen[:, None], past_key_values=cache, use_cache=True,
-                                **_new_token_types(self.model, prompt, 1, 1), **keep)
+            output = self.model(input_ids=chosen[:, None], past_key_values=cache, use_cache=True, **types, **keep)
             cache, logits = output.past_key_values, output.logits[:, -1]
         text = self.processor.batch_decode(torch.stack(replies, dim=1), skip_special_tokens=True) if replies else []
         return [_short(t) for t in text]

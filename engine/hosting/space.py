@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..backends import uses_device
 from ..backends.base import ModelSpec
 from ..backends.device import H200_PROFILE, on_zero_gpu, zero_gpu_memory_gb, zero_gpu_profile
-from ..backends.gpu_costs import CAPTION_SECONDS, EMBED_SECONDS, QUESTION_SECONDS, image_seconds
+from ..backends.gpu_costs import CAPTION_SECONDS, EMBED_SECONDS, image_seconds, question_seconds
 from ..common import access
 from ..common.errors import GapLensError
 from ..models.plan import plan
@@ -188,7 +188,7 @@ def work_seconds(preset: Preset, work, profile: dict | None = None) -> float:
             total += part.images * image_seconds(family_of(generator), steps) * H200_SMS / SLICE_SMS
         if uses_device(vqa):
             can_caption = vqa.backend == "vlm" or bool(vqa.options.get("caption_model"))
-            total += part.answers * QUESTION_SECONDS.get(vqa.backend, QUESTION_SECONDS["vlm"])
+            total += part.answers * question_seconds(vqa.backend)
             total += part.captions * (CAPTION_SECONDS.get(vqa.backend, 1.0) if can_caption else 0.0)
         if uses_device(preset.embedder):
             total += part.embeddings * EMBED_SECONDS

@@ -126,16 +126,10 @@ def cant_tell_counts(labels: list[str]) -> dict:
     return {"cant_tell": k, "cant_tell_share": share, "cant_tell_ci": ci, "cant_tell_note": note}
 
 
-def ask_with_probs(engine: Engine, records: list, question: str,
-                   choices: list[str] | None = None) -> tuple[list[str], list[dict | None]]:
-    """Returns engine.ask's answers to `question` about `records` and engine.answer_probs's class
-    probabilities (None per image where the evaluator gave none), from one engine.ask_many."""
-    return asked_with_probs(engine, records, [(question, choices)])[0]
-
-
 def asked_with_probs(engine: Engine, records: list, asks: list) -> list[tuple[list[str], list[dict | None]]]:
-    """Per (question, choices) of `asks`, `ask_with_probs`: every question asked at once (engine.ask_many: each
-    image preprocessed and encoded once for all of them)."""
+    """Per (question, choices) of `asks`, engine.ask's answers about `records` and engine.answer_probs's class
+    probabilities (None per image where the evaluator gave none): every question asked at once (engine.ask_many:
+    each image preprocessed and encoded once for all of them)."""
     if not records:
         return [([], []) for _ in asks]
     return [([label_of(a, engine.cant_tell_below) for a in column], [a.probs for a in column])
@@ -145,7 +139,7 @@ def asked_with_probs(engine: Engine, records: list, asks: list) -> list[tuple[li
 class AskedAnswers:
     """The one place a method's answers are asked and recorded: per-image answers of the questions it asks
     (with their class probabilities) for its JSON, and each axis' labels for the "can't tell" counts:
-    `ask_all` (every axis at once) or `ask`, or `record` answers asked already; then `json()` and
+    `ask_all` (every axis at once), or `record` answers asked already; then `json()` and
     `cant_tell()`. Single Prompt and Explore (through `measure_axes`), Counterfactuals, Intersectional and
     Mitigate keep their answers here."""
 
@@ -174,12 +168,6 @@ class AskedAnswers:
         seen = self.sources.setdefault(axis, {"probe": 0, "teacher": 0})
         seen.update({k: v for k, v in sources.items() if k not in ("probe", "teacher")},
                     probe=seen["probe"] + sources["probe"], teacher=seen["teacher"] + sources["teacher"])
-
-    def ask(self, engine: Engine, set_label: str, axis: str, records: list, question: str,
-            choices: list[str] | None = None) -> list[str]:
-        """Returns engine.ask's answers to `question` about the images `records` of set `set_label`,
-        kept with their class probabilities (`ask_all` with one axis)."""
-        return self.ask_all(engine, set_label, records, {axis: (question, choices)})[axis]
 
     def record(self, set_label: str, axis: str, records: list, labels: list[str], probs=None) -> None:
         """Keeps `labels`, the answers about the images `records` of set `set_label`, and their class
@@ -246,14 +234,22 @@ def compare_evaluators_on(engine: Engine, others: list, questions: dict[str, tup
     {evaluator: label}}, "answer_probs": {image key: {evaluator: {class: p}}} (evaluators that
     scored the classes)}}}; each disagreement carries its answers' "probs" too."""
     names = evaluator_names(first_name, others)
-    views = [engine.with_vqa(spec) for spec in others]
+    same_images: dict[tuple[str, ...], list[str]] = {}   # the axes asked of the same images
+    for axis in questions:
+        same_images.setdefault(tuple(r.key for r in records_of[axis]), []).append(axis)
+    asked = {}   # (evaluator name, axis) -> (answers, probs): each evaluator asks its images' axes at once
+    for name, spec in zip(names[1:], others):
+        view = engine.with_vqa(spec)
+        for group in same_images.values():
+            got = asked_with_probs(view, records_of[group[0]], [questions[axis] for axis in group])
+            asked.update({(name, axis): answers for axis, answers in zip(group, got)})
     axes = {}
     for axis, (question, choices) in questions.items():
         records, classes = records_of[axis], list(classes_of[axis])
         labels = {names[0]: list(first[axis])}
         probs = {names[0]: list((first_probs or {}).get(axis) or [None] * len(records))}
-        for name, view in zip(names[1:], views):
-            answers, probs[name] = ask_with_probs(view, records, question, choices)
+        for name in names[1:]:
+            answers, probs[name] = asked[(name, axis)]
             if not choices:
                 answers = [a if a in classes else OTHER_ANSWER for a in map(normalise_free_answer, answers)]
             labels[name] = answers
