@@ -63,7 +63,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -353,7 +352,7 @@ def _weight_files(model: str, options: dict) -> list[str]:
     snapshot = devices.cached_snapshot(model)
     if snapshot is not None:
         return [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
-    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False"):
+    if devices.hub_offline():
         return []
     try:
         from huggingface_hub import HfApi
