@@ -208,6 +208,21 @@ def test_bad_requests_name_the_problem(engine):
         run(engine, epsilon=0)
 
 
+def test_an_axis_to_mitigate_nothing_answers_says_to_leave_it_out(engine):
+    """The Table 6.1 preset ticks every axis; the synthetic world draws no disability, so nothing answers it
+    within its choices: the refusal names the axis and what to do, and without it the same request runs."""
+    from engine.methods import cfsets
+
+    preset = cfsets.load_preset("occupations")
+    request = dict(prompt=preset["prompt"], axes=preset["axes"], fill=["doctor"], n=4, preview_only=True)
+    with pytest.raises(InputError, match=r"^no VQA answer about disability fell within its choices on the images of "
+                                         r"step 0: τ cannot be measured; leave it out of the axes to mitigate \(B\*\)"):
+        run(engine, **request)
+    kept = [axis for axis in preset["axes"] if axis != "disability"]
+    results, _ = run(engine, **request, mitigate=kept)
+    assert results["preview"]["steps"]
+
+
 @pytest.mark.slow
 def test_cli_prints_each_steps_axis_tau_and_w_bar(tmp_path, capsys):
     from engine.__main__ import main   # in-process: the same parser and printing as `python -m engine`

@@ -345,7 +345,8 @@ class Measurer:
         unmeasured = [a for a in setup.priorities if math.isnan(w_bar[a])]
         if unmeasured:
             raise InputError(f"no VQA answer about {', '.join(unmeasured)} fell within its choices on the images of "
-                             f"step {step}: τ cannot be measured (check the axis' question and counterfactuals)")
+                             f"step {step}: τ cannot be measured; leave it out of the axes to mitigate (B*), or check "
+                             "its question and counterfactuals")
         tau = bc.weighted_bias(w_bar, setup.priorities)
         tau_draws = None
         if boot is not None:
